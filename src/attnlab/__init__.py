@@ -1,0 +1,3 @@
+"""attnlab: learn, verify and use attention."""
+
+__version__ = "0.1.0"
