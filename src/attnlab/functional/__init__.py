@@ -1,0 +1,28 @@
+"""Attention as functions: one ``attention()`` call, three backends, one mask convention.
+
+True = may attend, everywhere. See docs/backends.md.
+"""
+
+from attnlab.functional.attention import BACKENDS, Backend, attention, flash_attention
+from attnlab.functional.eager import repeat_kv, safe_softmax
+from attnlab.functional.masks import (
+    MaskSpec,
+    causal_mask,
+    from_torch_mha_masks,
+    padding_mask,
+    sliding_window_mask,
+)
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "attention",
+    "flash_attention",
+    "repeat_kv",
+    "safe_softmax",
+    "MaskSpec",
+    "causal_mask",
+    "sliding_window_mask",
+    "padding_mask",
+    "from_torch_mha_masks",
+]

@@ -1,0 +1,157 @@
+"""The flash backend: tiled attention with an online softmax, in plain PyTorch.
+
+FlashAttention-2 (Dao, 2023), algorithm 1 forward and 2 backward, written for
+clarity: the (Tq, Tk) score matrix is never materialized. Each block of
+queries walks over blocks of keys keeping a running row max m, running sum l
+and an unnormalized accumulator; the result is acc / l, and the row's
+log-sum-exp m + log(l) is kept for the backward pass, which recomputes each
+tile's probabilities instead of storing them. Forward and backward both use
+O(T * D) memory plus one (block_q, block_k) tile per head.
+
+Tiles that the causal or window structure hides entirely are skipped, which
+halves the work of causal attention. Dropout masks are drawn per tile from a
+generator seeded by (seed, tile), so the backward pass regenerates them.
+
+Shapes: B = batch, H = heads, Tq / Tk = query / key lengths, D / Dv = head dims,
+bq / bk = block sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from attnlab.functional.masks import MaskSpec
+
+DEFAULT_BLOCK_Q = 256
+DEFAULT_BLOCK_K = 512
+
+
+def _keep_mask(seed: int, i: int, j: int, shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
+    """The dropout keep-mask of tile (i, j): the same every time it is asked for."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed((seed * 1_000_003 + i * 65_537 + j) % (2**63))
+    return torch.rand(shape, generator=gen, device=device) >= p
+
+
+def _scores(qi: torch.Tensor, kj: torch.Tensor, spec: MaskSpec, i0: int, i1: int, j0: int, j1: int, scale: float) -> torch.Tensor:
+    """Scaled, biased, masked scores of one tile, (B, H, bq, bk), in the accumulation dtype."""
+    s = (qi @ kj.transpose(-2, -1)) * scale
+    allowed, bias = spec.tile(i0, i1, j0, j1, qi.device)
+    if bias is not None:
+        s = s + bias.to(s.dtype)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    return s
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulate half precision in float32; float32 and float64 in themselves."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _blocks(n: int, size: int) -> list[tuple[int, int, int]]:
+    return [(idx, start, min(start + size, n)) for idx, start in enumerate(range(0, n, size))]
+
+
+def flash_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, *, scale: float,
+    dropout_p: float, seed: int, block_q: int, block_k: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(out (B, H, Tq, Dv) in q's dtype, lse (B, H, Tq)). Dead rows: out 0, lse +inf."""
+    b, h, tq, _ = q.shape
+    tk, dv = k.shape[2], v.shape[-1]
+    ad = _acc_dtype(q.dtype)
+    out = torch.empty(b, h, tq, dv, dtype=q.dtype, device=q.device)
+    lse = torch.empty(b, h, tq, dtype=ad, device=q.device)
+    for bi, i0, i1 in _blocks(tq, block_q):
+        qi = q[:, :, i0:i1].to(ad)
+        m = torch.full((b, h, i1 - i0), float("-inf"), dtype=ad, device=q.device)  # running row max
+        l = torch.zeros(b, h, i1 - i0, dtype=ad, device=q.device)  # running sum of exp  # noqa: E741
+        acc = torch.zeros(b, h, i1 - i0, dv, dtype=ad, device=q.device)
+        for bj, j0, j1 in _blocks(tk, block_k):
+            if spec.tile_skippable(i0, i1, j0, j1):
+                continue
+            s = _scores(qi, k[:, :, j0:j1].to(ad), spec, i0, i1, j0, j1, scale)
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - m_safe[..., None])  # (B, H, bq, bk)
+            alpha = torch.exp(m - m_safe)  # rescales what was accumulated under the old max
+            l = l * alpha + p.sum(dim=-1)  # noqa: E741
+            if dropout_p > 0.0:
+                p = p * _keep_mask(seed, bi, bj, p.shape, dropout_p, q.device) / (1.0 - dropout_p)
+            acc = acc * alpha[..., None] + p @ v[:, :, j0:j1].to(ad)
+            m = m_new
+        dead = l == 0
+        out[:, :, i0:i1] = (acc / torch.where(dead, torch.ones_like(l), l)[..., None]).to(q.dtype)
+        m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        lse[:, :, i0:i1] = torch.where(dead, torch.full_like(l, float("inf")), m_safe + torch.log(l))
+    return out, lse
+
+
+def flash_backward(
+    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, spec: MaskSpec, *, scale: float, dropout_p: float, seed: int, block_q: int, block_k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """dq, dk, dv by recomputing each tile's probabilities from the saved lse."""
+    tq, tk = q.shape[2], k.shape[2]
+    ad = _acc_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=ad, device=q.device)
+    dk = torch.zeros(k.shape, dtype=ad, device=q.device)
+    dv = torch.zeros(v.shape, dtype=ad, device=q.device)
+    delta = (grad_out.to(ad) * out.to(ad)).sum(dim=-1)  # (B, H, Tq): rowsum(dO * O)
+    for bi, i0, i1 in _blocks(tq, block_q):
+        qi, doi = q[:, :, i0:i1].to(ad), grad_out[:, :, i0:i1].to(ad)
+        lse_i, delta_i = lse[:, :, i0:i1, None], delta[:, :, i0:i1, None]
+        for bj, j0, j1 in _blocks(tk, block_k):
+            if spec.tile_skippable(i0, i1, j0, j1):
+                continue
+            kj, vj = k[:, :, j0:j1].to(ad), v[:, :, j0:j1].to(ad)
+            p = torch.exp(_scores(qi, kj, spec, i0, i1, j0, j1, scale) - lse_i)  # (B, H, bq, bk)
+            dp = doi @ vj.transpose(-2, -1)  # dL/d(dropped P)
+            if dropout_p > 0.0:
+                keep = _keep_mask(seed, bi, bj, p.shape, dropout_p, q.device) / (1.0 - dropout_p)
+                dv[:, :, j0:j1] += (p * keep).transpose(-2, -1) @ doi
+                dp = dp * keep
+            else:
+                dv[:, :, j0:j1] += p.transpose(-2, -1) @ doi
+            ds = p * (dp - delta_i)  # softmax backward
+            dq[:, :, i0:i1] += (ds @ kj) * scale
+            dk[:, :, j0:j1] += (ds.transpose(-2, -1) @ qi) * scale
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _FlashFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, scale: float,
+        dropout_p: float, seed: int, block_q: int, block_k: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        out, lse = flash_forward(q, k, v, spec, scale=scale, dropout_p=dropout_p, seed=seed,
+                                 block_q=block_q, block_k=block_k)  # fmt: skip
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.spec, ctx.scale, ctx.dropout_p, ctx.seed = spec, scale, dropout_p, seed
+        ctx.block_q, ctx.block_k = block_q, block_k
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_backward(
+            grad_out, q, k, v, out, lse, ctx.spec, scale=ctx.scale, dropout_p=ctx.dropout_p,
+            seed=ctx.seed, block_q=ctx.block_q, block_k=ctx.block_k,
+        )  # fmt: skip
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def flash_attention_core(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, *, scale: float,
+    dropout_p: float = 0.0, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Tiled attention on checked inputs with as many kv heads as q heads."""
+    seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0.0 else 0
+    return _FlashFunction.apply(q, k, v, spec, scale, dropout_p, seed, block_q, block_k)  # type: ignore[no-any-return]

@@ -1,0 +1,186 @@
+"""Attention masks, one convention everywhere: True = may attend.
+
+A :class:`MaskSpec` gathers every way of restricting attention (causal,
+sliding window, a boolean or additive float mask, key padding) into one
+object that each backend can ask for what it needs: the dense boolean mask
+and bias (eager, sdpa), or one tile of them (flash), or whether a tile is
+structurally empty and can be skipped.
+
+Causal alignment. With Tq queries and Tk keys, query i sits at absolute
+position i + (Tk - Tq) when aligned bottom-right (the default): the last
+query sees every key, as in cached decoding and chunked prefill. For Tq == Tk
+this is the usual lower triangle, identical to SDPA's ``is_causal=True``.
+Top-left alignment (query i at position i) is SDPA's behaviour for Tq != Tk;
+ask for it with ``causal_align="top_left"``.
+
+Shapes: B = batch, H = heads, Tq / Tk = query / key lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+CausalAlign = Literal["bottom_right", "top_left"]
+
+
+def causal_mask(tq: int, tk: int, *, align: CausalAlign = "bottom_right", device: torch.device | None = None) -> torch.Tensor:
+    """(Tq, Tk) bool, True where query i may see key j (j <= i's position)."""
+    return _structural(0, tq, 0, tk, tq=tq, tk=tk, causal=True, align=align, window=None, device=device)
+
+
+def sliding_window_mask(
+    tq: int, tk: int, window: int, *, align: CausalAlign = "bottom_right", device: torch.device | None = None
+) -> torch.Tensor:
+    """(Tq, Tk) bool: causal, and at most the last ``window`` keys (the query's own included)."""
+    _check_window(window)
+    return _structural(0, tq, 0, tk, tq=tq, tk=tk, causal=True, align=align, window=window, device=device)
+
+
+def padding_mask(lengths: torch.Tensor, max_len: int, *, left: bool = False) -> torch.Tensor:
+    """(B, 1, 1, Tk) bool from sequence lengths: True on real tokens, False on padding.
+
+    ``left=True`` for left-padded batches (padding first, as in batched generation).
+    """
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be 1-D (batch,), got shape {tuple(lengths.shape)}")
+    if (lengths < 0).any() or (lengths > max_len).any():
+        raise ValueError(f"lengths must lie in [0, max_len={max_len}], got {lengths.tolist()}")
+    pos = torch.arange(max_len, device=lengths.device)
+    keep = pos >= (max_len - lengths)[:, None] if left else pos < lengths[:, None]
+    return keep[:, None, None, :]
+
+
+def from_torch_mha_masks(
+    attn_mask: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """Convert ``torch.nn.MultiheadAttention`` masks to attnlab's convention.
+
+    nn.MultiheadAttention's boolean masks say True = *masked out*; attnlab's say
+    True = *may attend*, so booleans are inverted. Float masks are additive in
+    both and pass through. ``key_padding_mask`` (B, Tk) becomes (B, 1, 1, Tk).
+    Returns one mask for ``attention(mask=...)``, or None when given none.
+    """
+    parts: list[torch.Tensor] = []
+    if attn_mask is not None:
+        parts.append(~attn_mask if attn_mask.dtype == torch.bool else attn_mask)
+    if key_padding_mask is not None:
+        if key_padding_mask.dim() != 2:
+            raise ValueError(
+                f"key_padding_mask must be (batch, Tk), got shape {tuple(key_padding_mask.shape)}"
+            )
+        kpm = key_padding_mask[:, None, None, :]  # (B, 1, 1, Tk)
+        parts.append(~kpm if kpm.dtype == torch.bool else kpm)
+    if not parts:
+        return None
+    if all(p.dtype == torch.bool for p in parts):
+        return parts[0] if len(parts) == 1 else parts[0] & parts[1]
+    float_dtype = next(p.dtype for p in parts if p.dtype != torch.bool)
+    total: torch.Tensor | None = None
+    for p in parts:
+        if p.dtype == torch.bool:  # may attend -> 0, masked -> -inf
+            p = torch.zeros(p.shape, dtype=float_dtype, device=p.device).masked_fill(~p, float("-inf"))
+        total = p if total is None else total + p
+    return total
+
+
+def _check_window(window: object) -> None:
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise TypeError(f"window must be an int number of keys, got {window!r}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1 (each query sees itself), got {window}; use window=None for no window")
+
+
+def _structural(
+    i0: int, i1: int, j0: int, j1: int, *, tq: int, tk: int, causal: bool, align: CausalAlign,
+    window: int | None, device: torch.device | None,
+) -> torch.Tensor:  # fmt: skip
+    """Rows i0:i1, columns j0:j1 of the causal/window mask, (i1-i0, j1-j0) bool."""
+    offset = tk - tq if align == "bottom_right" else 0
+    rows = torch.arange(i0, i1, device=device)[:, None] + offset  # absolute query positions
+    cols = torch.arange(j0, j1, device=device)[None, :]
+    allowed = torch.ones(i1 - i0, j1 - j0, dtype=torch.bool, device=device)
+    if causal:
+        allowed = allowed & (cols <= rows)
+    if window is not None:
+        allowed = allowed & (cols > rows - window)
+    return allowed
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """Everything that restricts attention for one call; see the module docstring.
+
+    ``allowed`` is a bool tensor broadcastable to (B, H, Tq, Tk), True = may attend.
+    ``bias`` is a float tensor broadcastable to the same, added to the scaled scores.
+    """
+
+    tq: int
+    tk: int
+    causal: bool = False
+    align: CausalAlign = "bottom_right"
+    window: int | None = None
+    allowed: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+    @property
+    def structural(self) -> bool:
+        return self.causal or self.window is not None
+
+    @property
+    def empty(self) -> bool:
+        return not self.structural and self.allowed is None and self.bias is None
+
+    def offset(self) -> int:
+        return self.tk - self.tq if self.align == "bottom_right" else 0
+
+    def dense(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(allowed, bias) for the whole (.., Tq, Tk) score matrix; either may be None."""
+        allowed = self.allowed
+        if self.structural:
+            s = _structural(0, self.tq, 0, self.tk, tq=self.tq, tk=self.tk, causal=self.causal,
+                            align=self.align, window=self.window, device=device)  # fmt: skip
+            allowed = s if allowed is None else allowed & s
+        return allowed, self.bias
+
+    def tile(self, i0: int, i1: int, j0: int, j1: int, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(allowed, bias) for rows i0:i1 and columns j0:j1 only; None where unrestricted."""
+        allowed = None
+        if self.structural and not self.tile_full(i0, i1, j0, j1):
+            allowed = _structural(i0, i1, j0, j1, tq=self.tq, tk=self.tk, causal=self.causal,
+                                  align=self.align, window=self.window, device=device)  # fmt: skip
+        if self.allowed is not None:
+            a = _slice(self.allowed, i0, i1, j0, j1)
+            allowed = a if allowed is None else allowed & a
+        bias = _slice(self.bias, i0, i1, j0, j1) if self.bias is not None else None
+        return allowed, bias
+
+    def tile_skippable(self, i0: int, i1: int, j0: int, j1: int) -> bool:
+        """True when causal/window structure hides every key of the tile from every query."""
+        off = self.offset()
+        first_q, last_q = i0 + off, i1 - 1 + off
+        if self.causal and j0 > last_q:
+            return True  # every key is in every query's future
+        if self.window is not None and j1 - 1 <= first_q - self.window:
+            return True  # every key is older than every query's window
+        return False
+
+    def tile_full(self, i0: int, i1: int, j0: int, j1: int) -> bool:
+        """True when causal/window structure hides nothing in the tile."""
+        off = self.offset()
+        first_q, last_q = i0 + off, i1 - 1 + off
+        ok = True
+        if self.causal:
+            ok = ok and j1 - 1 <= first_q
+        if self.window is not None:
+            ok = ok and j0 > last_q - self.window
+        return ok
+
+
+def _slice(m: torch.Tensor, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
+    """Rows/columns of a mask broadcastable to (.., Tq, Tk); size-1 dims stay size 1."""
+    rows = slice(i0, i1) if m.shape[-2] != 1 else slice(None)
+    cols = slice(j0, j1) if m.shape[-1] != 1 else slice(None)
+    return m[..., rows, cols]

@@ -1,0 +1,55 @@
+"""The sdpa backend: torch.nn.functional.scaled_dot_product_attention.
+
+PyTorch picks its kernel (on CPU, a fused flash kernel where it applies). Two
+things differ from attnlab's contract and are fixed here: SDPA aligns a
+causal mask top-left when Tq != Tk (we pass an explicit bottom-right mask
+then), and a row with nothing to attend to gives NaN (we let such rows attend
+everywhere, then zero their output, which also zeroes their gradient).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.functional.masks import MaskSpec
+
+
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spec: MaskSpec,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Returns the context (B, H, Tq, Dv)."""
+    enable_gqa = q.shape[1] != k.shape[1]
+    if spec.empty or (
+        spec.causal and spec.window is None and spec.allowed is None and spec.bias is None
+        and (spec.tq == spec.tk or spec.align == "top_left")
+    ):  # fmt: skip
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=spec.causal, scale=scale, enable_gqa=enable_gqa
+        )
+
+    allowed, bias = spec.dense(q.device)
+    dead = None  # (.., Tq, 1): rows where no key may be attended
+    if allowed is not None:
+        dead = ~allowed.any(dim=-1, keepdim=True)
+    if bias is not None:
+        dead_bias = torch.isneginf(bias).all(dim=-1, keepdim=True)
+        dead = dead_bias if dead is None else dead | dead_bias
+
+    if bias is None:
+        attn_mask = allowed | dead  # type: ignore[operator]
+    else:
+        attn_mask = bias.to(q.dtype)
+        if allowed is not None:
+            attn_mask = attn_mask.masked_fill(~allowed, float("-inf"))
+        attn_mask = attn_mask.masked_fill(dead, 0.0)  # type: ignore[arg-type]
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa
+    )
+    return out.masked_fill(dead, 0.0)  # type: ignore[arg-type]
