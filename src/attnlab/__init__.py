@@ -1,3 +1,11 @@
-"""attnlab: learn, verify and use attention."""
+"""attnlab: learn, verify and use attention.
+
+``attnlab.book`` is chapter 3, faithful; ``attnlab.functional.attention`` and
+``attnlab.Attention`` are the production path.
+"""
+
+from attnlab.functional import attention
+from attnlab.nn import Attention
 
 __version__ = "0.1.0"
+__all__ = ["Attention", "attention", "__version__"]

@@ -26,7 +26,7 @@ from torch.autograd.function import once_differentiable
 from attnlab.functional.masks import MaskSpec
 
 DEFAULT_BLOCK_Q = 256
-DEFAULT_BLOCK_K = 512
+DEFAULT_BLOCK_K = 256
 
 
 def _keep_mask(seed: int, i: int, j: int, shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
@@ -36,14 +36,14 @@ def _keep_mask(seed: int, i: int, j: int, shape: torch.Size, p: float, device: t
     return torch.rand(shape, generator=gen, device=device) >= p
 
 
-def _scores(qi: torch.Tensor, kj: torch.Tensor, spec: MaskSpec, i0: int, i1: int, j0: int, j1: int, scale: float) -> torch.Tensor:
-    """Scaled, biased, masked scores of one tile, (B, H, bq, bk), in the accumulation dtype."""
-    s = (qi @ kj.transpose(-2, -1)) * scale
-    allowed, bias = spec.tile(i0, i1, j0, j1, qi.device)
+def _scores(qi_scaled: torch.Tensor, kj: torch.Tensor, spec: MaskSpec, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
+    """Biased, masked scores of one tile from pre-scaled queries, (B, H, bq, bk), a fresh tensor."""
+    s = qi_scaled @ kj.transpose(-2, -1)
+    allowed, bias = spec.tile(i0, i1, j0, j1, qi_scaled.device)
     if bias is not None:
-        s = s + bias.to(s.dtype)
+        s += bias.to(s.dtype)
     if allowed is not None:
-        s = s.masked_fill(~allowed, float("-inf"))
+        s.masked_fill_(~allowed, float("-inf"))
     return s
 
 
@@ -67,22 +67,24 @@ def flash_forward(
     out = torch.empty(b, h, tq, dv, dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h, tq, dtype=ad, device=q.device)
     for bi, i0, i1 in _blocks(tq, block_q):
-        qi = q[:, :, i0:i1].to(ad)
+        qi = q[:, :, i0:i1].to(ad) * scale  # scaling q once is cheaper than scaling every tile
         m = torch.full((b, h, i1 - i0), float("-inf"), dtype=ad, device=q.device)  # running row max
         l = torch.zeros(b, h, i1 - i0, dtype=ad, device=q.device)  # running sum of exp  # noqa: E741
         acc = torch.zeros(b, h, i1 - i0, dv, dtype=ad, device=q.device)
         for bj, j0, j1 in _blocks(tk, block_k):
             if spec.tile_skippable(i0, i1, j0, j1):
                 continue
-            s = _scores(qi, k[:, :, j0:j1].to(ad), spec, i0, i1, j0, j1, scale)
+            s = _scores(qi, k[:, :, j0:j1].to(ad), spec, i0, i1, j0, j1)
             m_new = torch.maximum(m, s.amax(dim=-1))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-            p = torch.exp(s - m_safe[..., None])  # (B, H, bq, bk)
+            p = s.sub_(m_safe[..., None]).exp_()  # (B, H, bq, bk), in place: s is not needed again
             alpha = torch.exp(m - m_safe)  # rescales what was accumulated under the old max
             l = l * alpha + p.sum(dim=-1)  # noqa: E741
             if dropout_p > 0.0:
                 p = p * _keep_mask(seed, bi, bj, p.shape, dropout_p, q.device) / (1.0 - dropout_p)
-            acc = acc * alpha[..., None] + p @ v[:, :, j0:j1].to(ad)
+            acc = torch.baddbmm(acc.view(-1, *acc.shape[2:]) * alpha.view(-1, alpha.shape[-1], 1),
+                                p.view(-1, *p.shape[2:]), v[:, :, j0:j1].to(ad).reshape(-1, j1 - j0, dv)
+                                ).view(acc.shape)  # acc * alpha + p @ v, fused; (B*H, bq, Dv) -> (B, H, bq, Dv)
             m = m_new
         dead = l == 0
         out[:, :, i0:i1] = (acc / torch.where(dead, torch.ones_like(l), l)[..., None]).to(q.dtype)
@@ -104,12 +106,13 @@ def flash_backward(
     delta = (grad_out.to(ad) * out.to(ad)).sum(dim=-1)  # (B, H, Tq): rowsum(dO * O)
     for bi, i0, i1 in _blocks(tq, block_q):
         qi, doi = q[:, :, i0:i1].to(ad), grad_out[:, :, i0:i1].to(ad)
+        qi_scaled = qi * scale
         lse_i, delta_i = lse[:, :, i0:i1, None], delta[:, :, i0:i1, None]
         for bj, j0, j1 in _blocks(tk, block_k):
             if spec.tile_skippable(i0, i1, j0, j1):
                 continue
             kj, vj = k[:, :, j0:j1].to(ad), v[:, :, j0:j1].to(ad)
-            p = torch.exp(_scores(qi, kj, spec, i0, i1, j0, j1, scale) - lse_i)  # (B, H, bq, bk)
+            p = _scores(qi_scaled, kj, spec, i0, i1, j0, j1).sub_(lse_i).exp_()  # (B, H, bq, bk)
             dp = doi @ vj.transpose(-2, -1)  # dL/d(dropped P)
             if dropout_p > 0.0:
                 keep = _keep_mask(seed, bi, bj, p.shape, dropout_p, q.device) / (1.0 - dropout_p)

@@ -1,0 +1,62 @@
+"""Peak bytes of tensor storage allocated by PyTorch code, on any device.
+
+``torch.cuda.max_memory_allocated`` exists only for CUDA. :class:`PeakMemory`
+counts on the CPU too: a TorchDispatchMode sees every tensor an operator
+returns, adds its storage's bytes the first time that storage appears, and
+subtracts them when the last Python reference to a tensor on that storage is
+collected. It measures allocated bytes, not time and not RSS.
+
+>>> import torch
+>>> with PeakMemory() as mem:
+...     x = torch.ones(1024)  # 4 KiB
+...     y = x * 2             # 4 KiB more
+>>> mem.peak_bytes
+8192
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class PeakMemory(TorchDispatchMode):
+    """Track live and peak storage bytes of tensors created inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: dict[int, list[int]] = {}  # storage id -> [bytes, number of live tensors]
+        self.current_bytes = 0
+        self.peak_bytes = 0
+
+    def _release(self, key: int) -> None:
+        entry = self._live.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.current_bytes -= entry[0]
+            del self._live[key]
+
+    def _track(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        key = storage.data_ptr() if storage.data_ptr() else id(storage)
+        entry = self._live.get(key)
+        if entry is None:
+            entry = self._live[key] = [storage.nbytes(), 0]
+            self.current_bytes += entry[0]
+            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        entry[1] += 1
+        weakref.finalize(t, self._release, key)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        flat, _ = tree_flatten(out)
+        for t in flat:
+            if isinstance(t, torch.Tensor):
+                self._track(t)
+        return out

@@ -1,0 +1,16 @@
+"""Modules: the production Attention, rotary embedding, loaders from peers."""
+
+from attnlab.nn.attention import Attention
+from attnlab.nn.loaders import from_book, from_hf_gpt2, from_hf_llama, from_torch_mha
+from attnlab.nn.rotary import RotaryEmbedding, apply_rotary, rotate_half
+
+__all__ = [
+    "Attention",
+    "RotaryEmbedding",
+    "apply_rotary",
+    "rotate_half",
+    "from_book",
+    "from_torch_mha",
+    "from_hf_gpt2",
+    "from_hf_llama",
+]

@@ -1,0 +1,150 @@
+"""All backends agree with the eager (readable) path, outputs and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attnlab.functional import attention, flash_attention, padding_mask
+
+FAST = ("sdpa", "flash")
+
+
+@st.composite
+def problems(draw: st.DrawFn) -> dict:
+    b = draw(st.integers(1, 2))
+    h_kv = draw(st.integers(1, 3))
+    groups = draw(st.sampled_from([1, 2, 4]))
+    tk = draw(st.integers(1, 40))
+    tq = draw(st.integers(1, tk + 3))  # fewer queries than keys (decoding), or a few more
+    d = draw(st.sampled_from([4, 8, 16]))
+    is_causal = draw(st.booleans())
+    window = draw(st.one_of(st.none(), st.integers(1, 12)))
+    mask_kind = draw(st.sampled_from(["none", "padding", "bool", "float"]))
+    seed = draw(st.integers(0, 2**16))
+    blocks = draw(st.sampled_from([(4, 8), (7, 5), (64, 64)]))
+    return dict(b=b, h_kv=h_kv, groups=groups, tq=tq, tk=tk, d=d, is_causal=is_causal, window=window,
+                mask_kind=mask_kind, seed=seed, blocks=blocks)  # fmt: skip
+
+
+def make(p: dict, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(p["seed"])
+    h = p["h_kv"] * p["groups"]
+    q = torch.randn(p["b"], h, p["tq"], p["d"], generator=g, dtype=dtype)
+    k = torch.randn(p["b"], p["h_kv"], p["tk"], p["d"], generator=g, dtype=dtype)
+    v = torch.randn(p["b"], p["h_kv"], p["tk"], p["d"], generator=g, dtype=dtype)
+    return q, k, v
+
+
+def make_mask(p: dict, dtype: torch.dtype) -> torch.Tensor | None:
+    g = torch.Generator().manual_seed(p["seed"] + 1)
+    shape = (p["b"], p["h_kv"] * p["groups"], p["tq"], p["tk"])
+    if p["mask_kind"] == "padding":
+        lengths = torch.randint(0, p["tk"] + 1, (p["b"],), generator=g)
+        return padding_mask(lengths, p["tk"], left=True)
+    if p["mask_kind"] == "bool":
+        return torch.rand(shape[0], 1, shape[2], shape[3], generator=g) > 0.3
+    if p["mask_kind"] == "float":
+        bias = torch.randn(shape[2], shape[3], generator=g, dtype=dtype)
+        return bias.masked_fill(torch.rand(shape[2], shape[3], generator=g) < 0.2, float("-inf"))
+    return None
+
+
+def run(p: dict, backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = attention(q, k, v, mask=mask, is_causal=p["is_causal"], window=p["window"], backend=backend,
+                    block_q=p["blocks"][0], block_k=p["blocks"][1])  # type: ignore[arg-type]  # fmt: skip
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
+    return (out.detach(), *grads)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(p=problems())
+def test_backends_agree_with_eager(p: dict, dtype: torch.dtype, tol: float) -> None:
+    q, k, v = make(p, dtype)
+    mask = make_mask(p, dtype)
+    reference = run(p, "eager", q, k, v, mask)
+    for t in reference:
+        assert torch.isfinite(t).all()
+    for backend in FAST:
+        got = run(p, backend, q, k, v, mask)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, reference):
+            torch.testing.assert_close(a, b, atol=tol, rtol=tol, msg=lambda m: f"{backend} {name}: {m}")
+
+
+@pytest.mark.parametrize("backend", ["eager", "flash"])
+@pytest.mark.parametrize("case", ["causal_gqa", "window_padding", "decode"])
+def test_gradcheck_float64(backend: str, case: str) -> None:
+    torch.manual_seed(0)
+    if case == "causal_gqa":
+        q, k, v = torch.randn(1, 4, 6, 4), torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
+        kw: dict = dict(is_causal=True)
+    elif case == "window_padding":
+        q, k, v = torch.randn(2, 2, 7, 4), torch.randn(2, 2, 7, 4), torch.randn(2, 2, 7, 4)
+        kw = dict(window=3, mask=padding_mask(torch.tensor([7, 4]), 7, left=True))
+    else:
+        q, k, v = torch.randn(1, 2, 2, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4)
+        kw = dict(is_causal=True)
+    inputs = tuple(t.double().requires_grad_() for t in (q, k, v))
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attention(q, k, v, backend=backend, block_q=3, block_k=4, **kw)
+
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+def test_eager_supports_double_backward() -> None:
+    torch.manual_seed(0)
+    inputs = tuple(torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    assert torch.autograd.gradgradcheck(lambda q, k, v: attention(q, k, v, is_causal=True, backend="eager"), inputs)
+
+
+def test_flash_returns_the_row_log_sum_exp() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8)
+    out, lse = flash_attention(q, k, v, is_causal=True, block_q=4, block_k=4)
+    scores = (q @ k.transpose(-2, -1)) / 8**0.5
+    scores = scores.masked_fill(torch.triu(torch.ones(9, 9, dtype=torch.bool), 1), float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1))
+    torch.testing.assert_close(out, attention(q, k, v, is_causal=True, backend="eager"))
+
+
+def test_half_precision_accumulates_in_float32() -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 16) for _ in range(3))
+    reference = attention(q, k, v, is_causal=True, backend="eager")
+    for dtype in (torch.bfloat16, torch.float16):
+        for backend in ("eager", "sdpa", "flash"):
+            out = attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=True, backend=backend)  # type: ignore[arg-type]
+            assert out.dtype == dtype
+            torch.testing.assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
+
+
+def test_flash_dropout_is_consistent_between_forward_and_backward() -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        torch.manual_seed(7)  # the same dropout masks in every evaluation gradcheck makes
+        return attention(q, k, v, is_causal=True, dropout_p=0.3, backend="flash", block_q=4, block_k=4)
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+    assert not torch.allclose(f(q, k, v), attention(q, k, v, is_causal=True, backend="flash"))
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "flash"])
+def test_dropout_invariants(backend: str) -> None:
+    """E[dropout(P) @ V] = P @ V; with V = identity the output is the dropped weights."""
+    torch.manual_seed(0)
+    t, p = 64, 0.25
+    q, k = torch.randn(1, 8, t, 16), torch.randn(1, 8, t, 16)
+    v = torch.eye(t).expand(1, 8, t, t).contiguous()
+    weights = attention(q, k, v, backend="eager")  # no dropout: the weights themselves
+    dropped = attention(q, k, v, dropout_p=p, backend=backend)  # type: ignore[arg-type]
+    zero = dropped == 0
+    assert abs(zero.float().mean().item() - p) < 0.02
+    torch.testing.assert_close(dropped[~zero], weights[~zero] / (1 - p), atol=1e-5, rtol=1e-4)
