@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from attnlab.book._checks import check_dropout, check_positive_int
+from attnlab.cache.kv import KVCache, SlidingWindowCache
 from attnlab.functional.attention import BACKENDS, Backend, attention
 from attnlab.functional.masks import _check_window
 from attnlab.nn.rotary import RotaryEmbedding, apply_rotary
@@ -108,31 +109,70 @@ class Attention(nn.Module):
         values = values.view(b, t, h_kv, d).transpose(1, 2)  # (B, Hkv, T, D)
         return queries, keys, values
 
+    def make_cache(self, *, batch_size: int, max_len: int) -> KVCache | SlidingWindowCache:
+        """A cache that fits this module: its kv heads, head_dim, dtype and device.
+
+        With a sliding window, a ring buffer of ``window`` positions (``max_len``
+        is then only a bound on nothing: the ring never fills); else a static
+        cache of ``max_len`` positions.
+        """
+        kw = dict(batch_size=batch_size, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                  dtype=self.qkv.weight.dtype, device=self.qkv.weight.device)  # fmt: skip
+        if self.window is not None:
+            return SlidingWindowCache(window=self.window, **kw)  # type: ignore[arg-type]
+        return KVCache(max_len=max_len, **kw)  # type: ignore[arg-type]
+
     def forward(
         self,
         x: torch.Tensor,
         *,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        cache: KVCache | SlidingWindowCache | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attend over x (B, T, d_in).
+        """Attend over x (B, T, d_in), optionally after the tokens held in ``cache``.
 
         Args:
             mask: bool (True = may attend) or additive float, broadcastable to
-                (B, H, T, T); e.g. a key padding mask (B, 1, 1, T).
-            positions: token positions for RoPE, (T,) or (B, T); default 0..T-1.
+                (B, H, T, Tk), where Tk counts cached and new tokens; e.g. a key
+                padding mask (B, 1, 1, Tk). With a SlidingWindowCache, give it
+                over all Tk positions seen; the held ones are picked out.
+            positions: token positions for RoPE, (T,) or (B, T); default the
+                next T positions (0..T-1 without a cache).
+            cache: a KVCache or SlidingWindowCache from :meth:`make_cache`; it
+                is updated in place. The causal mask is aligned bottom-right,
+                so the new tokens see every cached one.
 
         Returns:
-            (B, T, d_out), or (output, weights (B, H, T, T)) with return_weights.
+            (B, T, d_out), or (output, weights (B, H, T, Tk)) with return_weights.
         """
         self._check_input(x)
+        t = x.shape[1]
+        if cache is not None:
+            self._check_cache(cache)
+        if positions is None:
+            positions = cache.next_positions(t) if cache is not None else torch.arange(t, device=x.device)
+        elif positions.shape[-1] != t or positions.dim() not in (1, 2):
+            raise ValueError(f"positions must be (T,) or (B, T) with T={t}, got shape {tuple(positions.shape)}")
         queries, keys, values = self.split_qkv(x)
         if self.rotary is not None:
-            if positions is None:
-                positions = torch.arange(x.shape[1], device=x.device)
             cos, sin = self.rotary(positions, dtype=queries.dtype)
             queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
+        if cache is not None:
+            seen = cache.length + t
+            keys, values, key_positions = cache.update(keys, values)
+            if mask is not None and isinstance(cache, SlidingWindowCache) and mask.shape[-1] == seen != keys.shape[2]:
+                mask = mask[..., key_positions]  # the columns of the positions the ring still holds
         return self.attend(queries, keys, values, mask=mask)
+
+    def _check_cache(self, cache: object) -> None:
+        if not isinstance(cache, (KVCache, SlidingWindowCache)):
+            raise TypeError(f"cache must be a KVCache or SlidingWindowCache, got {type(cache).__name__}")
+        if isinstance(cache, SlidingWindowCache) and cache.window != self.window:
+            raise ValueError(
+                f"a SlidingWindowCache(window={cache.window}) drops keys that Attention(window={self.window}) "
+                "still needs; use make_cache() to get the matching cache"
+            )
 
     def attend(
         self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, mask: torch.Tensor | None = None
