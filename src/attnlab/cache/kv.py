@@ -92,8 +92,8 @@ class KVCache(_CacheBase):
                 f"the cache is full: it holds {start} of max_len={self.max_len} positions and cannot take {t} more; "
                 f"build it with max_len >= {start + t}, or crop()/reset() it"
             )
-        self.k_cache[:, :, start : start + t] = k  # in place: O(T) per step, no copy of the past
-        self.v_cache[:, :, start : start + t] = v
+        self.k_cache.narrow(2, start, t).copy_(k)  # in place: O(T) per step, no copy of the past
+        self.v_cache.narrow(2, start, t).copy_(v)
         self.length = start + t
         positions = torch.arange(self.length, device=k.device)
         return self.k_cache[:, :, : self.length], self.v_cache[:, :, : self.length], positions

@@ -130,8 +130,13 @@ class MaskSpec:
         return self.causal or self.window is not None
 
     @property
+    def structural_needed(self) -> bool:
+        """Causal/window structure that hides something (a single decoding query hides nothing)."""
+        return self.structural and not self.tile_full(0, self.tq, 0, self.tk)
+
+    @property
     def empty(self) -> bool:
-        return not self.structural and self.allowed is None and self.bias is None
+        return not self.structural_needed and self.allowed is None and self.bias is None
 
     def offset(self) -> int:
         return self.tk - self.tq if self.align == "bottom_right" else 0
@@ -139,7 +144,7 @@ class MaskSpec:
     def dense(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(allowed, bias) for the whole (.., Tq, Tk) score matrix; either may be None."""
         allowed = self.allowed
-        if self.structural:
+        if self.structural_needed:
             s = _structural(0, self.tq, 0, self.tk, tq=self.tq, tk=self.tk, causal=self.causal,
                             align=self.align, window=self.window, device=device)  # fmt: skip
             allowed = s if allowed is None else allowed & s

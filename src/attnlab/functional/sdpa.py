@@ -26,12 +26,14 @@ def sdpa_attention(
 ) -> torch.Tensor:
     """Returns the context (B, H, Tq, Dv)."""
     enable_gqa = q.shape[1] != k.shape[1]
-    if spec.empty or (
+    if spec.empty:  # nothing hidden, e.g. one decoding query that sees the whole cache
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+    if (
         spec.causal and spec.window is None and spec.allowed is None and spec.bias is None
         and (spec.tq == spec.tk or spec.align == "top_left")
     ):  # fmt: skip
         return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=spec.causal, scale=scale, enable_gqa=enable_gqa
+            q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=enable_gqa
         )
 
     allowed, bias = spec.dense(q.device)
