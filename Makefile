@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnlab-installed
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup browser clean
 
 setup: $(STAMP)
 
@@ -19,7 +19,19 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/attnlab tour
 
-test: $(STAMP)
+# The HTML report is tested in a real headless Chromium (Debian's package) and
+# its heatmaps draw Chinese with a CJK font. Installed here when missing; where
+# they cannot be installed the browser test says so (and fails under CI=true).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the browser test"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "could not install chromium (need root and apt-get): the browser test will be skipped"; }
+	@fc-list 2>/dev/null | grep -qi "wenquanyi\|noto sans cjk" || \
+	  (apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-wqy-zenhei >/dev/null 2>&1) || \
+	  echo "no CJK font: Chinese labels in heatmaps will show as boxes"
+
+test: $(STAMP) browser
 	$(PY) -m pytest -q
 
 clean:

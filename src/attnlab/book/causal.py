@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from attnlab.book._checks import check_dropout, check_positive_int, check_tokens
-from attnlab.explain.trace import record
+from attnlab.explain.trace import is_recording, record
 
 
 def causal_weights_renormalized(attn_weights: torch.Tensor) -> torch.Tensor:
@@ -75,6 +75,8 @@ class CausalAttention(nn.Module):
 
         attn_scores = queries @ keys.transpose(1, 2)  # (b, T, T)
         record("attn_scores", attn_scores, source="CausalAttention")
+        if is_recording():  # the book scales inside the softmax; shown separately for the trace
+            record("scaled_scores", attn_scores / keys.shape[-1] ** 0.5, source="CausalAttention")
         attn_scores = attn_scores.masked_fill(
             self.mask.bool()[:num_tokens, :num_tokens], -torch.inf
         )

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from attnlab.book._checks import check_dropout, check_heads, check_positive_int, check_tokens
 from attnlab.book.causal import CausalAttention
-from attnlab.explain.trace import record
+from attnlab.explain.trace import is_recording, record
 
 
 class MultiHeadAttentionWrapper(nn.Module):
@@ -101,6 +101,8 @@ class MultiHeadAttention(nn.Module):
 
         attn_scores = queries @ keys.transpose(2, 3)  # (b, H, T, T)
         record("attn_scores", attn_scores, source="MultiHeadAttention")
+        if is_recording():  # the book scales inside the softmax; shown separately for the trace
+            record("scaled_scores", attn_scores / keys.shape[-1] ** 0.5, source="MultiHeadAttention")
         mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
         attn_scores = attn_scores.masked_fill(mask_bool, -torch.inf)
         record("masked_scores", attn_scores, source="MultiHeadAttention")

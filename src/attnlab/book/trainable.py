@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from attnlab.book._checks import check_positive_int, check_tokens
-from attnlab.explain.trace import record
+from attnlab.explain.trace import is_recording, record
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,8 @@ class SelfAttentionV1(nn.Module):
 
         attn_scores = queries @ keys.T  # omega
         record("attn_scores", attn_scores, source="SelfAttentionV1")
+        if is_recording():
+            record("scaled_scores", attn_scores / keys.shape[-1] ** 0.5, source="SelfAttentionV1")
         attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
         record("attn_weights", attn_weights, source="SelfAttentionV1")
         context_vec = attn_weights @ values
@@ -127,6 +129,8 @@ class SelfAttentionV2(nn.Module):
 
         attn_scores = queries @ keys.T
         record("attn_scores", attn_scores, source="SelfAttentionV2")
+        if is_recording():
+            record("scaled_scores", attn_scores / keys.shape[-1] ** 0.5, source="SelfAttentionV2")
         attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
         record("attn_weights", attn_weights, source="SelfAttentionV2")
         context_vec = attn_weights @ values

@@ -17,6 +17,7 @@ import torch
 from attnlab import book
 from attnlab.book import golden
 from attnlab.explain.tour_text import LANGS, TEXTS
+from attnlab.explain.trace import Recorder
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class TourStep:
     code: str
     value: str
     checks: tuple[Check, ...] = field(default_factory=tuple)
+    heat: torch.Tensor | None = None  # a (T, T) or (heads, T, T) matrix for the report's heatmap
 
     @property
     def ok(self) -> bool:
@@ -73,7 +75,7 @@ def fmt(t: torch.Tensor) -> str:
     return str(t.detach())
 
 
-Add = Callable[..., None]  # add(key, code, value, *checks)
+Add = Callable[..., None]  # add(key, code, value, *checks, heat=None)
 
 
 def build_tour(lang: str = "en") -> list[TourStep]:
@@ -83,9 +85,9 @@ def build_tour(lang: str = "en") -> list[TourStep]:
     text = TEXTS[lang]
     steps: list[TourStep] = []
 
-    def add(key: str, code: str, value: str, *checks: Check) -> None:
+    def add(key: str, code: str, value: str, *checks: Check, heat: torch.Tensor | None = None) -> None:
         title, body = text[key]
-        steps.append(TourStep(key, title, body, code, value, tuple(checks)))
+        steps.append(TourStep(key, title, body, code, value, tuple(checks), heat))
 
     with torch.no_grad():
         _simplified(add)
@@ -166,13 +168,14 @@ def _simplified(add: Add) -> None:
 
     attn_scores, attn_weights, all_context_vecs = book.all_context_vectors(inputs)
     add("scores_all", "attn_scores = inputs @ inputs.T", fmt(attn_scores),
-        matches_book("attn_scores", attn_scores, golden.ATTN_SCORES))  # fmt: skip
+        matches_book("attn_scores", attn_scores, golden.ATTN_SCORES), heat=attn_scores)  # fmt: skip
     add(
         "weights_all",
         "attn_weights = torch.softmax(attn_scores, dim=-1)",
         fmt(attn_weights),
         matches_book("attn_weights", attn_weights, golden.ATTN_WEIGHTS),
         holds("rows sum to 1", torch.allclose(attn_weights.sum(-1), torch.ones(6))),
+        heat=attn_weights,
     )
     add(
         "context_all",
@@ -274,6 +277,7 @@ def _causal_and_multihead(add: Add) -> None:
         matches_book("masked_simple_norm", simple, golden.CAUSAL_WEIGHTS),
         holds("upper triangle is exactly 0", bool((simple[upper] == 0).all())),
         holds("rows sum to 1", torch.allclose(simple.sum(-1), torch.ones(6))),
+        heat=simple,
     )
     masked_scores = attn_scores.masked_fill(upper, -torch.inf)
     masked = book.causal_weights_masked(attn_scores, keys.shape[-1])
@@ -285,6 +289,7 @@ def _causal_and_multihead(add: Add) -> None:
         matches_book("masked", masked_scores, golden.CAUSAL_MASKED_SCORES),
         matches_book("attn_weights", masked, golden.CAUSAL_WEIGHTS),
         holds("same weights as the renormalized method", torch.allclose(masked, simple, atol=1e-6)),
+        heat=masked,
     )
 
     torch.manual_seed(123)
@@ -298,12 +303,14 @@ def _causal_and_multihead(add: Add) -> None:
         holds("survivors scaled by 1/(1-p) = 2", bool((kept == 2).all())),
         holds("about half dropped", 0.25 < (example == 0).float().mean().item() < 0.75),
         holds("identity in eval()", bool((dropout.eval()(torch.ones(6, 6)) == 1).all())),
+        heat=example,
     )
 
     batch = book.batched_inputs()  # (2, 6, 3)
     torch.manual_seed(123)
     ca = book.CausalAttention(3, 2, batch.shape[1], 0.0)
-    context_vecs = ca(batch)
+    with Recorder() as rec:
+        context_vecs = ca(batch)
     changed = batch.clone()
     changed[:, 4:] += 1.0  # edit the future of position 3
     add(
@@ -315,22 +322,27 @@ def _causal_and_multihead(add: Add) -> None:
         matches_book("context_vecs[1]", context_vecs[1], golden.CAUSAL_ATTENTION_OUTPUT),
         holds("positions 0..3 ignore changes at 4..5",
               torch.equal(ca(changed)[:, :4], context_vecs[:, :4])),
+        heat=rec.get("attn_weights")[0],
     )  # fmt: skip
 
     torch.manual_seed(123)
     mha_wrapper = book.MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2)
-    wrapped = mha_wrapper(batch)
+    with Recorder() as rec:
+        wrapped = mha_wrapper(batch)
+    head_weights = torch.stack([s.tensor[0] for s in rec.steps if s.name == "attn_weights"])  # (heads, 6, 6)
     add(
         "mha_wrapper",
         "torch.manual_seed(123)\nmha = MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2)",
         f"{fmt(wrapped)}\ncontext_vecs.shape: {wrapped.shape}",
         holds("shape (2, 6, 4)", tuple(wrapped.shape) == (2, 6, 4)),
         matches_book("context_vecs[0]", wrapped[0], golden.MHA_WRAPPER_OUTPUT),
+        heat=head_weights,
     )
 
     torch.manual_seed(123)
     mha = book.MultiHeadAttention(3, 2, 6, 0.0, num_heads=2)
-    out = mha(batch)
+    with Recorder() as rec:
+        out = mha(batch)
     gpt2 = sum(p.numel() for p in book.MultiHeadAttention(768, 768, 1024, 0.0, 12).parameters())
     add(
         "mha",
@@ -339,6 +351,7 @@ def _causal_and_multihead(add: Add) -> None:
         holds("shape (2, 6, 2)", tuple(out.shape) == (2, 6, 2)),
         matches_book("context_vecs[0]", out[0], golden.MHA_OUTPUT),
         holds("GPT-2 size: 2,360,064 parameters", gpt2 == golden.GPT2_MHA_PARAMETERS, f"got {gpt2:,}"),
+        heat=rec.get("attn_weights")[0],
     )
 
     keys_prefix = mha.W_key(batch[:, :4])

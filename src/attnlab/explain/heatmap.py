@@ -1,0 +1,126 @@
+"""Heatmaps of attention matrices with matplotlib: token labels, values, a grid of heads.
+
+viridis is the colormap: perceptually uniform and readable with the common
+forms of colour blindness. Cells carry their values when the matrix is small
+enough to read them (at most 12 x 12). Masked entries (-inf scores) are drawn
+grey with no number. Figures save as PNG or SVG by file suffix.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: files and bytes only
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from matplotlib import font_manager  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+CMAP = "viridis"
+ANNOTATE_MAX = 12
+# Chinese titles and tokens need a CJK font; matplotlib falls back along this
+# list (only fonts that are installed are named, so it never warns about one).
+_CJK_FONTS = ("WenQuanYi Zen Hei", "Noto Sans CJK SC", "Noto Sans CJK JP", "Droid Sans Fallback")
+_INSTALLED = {f.name for f in font_manager.fontManager.ttflist}
+FONT_FAMILY = ["DejaVu Sans", *(f for f in _CJK_FONTS if f in _INSTALLED)]
+
+
+def safe_label(text: str) -> str:
+    """Labels are plain text: '$' would start matplotlib mathtext, so escape it."""
+    return text.replace("$", r"\$")
+
+
+def _draw(ax: plt.Axes, matrix: torch.Tensor, row_labels: Sequence[str], col_labels: Sequence[str],
+          title: str, annotate: bool | None) -> None:  # fmt: skip
+    m = matrix.detach().to(torch.float64).cpu().numpy()
+    if m.ndim != 2:
+        raise ValueError(f"a heatmap needs a 2-D matrix, got shape {tuple(matrix.shape)}")
+    if len(row_labels) != m.shape[0] or len(col_labels) != m.shape[1]:
+        raise ValueError(
+            f"labels do not fit the matrix {m.shape}: {len(row_labels)} row and {len(col_labels)} column labels"
+        )
+    masked = np.ma.masked_invalid(m)
+    cmap = plt.get_cmap(CMAP).with_extremes(bad="#d9d9d9")  # masked (-inf) cells grey
+    image = ax.imshow(masked, cmap=cmap, aspect="auto")
+    ax.set_xticks(range(m.shape[1]), [safe_label(s) for s in col_labels], rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(m.shape[0]), [safe_label(s) for s in row_labels], fontsize=8)
+    ax.set_xlabel("keys", fontsize=8)
+    ax.set_ylabel("queries", fontsize=8)
+    ax.set_title(safe_label(title), fontsize=9)
+    if annotate is None:
+        annotate = max(m.shape) <= ANNOTATE_MAX
+    if annotate and masked.count():
+        lo, hi = float(masked.min()), float(masked.max())
+        mid = (lo + hi) / 2
+        for i in range(m.shape[0]):
+            for j in range(m.shape[1]):
+                if np.isfinite(m[i, j]):
+                    color = "black" if m[i, j] > mid else "white"  # dark text on the light (yellow) end
+                    ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=7, color=color)
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+
+
+def _subplots(rows: int, cols: int, figsize: tuple[float, float]) -> tuple[Figure, np.ndarray]:
+    with plt.rc_context({"font.family": FONT_FAMILY}):
+        fig, axes = plt.subplots(rows, cols, figsize=figsize, squeeze=False)
+    return fig, axes
+
+
+def heatmap(matrix: torch.Tensor, row_labels: Sequence[str], col_labels: Sequence[str] | None = None, *,
+            title: str = "", annotate: bool | None = None) -> Figure:  # fmt: skip
+    """One (rows, cols) matrix as a labelled heatmap."""
+    col_labels = row_labels if col_labels is None else col_labels
+    size = max(3.2, 0.55 * max(len(row_labels), len(col_labels)) + 1.6)
+    fig, axes = _subplots(1, 1, (size + 0.8, size))
+    with plt.rc_context({"font.family": FONT_FAMILY}):
+        _draw(axes[0][0], matrix, row_labels, col_labels, title, annotate)
+        fig.tight_layout()
+    return fig
+
+
+def head_grid(weights: torch.Tensor, labels: Sequence[str], *, title: str = "", annotate: bool | None = None,
+              col_labels: Sequence[str] | None = None) -> Figure:  # fmt: skip
+    """A grid of heatmaps, one per head, from (H, Tq, Tk) weights."""
+    if weights.dim() != 3:
+        raise ValueError(f"head_grid needs (heads, Tq, Tk) weights, got shape {tuple(weights.shape)}")
+    heads = weights.shape[0]
+    cols = min(heads, 4)
+    rows = (heads + cols - 1) // cols
+    size = max(3.0, 0.45 * len(labels) + 1.6)
+    fig, axes = _subplots(rows, cols, (cols * (size + 0.6), rows * size))
+    with plt.rc_context({"font.family": FONT_FAMILY}):
+        for h in range(rows * cols):
+            ax = axes[h // cols][h % cols]
+            if h < heads:
+                _draw(ax, weights[h], labels, col_labels or labels, f"head {h}", annotate)
+            else:
+                ax.axis("off")
+        if title:
+            fig.suptitle(safe_label(title), fontsize=10)
+        fig.tight_layout()
+    return fig
+
+
+def save(fig: Figure, path: str | Path) -> Path:
+    """Save as PNG or SVG, chosen by the suffix."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg"):
+        raise ValueError(f"save heatmaps as .png or .svg, got {path.name!r}")
+    with plt.rc_context({"font.family": FONT_FAMILY}):
+        fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes (for inlining in the HTML report), and close it."""
+    buffer = io.BytesIO()
+    with plt.rc_context({"font.family": FONT_FAMILY}):
+        fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    return buffer.getvalue()

@@ -1,0 +1,74 @@
+"""Words of the HTML reports (tour and explain), in English and Chinese."""
+
+from __future__ import annotations
+
+REPORT_TEXT: dict[str, dict[str, str]] = {
+    "en": {
+        "tour_title": "attnlab: chapter 3, step by step",
+        "tour_intro": "Every step of the chapter with its code, the tensor it gives, the check against the number "
+        "the book prints, and a heatmap where there is a matrix to see.",
+        "explain_title": "attnlab explains: {sentence}",
+        "explain_intro": "The sentence is split into words and punctuation and embedded with a seeded, untrained "
+        "embedding layer (seed {seed}, {d_model} dimensions): these are not trained embeddings, so the patterns "
+        "below show how attention computes, not what a trained model has learned. Attention: {heads} heads, "
+        "causal={causal}, dropout={dropout}.",
+        "contents": "Steps",
+        "numbers": "show numbers",
+        "tokens": "Tokens and their embeddings",
+        "tokens_text": "Each token gets a vector from the embedding layer. The same word always gets the same vector.",
+        "scores": "Attention scores, per head",
+        "scores_text": "Each query is dotted with every key: omega_ij = q_i . k_j, one matrix per head.",
+        "scaled": "Scaled scores",
+        "scaled_text": "Divided by sqrt(head_dim) = {sqrt:.3f} so the softmax does not saturate.",
+        "mask": "The causal mask",
+        "mask_text": "A token may attend to itself and the tokens before it (yellow = may attend). Scores above "
+        "the diagonal become -inf (grey in the heatmaps).",
+        "masked": "Masked scores",
+        "masked_text": "The scaled scores with the future hidden.",
+        "weights": "Attention weights, per head",
+        "weights_text": "Softmax along each row: every row sums to 1. Read row i as how much token i takes from each token.",
+        "dropout": "Dropout on the weights",
+        "dropout_text": "In training, each weight is zeroed with probability p = {p} and the survivors are scaled by "
+        "1/(1-p), so the expected sum of each row is still 1.",
+        "context": "Context vectors",
+        "context_text": "Each token's context vector is the weighted sum of the value vectors, per head; the heads "
+        "are concatenated (columns) and projected by out_proj.",
+        "kv": "KV cache, token by token",
+        "kv_text": "Generating one token at a time, the cache keeps the keys and values of the tokens so far. Each "
+        "step adds one row of weights over the cache; stacked, the rows are exactly the causal weight matrix.",
+        "kv_noncausal": "The KV cache serves causal decoding; with causal=False every token attends to the future, "
+        "which a token-by-token cache cannot see.",
+        "kv_step": "step {t}: cache holds {n} keys; new row (head 0): {row}",
+    },
+    "zh": {
+        "tour_title": "attnlab：第三章逐步讲解",
+        "tour_intro": "本章每一步的代码、得到的张量、与书中数值的校验，以及可视化的注意力热力图。",
+        "explain_title": "attnlab 解释：{sentence}",
+        "explain_intro": "句子按单词和标点分词，并用固定随机种子 (seed {seed}, {d_model} 维) 的未训练嵌入层嵌入："
+        "这些不是训练过的嵌入，下图展示的是注意力如何计算，而不是训练好的模型学到了什么。"
+        "注意力：{heads} 个头，causal={causal}，dropout={dropout}。",
+        "contents": "步骤",
+        "numbers": "显示数值",
+        "tokens": "Token 及其嵌入向量",
+        "tokens_text": "每个 Token 从嵌入层得到一个向量，同一个词总是得到同一个向量。",
+        "scores": "注意力分数 (每个头)",
+        "scores_text": "每个查询向量与每个键向量做点积：omega_ij = q_i . k_j，每个头一个矩阵。",
+        "scaled": "缩放后的注意力分数",
+        "scaled_text": "除以 sqrt(head_dim) = {sqrt:.3f}，防止 softmax 饱和、梯度消失。",
+        "mask": "因果注意力掩码",
+        "mask_text": "每个 Token 只能关注自己和前面的 Token (黄色 = 可以关注)。对角线以上的分数变为 -inf (热力图中为灰色)。",
+        "masked": "掩码后的注意力分数",
+        "masked_text": "隐藏了未来 Token 的缩放分数。",
+        "weights": "注意力权重 (每个头)",
+        "weights_text": "对每一行做 softmax 归一化：每行之和为 1。第 i 行表示 Token i 从每个 Token 获取多少信息。",
+        "dropout": "对注意力权重做 dropout",
+        "dropout_text": "训练时每个权重以概率 p = {p} 置 0，其余乘以 1/(1-p)，每行的期望之和仍为 1。",
+        "context": "上下文向量",
+        "context_text": "每个 Token 的上下文向量是值向量按注意力权重的加权和 (每个头)；各头拼接 (列) 后经 out_proj 投影。",
+        "kv": "KV Cache：逐个 Token 生成",
+        "kv_text": "逐个生成 Token 时，缓存保存已有 Token 的键向量和值向量。每一步新增一行对缓存的注意力权重；"
+        "把这些行叠起来，正好是因果注意力权重矩阵。",
+        "kv_noncausal": "KV Cache 用于因果解码；causal=False 时每个 Token 都关注未来的 Token，逐个生成时看不到未来。",
+        "kv_step": "第 {t} 步：缓存中有 {n} 个键向量；新的一行 (头 0)：{row}",
+    },
+}

@@ -1,0 +1,164 @@
+"""Traces, heatmaps and the self-contained HTML report, checked in a real Chromium."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab import Attention, book, cli
+from attnlab.explain import Recorder
+from attnlab.explain.heatmap import head_grid, heatmap, save
+from attnlab.explain.reports import explain_report, kv_cache_steps, tokenize, tour_report
+
+XSS = '<script>alert(1)</script> and "><img src=x onerror=alert(1)>'
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "out" / "screenshots"
+
+
+def test_trace_records_every_step_per_head_without_copying_the_model() -> None:
+    torch.manual_seed(0)
+    attn = Attention(d_in=8, num_heads=2, dropout=0.5, backend="eager").train()
+    with Recorder() as rec:
+        out = attn(torch.randn(1, 5, 8))
+    names = ["attn_scores", "scaled_scores", "masked_scores", "attn_weights", "dropped_weights", "context_vec"]
+    assert rec.names() == names
+    assert rec.get("attn_weights").shape == (1, 2, 5, 5) and rec.get("context_vec").shape == (1, 2, 5, 4)
+    torch.testing.assert_close(rec.get("scaled_scores"), rec.get("attn_scores") * 4**-0.5)
+    assert torch.isneginf(rec.get("masked_scores")[..., 0, 1:]).all()
+    assert out.requires_grad  # recording detaches copies; the forward pass is untouched
+    with pytest.raises(KeyError, match=r"no step named 'nope' was recorded; recorded: \['attn_scores'"):
+        rec.get("nope")
+
+    torch.manual_seed(123)
+    mha = book.MultiHeadAttention(3, 2, 6, 0.0, num_heads=2)
+    with Recorder() as rec:
+        mha(book.batched_inputs())
+    assert rec.names() == ["attn_scores", "scaled_scores", "masked_scores", "attn_weights", "dropped_weights", "context_vec"]
+    assert {s.source for s in rec.steps} == {"MultiHeadAttention"}
+
+
+def test_kv_cache_step_through_rebuilds_the_causal_weights() -> None:
+    torch.manual_seed(0)
+    attn = Attention(d_in=8, num_heads=2, backend="eager").eval()
+    x = torch.randn(1, 6, 8)
+    rows, stacked = kv_cache_steps(attn, x)
+    assert [tuple(r.shape) for r in rows] == [(2, t) for t in range(1, 7)]
+    with Recorder() as rec, torch.no_grad():
+        attn(x)
+    torch.testing.assert_close(stacked, rec.get("attn_weights")[0])
+    with pytest.raises(ValueError, match=r"only the eager backend forms; got 'sdpa'"):
+        kv_cache_steps(Attention(d_in=8, num_heads=2, backend="sdpa"), x)
+
+
+def test_heatmaps_save_png_and_svg(tmp_path: Path) -> None:
+    w = torch.softmax(torch.randn(4, 4), -1)
+    png = save(heatmap(w, ["a", "$b$", "c", "d"], title="w"), tmp_path / "w.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = save(head_grid(torch.stack([w, w, w]), list("abcd")), tmp_path / "g.svg")
+    assert "<svg" in svg.read_text()
+    with pytest.raises(ValueError, match=r"save heatmaps as .png or .svg, got 'w.jpg'"):
+        save(heatmap(w, list("abcd")), tmp_path / "w.jpg")
+    with pytest.raises(ValueError, match=r"labels do not fit the matrix \(4, 4\): 3 row and 3 column labels"):
+        heatmap(w, list("abc"))
+
+
+def test_tokenize_words_and_punctuation() -> None:
+    assert tokenize("Hi, you! 你好。") == ["Hi", ",", "you", "!", "你好", "。"]
+
+
+def _assert_self_contained(html: str) -> None:
+    srcs = re.findall(r'src="([^"]*)"', html)
+    assert srcs and all(re.fullmatch(r"data:image/png;base64,[A-Za-z0-9+/=]+", s) for s in srcs)
+    text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", html)  # base64 may contain '//'
+    assert not re.search(r"https?:|//[a-z0-9]|<link|<iframe|@import|url\(|ftp:|wss?:", text, flags=re.IGNORECASE)
+    assert html.count("<script>") == 1 and "<script src" not in html
+
+
+def test_reports_are_self_contained_and_escape_user_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["tour", "--html", str(tmp_path / "tour.html")]) == 0
+    assert cli.main(["explain", XSS, "--html", str(tmp_path / "x.html"), "--heads", "4", "--dropout", "0.3"]) == 0
+    tour_html = (tmp_path / "tour.html").read_text(encoding="utf-8")
+    xss_html = (tmp_path / "x.html").read_text(encoding="utf-8")
+    for html in (tour_html, xss_html):
+        _assert_self_contained(html)
+    assert "<script>alert" not in xss_html and "<img src=x" not in xss_html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in xss_html
+    assert "1.8524" in tour_html and "0.3061" in tour_html  # the book's numbers beside the pictures
+    assert "not trained embeddings" in xss_html
+    assert report_has_sections(explain_report("a b c", causal=False)) == [
+        "tokens", "scores", "scaled", "weights", "context", "kv-cache",
+    ]  # fmt: skip
+
+
+def report_has_sections(report: object) -> list[str]:
+    return [s.key for s in report.sections]  # type: ignore[attr-defined]
+
+
+def test_explain_errors_name_the_value(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match=r"no words or punctuation to attend over: '   '"):
+        explain_report("   ")
+    with pytest.raises(ValueError, match=r"d_model \(16\) must be divisible by heads \(3\)"):
+        explain_report("a b", heads=3)
+    assert cli.main(["explain", "a b", "--heads", "3"]) == 2
+    assert "must be divisible by heads (3)" in capsys.readouterr().out
+    assert tour_report("zh").lang == "zh"
+    assert "_repr_html_" in dir(tour_report("en"))
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path:
+        return path
+    message = "Debian's chromium is not installed (make test installs it with apt-get; it needs root)"
+    if os.environ.get("CI"):
+        pytest.fail(message + ": CI must run the browser test")
+    pytest.skip(message)
+
+
+@pytest.mark.parametrize("kind", ["tour-zh", "explain-xss"])
+def test_report_in_headless_chromium(kind: str, tmp_path: Path) -> None:
+    executable = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    if kind == "tour-zh":
+        report = tour_report("zh")
+        expected_steps = len(report.sections)
+    else:
+        report = explain_report(XSS, heads=2, dropout=0.2)
+        expected_steps = len(report.sections)
+    page_path = report.save(tmp_path / "report.html")
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync",
+        ])  # fmt: skip
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.on("dialog", lambda d: (problems.append(f"dialog opened: {d.message}"), d.dismiss()))
+        page.on("request", lambda r: None if r.url.startswith(("file:", "data:")) else problems.append(f"request: {r.url}"))
+        page.goto(page_path.as_uri())
+        page.wait_for_selector("body[data-ready='1']")
+        assert page.locator("section.step").count() == expected_steps
+        images = page.locator("img.heatmap")
+        assert images.count() >= 3
+        widths = images.evaluate_all("imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
+        assert all(w > 100 for w in widths), widths  # every heatmap decoded
+        assert page.locator("script").count() == 1  # the report's own, and no injected one
+        if kind == "explain-xss":
+            assert XSS in page.locator("h1").inner_text()  # shown as text
+            assert page.locator("img:not(.heatmap)").count() == 0
+        else:
+            assert "注意力权重" in page.content()
+            page.uncheck("#toggle-numbers")
+            assert not page.locator("pre.value").first.is_visible()
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOTS / f"{kind}.png"))
+        browser.close()
+    assert problems == []
+    assert (SCREENSHOTS / f"{kind}.png").stat().st_size > 10_000
