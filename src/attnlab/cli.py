@@ -77,6 +77,75 @@ def _explain(console: Console, args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(console: Console, args: argparse.Namespace) -> int:
+    import json
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from attnlab.bench.runner import QUICK, BenchConfig, longest, run, with_overrides
+
+    base = QUICK if args.quick else BenchConfig()
+    config = with_overrides(
+        base, seq_lens=tuple(args.seq_lens) if args.seq_lens else None, batch=args.batch, d_model=args.d_model,
+        heads=args.heads, dtype=args.dtype, mode="backward" if args.backward else None, repeats=args.repeats,
+        impls=tuple(args.impls) if args.impls else None, threads=args.threads,
+        decode=False if args.no_decode else None,
+    )  # fmt: skip
+    try:
+        config.validate()
+    except ValueError as err:
+        console.print(f"[red]error:[/red] {err}")
+        return 2
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:  # fmt: skip
+        task = bar.add_task("planning", total=None)
+
+        def progress(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=label)
+
+        result = run(config, progress=progress)
+        rows = longest(tuple(args.longest), progress=progress) if args.longest else []
+    data = result.to_json()
+    if rows:
+        data["longest"] = rows
+    machine = data["machine"]
+    console.print(f"torch {machine['torch']}, {machine['threads']} threads, matmul {machine['matmul_gflops']:.1f} GFLOP/s "
+                  f"(the practical roofline), {machine['available_bytes'] / 2**30:.1f} GiB available")  # fmt: skip
+    for mode in dict.fromkeys(c["mode"] for c in data["cases"]):
+        table = Table(title=f"{mode}: batch {config.batch}, d={config.d_model}, {config.heads} heads, {config.dtype}")
+        table.add_column("implementation", no_wrap=True)
+        for col in ("T", "median ms", "x fastest", "peak alloc MiB", "peak RSS MiB", "GFLOP/s", "of matmul"):
+            table.add_column(col, justify="right")
+        for c in (c for c in data["cases"] if c["mode"] == mode):
+            if c.get("status") != "ok":
+                table.add_row(c["impl"], str(c["seq"]), f"[yellow]{c.get('status')}[/yellow]", "", "", "", "", "")
+                continue
+            table.add_row(c["impl"], str(c["seq"]), f"{c['median_ms']:.2f}", f"{c['ratio_to_fastest']:.2f}",
+                          f"{c['peak_allocated_bytes'] / 2**20:.1f}", f"{c['peak_rss_bytes'] / 2**20:.0f}",
+                          f"{c['gflops']:.1f}", f"{c['roofline_fraction']:.2f}" if c.get("roofline_fraction") else "")  # fmt: skip
+        console.print(table)
+    if data["fits"]:
+        fits = Table(title="scaling exponents (log-log slope against T)")
+        for col in ("implementation", "time", "memory"):
+            fits.add_column(col)
+        for key, f in data["fits"].items():
+            fits.add_row(key, *(f"{v:.2f}" if v is not None else "" for v in (f["time_exponent"], f["memory_exponent"])))
+        console.print(fits)
+    for r in rows:
+        console.print(f"longest {r['impl']}: T={r['longest_seq']} ({r['stopped']})")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        from attnlab.bench.plot import plot
+
+        console.print(f"wrote {plot(data, args.plot)}")
+    refused = [c for c in data["cases"] if str(c.get("status", "")).startswith("refused")]
+    return 1 if refused else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnlab", description="Learn, verify and use attention.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,6 +163,23 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--seed", type=int, default=123, help="seed of the embeddings and weights (default 123)")
     explain.add_argument("--d-model", type=int, default=16, help="embedding size (default 16)")
     explain.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the explanations")
+
+    bench = sub.add_parser("bench", help="time and measure every attention implementation, side by side")
+    bench.add_argument("--seq-lens", type=int, nargs="+", metavar="T", help="sequence lengths (default 512 1024 2048 4096)")
+    bench.add_argument("--batch", type=int, help="batch size (default 1)")
+    bench.add_argument("--d-model", type=int, help="model width (default 768)")
+    bench.add_argument("--heads", type=int, help="heads (default 12)")
+    bench.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], help="default float32")
+    bench.add_argument("--backward", action="store_true", help="time forward + backward instead of forward")
+    bench.add_argument("--repeats", type=int, help="timed runs per case; the median is reported (default 5)")
+    bench.add_argument("--impls", nargs="+", metavar="NAME", help="implementations to run (default: all)")
+    bench.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    bench.add_argument("--no-decode", action="store_true", help="skip the decode-step cases")
+    bench.add_argument("--longest", nargs="*", metavar="NAME",
+                       help="also find the longest sequence these run at batch 1, 768 dims, 12 heads")
+    bench.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds: a smoke run")
+    bench.add_argument("--json", metavar="PATH", help="write every case to a JSON file")
+    bench.add_argument("--plot", metavar="PATH", help="write a log-log plot of time and memory against T")
     return parser
 
 
@@ -110,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _render_tour(console, args.lang, args.check)
     if args.command == "explain":
         return _explain(console, args)
+    if args.command == "bench":
+        return _bench(Console(highlight=False, width=max(console.width, 118)), args)  # tables need the width
     raise AssertionError(f"unhandled command {args.command}")  # argparse rejects unknown ones
 
 

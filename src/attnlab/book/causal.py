@@ -77,7 +77,7 @@ class CausalAttention(nn.Module):
         record("attn_scores", attn_scores, source="CausalAttention")
         if is_recording():  # the book scales inside the softmax; shown separately for the trace
             record("scaled_scores", attn_scores / keys.shape[-1] ** 0.5, source="CausalAttention")
-        attn_scores = attn_scores.masked_fill(
+        attn_scores.masked_fill_(  # in place, as the book does: no second (b, T, T) tensor
             self.mask.bool()[:num_tokens, :num_tokens], -torch.inf
         )
         record("masked_scores", attn_scores, source="CausalAttention")

@@ -104,7 +104,7 @@ class MultiHeadAttention(nn.Module):
         if is_recording():  # the book scales inside the softmax; shown separately for the trace
             record("scaled_scores", attn_scores / keys.shape[-1] ** 0.5, source="MultiHeadAttention")
         mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
-        attn_scores = attn_scores.masked_fill(mask_bool, -torch.inf)
+        attn_scores.masked_fill_(mask_bool, -torch.inf)  # in place, as the book does
         record("masked_scores", attn_scores, source="MultiHeadAttention")
         attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
         record("attn_weights", attn_weights, source="MultiHeadAttention")

@@ -32,12 +32,13 @@ def _load(attn: Attention, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | No
 
 
 def from_book(mha: MultiHeadAttention, **options: object) -> Attention:
-    """From the chapter's ``MultiHeadAttention`` (causal, same heads and dropout)."""
+    """From the chapter's ``MultiHeadAttention`` (causal, same heads and dropout); ``options`` override."""
     if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"expected attnlab.book.MultiHeadAttention, got {type(mha).__name__}")
     has_bias = mha.W_query.bias is not None
-    attn = Attention(d_in=mha.d_in, d_out=mha.d_out, num_heads=mha.num_heads, qkv_bias=has_bias,
-                     dropout=mha.dropout.p, is_causal=True, **options)  # type: ignore[arg-type]  # fmt: skip
+    settings = dict(d_in=mha.d_in, d_out=mha.d_out, num_heads=mha.num_heads, qkv_bias=has_bias,
+                    dropout=mha.dropout.p, is_causal=True)  # fmt: skip
+    attn = Attention(**{**settings, **options})  # type: ignore[arg-type]
     weight = torch.cat([mha.W_query.weight, mha.W_key.weight, mha.W_value.weight], dim=0)  # (3*d_out, d_in)
     bias = torch.cat([mha.W_query.bias, mha.W_key.bias, mha.W_value.bias]) if has_bias else None
     return _load(attn, weight, bias, mha.out_proj.weight, mha.out_proj.bias)

@@ -1,0 +1,136 @@
+"""One benchmark case, run in its own process: check, warm up, time, measure memory.
+
+    python -m attnlab.bench.worker '{"impl": "attnlab-auto", "seq": 1024, ...}'
+
+Prints one JSON object. Running each case in a fresh process makes its peak
+RSS its own. The output is compared with the reference (the book's
+MultiHeadAttention computed in float64 on the same weights and input, over the
+first ``check_len`` tokens) before anything is timed; a case that disagrees is
+reported as refused and not timed.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+from attnlab.bench.impls import build, reference_weights
+from attnlab.bench.memory import PeakMemory
+from attnlab.cache.kv import KVCache
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 3e-2, "float16": 1e-2}
+
+
+def _median_seconds(fn: Callable[[], object], repeats: int, warmup: int) -> tuple[float, list[float]]:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples), samples
+
+
+def check(model: torch.nn.Module, ref: torch.nn.Module, x: torch.Tensor, dtype_name: str) -> tuple[bool, float]:
+    """Max relative error of model(x) against the float64 reference on the same weights."""
+    with torch.no_grad():
+        expected = ref.double()(x.double())
+        got = model(x).double()
+    err = ((got - expected).abs().max() / expected.abs().max().clamp_min(1e-12)).item()
+    return bool(err <= TOLERANCE[dtype_name]), err
+
+
+def run_case(spec: dict[str, Any], model_override: torch.nn.Module | None = None) -> dict[str, Any]:
+    """Run one case described by ``spec``; ``model_override`` lets tests inject an implementation."""
+    torch.set_num_threads(spec.get("threads") or torch.get_num_threads())
+    dtype = DTYPES[spec["dtype"]]
+    b, t, d, h = spec["batch"], spec["seq"], spec["d_model"], spec["heads"]
+    context = max(t, spec["check_len"]) + 1
+    model = model_override if model_override is not None else build(spec["impl"], reference_weights(d, h, context))
+    model = model.to(dtype).eval()
+    torch.manual_seed(1)
+    x = torch.randn(b, t, d, dtype=dtype)
+    result: dict[str, Any] = {**spec, "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+    check_x = x[:, : min(t, spec["check_len"])]
+    reference = reference_weights(d, h, context)  # a separate copy: check() converts it to float64
+    ok, err = check(model, reference, check_x, spec["dtype"])
+    result.update(agrees=ok, max_rel_error=err)
+    if not ok:
+        result["status"] = "refused: output differs from the reference"
+        return result
+
+    if spec["mode"] == "decode":
+        fn = _decode_step(model, x, spec["impl"])
+    elif spec["mode"] == "forward":
+        def fn() -> object:
+            with torch.no_grad():
+                return model(x)
+    else:
+        xg = x.detach().requires_grad_()
+
+        def fn() -> object:
+            out = model(xg)
+            out.sum().backward()
+            return out
+
+    median, samples = _median_seconds(fn, spec["repeats"], spec["warmup"])
+    with PeakMemory() as mem:
+        fn()
+    result.update(status="ok", median_ms=median * 1e3, samples_ms=[s * 1e3 for s in samples],
+                  peak_allocated_bytes=mem.peak_bytes,
+                  peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # fmt: skip
+    return result
+
+
+def _decode_step(model: torch.nn.Module, x: torch.Tensor, impl: str) -> Callable[[], object]:
+    """One new token at position T: with a KVCache (attnlab) or by recomputing everything."""
+    new = torch.randn_like(x[:, :1])
+    full = torch.cat([x, new], dim=1)  # (B, T+1, d)
+    if impl.endswith("+kvcache"):
+        cache = model.make_cache(batch_size=x.shape[0], max_len=x.shape[1] + 1)  # type: ignore[operator]
+        with torch.no_grad():
+            model(x, cache=cache)
+
+        def step() -> object:
+            with torch.no_grad():
+                out = model(new, cache=cache)
+            cache.crop(x.shape[1])
+            return out
+
+        return step
+
+    def recompute() -> object:
+        with torch.no_grad():
+            return model(full)[:, -1:]
+
+    return recompute
+
+
+def matmul_gflops(repeats: int = 5, n: int = 2048, threads: int | None = None) -> float:
+    """This machine's float32 matmul rate now: the practical roofline."""
+    if threads:
+        torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    median, _ = _median_seconds(lambda: a @ b, repeats, 2)
+    return 2 * n**3 / median / 1e9
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    if spec.get("mode") == "matmul":
+        print(json.dumps({"matmul_gflops": matmul_gflops(threads=spec.get("threads"))}))
+        return
+    print(json.dumps(run_case(spec)))
+
+
+if __name__ == "__main__":
+    main()

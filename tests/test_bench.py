@@ -1,0 +1,99 @@
+"""attnlab bench: the smoke run in the suite, the refusal of a wrong implementation, the planner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab import cli
+from attnlab.bench.impls import IMPLEMENTATIONS, build, reference_weights
+from attnlab.bench.runner import DECODE_IMPLS, PREFILL_IMPLS, QUICK, BenchConfig, _slope, nominal_flops, run
+from attnlab.bench.worker import run_case
+from attnlab.nn.loaders import from_book
+
+
+def test_quick_run_checks_and_times_every_implementation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    assert cli.main(["bench", "--quick", "--json", str(out), "--plot", str(png)]) == 0
+    printed = capsys.readouterr().out
+    assert "the practical roofline" in printed and "attnlab-flash" in printed
+    data = json.loads(out.read_text())
+    assert data["schema"] == "attnlab.bench/1"
+    assert set(data["machine"]) >= {"torch", "threads", "available_bytes", "matmul_gflops"}
+    assert data["machine"]["matmul_gflops"] > 0
+    cases = data["cases"]
+    assert [(c["impl"], c["mode"]) for c in cases] == [(i, "forward") for i in PREFILL_IMPLS] + [
+        (i, "decode") for i in DECODE_IMPLS
+    ]
+    for c in cases:
+        assert c["status"] == "ok", c
+        assert c["agrees"] is True and c["max_rel_error"] < 1e-4
+        assert c["median_ms"] > 0 and len(c["samples_ms"]) == QUICK.repeats
+        assert c["peak_allocated_bytes"] > 0 and c["peak_rss_bytes"] > 0 and c["threads"] >= 1
+        assert c["gflops"] > 0 and 0 < c["roofline_fraction"]
+        assert c["ratio_to_fastest"] >= 1.0
+    for mode in ("forward", "decode"):
+        assert min(c["ratio_to_fastest"] for c in cases if c["mode"] == mode) == 1.0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_implementation_that_disagrees_is_refused_not_timed() -> None:
+    """The bonus notebook's trap: a variant that claims to be causal and is not."""
+    spec = dict(impl="claims-causal", seq=32, batch=1, d_model=32, heads=4, dtype="float32", mode="forward",
+                repeats=2, warmup=0, check_len=32)  # fmt: skip
+    not_causal = from_book(reference_weights(32, 4, 33), is_causal=False)
+    result = run_case(spec, model_override=not_causal)
+    assert result["status"] == "refused: output differs from the reference"
+    assert result["agrees"] is False and result["max_rel_error"] > 1e-2
+    assert "median_ms" not in result
+    honest = run_case(spec, model_override=from_book(reference_weights(32, 4, 33)))
+    assert honest["status"] == "ok" and honest["agrees"] is True
+
+
+def test_every_implementation_computes_the_same_function() -> None:
+    ref = reference_weights(48, 6, 40)
+    x = torch.randn(2, 40, 48)
+    with torch.no_grad():
+        expected = ref(x)
+        for name in IMPLEMENTATIONS:
+            torch.testing.assert_close(build(name, ref).eval()(x), expected, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_cases_that_would_not_fit_are_skipped_without_running() -> None:
+    calls: list[dict[str, Any]] = []
+
+    def fake_worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+        calls.append(spec)
+        if spec["mode"] == "matmul":
+            return {"matmul_gflops": 100.0}
+        return {**spec, "status": "ok", "median_ms": 1.0 * spec["seq"], "peak_allocated_bytes": spec["seq"] ** 2,
+                "peak_rss_bytes": 1, "samples_ms": [1.0]}  # fmt: skip
+
+    config = BenchConfig(seq_lens=(1024, 2048, 1 << 20), impls=("book-mha", "attnlab-flash"), decode=False)
+    result = run(config, worker=fake_worker)
+    status = {(c["impl"], c["seq"]): c["status"] for c in result.cases}
+    assert status[("book-mha", 1 << 20)].startswith("skipped: predicted")  # 12 heads x 2^40 scores: never run
+    assert status[("book-mha", 1024)] == "ok"
+    assert not any(c.get("impl") == "book-mha" and c["seq"] == 1 << 20 for c in calls)
+    assert result.fits["book-mha forward"]["time_exponent"] == pytest.approx(1.0)  # the fake's 1.0 * seq
+    assert result.fits["book-mha forward"]["memory_exponent"] == pytest.approx(2.0)  # the fake's seq ** 2
+
+
+def test_scaling_exponent_and_flop_count() -> None:
+    assert _slope([1, 2, 4, 8], [3, 12, 48, 192]) == pytest.approx(2.0)
+    assert _slope([1024, 2048], [10.0, 20.0]) == pytest.approx(1.0)
+    assert nominal_flops("forward", 1, 1024, 768) == 8 * 1024 * 768**2 + 2 * 1024**2 * 768
+    assert nominal_flops("backward", 1, 10, 4) == 3 * nominal_flops("forward", 1, 10, 4)
+
+
+def test_bad_configs_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match=r"unknown implementations \['nope'\]"):
+        BenchConfig(impls=("nope",)).validate()
+    with pytest.raises(ValueError, match=r"d_model \(100\) must be divisible by heads \(12\)"):
+        BenchConfig(d_model=100).validate()
+    assert cli.main(["bench", "--impls", "nope"]) == 2
+    assert "unknown implementations" in capsys.readouterr().out
