@@ -131,3 +131,17 @@ def test_extreme_logits_stay_finite(backend: str) -> None:
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out[0, 0, 0], v[0, 0, 0])  # scores of 7e7 pick key 0 outright
     torch.testing.assert_close(out[0, 0, 1], v[0, 0, 1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_row_emptied_only_by_combining_masks_gives_zero(backend: str) -> None:
+    """Window and bool mask leave key 3 open for the last query; the float mask closes it."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))
+    bias = torch.zeros(4, 4)
+    bias[3, 3] = float("-inf")
+    out = attention(q, k, v, mask=bias, window=1, backend=backend, block_q=2, block_k=2)  # type: ignore[arg-type]
+    assert torch.isfinite(out).all()
+    assert (out[:, :, 3] == 0).all() and (out[:, :, :3] != 0).any()
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))  # type: ignore[arg-type]

@@ -136,5 +136,8 @@ def memory_model(name: str, *, batch: int, seq: int, d: int, heads: int, dtype_b
     quadratic = IMPLEMENTATIONS[name].t2_copies * batch * heads * seq * seq * dtype_bytes
     factor = 2.5 if backward else 1.0  # saved activations and their gradients
     weights = 4 * d * d * dtype_bytes * (3 if backward else 1)
-    return int(factor * (linear + quadratic) + weights)
+    # The book's classes keep a (T, T) float mask buffer (one per head in the wrapper) and make a
+    # bool copy of it every forward pass.
+    buffers = {"book-mha": 1, "book-wrapper": heads}.get(name, 0) * seq * seq * (dtype_bytes + 1)
+    return int(factor * (linear + quadratic) + weights + buffers)
 

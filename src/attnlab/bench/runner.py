@@ -143,7 +143,7 @@ def run(config: BenchConfig, *, progress: Callable[[int, int, str], None] | None
             case = {**spec, "status": f"skipped: predicted {need / 2**30:.1f} GiB > {config.memory_fraction:.0%} "
                                       f"of the {free / 2**30:.1f} GiB available"}  # fmt: skip
         else:
-            case = worker(spec, config.timeout_s)
+            case = worker({**spec, "memory_limit_bytes": int(config.memory_fraction * free)}, config.timeout_s)
         case["predicted_bytes"] = need
         result.cases.append(case)
     if progress:
@@ -212,7 +212,8 @@ def longest(impls: tuple[str, ...], *, start: int = 1024, d_model: int = 768, he
                 reason = f"T={t} predicted to take about {4 * last_ms / 1e3:.0f} s, over the {time_limit_s:.0f} s limit"
                 break
             spec = dict(impl=impl, seq=t, batch=1, d_model=d_model, heads=heads, dtype="float32", mode="forward",
-                        repeats=1, warmup=0, check_len=256, threads=None)  # fmt: skip
+                        repeats=1, warmup=0, check_len=256, threads=None,
+                        memory_limit_bytes=int(memory_fraction * free))  # fmt: skip
             case = worker(spec, max(time_limit_s * 2, 60.0))
             if case.get("status") != "ok":
                 reason = f"T={t}: {case.get('status')}"

@@ -4,7 +4,7 @@ True = may attend, everywhere. See docs/backends.md.
 """
 
 from attnlab.functional.attention import BACKENDS, Backend, attention, flash_attention
-from attnlab.functional.eager import repeat_kv, safe_softmax
+from attnlab.functional.eager import dead_rows, repeat_kv
 from attnlab.functional.masks import (
     MaskSpec,
     causal_mask,
@@ -19,7 +19,7 @@ __all__ = [
     "attention",
     "flash_attention",
     "repeat_kv",
-    "safe_softmax",
+    "dead_rows",
     "MaskSpec",
     "causal_mask",
     "sliding_window_mask",

@@ -27,18 +27,20 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x.reshape(b, h_kv * groups, t, d)  # (B, H, T, D)
 
 
-def safe_softmax(scores: torch.Tensor) -> torch.Tensor:
-    """softmax over the last dim; a row that is all -inf gives all zeros, not NaN.
+def dead_rows(allowed: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """(.., Tq, 1) True where a query may attend to nothing; None when no row can be empty.
 
-    Subtracting the row max keeps exp from overflowing (the chapter's stable
-    softmax); a row with no finite score uses 0 as its max so nothing is NaN,
-    forward or backward.
+    A key is open when the boolean mask allows it and the float mask is not
+    -inf there; a row is dead when no key is open. Computed on the masks' own
+    broadcast shape, not the scores', so it costs little.
     """
-    row_max = scores.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)).detach()
-    exp = torch.exp(scores - row_max)
-    denom = exp.sum(dim=-1, keepdim=True)
-    return exp / torch.where(denom == 0, torch.ones_like(denom), denom)
+    if allowed is None and bias is None:
+        return None
+    open_keys = allowed if bias is None else ~torch.isneginf(bias)
+    if allowed is not None and bias is not None:
+        open_keys = allowed & open_keys
+    assert open_keys is not None
+    return ~open_keys.any(dim=-1, keepdim=True)
 
 
 def eager_attention(
@@ -50,7 +52,11 @@ def eager_attention(
     scale: float,
     dropout_p: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (context (B, H, Tq, Dv), weights (B, H, Tq, Tk)) in q's dtype."""
+    """Returns (context (B, H, Tq, Dv), weights (B, H, Tq, Tk)) in q's dtype.
+
+    The (B, H, Tq, Tk) scores are scaled and masked in place, as the book
+    masks them, so the path holds two score-sized tensors, not five.
+    """
     groups = q.shape[1] // k.shape[1]
     k = repeat_kv(k, groups)  # (B, H, Tk, D)
     v = repeat_kv(v, groups)  # (B, H, Tk, Dv)
@@ -58,15 +64,20 @@ def eager_attention(
 
     attn_scores = q.to(compute) @ k.to(compute).transpose(-2, -1)  # (B, H, Tq, Tk)
     record("attn_scores", attn_scores, source="attention")
-    scaled = attn_scores * scale  # Vaswani et al. 2017, eq. 1: QK^T / sqrt(d_k)
-    record("scaled_scores", scaled, source="attention")
+    attn_scores.mul_(scale)  # Vaswani et al. 2017, eq. 1: QK^T / sqrt(d_k)
+    record("scaled_scores", attn_scores, source="attention")
     allowed, bias = spec.dense(q.device)
     if bias is not None:
-        scaled = scaled + bias.to(compute)
+        attn_scores = attn_scores + bias.to(compute)
     if allowed is not None:
-        scaled = scaled.masked_fill(~allowed, float("-inf"))
-    record("masked_scores", scaled, source="attention")
-    attn_weights = safe_softmax(scaled)
+        attn_scores.masked_fill_(~allowed, float("-inf"))
+    record("masked_scores", attn_scores, source="attention")
+    dead = dead_rows(allowed, bias)
+    if dead is not None:  # a row with nothing to attend to: softmax of zeros, then weights of zero
+        attn_scores.masked_fill_(dead, 0.0)
+    attn_weights = torch.softmax(attn_scores, dim=-1)
+    if dead is not None:
+        attn_weights = attn_weights.masked_fill(dead, 0.0)
     record("attn_weights", attn_weights, source="attention")
     if dropout_p > 0.0:
         attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from attnlab.functional.eager import dead_rows
 from attnlab.functional.masks import MaskSpec
 
 
@@ -37,12 +38,7 @@ def sdpa_attention(
         )
 
     allowed, bias = spec.dense(q.device)
-    dead = None  # (.., Tq, 1): rows where no key may be attended
-    if allowed is not None:
-        dead = ~allowed.any(dim=-1, keepdim=True)
-    if bias is not None:
-        dead_bias = torch.isneginf(bias).all(dim=-1, keepdim=True)
-        dead = dead_bias if dead is None else dead | dead_bias
+    dead = dead_rows(allowed, bias)  # (.., Tq, 1): rows where no key may be attended
 
     if bias is None:
         attn_mask = allowed | dead  # type: ignore[operator]
