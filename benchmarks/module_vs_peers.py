@@ -17,27 +17,10 @@ import time
 from typing import Callable
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 from attnlab import Attention, attention, book
+from attnlab.bench.impls import PlainSDPA
 from attnlab.bench.memory import PeakMemory
-
-
-class PlainSDPA(nn.Module):
-    """The smallest honest module around SDPA: fused QKV, is_causal, out_proj."""
-
-    def __init__(self, d: int, h: int) -> None:
-        super().__init__()
-        self.h = h
-        self.qkv = nn.Linear(d, 3 * d, bias=False)
-        self.proj = nn.Linear(d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(o.transpose(1, 2).reshape(b, t, d))  # (B, T, d)
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
