@@ -97,3 +97,5 @@ def test_bad_configs_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
         BenchConfig(d_model=100).validate()
     assert cli.main(["bench", "--impls", "nope"]) == 2
     assert "unknown implementations" in capsys.readouterr().out
+    assert cli.main(["bench", "--quick", "--longest", "book-mha", "nope"]) == 2
+    assert "unknown implementations ['nope']" in capsys.readouterr().out

@@ -92,8 +92,11 @@ def _bench(console: Console, args: argparse.Namespace) -> int:
         impls=tuple(args.impls) if args.impls else None, threads=args.threads,
         decode=False if args.no_decode else None,
     )  # fmt: skip
+    longest_impls = None if args.longest is None else tuple(args.longest or ("book-mha", "attnlab-auto", "attnlab-flash"))
     try:
         config.validate()
+        if longest_impls:
+            BenchConfig(impls=longest_impls).validate()
     except ValueError as err:
         console.print(f"[red]error:[/red] {err}")
         return 2
@@ -105,13 +108,14 @@ def _bench(console: Console, args: argparse.Namespace) -> int:
             bar.update(task, completed=done, total=total, description=label)
 
         result = run(config, progress=progress)
-        rows = longest(tuple(args.longest), progress=progress) if args.longest else []
+        rows = longest(longest_impls, progress=progress) if longest_impls else []
     data = result.to_json()
     if rows:
         data["longest"] = rows
     machine = data["machine"]
-    console.print(f"torch {machine['torch']}, {machine['threads']} threads, matmul {machine['matmul_gflops']:.1f} GFLOP/s "
-                  f"(the practical roofline), {machine['available_bytes'] / 2**30:.1f} GiB available")  # fmt: skip
+    rate = f"{machine['matmul_gflops']:.1f} GFLOP/s" if machine.get("matmul_gflops") else "not measured"
+    console.print(f"torch {machine['torch']}, {machine['threads']} threads, matmul {rate} (the practical roofline), "
+                  f"{machine['available_bytes'] / 2**30:.1f} GiB available")  # fmt: skip
     for mode in dict.fromkeys(c["mode"] for c in data["cases"]):
         table = Table(title=f"{mode}: batch {config.batch}, d={config.d_model}, {config.heads} heads, {config.dtype}")
         table.add_column("implementation", no_wrap=True)
@@ -176,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     bench.add_argument("--no-decode", action="store_true", help="skip the decode-step cases")
     bench.add_argument("--longest", nargs="*", metavar="NAME",
-                       help="also find the longest sequence these run at batch 1, 768 dims, 12 heads")
+                       help="also find the longest sequence these run at batch 1, 768 dims, 12 heads "
+                            "(default: book-mha attnlab-auto attnlab-flash); takes minutes")
     bench.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds: a smoke run")
     bench.add_argument("--json", metavar="PATH", help="write every case to a JSON file")
     bench.add_argument("--plot", metavar="PATH", help="write a log-log plot of time and memory against T")
