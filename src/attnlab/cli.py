@@ -8,12 +8,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from attnlab.explain.report import Report
 
 
 def _render_tour(console: Console, lang: str, check: bool) -> int:
@@ -45,10 +48,7 @@ def _render_tour(console: Console, lang: str, check: bool) -> int:
     return 0
 
 
-def _write_report(console: Console, report: object, path: str) -> int:
-    from attnlab.explain.report import Report
-
-    assert isinstance(report, Report)
+def _write_report(console: Console, report: Report, path: str) -> int:
     out = report.save(path)
     console.print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB, self-contained: open it in any browser, offline)")
     return 0

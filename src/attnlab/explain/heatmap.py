@@ -65,20 +65,14 @@ def _draw(ax: plt.Axes, matrix: torch.Tensor, row_labels: Sequence[str], col_lab
     ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
 
 
-def _subplots(rows: int, cols: int, figsize: tuple[float, float]) -> tuple[Figure, np.ndarray]:
-    with plt.rc_context({"font.family": FONT_FAMILY}):
-        fig, axes = plt.subplots(rows, cols, figsize=figsize, squeeze=False)
-    return fig, axes
-
-
 def heatmap(matrix: torch.Tensor, row_labels: Sequence[str], col_labels: Sequence[str] | None = None, *,
             title: str = "", annotate: bool | None = None) -> Figure:  # fmt: skip
     """One (rows, cols) matrix as a labelled heatmap."""
     col_labels = row_labels if col_labels is None else col_labels
     size = max(3.2, 0.55 * max(len(row_labels), len(col_labels)) + 1.6)
-    fig, axes = _subplots(1, 1, (size + 0.8, size))
-    with plt.rc_context({"font.family": FONT_FAMILY}):
-        _draw(axes[0][0], matrix, row_labels, col_labels, title, annotate)
+    with plt.rc_context({"font.family": FONT_FAMILY}):  # texts keep the font they are created with
+        fig, ax = plt.subplots(figsize=(size + 0.8, size))
+        _draw(ax, matrix, row_labels, col_labels, title, annotate)
         fig.tight_layout()
     return fig
 
@@ -92,8 +86,8 @@ def head_grid(weights: torch.Tensor, labels: Sequence[str], *, title: str = "", 
     cols = min(heads, 4)
     rows = (heads + cols - 1) // cols
     size = max(3.0, 0.45 * len(labels) + 1.6)
-    fig, axes = _subplots(rows, cols, (cols * (size + 0.6), rows * size))
     with plt.rc_context({"font.family": FONT_FAMILY}):
+        fig, axes = plt.subplots(rows, cols, figsize=(cols * (size + 0.6), rows * size), squeeze=False)
         for h in range(rows * cols):
             ax = axes[h // cols][h % cols]
             if h < heads:
@@ -111,8 +105,7 @@ def save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg"):
         raise ValueError(f"save heatmaps as .png or .svg, got {path.name!r}")
-    with plt.rc_context({"font.family": FONT_FAMILY}):
-        fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
@@ -120,7 +113,6 @@ def save(fig: Figure, path: str | Path) -> Path:
 def png_bytes(fig: Figure) -> bytes:
     """The figure as PNG bytes (for inlining in the HTML report), and close it."""
     buffer = io.BytesIO()
-    with plt.rc_context({"font.family": FONT_FAMILY}):
-        fig.savefig(buffer, format="png", dpi=90)
+    fig.savefig(buffer, format="png", dpi=90)
     plt.close(fig)
     return buffer.getvalue()

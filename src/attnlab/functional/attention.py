@@ -179,16 +179,20 @@ def attention(
         return (out, weights) if return_weights else out
     if chosen == "sdpa":
         return sdpa_attention(q, k, v, spec, scale=scale_, dropout_p=dropout_p)
+    out, _ = _flash(q, k, v, spec, scale_, dropout_p, block_q, block_k)
+    return out
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, scale: float, dropout_p: float,
+           block_q: int, block_k: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The flash backend on checked arguments: kv heads repeated for GQA, (out, lse)."""
     if spec.bias is not None and spec.bias.requires_grad:
         raise ValueError(
             "the flash backend treats float masks as constants; for a mask that needs gradients use backend='eager' or 'sdpa'"
         )
     groups = q.shape[1] // k.shape[1]
-    out, _ = flash_attention_core(
-        q, repeat_kv(k, groups), repeat_kv(v, groups), spec, scale=scale_, dropout_p=dropout_p,
-        block_q=block_q, block_k=block_k,
-    )  # fmt: skip
-    return out
+    return flash_attention_core(q, repeat_kv(k, groups), repeat_kv(v, groups), spec, scale=scale,
+                                dropout_p=dropout_p, block_q=block_q, block_k=block_k)  # fmt: skip
 
 
 def flash_attention(
@@ -202,6 +206,4 @@ def flash_attention(
     that see none. Same arguments and checks as :func:`attention`.
     """
     spec, scale_ = _prepare(q, k, v, mask, is_causal, window, dropout_p, scale, causal_align, block_q, block_k)
-    groups = q.shape[1] // k.shape[1]
-    return flash_attention_core(q, repeat_kv(k, groups), repeat_kv(v, groups), spec, scale=scale_,
-                                dropout_p=dropout_p, block_q=block_q, block_k=block_k)  # fmt: skip
+    return _flash(q, k, v, spec, scale_, dropout_p, block_q, block_k)

@@ -18,6 +18,11 @@ from attnlab.explain.trace import record
 from attnlab.functional.masks import MaskSpec
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Scores and softmax of half-precision inputs in float32; float32 and float64 in themselves."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     """(B, Hkv, T, D) -> (B, Hkv * groups, T, D): each kv head serves ``groups`` query heads."""
     if groups == 1:
@@ -60,7 +65,7 @@ def eager_attention(
     groups = q.shape[1] // k.shape[1]
     k = repeat_kv(k, groups)  # (B, H, Tk, D)
     v = repeat_kv(v, groups)  # (B, H, Tk, Dv)
-    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    compute = accumulation_dtype(q.dtype)
 
     attn_scores = q.to(compute) @ k.to(compute).transpose(-2, -1)  # (B, H, Tq, Tk)
     record("attn_scores", attn_scores, source="attention")

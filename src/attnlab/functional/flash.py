@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from attnlab.functional.eager import accumulation_dtype
 from attnlab.functional.masks import MaskSpec
 
 DEFAULT_BLOCK_Q = 256
@@ -47,11 +48,6 @@ def _scores(qi_scaled: torch.Tensor, kj: torch.Tensor, spec: MaskSpec, i0: int, 
     return s
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Accumulate half precision in float32; float32 and float64 in themselves."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 def _blocks(n: int, size: int) -> list[tuple[int, int, int]]:
     return [(idx, start, min(start + size, n)) for idx, start in enumerate(range(0, n, size))]
 
@@ -63,7 +59,7 @@ def flash_forward(
     """(out (B, H, Tq, Dv) in q's dtype, lse (B, H, Tq)). Dead rows: out 0, lse +inf."""
     b, h, tq, _ = q.shape
     tk, dv = k.shape[2], v.shape[-1]
-    ad = _acc_dtype(q.dtype)
+    ad = accumulation_dtype(q.dtype)
     out = torch.empty(b, h, tq, dv, dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h, tq, dtype=ad, device=q.device)
     for bi, i0, i1 in _blocks(tq, block_q):
@@ -99,7 +95,7 @@ def flash_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """dq, dk, dv by recomputing each tile's probabilities from the saved lse."""
     tq, tk = q.shape[2], k.shape[2]
-    ad = _acc_dtype(q.dtype)
+    ad = accumulation_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=ad, device=q.device)
     dk = torch.zeros(k.shape, dtype=ad, device=q.device)
     dv = torch.zeros(v.shape, dtype=ad, device=q.device)

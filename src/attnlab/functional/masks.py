@@ -143,12 +143,7 @@ class MaskSpec:
 
     def dense(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(allowed, bias) for the whole (.., Tq, Tk) score matrix; either may be None."""
-        allowed = self.allowed
-        if self.structural_needed:
-            s = _structural(0, self.tq, 0, self.tk, tq=self.tq, tk=self.tk, causal=self.causal,
-                            align=self.align, window=self.window, device=device)  # fmt: skip
-            allowed = s if allowed is None else allowed & s
-        return allowed, self.bias
+        return self.tile(0, self.tq, 0, self.tk, device)
 
     def tile(self, i0: int, i1: int, j0: int, j1: int, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(allowed, bias) for rows i0:i1 and columns j0:j1 only; None where unrestricted."""

@@ -150,12 +150,12 @@ class Attention(nn.Module):
         t = x.shape[1]
         if cache is not None:
             self._check_cache(cache)
-        if positions is None:
-            positions = cache.next_positions(t) if cache is not None else torch.arange(t, device=x.device)
-        elif positions.shape[-1] != t or positions.dim() not in (1, 2):
+        if positions is not None and (positions.dim() not in (1, 2) or positions.shape[-1] != t):
             raise ValueError(f"positions must be (T,) or (B, T) with T={t}, got shape {tuple(positions.shape)}")
         queries, keys, values = self.split_qkv(x)
         if self.rotary is not None:
+            if positions is None:
+                positions = cache.next_positions(t) if cache is not None else torch.arange(t, device=x.device)
             cos, sin = self.rotary(positions, dtype=queries.dtype)
             queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
         if cache is not None:
