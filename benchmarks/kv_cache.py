@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +60,9 @@ def generation(new_tokens: int, d_model: int, layers: int, heads: int) -> None:
             elif name == "no cache":
                 out = model.generate(prompt, new_tokens, use_cache=False)
             else:
-                caches = [ConcatCache(batch_size=1, num_kv_heads=heads, head_dim=head_dim, max_len=1) for _ in range(layers)]
+                caches = [
+                    ConcatCache(batch_size=1, num_kv_heads=heads, head_dim=head_dim, max_len=1) for _ in range(layers)
+                ]
                 logits = model(prompt, caches=caches)[:, -1]  # type: ignore[arg-type]
                 out = prompt
                 for _ in range(new_tokens):
@@ -71,7 +72,9 @@ def generation(new_tokens: int, d_model: int, layers: int, heads: int) -> None:
             elapsed = time.perf_counter() - start
             results[name] = (new_tokens / elapsed, out)
     base = results["no cache"][0]
-    print(f"\ngenerate {new_tokens} new tokens, TinyDecoder d={d_model}, {layers} layers, {heads} heads, prompt 16, greedy")
+    print(
+        f"\ngenerate {new_tokens} new tokens, TinyDecoder d={d_model}, {layers} layers, {heads} heads, prompt 16, greedy"
+    )
     for name, (rate, out) in results.items():
         same = torch.equal(out, results["no cache"][1])
         print(f"  {name:22s} {rate:8.1f} tokens/s   {rate / base:6.1f}x no cache   same tokens: {same}")
@@ -98,8 +101,10 @@ def step_latency(repeats: int) -> None:
     for kv_heads in (12, 4):
         torch.manual_seed(0)
         attn = Attention(d_in=768, num_heads=12, num_kv_heads=kv_heads).eval()
-        print(f"\none decode step of Attention(d_in=768, num_heads=12, num_kv_heads={kv_heads}), batch 1, "
-              f"median of {repeats}")  # fmt: skip
+        print(
+            f"\none decode step of Attention(d_in=768, num_heads=12, num_kv_heads={kv_heads}), batch 1, "
+            f"median of {repeats}"
+        )
         times: dict[str, dict[int, float]] = {"KVCache": {}, "concatenating cache": {}, "raw floor": {}}
         x = torch.randn(1, 1, 768)
         with torch.no_grad():
@@ -116,8 +121,11 @@ def step_latency(repeats: int) -> None:
 
                         times[name][pos] = _median_step(raw, lambda: None, repeats)
                         continue
-                    cache = attn.make_cache(batch_size=1, max_len=pos + 1) if name == "KVCache" else \
-                        ConcatCache(batch_size=1, num_kv_heads=kv_heads, head_dim=64, max_len=1)  # fmt: skip
+                    cache = (
+                        attn.make_cache(batch_size=1, max_len=pos + 1)
+                        if name == "KVCache"
+                        else ConcatCache(batch_size=1, num_kv_heads=kv_heads, head_dim=64, max_len=1)
+                    )
                     attn(torch.randn(1, pos, 768), cache=cache)
                     times[name][pos] = _median_step(lambda: attn(x, cache=cache), lambda: cache.crop(pos), repeats)
         for name, row in times.items():

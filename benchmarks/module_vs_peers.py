@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -42,8 +42,11 @@ def main() -> None:
 
     b, t, d, h = 8, 1024, 768, 12
     x = torch.randn(b, t, d)
-    mods = {"plain SDPA module": PlainSDPA(d, h), "attnlab.Attention": Attention(d_in=d, num_heads=h),
-            "book MultiHeadAttention": book.MultiHeadAttention(d, d, t, 0.0, h)}  # fmt: skip
+    mods = {
+        "plain SDPA module": PlainSDPA(d, h),
+        "attnlab.Attention": Attention(d_in=d, num_heads=h),
+        "book MultiHeadAttention": book.MultiHeadAttention(d, d, t, 0.0, h),
+    }
     for mode in ("forward", "forward+backward"):
         res = {}
         for name, m in mods.items():
@@ -62,8 +65,10 @@ def main() -> None:
     with torch.no_grad():
         sdpa = median_time(lambda: attention(q, k, v, is_causal=True, backend="sdpa"), args.repeats)
         flash = median_time(lambda: attention(q, k, v, is_causal=True, backend="flash"), args.repeats)
-    print(f"\nT=4096, B=1, H=12, D=64 causal forward: sdpa {sdpa * 1e3:.1f} ms, flash {flash * 1e3:.1f} ms, "
-          f"flash / sdpa = {flash / sdpa:.2f}")  # fmt: skip
+    print(
+        f"\nT=4096, B=1, H=12, D=64 causal forward: sdpa {sdpa * 1e3:.1f} ms, flash {flash * 1e3:.1f} ms, "
+        f"flash / sdpa = {flash / sdpa:.2f}"
+    )
 
     print("\nflash peak allocated bytes (forward + backward, B=1, H=12, D=64):")
     for seq in (1024, 2048, 4096, 8192):

@@ -15,21 +15,49 @@ kv2 = torch.randn(2, 2, 5, 8)
 @pytest.mark.parametrize(
     ("kwargs", "error", "pattern"),
     [
-        (dict(q=torch.randn(4, 5, 8)), ValueError, r"q must be 4-D \(batch, heads, seq, head_dim\), got 3-D shape \(4, 5, 8\).*transpose"),
-        (dict(k=torch.randn(2, 3, 5, 8), v=torch.randn(2, 3, 5, 8)), ValueError, r"q heads \(4\) must be a multiple of kv heads \(3\).*\[1, 2, 4\]"),
+        (
+            dict(q=torch.randn(4, 5, 8)),
+            ValueError,
+            r"q must be 4-D \(batch, heads, seq, head_dim\), got 3-D shape \(4, 5, 8\).*transpose",
+        ),
+        (
+            dict(k=torch.randn(2, 3, 5, 8), v=torch.randn(2, 3, 5, 8)),
+            ValueError,
+            r"q heads \(4\) must be a multiple of kv heads \(3\).*\[1, 2, 4\]",
+        ),
         (dict(k=torch.randn(2, 2, 5, 6)), ValueError, r"q and k must have the same head_dim, got 8 and 6"),
         (dict(v=torch.randn(2, 2, 6, 8)), ValueError, r"k and v must have the same sequence length, got 5 and 6"),
         (dict(k=torch.randn(3, 2, 5, 8), v=torch.randn(3, 2, 5, 8)), ValueError, r"batch sizes differ: q 2, k 3, v 3"),
-        (dict(k=kv2.double()), TypeError, r"q, k, v must share a dtype, got torch.float32, torch.float64, torch.float32"),
-        (dict(q=torch.ones(2, 4, 5, 8, dtype=torch.long)), TypeError, r"q must be floating point, got dtype torch.int64"),
-        (dict(mask=torch.ones(5, 4, dtype=torch.bool)), ValueError, r"mask of shape \(5, 4\) does not broadcast to \(batch, heads, Tq, Tk\) = \(2, 4, 5, 5\)"),
-        (dict(mask=torch.ones(5, 5, dtype=torch.long)), TypeError, r"mask must be bool.*got dtype torch.int64.*mask.bool\(\)"),
+        (
+            dict(k=kv2.double()),
+            TypeError,
+            r"q, k, v must share a dtype, got torch.float32, torch.float64, torch.float32",
+        ),
+        (
+            dict(q=torch.ones(2, 4, 5, 8, dtype=torch.long)),
+            TypeError,
+            r"q must be floating point, got dtype torch.int64",
+        ),
+        (
+            dict(mask=torch.ones(5, 4, dtype=torch.bool)),
+            ValueError,
+            r"mask of shape \(5, 4\) does not broadcast to \(batch, heads, Tq, Tk\) = \(2, 4, 5, 5\)",
+        ),
+        (
+            dict(mask=torch.ones(5, 5, dtype=torch.long)),
+            TypeError,
+            r"mask must be bool.*got dtype torch.int64.*mask.bool\(\)",
+        ),
         (dict(window=0), ValueError, r"window must be >= 1.*got 0"),
         (dict(dropout_p=1.0), ValueError, r"dropout_p must be a float in \[0, 1\), got 1.0"),
         (dict(dropout_p=-0.1), ValueError, r"got -0.1"),
         (dict(scale=0.0), ValueError, r"scale must be a positive finite number.*got 0.0"),
         (dict(backend="cuda"), ValueError, r"backend must be one of \['auto', 'eager', 'sdpa', 'flash'\], got 'cuda'"),
-        (dict(backend="sdpa", return_weights=True), ValueError, r"return_weights=True needs the eager backend; backend='sdpa'"),
+        (
+            dict(backend="sdpa", return_weights=True),
+            ValueError,
+            r"return_weights=True needs the eager backend; backend='sdpa'",
+        ),
         (dict(backend="flash", return_weights=True), ValueError, r"backend='flash' never forms the weights"),
         (dict(causal_align="middle"), ValueError, r"causal_align must be 'bottom_right' or 'top_left', got 'middle'"),
         (dict(block_q=0), ValueError, r"block_q must be a positive int, got 0"),
@@ -53,11 +81,17 @@ def test_flash_refuses_a_float_mask_that_needs_gradients() -> None:
     ("kwargs", "pattern"),
     [
         (dict(d_in=32, num_heads=5), r"d_out \(32\) must be divisible by num_heads \(5\), or pass head_dim"),
-        (dict(d_in=32, num_heads=4, num_kv_heads=3), r"num_heads \(4\) must be a multiple of num_kv_heads \(3\).*\[1, 2, 4\]"),
+        (
+            dict(d_in=32, num_heads=4, num_kv_heads=3),
+            r"num_heads \(4\) must be a multiple of num_kv_heads \(3\).*\[1, 2, 4\]",
+        ),
         (dict(d_in=32, num_heads=4, dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
         (dict(d_in=32, num_heads=4, window=0), r"window must be >= 1"),
         (dict(d_in=32, num_heads=4, backend="fast"), r"backend must be one of .* got 'fast'"),
-        (dict(d_in=32, num_heads=4, backend="flash", return_weights=True), r"return_weights=True needs backend 'eager' or 'auto', got 'flash'"),
+        (
+            dict(d_in=32, num_heads=4, backend="flash", return_weights=True),
+            r"return_weights=True needs backend 'eager' or 'auto', got 'flash'",
+        ),
         (dict(d_in=30, num_heads=6, rope=True), r"rotary embedding needs an even head_dim >= 2, got 5"),
         (dict(d_in=0, num_heads=4), r"d_in must be >= 1, got 0"),
     ],
@@ -88,7 +122,11 @@ def test_rotary_position_errors() -> None:
 
 
 def test_loader_rejects_wrong_shapes() -> None:
-    sd = {"c_attn.weight": torch.randn(16, 40), "c_attn.bias": torch.zeros(40),
-          "c_proj.weight": torch.randn(16, 16), "c_proj.bias": torch.zeros(16)}  # fmt: skip
+    sd = {
+        "c_attn.weight": torch.randn(16, 40),
+        "c_attn.bias": torch.zeros(40),
+        "c_proj.weight": torch.randn(16, 16),
+        "c_proj.bias": torch.zeros(16),
+    }
     with pytest.raises(ValueError, match=r"c_attn.weight should be \(E, 3E\), got \(16, 40\)"):
         from_hf_gpt2(sd, num_heads=2)

@@ -43,8 +43,18 @@ def test_quick_run_checks_and_times_every_implementation(tmp_path: Path, capsys:
 
 def test_an_implementation_that_disagrees_is_refused_not_timed() -> None:
     """The bonus notebook's trap: a variant that claims to be causal and is not."""
-    spec = dict(impl="claims-causal", seq=32, batch=1, d_model=32, heads=4, dtype="float32", mode="forward",
-                repeats=2, warmup=0, check_len=32)  # fmt: skip
+    spec = dict(
+        impl="claims-causal",
+        seq=32,
+        batch=1,
+        d_model=32,
+        heads=4,
+        dtype="float32",
+        mode="forward",
+        repeats=2,
+        warmup=0,
+        check_len=32,
+    )
     not_causal = from_book(reference_weights(32, 4, 33), is_causal=False)
     result = run_case(spec, model_override=not_causal)
     assert result["status"] == "refused: output differs from the reference"
@@ -70,8 +80,14 @@ def test_cases_that_would_not_fit_are_skipped_without_running() -> None:
         calls.append(spec)
         if spec["mode"] == "matmul":
             return {"matmul_gflops": 100.0}
-        return {**spec, "status": "ok", "median_ms": 1.0 * spec["seq"], "peak_allocated_bytes": spec["seq"] ** 2,
-                "peak_rss_bytes": 1, "samples_ms": [1.0]}  # fmt: skip
+        return {
+            **spec,
+            "status": "ok",
+            "median_ms": 1.0 * spec["seq"],
+            "peak_allocated_bytes": spec["seq"] ** 2,
+            "peak_rss_bytes": 1,
+            "samples_ms": [1.0],
+        }
 
     config = BenchConfig(seq_lens=(1024, 2048, 1 << 20), impls=("book-mha", "attnlab-flash"), decode=False)
     result = run(config, worker=fake_worker)

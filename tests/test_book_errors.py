@@ -32,7 +32,9 @@ def test_dropout_out_of_range(dropout: float) -> None:
 
 def test_wrong_rank_is_named_with_the_fix() -> None:
     mha = book.MultiHeadAttention(3, 4, 6, 0.0, num_heads=2)
-    with pytest.raises(ValueError, match=r"\(batch, num_tokens, d_in\) with 3 dims, got 2 dims \(6, 3\).*unsqueeze\(0\)"):
+    with pytest.raises(
+        ValueError, match=r"\(batch, num_tokens, d_in\) with 3 dims, got 2 dims \(6, 3\).*unsqueeze\(0\)"
+    ):
         mha(book.embedded_inputs())
     with pytest.raises(ValueError, match=r"\(num_tokens, d_in\) with 2 dims, got 3 dims.*CausalAttention"):
         book.SelfAttentionV2(3, 2)(book.batched_inputs())

@@ -36,7 +36,9 @@ def test_causal_upper_triangle_is_exactly_zero(cls: str) -> None:
     from attnlab.explain.trace import Recorder
 
     torch.manual_seed(1)
-    module = book.CausalAttention(4, 6, 10, 0.0) if cls == "CausalAttention" else book.MultiHeadAttention(4, 6, 10, 0.0, 3)
+    module = (
+        book.CausalAttention(4, 6, 10, 0.0) if cls == "CausalAttention" else book.MultiHeadAttention(4, 6, 10, 0.0, 3)
+    )
     with Recorder() as rec:
         module(torch.rand(2, 8, 4))
     weights = rec.get("attn_weights")
@@ -90,19 +92,39 @@ def test_state_dict_names_shapes_and_order_match_the_book() -> None:
     mha = book.MultiHeadAttention(3, 4, 6, 0.0, num_heads=2)
     # Creation order, which fixes what a seed draws: W_query, W_key, W_value, out_proj.
     assert [name for name, _ in mha.named_parameters()] == [
-        "W_query.weight", "W_key.weight", "W_value.weight", "out_proj.weight", "out_proj.bias",
-    ]  # fmt: skip
+        "W_query.weight",
+        "W_key.weight",
+        "W_value.weight",
+        "out_proj.weight",
+        "out_proj.bias",
+    ]
     # PyTorch lists a module's own buffers before its children's entries.
     assert list(mha.state_dict()) == [
-        "mask", "W_query.weight", "W_key.weight", "W_value.weight", "out_proj.weight", "out_proj.bias",
-    ]  # fmt: skip
+        "mask",
+        "W_query.weight",
+        "W_key.weight",
+        "W_value.weight",
+        "out_proj.weight",
+        "out_proj.bias",
+    ]
     assert mha.state_dict()["mask"].shape == (6, 6)
     ca = book.CausalAttention(3, 2, 6, 0.0, qkv_bias=True)
     assert list(ca.state_dict()) == [
-        "mask", "W_query.weight", "W_query.bias", "W_key.weight", "W_key.bias", "W_value.weight", "W_value.bias",
-    ]  # fmt: skip
+        "mask",
+        "W_query.weight",
+        "W_query.bias",
+        "W_key.weight",
+        "W_key.bias",
+        "W_value.weight",
+        "W_value.bias",
+    ]
     wrapper = book.MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2)
-    assert list(wrapper.state_dict())[:4] == ["heads.0.mask", "heads.0.W_query.weight", "heads.0.W_key.weight", "heads.0.W_value.weight"]
+    assert list(wrapper.state_dict())[:4] == [
+        "heads.0.mask",
+        "heads.0.W_query.weight",
+        "heads.0.W_key.weight",
+        "heads.0.W_value.weight",
+    ]
 
 
 def test_state_dicts_load_both_ways() -> None:

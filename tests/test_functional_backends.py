@@ -25,8 +25,19 @@ def problems(draw: st.DrawFn) -> dict:
     mask_kind = draw(st.sampled_from(["none", "padding", "bool", "float"]))
     seed = draw(st.integers(0, 2**16))
     blocks = draw(st.sampled_from([(4, 8), (7, 5), (64, 64)]))
-    return dict(b=b, h_kv=h_kv, groups=groups, tq=tq, tk=tk, d=d, is_causal=is_causal, window=window,
-                mask_kind=mask_kind, seed=seed, blocks=blocks)  # fmt: skip
+    return dict(
+        b=b,
+        h_kv=h_kv,
+        groups=groups,
+        tq=tq,
+        tk=tk,
+        d=d,
+        is_causal=is_causal,
+        window=window,
+        mask_kind=mask_kind,
+        seed=seed,
+        blocks=blocks,
+    )
 
 
 def make(p: dict, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -52,10 +63,21 @@ def make_mask(p: dict, dtype: torch.dtype) -> torch.Tensor | None:
     return None
 
 
-def run(p: dict, backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+def run(
+    p: dict, backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, ...]:
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out = attention(q, k, v, mask=mask, is_causal=p["is_causal"], window=p["window"], backend=backend,
-                    block_q=p["blocks"][0], block_k=p["blocks"][1])  # type: ignore[arg-type]  # fmt: skip
+    out = attention(
+        q,
+        k,
+        v,
+        mask=mask,
+        is_causal=p["is_causal"],
+        window=p["window"],
+        backend=backend,
+        block_q=p["blocks"][0],
+        block_k=p["blocks"][1],
+    )  # type: ignore[arg-type]
     weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
     grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
     return (out.detach(), *grads)
@@ -72,7 +94,7 @@ def test_backends_agree_with_eager(p: dict, dtype: torch.dtype, tol: float) -> N
         assert torch.isfinite(t).all()
     for backend in FAST:
         got = run(p, backend, q, k, v, mask)
-        for name, a, b in zip(("out", "dq", "dk", "dv"), got, reference):
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, reference, strict=False):
             torch.testing.assert_close(a, b, atol=tol, rtol=tol, msg=lambda m: f"{backend} {name}: {m}")
 
 

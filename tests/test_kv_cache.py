@@ -148,7 +148,9 @@ def test_bad_positions_and_sizes() -> None:
     model = TinyDecoder(DecoderConfig())
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 256\), got \[0, 300\]"):
         model(torch.tensor([[0, 300]]))
-    with pytest.raises(ValueError, match=r"attention_mask must be \(batch, cached \+ new tokens\) = \(1, 2\), got \(1, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"attention_mask must be \(batch, cached \+ new tokens\) = \(1, 2\), got \(1, 3\)"
+    ):
         model(torch.tensor([[0, 1]]), attention_mask=torch.ones(1, 3))
     with pytest.raises(ValueError, match=r"temperature must be >= 0"):
         model.generate(torch.tensor([[0, 1]]), 2, temperature=-1.0)

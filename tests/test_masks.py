@@ -21,7 +21,10 @@ def test_causal_mask_is_bottom_right_and_matches_sdpa_when_square() -> None:
     assert torch.equal(causal_mask(4, 4), torch.ones(4, 4, dtype=torch.bool).tril())
     # Two queries over five keys: the last query sees all five keys.
     assert causal_mask(2, 5).tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
-    assert causal_mask(2, 5, align="top_left").tolist() == [[True, False, False, False, False], [True, True, False, False, False]]
+    assert causal_mask(2, 5, align="top_left").tolist() == [
+        [True, False, False, False, False],
+        [True, True, False, False, False],
+    ]
     torch.manual_seed(0)
     q, k, v = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
     torch.testing.assert_close(
@@ -55,7 +58,10 @@ def test_sliding_window_mask() -> None:
 def test_padding_mask_left_and_right() -> None:
     lengths = torch.tensor([3, 1])
     assert padding_mask(lengths, 4)[:, 0, 0].tolist() == [[True, True, True, False], [True, False, False, False]]
-    assert padding_mask(lengths, 4, left=True)[:, 0, 0].tolist() == [[False, True, True, True], [False, False, False, True]]
+    assert padding_mask(lengths, 4, left=True)[:, 0, 0].tolist() == [
+        [False, True, True, True],
+        [False, False, False, True],
+    ]
     with pytest.raises(ValueError, match=r"lengths must lie in \[0, max_len=4\], got \[5, 1\]"):
         padding_mask(torch.tensor([5, 1]), 4)
 

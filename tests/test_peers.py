@@ -103,8 +103,15 @@ def test_module_matches_hf_llama_attention_with_gqa_and_rope(backend: str, start
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=16,
-                         intermediate_size=128, max_position_embeddings=128, attention_dropout=0.0)  # fmt: skip
+    config = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        attention_dropout=0.0,
+    )
     config._attn_implementation = "eager"
     hf = LlamaAttention(config, layer_idx=0).eval()
     rope = LlamaRotaryEmbedding(config)

@@ -37,7 +37,14 @@ def test_trace_records_every_step_per_head_without_copying_the_model() -> None:
     mha = book.MultiHeadAttention(3, 2, 6, 0.0, num_heads=2)
     with Recorder() as rec:
         mha(book.batched_inputs())
-    assert rec.names() == ["attn_scores", "scaled_scores", "masked_scores", "attn_weights", "dropped_weights", "context_vec"]
+    assert rec.names() == [
+        "attn_scores",
+        "scaled_scores",
+        "masked_scores",
+        "attn_weights",
+        "dropped_weights",
+        "context_vec",
+    ]
     assert {s.source for s in rec.steps} == {"MultiHeadAttention"}
 
 
@@ -90,8 +97,13 @@ def test_reports_are_self_contained_and_escape_user_text(tmp_path: Path, capsys:
     assert "1.8524" in tour_html and "0.3061" in tour_html  # the book's numbers beside the pictures
     assert "not trained embeddings" in xss_html
     assert report_has_sections(explain_report("a b c", causal=False)) == [
-        "tokens", "scores", "scaled", "weights", "context", "kv-cache",
-    ]  # fmt: skip
+        "tokens",
+        "scores",
+        "scaled",
+        "weights",
+        "context",
+        "kv-cache",
+    ]
 
 
 def report_has_sections(report: object) -> list[str]:
@@ -133,15 +145,28 @@ def test_report_in_headless_chromium(kind: str, tmp_path: Path) -> None:
     page_path = report.save(tmp_path / "report.html")
     problems: list[str] = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=executable, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync",
-        ])  # fmt: skip
+        browser = p.chromium.launch(
+            executable_path=executable,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        page.on(
+            "console",
+            lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None,
+        )
         page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
         page.on("dialog", lambda d: (problems.append(f"dialog opened: {d.message}"), d.dismiss()))
-        page.on("request", lambda r: None if r.url.startswith(("file:", "data:")) else problems.append(f"request: {r.url}"))
+        page.on(
+            "request", lambda r: None if r.url.startswith(("file:", "data:")) else problems.append(f"request: {r.url}")
+        )
         page.goto(page_path.as_uri())
         page.wait_for_selector("body[data-ready='1']")
         assert page.locator("section.step").count() == expected_steps

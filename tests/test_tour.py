@@ -22,13 +22,13 @@ def test_tour_check_passes_and_covers_the_chapter(capsys: pytest.CaptureFixture[
     assert code == 0, out
     assert "all steps match the book" in out
     keys = [s.key for s in build_tour("en")]
-    assert keys[0] == "inputs" and keys.index("softmax") < keys.index("weights_init") < keys.index("causal_inf") < keys.index("mha")
+    assert keys[0] == "inputs" and keys.index("softmax") < keys.index("weights_init") < keys.index(
+        "causal_inf"
+    ) < keys.index("mha")
     assert set(keys) == set(EN) == set(ZH)
 
 
-def test_every_number_in_the_notes_appears_in_the_tour(
-    capsys: pytest.CaptureFixture[str], seed_text: str
-) -> None:
+def test_every_number_in_the_notes_appears_in_the_tour(capsys: pytest.CaptureFixture[str], seed_text: str) -> None:
     _, out = run_cli(capsys, "tour")
     printed = set(re.findall(r"-?\d+\.\d{4}\b", seed_text))
     missing = {n for n in printed if n not in out}
@@ -38,14 +38,21 @@ def test_every_number_in_the_notes_appears_in_the_tour(
 def test_chinese_tour_uses_the_notes_terms(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run_cli(capsys, "tour", "--lang", "zh", "--check")
     assert code == 0
-    for term in ("注意力分数", "注意力权重", "归一化", "上下文向量", "因果注意力", "多头注意力", "点积", "缩放点积注意力"):
+    for term in (
+        "注意力分数",
+        "注意力权重",
+        "归一化",
+        "上下文向量",
+        "因果注意力",
+        "多头注意力",
+        "点积",
+        "缩放点积注意力",
+    ):
         assert term in out, term
     assert "所有步骤与书中数值一致" in out
 
 
-def test_check_fails_on_a_wrong_book_value(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_check_fails_on_a_wrong_book_value(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     wrong = list(golden.CONTEXT_VECTOR_2)
     wrong[1] += 0.001  # one printed digit off
     monkeypatch.setattr(golden, "CONTEXT_VECTOR_2", wrong)

@@ -8,4 +8,4 @@ from attnlab.functional import attention
 from attnlab.nn import Attention
 
 __version__ = "0.1.0"
-__all__ = ["Attention", "attention", "__version__"]
+__all__ = ["Attention", "__version__", "attention"]

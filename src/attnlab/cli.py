@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -58,8 +59,15 @@ def _explain(console: Console, args: argparse.Namespace) -> int:
     from attnlab.explain.reports import explain_report
 
     try:
-        report = explain_report(args.sentence, heads=args.heads, causal=args.causal, dropout=args.dropout,
-                                seed=args.seed, d_model=args.d_model, lang=args.lang)  # fmt: skip
+        report = explain_report(
+            args.sentence,
+            heads=args.heads,
+            causal=args.causal,
+            dropout=args.dropout,
+            seed=args.seed,
+            d_model=args.d_model,
+            lang=args.lang,
+        )
     except ValueError as err:
         console.print(f"[red]error:[/red] {err}")
         return 2
@@ -87,12 +95,21 @@ def _bench(console: Console, args: argparse.Namespace) -> int:
 
     base = QUICK if args.quick else BenchConfig()
     config = with_overrides(
-        base, seq_lens=tuple(args.seq_lens) if args.seq_lens else None, batch=args.batch, d_model=args.d_model,
-        heads=args.heads, dtype=args.dtype, mode="backward" if args.backward else None, repeats=args.repeats,
-        impls=tuple(args.impls) if args.impls else None, threads=args.threads,
+        base,
+        seq_lens=tuple(args.seq_lens) if args.seq_lens else None,
+        batch=args.batch,
+        d_model=args.d_model,
+        heads=args.heads,
+        dtype=args.dtype,
+        mode="backward" if args.backward else None,
+        repeats=args.repeats,
+        impls=tuple(args.impls) if args.impls else None,
+        threads=args.threads,
         decode=False if args.no_decode else None,
-    )  # fmt: skip
-    longest_impls = None if args.longest is None else tuple(args.longest or ("book-mha", "attnlab-auto", "attnlab-flash"))
+    )
+    longest_impls = (
+        None if args.longest is None else tuple(args.longest or ("book-mha", "attnlab-auto", "attnlab-flash"))
+    )
     try:
         config.validate()
         if longest_impls:
@@ -100,8 +117,14 @@ def _bench(console: Console, args: argparse.Namespace) -> int:
     except ValueError as err:
         console.print(f"[red]error:[/red] {err}")
         return 2
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:  # fmt: skip
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task("planning", total=None)
 
         def progress(done: int, total: int, label: str) -> None:
@@ -114,8 +137,10 @@ def _bench(console: Console, args: argparse.Namespace) -> int:
         data["longest"] = rows
     machine = data["machine"]
     rate = f"{machine['matmul_gflops']:.1f} GFLOP/s" if machine.get("matmul_gflops") else "not measured"
-    console.print(f"torch {machine['torch']}, {machine['threads']} threads, matmul {rate} (the practical roofline), "
-                  f"{machine['available_bytes'] / 2**30:.1f} GiB available")  # fmt: skip
+    console.print(
+        f"torch {machine['torch']}, {machine['threads']} threads, matmul {rate} (the practical roofline), "
+        f"{machine['available_bytes'] / 2**30:.1f} GiB available"
+    )
     for mode in dict.fromkeys(c["mode"] for c in data["cases"]):
         table = Table(title=f"{mode}: batch {config.batch}, d={config.d_model}, {config.heads} heads, {config.dtype}")
         table.add_column("implementation", no_wrap=True)
@@ -125,16 +150,25 @@ def _bench(console: Console, args: argparse.Namespace) -> int:
             if c.get("status") != "ok":
                 table.add_row(c["impl"], str(c["seq"]), f"[yellow]{c.get('status')}[/yellow]", "", "", "", "", "")
                 continue
-            table.add_row(c["impl"], str(c["seq"]), f"{c['median_ms']:.2f}", f"{c['ratio_to_fastest']:.2f}",
-                          f"{c['peak_allocated_bytes'] / 2**20:.1f}", f"{c['peak_rss_bytes'] / 2**20:.0f}",
-                          f"{c['gflops']:.1f}", f"{c['roofline_fraction']:.2f}" if c.get("roofline_fraction") else "")  # fmt: skip
+            table.add_row(
+                c["impl"],
+                str(c["seq"]),
+                f"{c['median_ms']:.2f}",
+                f"{c['ratio_to_fastest']:.2f}",
+                f"{c['peak_allocated_bytes'] / 2**20:.1f}",
+                f"{c['peak_rss_bytes'] / 2**20:.0f}",
+                f"{c['gflops']:.1f}",
+                f"{c['roofline_fraction']:.2f}" if c.get("roofline_fraction") else "",
+            )
         console.print(table)
     if data["fits"]:
         fits = Table(title="scaling exponents (log-log slope against T)")
         for col in ("implementation", "time", "memory"):
             fits.add_column(col)
         for key, f in data["fits"].items():
-            fits.add_row(key, *(f"{v:.2f}" if v is not None else "" for v in (f["time_exponent"], f["memory_exponent"])))
+            fits.add_row(
+                key, *(f"{v:.2f}" if v is not None else "" for v in (f["time_exponent"], f["memory_exponent"]))
+            )
         console.print(fits)
     for r in rows:
         console.print(f"longest {r['impl']}: T={r['longest_seq']} ({r['stopped']})")
@@ -162,14 +196,18 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("sentence", help="the text to explain (split into words and punctuation)")
     explain.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with heatmaps")
     explain.add_argument("--heads", type=int, default=2, help="attention heads (default 2)")
-    explain.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True, help="hide the future (default on)")
+    explain.add_argument(
+        "--causal", action=argparse.BooleanOptionalAction, default=True, help="hide the future (default on)"
+    )
     explain.add_argument("--dropout", type=float, default=0.0, help="dropout on the weights, in [0, 1) (default 0)")
     explain.add_argument("--seed", type=int, default=123, help="seed of the embeddings and weights (default 123)")
     explain.add_argument("--d-model", type=int, default=16, help="embedding size (default 16)")
     explain.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the explanations")
 
     bench = sub.add_parser("bench", help="time and measure every attention implementation, side by side")
-    bench.add_argument("--seq-lens", type=int, nargs="+", metavar="T", help="sequence lengths (default 512 1024 2048 4096)")
+    bench.add_argument(
+        "--seq-lens", type=int, nargs="+", metavar="T", help="sequence lengths (default 512 1024 2048 4096)"
+    )
     bench.add_argument("--batch", type=int, help="batch size (default 1)")
     bench.add_argument("--d-model", type=int, help="model width (default 768)")
     bench.add_argument("--heads", type=int, help="heads (default 12)")
@@ -179,9 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--impls", nargs="+", metavar="NAME", help="implementations to run (default: all)")
     bench.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     bench.add_argument("--no-decode", action="store_true", help="skip the decode-step cases")
-    bench.add_argument("--longest", nargs="*", metavar="NAME",
-                       help="also find the longest sequence these run at batch 1, 768 dims, 12 heads "
-                            "(default: book-mha attnlab-auto attnlab-flash); takes minutes")
+    bench.add_argument(
+        "--longest",
+        nargs="*",
+        metavar="NAME",
+        help="also find the longest sequence these run at batch 1, 768 dims, 12 heads "
+        "(default: book-mha attnlab-auto attnlab-flash); takes minutes",
+    )
     bench.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds: a smoke run")
     bench.add_argument("--json", metavar="PATH", help="write every case to a JSON file")
     bench.add_argument("--plot", metavar="PATH", help="write a log-log plot of time and memory against T")

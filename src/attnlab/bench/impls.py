@@ -12,6 +12,7 @@ Shapes: B = batch, T = tokens, d = d_model, H = heads, D = head_dim.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -140,4 +141,3 @@ def memory_model(name: str, *, batch: int, seq: int, d: int, heads: int, dtype_b
     # bool copy of it every forward pass.
     buffers = {"book-mha": 1, "book-wrapper": heads}.get(name, 0) * seq * seq * (dtype_bytes + 1)
     return int(factor * (linear + quadratic) + weights + buffers)
-

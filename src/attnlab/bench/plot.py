@@ -8,7 +8,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def plot(result: dict[str, Any], path: str | Path) -> Path:
@@ -22,8 +22,12 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
         te, me = fit.get("time_exponent"), fit.get("memory_exponent")
         seqs = [c["seq"] for c in pts]
         ax_t.plot(seqs, [c["median_ms"] for c in pts], marker="o", label=f"{impl} (T^{te:.2f})" if te else impl)
-        ax_m.plot(seqs, [c["peak_allocated_bytes"] / 2**20 for c in pts], marker="o",
-                  label=f"{impl} (T^{me:.2f})" if me else impl)  # fmt: skip
+        ax_m.plot(
+            seqs,
+            [c["peak_allocated_bytes"] / 2**20 for c in pts],
+            marker="o",
+            label=f"{impl} (T^{me:.2f})" if me else impl,
+        )
     for ax, ylabel in ((ax_t, "median time (ms)"), (ax_m, "peak allocated (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -32,8 +36,11 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     cfg = result["config"]
-    fig.suptitle(f"{mode}, batch {cfg['batch']}, d={cfg['d_model']}, {cfg['heads']} heads, {cfg['dtype']}, "
-                 f"{result['machine']['threads']} threads", fontsize=10)  # fmt: skip
+    fig.suptitle(
+        f"{mode}, batch {cfg['batch']}, d={cfg['d_model']}, {cfg['heads']} heads, {cfg['dtype']}, "
+        f"{result['machine']['threads']} threads",
+        fontsize=10,
+    )
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -16,16 +16,25 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 
 from attnlab.bench.impls import IMPLEMENTATIONS, memory_model
 
 SCHEMA = "attnlab.bench/1"
-PREFILL_IMPLS = ("book-wrapper", "book-mha", "torch-mha", "plain-sdpa",
-                 "attnlab-auto", "attnlab-eager", "attnlab-sdpa", "attnlab-flash")  # fmt: skip
+PREFILL_IMPLS = (
+    "book-wrapper",
+    "book-mha",
+    "torch-mha",
+    "plain-sdpa",
+    "attnlab-auto",
+    "attnlab-eager",
+    "attnlab-sdpa",
+    "attnlab-flash",
+)
 DECODE_IMPLS = ("attnlab-auto+kvcache", "attnlab-auto", "book-mha")
 Mode = Literal["forward", "backward"]
 
@@ -108,27 +117,47 @@ class BenchResult:
     fits: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "machine": self.machine, "config": self.config, "cases": self.cases, "fits": self.fits}
+        return {
+            "schema": SCHEMA,
+            "machine": self.machine,
+            "config": self.config,
+            "cases": self.cases,
+            "fits": self.fits,
+        }
 
 
 def plan(config: BenchConfig) -> list[dict[str, Any]]:
     """Every case to run, in order: prefill cases per length, then decode cases."""
-    base = dict(batch=config.batch, d_model=config.d_model, heads=config.heads, dtype=config.dtype,
-                repeats=config.repeats, warmup=config.warmup, check_len=config.check_len, threads=config.threads)  # fmt: skip
+    base = dict(
+        batch=config.batch,
+        d_model=config.d_model,
+        heads=config.heads,
+        dtype=config.dtype,
+        repeats=config.repeats,
+        warmup=config.warmup,
+        check_len=config.check_len,
+        threads=config.threads,
+    )
     specs = [dict(base, impl=i, seq=t, mode=config.mode) for t in config.seq_lens for i in config.impls]
     if config.decode:
         specs += [dict(base, impl=i, seq=t, mode="decode") for t in config.seq_lens for i in DECODE_IMPLS]
     return specs
 
 
-def run(config: BenchConfig, *, progress: Callable[[int, int, str], None] | None = None,
-        worker: Worker = _spawn) -> BenchResult:  # fmt: skip
+def run(
+    config: BenchConfig, *, progress: Callable[[int, int, str], None] | None = None, worker: Worker = _spawn
+) -> BenchResult:
     """Run every case of ``config``; ``progress(done, total, label)`` is called as cases finish."""
     config.validate()
     free = available_bytes()
     matmul = worker({"mode": "matmul", "threads": config.threads}, config.timeout_s).get("matmul_gflops")
-    machine = {"torch": torch.__version__, "cpus": os.cpu_count(), "threads": config.threads or torch.get_num_threads(),
-               "available_bytes": free, "matmul_gflops": matmul}  # fmt: skip
+    machine = {
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "threads": config.threads or torch.get_num_threads(),
+        "available_bytes": free,
+        "matmul_gflops": matmul,
+    }
     result = BenchResult(machine=machine, config=asdict(config))
     specs = plan(config)
     dtype_bytes = torch.empty((), dtype=getattr(torch, config.dtype)).element_size()
@@ -136,12 +165,21 @@ def run(config: BenchConfig, *, progress: Callable[[int, int, str], None] | None
         label = f"{spec['impl']} {spec['mode']} T={spec['seq']}"
         if progress:
             progress(n, len(specs), label)
-        need = memory_model(spec["impl"], batch=spec["batch"], seq=spec["seq"] + (spec["mode"] == "decode"),
-                            d=spec["d_model"], heads=spec["heads"], dtype_bytes=dtype_bytes,
-                            backward=spec["mode"] == "backward")  # fmt: skip
+        need = memory_model(
+            spec["impl"],
+            batch=spec["batch"],
+            seq=spec["seq"] + (spec["mode"] == "decode"),
+            d=spec["d_model"],
+            heads=spec["heads"],
+            dtype_bytes=dtype_bytes,
+            backward=spec["mode"] == "backward",
+        )
         if need > config.memory_fraction * free:
-            case = {**spec, "status": f"skipped: predicted {need / 2**30:.1f} GiB > {config.memory_fraction:.0%} "
-                                      f"of the {free / 2**30:.1f} GiB available"}  # fmt: skip
+            case = {
+                **spec,
+                "status": f"skipped: predicted {need / 2**30:.1f} GiB > {config.memory_fraction:.0%} "
+                f"of the {free / 2**30:.1f} GiB available",
+            }
         else:
             case = worker({**spec, "memory_limit_bytes": int(config.memory_fraction * free)}, config.timeout_s)
         case["predicted_bytes"] = need
@@ -168,8 +206,10 @@ def summarize(result: BenchResult) -> None:
             c["ratio_to_fastest"] = c["median_ms"] / fastest
     for impl in dict.fromkeys(c["impl"] for c in result.cases):
         for mode in dict.fromkeys(c["mode"] for c in result.cases):
-            ok = sorted((c for c in result.cases if c["impl"] == impl and c["mode"] == mode and c.get("status") == "ok"),
-                        key=lambda c: c["seq"])  # fmt: skip
+            ok = sorted(
+                (c for c in result.cases if c["impl"] == impl and c["mode"] == mode and c.get("status") == "ok"),
+                key=lambda c: c["seq"],
+            )
             if len(ok) >= 2:
                 result.fits[f"{impl} {mode}"] = {
                     "time_exponent": _slope([c["seq"] for c in ok], [c["median_ms"] for c in ok]),
@@ -179,7 +219,7 @@ def summarize(result: BenchResult) -> None:
 
 def _slope(xs: list[float], ys: list[float]) -> float | None:
     """Least-squares slope of log y against log x: the scaling exponent."""
-    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y > 0]
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys, strict=False) if x > 0 and y > 0]
     if len(pts) < 2:
         return None
     mx = sum(p[0] for p in pts) / len(pts)
@@ -188,9 +228,17 @@ def _slope(xs: list[float], ys: list[float]) -> float | None:
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
 
 
-def longest(impls: tuple[str, ...], *, start: int = 1024, d_model: int = 768, heads: int = 12,
-            time_limit_s: float = 300.0, memory_fraction: float = 0.7, worker: Worker = _spawn,
-            progress: Callable[[int, int, str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def longest(
+    impls: tuple[str, ...],
+    *,
+    start: int = 1024,
+    d_model: int = 768,
+    heads: int = 12,
+    time_limit_s: float = 300.0,
+    memory_fraction: float = 0.7,
+    worker: Worker = _spawn,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> list[dict[str, Any]]:
     """The longest sequence each implementation runs (batch 1, forward), doubling T.
 
     Stops at the first length predicted to exceed free memory, predicted to
@@ -211,18 +259,35 @@ def longest(impls: tuple[str, ...], *, start: int = 1024, d_model: int = 768, he
             if last_ms is not None and 4 * last_ms / 1e3 > time_limit_s:
                 reason = f"T={t} predicted to take about {4 * last_ms / 1e3:.0f} s, over the {time_limit_s:.0f} s limit"
                 break
-            spec = dict(impl=impl, seq=t, batch=1, d_model=d_model, heads=heads, dtype="float32", mode="forward",
-                        repeats=1, warmup=0, check_len=256, threads=None,
-                        memory_limit_bytes=int(memory_fraction * free))  # fmt: skip
+            spec = dict(
+                impl=impl,
+                seq=t,
+                batch=1,
+                d_model=d_model,
+                heads=heads,
+                dtype="float32",
+                mode="forward",
+                repeats=1,
+                warmup=0,
+                check_len=256,
+                threads=None,
+                memory_limit_bytes=int(memory_fraction * free),
+            )
             case = worker(spec, max(time_limit_s * 2, 60.0))
             if case.get("status") != "ok":
                 reason = f"T={t}: {case.get('status')}"
                 break
             best, last_ms = case, case["median_ms"]
             t *= 2
-        rows.append({"impl": impl, "longest_seq": best["seq"] if best else None,
-                     "median_ms": best["median_ms"] if best else None,
-                     "peak_rss_bytes": best["peak_rss_bytes"] if best else None, "stopped": reason})  # fmt: skip
+        rows.append(
+            {
+                "impl": impl,
+                "longest_seq": best["seq"] if best else None,
+                "median_ms": best["median_ms"] if best else None,
+                "peak_rss_bytes": best["peak_rss_bytes"] if best else None,
+                "stopped": reason,
+            }
+        )
     return rows
 
 

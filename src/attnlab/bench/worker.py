@@ -16,13 +16,13 @@ import resource
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from attnlab.bench.impls import build, reference_weights
 from attnlab.bench.memory import PeakMemory
-from attnlab.cache.kv import KVCache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 3e-2, "float16": 1e-2}
@@ -73,6 +73,7 @@ def run_case(spec: dict[str, Any], model_override: torch.nn.Module | None = None
     if spec["mode"] == "decode":
         fn = _decode_step(model, x, spec["impl"])
     elif spec["mode"] == "forward":
+
         def fn() -> object:
             with torch.no_grad():
                 return model(x)
@@ -87,9 +88,13 @@ def run_case(spec: dict[str, Any], model_override: torch.nn.Module | None = None
     median, samples = _median_seconds(fn, spec["repeats"], spec["warmup"])
     with PeakMemory() as mem:
         fn()
-    result.update(status="ok", median_ms=median * 1e3, samples_ms=[s * 1e3 for s in samples],
-                  peak_allocated_bytes=mem.peak_bytes,
-                  peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # fmt: skip
+    result.update(
+        status="ok",
+        median_ms=median * 1e3,
+        samples_ms=[s * 1e3 for s in samples],
+        peak_allocated_bytes=mem.peak_bytes,
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    )
     return result
 
 
@@ -143,7 +148,10 @@ def main() -> None:
     except (MemoryError, RuntimeError) as err:  # torch reports a failed allocation as RuntimeError
         if "memory" not in str(err).lower() and not isinstance(err, MemoryError):
             raise
-        result = {**spec, "status": f"failed: out of memory under the {spec.get('memory_limit_bytes', 0) / 2**30:.1f} GiB cap"}
+        result = {
+            **spec,
+            "status": f"failed: out of memory under the {spec.get('memory_limit_bytes', 0) / 2**30:.1f} GiB cap",
+        }
     print(json.dumps(result))
 
 

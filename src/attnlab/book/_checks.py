@@ -48,8 +48,7 @@ def check_tokens(x: object, *, d_in: int, rank: int, context_length: int | None 
         elif rank == 2 and x.dim() == 3:
             hint = "; this class takes one unbatched sequence, use CausalAttention for batches"
         raise ValueError(
-            f"expected input of shape {layout} with {rank} dims, got {x.dim()} dims "
-            f"{tuple(x.shape)}{hint}"
+            f"expected input of shape {layout} with {rank} dims, got {x.dim()} dims {tuple(x.shape)}{hint}"
         )
     if x.shape[-1] != d_in:
         raise ValueError(

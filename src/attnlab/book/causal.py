@@ -48,9 +48,7 @@ class CausalAttention(nn.Module):
     Input (b, T, d_in) with T <= context_length; output (b, T, d_out).
     """
 
-    def __init__(
-        self, d_in: int, d_out: int, context_length: int, dropout: float, qkv_bias: bool = False
-    ) -> None:
+    def __init__(self, d_in: int, d_out: int, context_length: int, dropout: float, qkv_bias: bool = False) -> None:
         super().__init__()
         for name, value in (("d_in", d_in), ("d_out", d_out), ("context_length", context_length)):
             check_positive_int(name, value)

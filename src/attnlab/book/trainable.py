@@ -69,9 +69,20 @@ def trainable_walkthrough(inputs: torch.Tensor, *, d_out: int = 2, seed: int = 1
     attn_weights_2 = torch.softmax(attn_scores_2 / d_k**0.5, dim=-1)  # Vaswani et al. 2017, eq. 1
     context_vec_2 = attn_weights_2 @ values
     return Walkthrough(
-        W_query, W_key, W_value, query_2, key_2, value_2, keys, values,
-        attn_score_22, attn_scores_2, d_k, attn_weights_2, context_vec_2,
-    )  # fmt: skip
+        W_query,
+        W_key,
+        W_value,
+        query_2,
+        key_2,
+        value_2,
+        keys,
+        values,
+        attn_score_22,
+        attn_scores_2,
+        d_k,
+        attn_weights_2,
+        context_vec_2,
+    )
 
 
 class SelfAttentionV1(nn.Module):
@@ -147,8 +158,7 @@ def transfer_v2_to_v1(sa_v2: SelfAttentionV2, sa_v1: SelfAttentionV1) -> None:
     """
     if sa_v2.W_query.bias is not None:
         raise ValueError(
-            "sa_v2 has qkv biases, which SelfAttentionV1 cannot hold; "
-            "build SelfAttentionV2 with qkv_bias=False"
+            "sa_v2 has qkv biases, which SelfAttentionV1 cannot hold; build SelfAttentionV2 with qkv_bias=False"
         )
     if sa_v2.W_query.weight.T.shape != sa_v1.W_query.shape:
         raise ValueError(

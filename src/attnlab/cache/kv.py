@@ -23,8 +23,16 @@ from attnlab.book._checks import check_positive_int
 
 
 class _CacheBase(nn.Module):
-    def __init__(self, *, batch_size: int, num_kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device | str | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str | None,
+    ) -> None:
         super().__init__()
         for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
             check_positive_int(name, value)
@@ -54,9 +62,13 @@ class _CacheBase(nn.Module):
                     f"{t.shape[1]} heads of head_dim {t.shape[3]}; build it with the model's make_cache()"
                 )
             if t.dtype != self.k_cache.dtype:
-                raise TypeError(f"{name} are {t.dtype} but the cache holds {self.k_cache.dtype}; build it with dtype={t.dtype}")
+                raise TypeError(
+                    f"{name} are {t.dtype} but the cache holds {self.k_cache.dtype}; build it with dtype={t.dtype}"
+                )
             if t.device != self.k_cache.device:
-                raise ValueError(f"{name} are on {t.device} but the cache is on {self.k_cache.device}; use cache.to({t.device})")
+                raise ValueError(
+                    f"{name} are on {t.device} but the cache is on {self.k_cache.device}; use cache.to({t.device})"
+                )
 
     def next_positions(self, t: int) -> torch.Tensor:
         """Absolute positions of the next ``t`` tokens: L, L+1, ..., L+t-1."""
@@ -76,11 +88,25 @@ class KVCache(_CacheBase):
         dtype, device: of the buffers; follow the model.
     """
 
-    def __init__(self, *, batch_size: int, num_kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
         check_positive_int("max_len", max_len)
-        super().__init__(batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, capacity=max_len,
-                         dtype=dtype, device=device)  # fmt: skip
+        super().__init__(
+            batch_size=batch_size,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            capacity=max_len,
+            dtype=dtype,
+            device=device,
+        )
         self.max_len = max_len
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -113,11 +139,25 @@ class SlidingWindowCache(_CacheBase):
     in position order, with their positions.
     """
 
-    def __init__(self, *, batch_size: int, num_kv_heads: int, head_dim: int, window: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        window: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
         check_positive_int("window", window)
-        super().__init__(batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, capacity=window,
-                         dtype=dtype, device=device)  # fmt: skip
+        super().__init__(
+            batch_size=batch_size,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            capacity=window,
+            dtype=dtype,
+            device=device,
+        )
         self.window = window
 
     def positions(self) -> torch.Tensor:

@@ -9,17 +9,17 @@ grey with no number. Figures save as PNG or SVG by file suffix.
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display: files and bytes only
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from matplotlib import font_manager  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib import font_manager
+from matplotlib.figure import Figure
 
 CMAP = "viridis"
 ANNOTATE_MAX = 12
@@ -35,8 +35,14 @@ def safe_label(text: str) -> str:
     return text.replace("$", r"\$")
 
 
-def _draw(ax: plt.Axes, matrix: torch.Tensor, row_labels: Sequence[str], col_labels: Sequence[str],
-          title: str, annotate: bool | None) -> None:  # fmt: skip
+def _draw(
+    ax: plt.Axes,
+    matrix: torch.Tensor,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    title: str,
+    annotate: bool | None,
+) -> None:
     m = matrix.detach().to(torch.float64).cpu().numpy()
     if m.ndim != 2:
         raise ValueError(f"a heatmap needs a 2-D matrix, got shape {tuple(matrix.shape)}")
@@ -65,8 +71,14 @@ def _draw(ax: plt.Axes, matrix: torch.Tensor, row_labels: Sequence[str], col_lab
     ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
 
 
-def heatmap(matrix: torch.Tensor, row_labels: Sequence[str], col_labels: Sequence[str] | None = None, *,
-            title: str = "", annotate: bool | None = None) -> Figure:  # fmt: skip
+def heatmap(
+    matrix: torch.Tensor,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str] | None = None,
+    *,
+    title: str = "",
+    annotate: bool | None = None,
+) -> Figure:
     """One (rows, cols) matrix as a labelled heatmap."""
     col_labels = row_labels if col_labels is None else col_labels
     size = max(3.2, 0.55 * max(len(row_labels), len(col_labels)) + 1.6)
@@ -77,8 +89,14 @@ def heatmap(matrix: torch.Tensor, row_labels: Sequence[str], col_labels: Sequenc
     return fig
 
 
-def head_grid(weights: torch.Tensor, labels: Sequence[str], *, title: str = "", annotate: bool | None = None,
-              col_labels: Sequence[str] | None = None) -> Figure:  # fmt: skip
+def head_grid(
+    weights: torch.Tensor,
+    labels: Sequence[str],
+    *,
+    title: str = "",
+    annotate: bool | None = None,
+    col_labels: Sequence[str] | None = None,
+) -> Figure:
     """A grid of heatmaps, one per head, from (H, Tq, Tk) weights."""
     if weights.dim() != 3:
         raise ValueError(f"head_grid needs (heads, Tq, Tk) weights, got shape {tuple(weights.shape)}")

@@ -141,7 +141,9 @@ class Report:
         kind = "step" if s.figures else "step text-only"
         return (
             f'<section class="{kind}" id="{e(s.key)}"><h2><span class="n">{n}.</span>{e(s.title)}</h2>'
-            f'<div class="explain">{left}</div>' + (f'<div class="figures">{right}</div>' if right else "") + "</section>"
+            f'<div class="explain">{left}</div>'
+            + (f'<div class="figures">{right}</div>' if right else "")
+            + "</section>"
         )
 
     def _repr_html_(self) -> str:

@@ -9,8 +9,8 @@ hidden, two methods agree).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 
@@ -146,9 +146,11 @@ def _simplified(add: Add) -> None:
         "softmax_naive(attn_scores_2 * 1000)  vs  softmax_stable(attn_scores_2 * 1000)",
         f"naive:  {fmt(naive_big)}\nstable: {fmt(stable_big)}",
         holds("naive overflows to NaN", bool(torch.isnan(naive_big).any())),
-        holds("stable stays finite and sums to 1",
-              bool(torch.isfinite(stable_big).all()) and abs(stable_big.sum().item() - 1) < 1e-6),
-    )  # fmt: skip
+        holds(
+            "stable stays finite and sums to 1",
+            bool(torch.isfinite(stable_big).all()) and abs(stable_big.sum().item() - 1) < 1e-6,
+        ),
+    )
 
     context_vec_2 = book.context_vector_loop(inputs, attn_weights_2)
     add(
@@ -167,8 +169,13 @@ def _simplified(add: Add) -> None:
     )
 
     attn_scores, attn_weights, all_context_vecs = book.all_context_vectors(inputs)
-    add("scores_all", "attn_scores = inputs @ inputs.T", fmt(attn_scores),
-        matches_book("attn_scores", attn_scores, golden.ATTN_SCORES), heat=attn_scores)  # fmt: skip
+    add(
+        "scores_all",
+        "attn_scores = inputs @ inputs.T",
+        fmt(attn_scores),
+        matches_book("attn_scores", attn_scores, golden.ATTN_SCORES),
+        heat=attn_scores,
+    )
     add(
         "weights_all",
         "attn_weights = torch.softmax(attn_scores, dim=-1)",
@@ -212,8 +219,12 @@ def _trainable(add: Add) -> None:
         holds("keys.shape == (6, 2)", tuple(w.keys.shape) == golden.KEYS_SHAPE),
         holds("values.shape == (6, 2)", tuple(w.values.shape) == golden.VALUES_SHAPE),
     )
-    add("score_22", "attn_score_22 = query_2.dot(key_2)", fmt(w.attn_score_22),
-        matches_book("attn_score_22", w.attn_score_22, golden.ATTN_SCORE_22))  # fmt: skip
+    add(
+        "score_22",
+        "attn_score_22 = query_2.dot(key_2)",
+        fmt(w.attn_score_22),
+        matches_book("attn_score_22", w.attn_score_22, golden.ATTN_SCORE_22),
+    )
     add(
         "scores_2_trainable",
         "attn_scores_2 = query_2 @ keys.T",
@@ -253,9 +264,8 @@ def _trainable(add: Add) -> None:
         "torch.manual_seed(789)\nsa_v2 = SelfAttentionV2(d_in=3, d_out=2)\nsa_v2(inputs)",
         fmt(out_v2),
         matches_book("sa_v2(inputs)", out_v2, golden.SA_V2_OUTPUT),
-        holds("V1 with V2's transposed weights gives V2's output",
-              torch.allclose(sa_v1(inputs), out_v2, atol=1e-6)),
-    )  # fmt: skip
+        holds("V1 with V2's transposed weights gives V2's output", torch.allclose(sa_v1(inputs), out_v2, atol=1e-6)),
+    )
 
 
 def _causal_and_multihead(add: Add) -> None:
@@ -320,10 +330,9 @@ def _causal_and_multihead(add: Add) -> None:
         f"{fmt(context_vecs)}\ncontext_vecs.shape: {context_vecs.shape}",
         matches_book("context_vecs[0]", context_vecs[0], golden.CAUSAL_ATTENTION_OUTPUT),
         matches_book("context_vecs[1]", context_vecs[1], golden.CAUSAL_ATTENTION_OUTPUT),
-        holds("positions 0..3 ignore changes at 4..5",
-              torch.equal(ca(changed)[:, :4], context_vecs[:, :4])),
+        holds("positions 0..3 ignore changes at 4..5", torch.equal(ca(changed)[:, :4], context_vecs[:, :4])),
         heat=rec.get("attn_weights")[0],
-    )  # fmt: skip
+    )
 
     torch.manual_seed(123)
     mha_wrapper = book.MultiHeadAttentionWrapper(3, 2, 6, 0.0, num_heads=2)
@@ -360,9 +369,8 @@ def _causal_and_multihead(add: Add) -> None:
         "kv_cache",
         "keys_prefix = mha.W_key(batch[:, :4]); keys_full = mha.W_key(batch)",
         f"keys_full[0, :4] ==\n{fmt(keys_prefix[0])}",
-        holds("keys of tokens 0..3 do not change when tokens 4, 5 arrive",
-              torch.equal(keys_prefix, keys_full[:, :4])),
-    )  # fmt: skip
+        holds("keys of tokens 0..3 do not change when tokens 4, 5 arrive", torch.equal(keys_prefix, keys_full[:, :4])),
+    )
 
 
 def mismatches(steps: Sequence[TourStep]) -> list[tuple[str, Check]]:

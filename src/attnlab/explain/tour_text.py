@@ -11,8 +11,8 @@ LANGS = ("en", "zh")
 EN: dict[str, tuple[str, str]] = {
     "inputs": (
         "The sentence, embedded",
-        "\"Your journey starts with one step\": six tokens, each a 3-dimensional embedding "
-        "x(i). We compute a context vector z(i) for each, starting with x(2), \"journey\".",
+        '"Your journey starts with one step": six tokens, each a 3-dimensional embedding '
+        'x(i). We compute a context vector z(i) for each, starting with x(2), "journey".',
     ),
     "dot": (
         "One dot product",
@@ -147,13 +147,12 @@ EN: dict[str, tuple[str, str]] = {
 ZH: dict[str, tuple[str, str]] = {
     "inputs": (
         "嵌入后的句子",
-        "\"Your journey starts with one step\" 以单词分词，每个 Token 嵌入为 3 维向量 x(i)。"
+        '"Your journey starts with one step" 以单词分词，每个 Token 嵌入为 3 维向量 x(i)。'
         "我们要为每个 Token 计算上下文向量 z(i)，先以 x(2) (journey) 为例。",
     ),
     "dot": (
         "一次点积",
-        "点积就是两个向量相同位置的值相乘再求和：0.43*0.55 + 0.15*0.87 + 0.89*0.66。"
-        "点积越大，相似度越高。",
+        "点积就是两个向量相同位置的值相乘再求和：0.43*0.55 + 0.15*0.87 + 0.89*0.66。点积越大，相似度越高。",
     ),
     "scores_2": (
         "查询 x(2) 的注意力分数",
@@ -161,13 +160,11 @@ ZH: dict[str, tuple[str, str]] = {
     ),
     "sum_norm": (
         "除以总和归一化",
-        "除以总和后权重之和为 1 (sum normalization)。简单，但 softmax 更能处理极值，"
-        "训练时梯度特性也更好。",
+        "除以总和后权重之和为 1 (sum normalization)。简单，但 softmax 更能处理极值，训练时梯度特性也更好。",
     ),
     "softmax": (
         "用 softmax 归一化",
-        "softmax(x)_i = exp(x_i) / sum_j exp(x_j)：把负数变成正数，放大差异，总和为 1。"
-        "这就是 x(2) 的注意力权重。",
+        "softmax(x)_i = exp(x_i) / sum_j exp(x_j)：把负数变成正数，放大差异，总和为 1。这就是 x(2) 的注意力权重。",
     ),
     "softmax_naive": (
         "手写 softmax",
@@ -175,13 +172,11 @@ ZH: dict[str, tuple[str, str]] = {
     ),
     "softmax_overflow": (
         "为什么用 PyTorch 的 softmax",
-        "分数接近 1000 时 exp 上溢为 inf，softmax_naive 得到 NaN。"
-        "先减去最大值，结果不变且不会溢出。",
+        "分数接近 1000 时 exp 上溢为 inf，softmax_naive 得到 NaN。先减去最大值，结果不变且不会溢出。",
     ),
     "context_2": (
         "上下文向量 z(2)",
-        "用注意力权重对所有输入 Token 的嵌入向量加权求和：z(2) 与嵌入维度相同 (3)，"
-        "包含了整句话的信息。",
+        "用注意力权重对所有输入 Token 的嵌入向量加权求和：z(2) 与嵌入维度相同 (3)，包含了整句话的信息。",
     ),
     "scores_loop": (
         "两层循环计算所有注意力分数",
@@ -206,8 +201,7 @@ ZH: dict[str, tuple[str, str]] = {
     ),
     "qkv_2": (
         "x(2) 的查询向量、键向量和值向量",
-        "query_2 = x(2) @ W_query：\"我想找什么\"；key_2：\"我有什么\"；value_2：\"我能提供什么\"。"
-        "都从 3 维投影到 2 维。",
+        'query_2 = x(2) @ W_query："我想找什么"；key_2："我有什么"；value_2："我能提供什么"。都从 3 维投影到 2 维。',
     ),
     "keys_values": (
         "所有 Token 的键向量和值向量",
@@ -223,8 +217,7 @@ ZH: dict[str, tuple[str, str]] = {
     ),
     "weights_2_scaled": (
         "缩放后的注意力权重",
-        "softmax 之前把注意力分数除以 sqrt(d_k)，防止点积过大导致 softmax 梯度消失。"
-        "这就是\"缩放\"点积注意力。",
+        'softmax 之前把注意力分数除以 sqrt(d_k)，防止点积过大导致 softmax 梯度消失。这就是"缩放"点积注意力。',
     ),
     "context_2_trainable": (
         "带可训练权重的上下文向量 z(2)",
@@ -232,8 +225,7 @@ ZH: dict[str, tuple[str, str]] = {
     ),
     "sa_v1": (
         "SelfAttentionV1",
-        "同样的步骤写成 PyTorch 模块，权重为 nn.Parameter。种子 123 下，第 2 行就是"
-        "前面分步算出的 z(2)。",
+        "同样的步骤写成 PyTorch 模块，权重为 nn.Parameter。种子 123 下，第 2 行就是前面分步算出的 z(2)。",
     ),
     "sa_v2": (
         "SelfAttentionV2",
@@ -242,8 +234,7 @@ ZH: dict[str, tuple[str, str]] = {
     ),
     "causal_simple": (
         "因果注意力：看不到未来",
-        "预测下一个词时不能偷看后面的内容。方法一：对 softmax 后的注意力权重，"
-        "把对角线以上置 0，再按行重新归一化。",
+        "预测下一个词时不能偷看后面的内容。方法一：对 softmax 后的注意力权重，把对角线以上置 0，再按行重新归一化。",
     ),
     "causal_inf": (
         "用 -inf 实现因果注意力",
@@ -252,8 +243,7 @@ ZH: dict[str, tuple[str, str]] = {
     ),
     "dropout": (
         "对注意力权重做 dropout",
-        "训练时 dropout 以概率 p (这里 0.5) 把权重置 0，其余乘以 1/(1-p) = 2，"
-        "期望之和不变。eval() 时关闭。",
+        "训练时 dropout 以概率 p (这里 0.5) 把权重置 0，其余乘以 1/(1-p) = 2，期望之和不变。eval() 时关闭。",
     ),
     "causal_class": (
         "CausalAttention 类",
@@ -262,8 +252,7 @@ ZH: dict[str, tuple[str, str]] = {
     ),
     "mha_wrapper": (
         "多头注意力：堆叠多个头",
-        "两个独立的因果注意力头，输出拼接：宽度 d_out * num_heads = 4。"
-        "每个头可以关注来自不同表示子空间的信息。",
+        "两个独立的因果注意力头，输出拼接：宽度 d_out * num_heads = 4。每个头可以关注来自不同表示子空间的信息。",
     ),
     "mha": (
         "一个模块实现多头注意力",
@@ -280,6 +269,16 @@ ZH: dict[str, tuple[str, str]] = {
 TEXTS: dict[str, dict[str, tuple[str, str]]] = {"en": EN, "zh": ZH}
 
 LABELS: dict[str, dict[str, str]] = {
-    "en": {"heading": "Chapter 3: coding attention mechanisms", "check": "check", "all_ok": "all steps match the book", "mismatch": "mismatches"},
-    "zh": {"heading": "第三章：编码注意力机制", "check": "校验", "all_ok": "所有步骤与书中数值一致", "mismatch": "不一致"},
+    "en": {
+        "heading": "Chapter 3: coding attention mechanisms",
+        "check": "check",
+        "all_ok": "all steps match the book",
+        "mismatch": "mismatches",
+    },
+    "zh": {
+        "heading": "第三章：编码注意力机制",
+        "check": "校验",
+        "all_ok": "所有步骤与书中数值一致",
+        "mismatch": "不一致",
+    },
 }

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-_ACTIVE: ContextVar["Recorder | None"] = ContextVar("attnlab_recorder", default=None)
+_ACTIVE: ContextVar[Recorder | None] = ContextVar("attnlab_recorder", default=None)
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Recorder:
     steps: list[TraceStep] = field(default_factory=list)
     _token: object = field(default=None, repr=False)
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         self._token = _ACTIVE.set(self)
         return self
 

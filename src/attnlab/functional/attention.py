@@ -59,14 +59,16 @@ def _check_qkv(q: object, k: object, v: object) -> None:
 
 def _check_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
     if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"mask must be a torch.Tensor (bool: True = may attend, or float: added), got {type(mask).__name__}")
+        raise TypeError(
+            f"mask must be a torch.Tensor (bool: True = may attend, or float: added), got {type(mask).__name__}"
+        )
     if not (mask.dtype == torch.bool or torch.is_floating_point(mask)):
         raise TypeError(
             f"mask must be bool (True = may attend) or floating point (added to the scores), got dtype {mask.dtype}; "
             "for 0/1 integer masks use mask.bool()"
         )
     target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    ok = mask.dim() <= 4 and all(m in (1, t) for m, t in zip(reversed(mask.shape), reversed(target)))
+    ok = mask.dim() <= 4 and all(m in (1, t) for m, t in zip(reversed(mask.shape), reversed(target), strict=False))
     if not ok:
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to (batch, heads, Tq, Tk) = {target}; "
@@ -77,9 +79,18 @@ def _check_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
 
 
 def _prepare(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
-    window: int | None, dropout_p: float, scale: float | None, causal_align: CausalAlign, block_q: int, block_k: int,
-) -> tuple[MaskSpec, float]:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    window: int | None,
+    dropout_p: float,
+    scale: float | None,
+    causal_align: CausalAlign,
+    block_q: int,
+    block_k: int,
+) -> tuple[MaskSpec, float]:
     """Check every argument, then gather the masks into one MaskSpec and resolve the scale."""
     _check_qkv(q, k, v)
     if mask is not None:
@@ -99,25 +110,51 @@ def _prepare(
             raise ValueError(f"{name} must be a positive int, got {size!r}")
 
     spec = MaskSpec(
-        tq=q.shape[2], tk=k.shape[2], causal=is_causal or window is not None, align=causal_align, window=window,
+        tq=q.shape[2],
+        tk=k.shape[2],
+        causal=is_causal or window is not None,
+        align=causal_align,
+        window=window,
         allowed=mask if mask is not None and mask.dtype == torch.bool else None,
         bias=mask if mask is not None and mask.dtype != torch.bool else None,
-    )  # fmt: skip
+    )
     return spec, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
 @overload
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = ..., is_causal: bool = ...,
-    window: int | None = ..., dropout_p: float = ..., scale: float | None = ..., backend: Backend = ...,
-    return_weights: Literal[False] = ..., causal_align: CausalAlign = ..., block_q: int = ..., block_k: int = ...,
-) -> torch.Tensor: ...  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = ...,
+    is_causal: bool = ...,
+    window: int | None = ...,
+    dropout_p: float = ...,
+    scale: float | None = ...,
+    backend: Backend = ...,
+    return_weights: Literal[False] = ...,
+    causal_align: CausalAlign = ...,
+    block_q: int = ...,
+    block_k: int = ...,
+) -> torch.Tensor: ...
 @overload
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = ..., is_causal: bool = ...,
-    window: int | None = ..., dropout_p: float = ..., scale: float | None = ..., backend: Backend = ...,
-    return_weights: Literal[True], causal_align: CausalAlign = ..., block_q: int = ..., block_k: int = ...,
-) -> tuple[torch.Tensor, torch.Tensor]: ...  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = ...,
+    is_causal: bool = ...,
+    window: int | None = ...,
+    dropout_p: float = ...,
+    scale: float | None = ...,
+    backend: Backend = ...,
+    return_weights: Literal[True],
+    causal_align: CausalAlign = ...,
+    block_q: int = ...,
+    block_k: int = ...,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -183,23 +220,48 @@ def attention(
     return out
 
 
-def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, scale: float, dropout_p: float,
-           block_q: int, block_k: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _flash(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spec: MaskSpec,
+    scale: float,
+    dropout_p: float,
+    block_q: int,
+    block_k: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The flash backend on checked arguments: kv heads repeated for GQA, (out, lse)."""
     if spec.bias is not None and spec.bias.requires_grad:
         raise ValueError(
             "the flash backend treats float masks as constants; for a mask that needs gradients use backend='eager' or 'sdpa'"
         )
     groups = q.shape[1] // k.shape[1]
-    return flash_attention_core(q, repeat_kv(k, groups), repeat_kv(v, groups), spec, scale=scale,
-                                dropout_p=dropout_p, block_q=block_q, block_k=block_k)  # fmt: skip
+    return flash_attention_core(
+        q,
+        repeat_kv(k, groups),
+        repeat_kv(v, groups),
+        spec,
+        scale=scale,
+        dropout_p=dropout_p,
+        block_q=block_q,
+        block_k=block_k,
+    )
 
 
 def flash_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None,
-    is_causal: bool = False, window: int | None = None, dropout_p: float = 0.0, scale: float | None = None,
-    causal_align: CausalAlign = "bottom_right", block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    window: int | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    causal_align: CausalAlign = "bottom_right",
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_k: int = DEFAULT_BLOCK_K,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The flash backend with its row log-sum-exp: (out (B, H, Tq, Dv), lse (B, H, Tq), float32 for half inputs).
 
     lse is log(sum_j exp(score_ij)) over the keys row i may see; +inf on rows

@@ -37,7 +37,9 @@ def _keep_mask(seed: int, i: int, j: int, shape: torch.Size, p: float, device: t
     return torch.rand(shape, generator=gen, device=device) >= p
 
 
-def _scores(qi_scaled: torch.Tensor, kj: torch.Tensor, spec: MaskSpec, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
+def _scores(
+    qi_scaled: torch.Tensor, kj: torch.Tensor, spec: MaskSpec, i0: int, i1: int, j0: int, j1: int
+) -> torch.Tensor:
     """Biased, masked scores of one tile from pre-scaled queries, (B, H, bq, bk), a fresh tensor."""
     s = qi_scaled @ kj.transpose(-2, -1)
     allowed, bias = spec.tile(i0, i1, j0, j1, qi_scaled.device)
@@ -53,9 +55,17 @@ def _blocks(n: int, size: int) -> list[tuple[int, int, int]]:
 
 
 def flash_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, *, scale: float,
-    dropout_p: float, seed: int, block_q: int, block_k: int,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spec: MaskSpec,
+    *,
+    scale: float,
+    dropout_p: float,
+    seed: int,
+    block_q: int,
+    block_k: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, H, Tq, Dv) in q's dtype, lse (B, H, Tq)). Dead rows: out 0, lse +inf."""
     b, h, tq, _ = q.shape
     tk, dv = k.shape[2], v.shape[-1]
@@ -78,9 +88,11 @@ def flash_forward(
             l = l * alpha + p.sum(dim=-1)  # noqa: E741
             if dropout_p > 0.0:
                 p = p * _keep_mask(seed, bi, bj, p.shape, dropout_p, q.device) / (1.0 - dropout_p)
-            acc = torch.baddbmm(acc.view(-1, *acc.shape[2:]) * alpha.view(-1, alpha.shape[-1], 1),
-                                p.view(-1, *p.shape[2:]), v[:, :, j0:j1].to(ad).reshape(-1, j1 - j0, dv)
-                                ).view(acc.shape)  # acc * alpha + p @ v, fused; (B*H, bq, Dv) -> (B, H, bq, Dv)
+            acc = torch.baddbmm(
+                acc.view(-1, *acc.shape[2:]) * alpha.view(-1, alpha.shape[-1], 1),
+                p.view(-1, *p.shape[2:]),
+                v[:, :, j0:j1].to(ad).reshape(-1, j1 - j0, dv),
+            ).view(acc.shape)  # acc * alpha + p @ v, fused; (B*H, bq, Dv) -> (B, H, bq, Dv)
             m = m_new
         dead = l == 0
         out[:, :, i0:i1] = (acc / torch.where(dead, torch.ones_like(l), l)[..., None]).to(q.dtype)
@@ -90,9 +102,20 @@ def flash_forward(
 
 
 def flash_backward(
-    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-    lse: torch.Tensor, spec: MaskSpec, *, scale: float, dropout_p: float, seed: int, block_q: int, block_k: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    spec: MaskSpec,
+    *,
+    scale: float,
+    dropout_p: float,
+    seed: int,
+    block_q: int,
+    block_k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv by recomputing each tile's probabilities from the saved lse."""
     tq, tk = q.shape[2], k.shape[2]
     ad = accumulation_dtype(q.dtype)
@@ -125,11 +148,20 @@ def flash_backward(
 class _FlashFunction(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, scale: float,
-        dropout_p: float, seed: int, block_q: int, block_k: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        out, lse = flash_forward(q, k, v, spec, scale=scale, dropout_p=dropout_p, seed=seed,
-                                 block_q=block_q, block_k=block_k)  # fmt: skip
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        spec: MaskSpec,
+        scale: float,
+        dropout_p: float,
+        seed: int,
+        block_q: int,
+        block_k: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = flash_forward(
+            q, k, v, spec, scale=scale, dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k
+        )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.spec, ctx.scale, ctx.dropout_p, ctx.seed = spec, scale, dropout_p, seed
         ctx.block_q, ctx.block_k = block_q, block_k
@@ -141,16 +173,33 @@ class _FlashFunction(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_backward(
-            grad_out, q, k, v, out, lse, ctx.spec, scale=ctx.scale, dropout_p=ctx.dropout_p,
-            seed=ctx.seed, block_q=ctx.block_q, block_k=ctx.block_k,
-        )  # fmt: skip
+            grad_out,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            ctx.spec,
+            scale=ctx.scale,
+            dropout_p=ctx.dropout_p,
+            seed=ctx.seed,
+            block_q=ctx.block_q,
+            block_k=ctx.block_k,
+        )
         return dq, dk, dv, None, None, None, None, None, None
 
 
 def flash_attention_core(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, *, scale: float,
-    dropout_p: float = 0.0, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spec: MaskSpec,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_k: int = DEFAULT_BLOCK_K,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiled attention on checked inputs with as many kv heads as q heads."""
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0.0 else 0
     return _FlashFunction.apply(q, k, v, spec, scale, dropout_p, seed, block_q, block_k)  # type: ignore[no-any-return]

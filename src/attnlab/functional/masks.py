@@ -26,7 +26,9 @@ import torch
 CausalAlign = Literal["bottom_right", "top_left"]
 
 
-def causal_mask(tq: int, tk: int, *, align: CausalAlign = "bottom_right", device: torch.device | None = None) -> torch.Tensor:
+def causal_mask(
+    tq: int, tk: int, *, align: CausalAlign = "bottom_right", device: torch.device | None = None
+) -> torch.Tensor:
     """(Tq, Tk) bool, True where query i may see key j (j <= i's position)."""
     return _structural(0, tq, 0, tk, tq=tq, tk=tk, causal=True, align=align, window=None, device=device)
 
@@ -68,9 +70,7 @@ def from_torch_mha_masks(
         parts.append(~attn_mask if attn_mask.dtype == torch.bool else attn_mask)
     if key_padding_mask is not None:
         if key_padding_mask.dim() != 2:
-            raise ValueError(
-                f"key_padding_mask must be (batch, Tk), got shape {tuple(key_padding_mask.shape)}"
-            )
+            raise ValueError(f"key_padding_mask must be (batch, Tk), got shape {tuple(key_padding_mask.shape)}")
         kpm = key_padding_mask[:, None, None, :]  # (B, 1, 1, Tk)
         parts.append(~kpm if kpm.dtype == torch.bool else kpm)
     if not parts:
@@ -94,9 +94,18 @@ def _check_window(window: object) -> None:
 
 
 def _structural(
-    i0: int, i1: int, j0: int, j1: int, *, tq: int, tk: int, causal: bool, align: CausalAlign,
-    window: int | None, device: torch.device | None,
-) -> torch.Tensor:  # fmt: skip
+    i0: int,
+    i1: int,
+    j0: int,
+    j1: int,
+    *,
+    tq: int,
+    tk: int,
+    causal: bool,
+    align: CausalAlign,
+    window: int | None,
+    device: torch.device | None,
+) -> torch.Tensor:
     """Rows i0:i1, columns j0:j1 of the causal/window mask, (i1-i0, j1-j0) bool."""
     offset = tk - tq if align == "bottom_right" else 0
     rows = torch.arange(i0, i1, device=device)[:, None] + offset  # absolute query positions
@@ -145,12 +154,24 @@ class MaskSpec:
         """(allowed, bias) for the whole (.., Tq, Tk) score matrix; either may be None."""
         return self.tile(0, self.tq, 0, self.tk, device)
 
-    def tile(self, i0: int, i1: int, j0: int, j1: int, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def tile(
+        self, i0: int, i1: int, j0: int, j1: int, device: torch.device
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(allowed, bias) for rows i0:i1 and columns j0:j1 only; None where unrestricted."""
         allowed = None
         if self.structural and not self.tile_full(i0, i1, j0, j1):
-            allowed = _structural(i0, i1, j0, j1, tq=self.tq, tk=self.tk, causal=self.causal,
-                                  align=self.align, window=self.window, device=device)  # fmt: skip
+            allowed = _structural(
+                i0,
+                i1,
+                j0,
+                j1,
+                tq=self.tq,
+                tk=self.tk,
+                causal=self.causal,
+                align=self.align,
+                window=self.window,
+                device=device,
+            )
         if self.allowed is not None:
             a = _slice(self.allowed, i0, i1, j0, j1)
             allowed = a if allowed is None else allowed & a

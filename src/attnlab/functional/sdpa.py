@@ -30,9 +30,12 @@ def sdpa_attention(
     if spec.empty:  # nothing hidden, e.g. one decoding query that sees the whole cache
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
     if (
-        spec.causal and spec.window is None and spec.allowed is None and spec.bias is None
+        spec.causal
+        and spec.window is None
+        and spec.allowed is None
+        and spec.bias is None
         and (spec.tq == spec.tk or spec.align == "top_left")
-    ):  # fmt: skip
+    ):
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=enable_gqa
         )

@@ -8,12 +8,12 @@ from attnlab.nn.rotary import RotaryEmbedding, apply_rotary, rotate_half
 __all__ = [
     "Attention",
     "DecoderConfig",
-    "TinyDecoder",
     "RotaryEmbedding",
+    "TinyDecoder",
     "apply_rotary",
-    "rotate_half",
     "from_book",
-    "from_torch_mha",
     "from_hf_gpt2",
     "from_hf_llama",
+    "from_torch_mha",
+    "rotate_half",
 ]

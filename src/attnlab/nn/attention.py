@@ -116,8 +116,13 @@ class Attention(nn.Module):
         is then only a bound on nothing: the ring never fills); else a static
         cache of ``max_len`` positions.
         """
-        kw = dict(batch_size=batch_size, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-                  dtype=self.qkv.weight.dtype, device=self.qkv.weight.device)  # fmt: skip
+        kw = dict(
+            batch_size=batch_size,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            dtype=self.qkv.weight.dtype,
+            device=self.qkv.weight.device,
+        )
         if self.window is not None:
             return SlidingWindowCache(window=self.window, **kw)  # type: ignore[arg-type]
         return KVCache(max_len=max_len, **kw)  # type: ignore[arg-type]
@@ -180,10 +185,16 @@ class Attention(nn.Module):
         """Attention and out_proj on projected (and rotated) q (B, H, Tq, D), k, v (B, Hkv, Tk, D)."""
         b, _, t, _ = queries.shape
         result = attention(
-            queries, keys, values, mask=mask, is_causal=self.is_causal, window=self.window,
-            dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
+            queries,
+            keys,
+            values,
+            mask=mask,
+            is_causal=self.is_causal,
+            window=self.window,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend,
             return_weights=self.return_weights,  # type: ignore[call-overload]
-        )  # fmt: skip
+        )
         context_vec, weights = result if self.return_weights else (result, None)
         context_vec = context_vec.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, H*D)
         out = self.out_proj(context_vec)

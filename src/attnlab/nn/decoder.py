@@ -35,14 +35,27 @@ class Block(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         self.norm_1 = nn.LayerNorm(config.d_model)
-        self.attn = Attention(d_in=config.d_model, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
-                              window=config.window, rope=True, backend=config.backend)  # fmt: skip
+        self.attn = Attention(
+            d_in=config.d_model,
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_kv_heads,
+            window=config.window,
+            rope=True,
+            backend=config.backend,
+        )
         self.norm_2 = nn.LayerNorm(config.d_model)
-        self.mlp = nn.Sequential(nn.Linear(config.d_model, 4 * config.d_model), nn.GELU(),
-                                 nn.Linear(4 * config.d_model, config.d_model))  # fmt: skip
+        self.mlp = nn.Sequential(
+            nn.Linear(config.d_model, 4 * config.d_model), nn.GELU(), nn.Linear(4 * config.d_model, config.d_model)
+        )
 
-    def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None, positions: torch.Tensor,
-                cache: KVCache | SlidingWindowCache | None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        mask: torch.Tensor | None,
+        positions: torch.Tensor,
+        cache: KVCache | SlidingWindowCache | None,
+    ) -> torch.Tensor:
         x = x + self.attn(self.norm_1(x), mask=mask, positions=positions, cache=cache)  # type: ignore[operator]
         return x + self.mlp(self.norm_2(x))
 
@@ -63,8 +76,13 @@ class TinyDecoder(nn.Module):
     def make_caches(self, *, batch_size: int, max_len: int) -> list[KVCache | SlidingWindowCache]:
         return [block.attn.make_cache(batch_size=batch_size, max_len=max_len) for block in self.blocks]  # type: ignore[union-attr, operator]
 
-    def forward(self, idx: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
-                caches: list[KVCache | SlidingWindowCache] | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        idx: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        caches: list[KVCache | SlidingWindowCache] | None = None,
+    ) -> torch.Tensor:
         """Logits (B, T, V) for token ids idx (B, T).
 
         attention_mask: (B, Tk) with 1 on real tokens and 0 on (left) padding,
@@ -74,7 +92,9 @@ class TinyDecoder(nn.Module):
         if idx.dim() != 2 or idx.dtype != torch.long:
             raise ValueError(f"idx must be (batch, tokens) of dtype torch.long, got {idx.dtype} {tuple(idx.shape)}")
         if int(idx.min()) < 0 or int(idx.max()) >= self.config.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got [{int(idx.min())}, {int(idx.max())}]")
+            raise ValueError(
+                f"token ids must lie in [0, {self.config.vocab_size}), got [{int(idx.min())}, {int(idx.max())}]"
+            )
         b, t = idx.shape
         start = caches[0].length if caches else 0
         if caches is not None and len(caches) != len(self.blocks):
@@ -137,7 +157,9 @@ class TinyDecoder(nn.Module):
         return out
 
     @staticmethod
-    def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> torch.Tensor:
+    def _pick(
+        logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+    ) -> torch.Tensor:
         if temperature == 0.0:
             return logits.argmax(dim=-1, keepdim=True)
         logits = logits / temperature

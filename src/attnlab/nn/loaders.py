@@ -7,7 +7,7 @@ that they do, to 1e-5 in float32.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.nn as nn
@@ -16,11 +16,18 @@ from attnlab.book.multihead import MultiHeadAttention
 from attnlab.nn.attention import Attention
 
 
-def _load(attn: Attention, qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None,
-          out_weight: torch.Tensor, out_bias: torch.Tensor | None) -> Attention:  # fmt: skip
+def _load(
+    attn: Attention,
+    qkv_weight: torch.Tensor,
+    qkv_bias: torch.Tensor | None,
+    out_weight: torch.Tensor,
+    out_bias: torch.Tensor | None,
+) -> Attention:
     expected = tuple(attn.qkv.weight.shape)
     if tuple(qkv_weight.shape) != expected:
-        raise ValueError(f"QKV weight of shape {tuple(qkv_weight.shape)} does not fit {expected}; check the head counts")
+        raise ValueError(
+            f"QKV weight of shape {tuple(qkv_weight.shape)} does not fit {expected}; check the head counts"
+        )
     with torch.no_grad():
         attn.qkv.weight.copy_(qkv_weight)
         if attn.qkv.bias is not None and qkv_bias is not None:
@@ -36,8 +43,14 @@ def from_book(mha: MultiHeadAttention, **options: object) -> Attention:
     if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"expected attnlab.book.MultiHeadAttention, got {type(mha).__name__}")
     has_bias = mha.W_query.bias is not None
-    settings = dict(d_in=mha.d_in, d_out=mha.d_out, num_heads=mha.num_heads, qkv_bias=has_bias,
-                    dropout=mha.dropout.p, is_causal=True)  # fmt: skip
+    settings = dict(
+        d_in=mha.d_in,
+        d_out=mha.d_out,
+        num_heads=mha.num_heads,
+        qkv_bias=has_bias,
+        dropout=mha.dropout.p,
+        is_causal=True,
+    )
     attn = Attention(**{**settings, **options})  # type: ignore[arg-type]
     weight = torch.cat([mha.W_query.weight, mha.W_key.weight, mha.W_value.weight], dim=0)  # (3*d_out, d_in)
     bias = torch.cat([mha.W_query.bias, mha.W_key.bias, mha.W_value.bias]) if has_bias else None
@@ -58,14 +71,26 @@ def from_torch_mha(mha: nn.MultiheadAttention, *, is_causal: bool = False, **opt
         raise ValueError("only self-attention with kdim == vdim == embed_dim can be converted")
     if mha.bias_k is not None or mha.add_zero_attn:
         raise ValueError("add_bias_kv and add_zero_attn have no equivalent in attnlab.Attention")
-    attn = Attention(d_in=mha.embed_dim, num_heads=mha.num_heads, qkv_bias=mha.in_proj_bias is not None,
-                     out_bias=mha.out_proj.bias is not None, dropout=mha.dropout, is_causal=is_causal,
-                     **options)  # type: ignore[arg-type]  # fmt: skip
+    attn = Attention(
+        d_in=mha.embed_dim,
+        num_heads=mha.num_heads,
+        qkv_bias=mha.in_proj_bias is not None,
+        out_bias=mha.out_proj.bias is not None,
+        dropout=mha.dropout,
+        is_causal=is_causal,
+        **options,
+    )  # type: ignore[arg-type]
     return _load(attn, mha.in_proj_weight, mha.in_proj_bias, mha.out_proj.weight, mha.out_proj.bias)
 
 
-def from_hf_gpt2(state_dict: Mapping[str, torch.Tensor], *, num_heads: int, attn_pdrop: float = 0.0,
-                 prefix: str = "", **options: object) -> Attention:  # fmt: skip
+def from_hf_gpt2(
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    num_heads: int,
+    attn_pdrop: float = 0.0,
+    prefix: str = "",
+    **options: object,
+) -> Attention:
     """From the state dict of a Hugging Face ``GPT2Attention`` (c_attn, c_proj).
 
     GPT-2's Conv1D stores its weight as (in, out) and computes x @ W + b, the
@@ -75,14 +100,26 @@ def from_hf_gpt2(state_dict: Mapping[str, torch.Tensor], *, num_heads: int, attn
     embed_dim = c_attn_w.shape[0]
     if c_attn_w.shape[1] != 3 * embed_dim:
         raise ValueError(f"c_attn.weight should be (E, 3E), got {tuple(c_attn_w.shape)}; is this cross-attention?")
-    attn = Attention(d_in=embed_dim, num_heads=num_heads, qkv_bias=True, dropout=attn_pdrop, is_causal=True,
-                     **options)  # type: ignore[arg-type]  # fmt: skip
-    return _load(attn, c_attn_w.T, state_dict[f"{prefix}c_attn.bias"],
-                 state_dict[f"{prefix}c_proj.weight"].T, state_dict[f"{prefix}c_proj.bias"])  # fmt: skip
+    attn = Attention(d_in=embed_dim, num_heads=num_heads, qkv_bias=True, dropout=attn_pdrop, is_causal=True, **options)  # type: ignore[arg-type]
+    return _load(
+        attn,
+        c_attn_w.T,
+        state_dict[f"{prefix}c_attn.bias"],
+        state_dict[f"{prefix}c_proj.weight"].T,
+        state_dict[f"{prefix}c_proj.bias"],
+    )
 
 
-def from_hf_llama(state_dict: Mapping[str, torch.Tensor], *, num_heads: int, num_kv_heads: int, head_dim: int | None = None,
-                  rope_theta: float = 10000.0, prefix: str = "", **options: object) -> Attention:  # fmt: skip
+def from_hf_llama(
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int | None = None,
+    rope_theta: float = 10000.0,
+    prefix: str = "",
+    **options: object,
+) -> Attention:
     """From the state dict of a Hugging Face ``LlamaAttention`` (q/k/v/o_proj), with GQA and RoPE.
 
     Only the default RoPE (no rope_scaling) is reproduced.
@@ -91,9 +128,19 @@ def from_hf_llama(state_dict: Mapping[str, torch.Tensor], *, num_heads: int, num
     hidden = q_w.shape[1]
     head_dim = head_dim if head_dim is not None else hidden // num_heads
     has_bias = f"{prefix}q_proj.bias" in state_dict
-    attn = Attention(d_in=hidden, d_out=hidden, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                     qkv_bias=has_bias, out_bias=f"{prefix}o_proj.bias" in state_dict, is_causal=True,
-                     rope=True, rope_base=rope_theta, **options)  # type: ignore[arg-type]  # fmt: skip
+    attn = Attention(
+        d_in=hidden,
+        d_out=hidden,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        qkv_bias=has_bias,
+        out_bias=f"{prefix}o_proj.bias" in state_dict,
+        is_causal=True,
+        rope=True,
+        rope_base=rope_theta,
+        **options,
+    )  # type: ignore[arg-type]
     weight = torch.cat([state_dict[f"{prefix}{n}_proj.weight"] for n in "qkv"], dim=0)  # ((H+2Hkv)*D, hidden)
     bias = torch.cat([state_dict[f"{prefix}{n}_proj.bias"] for n in "qkv"]) if has_bias else None
     return _load(attn, weight, bias, state_dict[f"{prefix}o_proj.weight"], state_dict.get(f"{prefix}o_proj.bias"))
