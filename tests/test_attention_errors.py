@@ -49,7 +49,7 @@ kv2 = torch.randn(2, 2, 5, 8)
             r"mask must be bool.*got dtype torch.int64.*mask.bool\(\)",
         ),
         (dict(window=0), ValueError, r"window must be >= 1.*got 0"),
-        (dict(dropout_p=1.0), ValueError, r"dropout_p must be a float in \[0, 1\), got 1.0"),
+        (dict(dropout_p=1.0), ValueError, r"dropout_p must be in \[0, 1\), got 1.0"),
         (dict(dropout_p=-0.1), ValueError, r"got -0.1"),
         (dict(scale=0.0), ValueError, r"scale must be a positive finite number.*got 0.0"),
         (dict(backend="cuda"), ValueError, r"backend must be one of \['auto', 'eager', 'sdpa', 'flash'\], got 'cuda'"),
@@ -60,7 +60,7 @@ kv2 = torch.randn(2, 2, 5, 8)
         ),
         (dict(backend="flash", return_weights=True), ValueError, r"backend='flash' never forms the weights"),
         (dict(causal_align="middle"), ValueError, r"causal_align must be 'bottom_right' or 'top_left', got 'middle'"),
-        (dict(block_q=0), ValueError, r"block_q must be a positive int, got 0"),
+        (dict(block_q=0), ValueError, r"block_q must be >= 1, got 0"),
     ],
 )
 def test_functional_errors(kwargs: dict, error: type, pattern: str) -> None:
@@ -80,7 +80,10 @@ def test_flash_refuses_a_float_mask_that_needs_gradients() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "pattern"),
     [
-        (dict(d_in=32, num_heads=5), r"d_out \(32\) must be divisible by num_heads \(5\), or pass head_dim"),
+        (
+            dict(d_in=32, num_heads=5),
+            r"d_out \(32\) must be divisible by num_heads \(5\); each head gets d_out // num_heads dimensions. Try num_heads in \[1, 2, 4, 8, 16, 32\]",
+        ),
         (
             dict(d_in=32, num_heads=4, num_kv_heads=3),
             r"num_heads \(4\) must be a multiple of num_kv_heads \(3\).*\[1, 2, 4\]",
@@ -88,10 +91,10 @@ def test_flash_refuses_a_float_mask_that_needs_gradients() -> None:
         (dict(d_in=32, num_heads=4, dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
         (dict(d_in=32, num_heads=4, window=0), r"window must be >= 1"),
         (dict(d_in=32, num_heads=4, backend="fast"), r"backend must be one of .* got 'fast'"),
-        (
-            dict(d_in=32, num_heads=4, backend="flash", return_weights=True),
-            r"return_weights=True needs backend 'eager' or 'auto', got 'flash'",
-        ),
+        (dict(d_in=32, num_heads=4, scale=-1.0), r"scale must be a positive finite number or None.*got -1.0"),
+        (dict(d_in=32, num_heads=4, head_dim=0), r"head_dim must be >= 1, got 0"),
+        (dict(d_in=32, num_heads=10**9), r"num_heads must be <= 65536, got 1000000000; is it a typo\?"),
+        (dict(d_in=-3, num_heads=4), r"d_in must be >= 1, got -3"),
         (dict(d_in=30, num_heads=6, rope=True), r"rotary embedding needs an even head_dim >= 2, got 5"),
         (dict(d_in=0, num_heads=4), r"d_in must be >= 1, got 0"),
     ],

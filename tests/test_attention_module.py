@@ -9,6 +9,7 @@ from attnlab import Attention
 from attnlab.bench.memory import PeakMemory
 from attnlab.functional import attention
 from attnlab.nn import RotaryEmbedding, apply_rotary
+from attnlab.observe import Recorder
 
 
 def make(backend: str = "auto", **kw: object) -> Attention:
@@ -29,20 +30,22 @@ def test_backends_agree_in_the_module_with_gradients() -> None:
         torch.testing.assert_close(m.qkv.weight.grad, ref.qkv.weight.grad, atol=1e-4, rtol=1e-4)
 
 
-def test_return_weights_gives_per_head_causal_weights() -> None:
-    m = make("auto", return_weights=True)
-    out, weights = m(torch.randn(2, 6, 32))
-    assert out.shape == (2, 6, 32) and weights.shape == (2, 4, 6, 6)
+def test_recorder_gives_per_head_causal_weights_and_forward_a_tensor() -> None:
+    m = make("auto")
+    with Recorder() as rec:
+        out = m(torch.randn(2, 6, 32))
+    weights = rec.get("attn_weights")
+    assert isinstance(out, torch.Tensor) and out.shape == (2, 6, 32) and weights.shape == (2, 4, 6, 6)
     assert (weights[..., torch.ones(6, 6, dtype=torch.bool).triu(1)] == 0).all()
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 6))
 
 
 def test_dropout_only_in_training() -> None:
-    m = make("sdpa", dropout=0.5)
+    m, plain = make("sdpa", dropout=0.5), make("sdpa")  # the same weights (seed 0), one without dropout
     x = torch.randn(2, 8, 32)
-    torch.testing.assert_close(m.eval()(x), m(x))
+    torch.testing.assert_close(m.eval()(x), plain(x))  # eval: dropout is the identity
     m.train()
-    assert not torch.allclose(m(x), m.eval()(x))
+    assert not torch.allclose(m(x), plain(x))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

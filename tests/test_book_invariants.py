@@ -22,7 +22,7 @@ def test_weight_rows_sum_to_one() -> None:
     _, attn_weights, _ = book.all_context_vectors(x[0])
     torch.testing.assert_close(attn_weights.sum(-1), torch.ones(7))
     mha = book.MultiHeadAttention(5, 8, 7, 0.0, num_heads=2)
-    from attnlab.explain.trace import Recorder
+    from attnlab.observe import Recorder
 
     with Recorder() as rec:
         mha(x)
@@ -33,7 +33,7 @@ def test_weight_rows_sum_to_one() -> None:
 
 @pytest.mark.parametrize("cls", ["CausalAttention", "MultiHeadAttention"])
 def test_causal_upper_triangle_is_exactly_zero(cls: str) -> None:
-    from attnlab.explain.trace import Recorder
+    from attnlab.observe import Recorder
 
     torch.manual_seed(1)
     module = (
@@ -74,7 +74,7 @@ def test_dropout_identity_in_eval_and_scaled_in_train() -> None:
     mha_ref.load_state_dict(mha.state_dict())
     torch.testing.assert_close(mha(x), mha_ref(x))
 
-    from attnlab.explain.trace import Recorder
+    from attnlab.observe import Recorder
 
     mha.train()
     with Recorder() as rec:

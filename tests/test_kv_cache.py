@@ -45,20 +45,24 @@ def test_cache_appends_in_place_and_stores_only_kv_heads() -> None:
     with torch.no_grad():
         for _ in range(3):
             attn(torch.randn(1, 1, 32), cache=cache)
-    k, v, positions = cache.update(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8))
-    assert k.data_ptr() == buffer and cache.k_cache.data_ptr() == buffer  # a view of the same storage: no copy
-    assert positions.tolist() == [0, 1, 2, 3]
+    new = torch.randn(1, 2, 1, 8)
+    k, _, positions = cache.update(new, new)
+    assert k.data_ptr() == buffer and cache.k_cache.data_ptr() == buffer  # the buffer itself: no copy
+    assert positions.tolist() == [0, 1, 2, 3] + [-1] * 12  # every slot, the unfilled ones marked -1
+    assert torch.equal(k[:, :, 3:4], new)  # written at slot 3, in place
 
 
 def test_sliding_window_cache_ring_positions() -> None:
     cache = SlidingWindowCache(batch_size=1, num_kv_heads=1, head_dim=2, window=3)
     k = torch.arange(5.0).view(1, 1, 5, 1).expand(1, 1, 5, 2).contiguous()  # key value == its position
-    keys, _, positions = cache.update(k[:, :, :4], k[:, :, :4])
-    assert positions.tolist() == [0, 1, 2, 3]
+    keys, _, positions = cache.update(k[:, :, :4], k[:, :, :4])  # a chunk: the (empty) ring, then the chunk
+    assert positions.tolist() == [-1, -1, -1, 0, 1, 2, 3]
     assert cache.positions().tolist() == [3, 1, 2]  # slot p % 3
-    keys, _, positions = cache.update(k[:, :, 4:], k[:, :, 4:])
-    assert positions.tolist() == [2, 3, 4]  # the new query (4) sees 2, 3 and itself
-    assert keys[0, 0, :, 0].tolist() == [2.0, 3.0, 4.0]
+    buffer = cache.k_cache.data_ptr()
+    keys, _, positions = cache.update(k[:, :, 4:], k[:, :, 4:])  # one token: written in place, the ring returned
+    assert keys.data_ptr() == buffer
+    assert positions.tolist() == [3, 4, 2]  # slot order; the new query (4) sees 2, 3 and itself
+    assert keys[0, 0, :, 0].tolist() == [3.0, 4.0, 2.0]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -130,9 +134,13 @@ def test_cache_refuses_other_batch_heads_head_dim_and_dtype() -> None:
     half = KVCache(batch_size=2, num_kv_heads=2, head_dim=8, max_len=8, dtype=torch.bfloat16)
     with pytest.raises(TypeError, match=r"keys are torch.float32 but the cache holds torch.bfloat16"):
         attn(torch.randn(2, 1, 32), cache=half)
-    with pytest.raises(ValueError, match=r"SlidingWindowCache\(window=3\) drops keys that Attention\(window=None\)"):
+    with pytest.raises(
+        ValueError, match=r"this cache keeps only the last 3 positions, but Attention\(window=None\) needs more"
+    ):
         attn(torch.randn(2, 1, 32), cache=SlidingWindowCache(batch_size=2, num_kv_heads=2, head_dim=8, window=3))
-    with pytest.raises(TypeError, match=r"cache must be a KVCache or SlidingWindowCache, got dict"):
+    with pytest.raises(
+        TypeError, match=r"cache must provide next_positions\(t\) and update\(k, v\) \(attnlab.cache.Cache\), got dict"
+    ):
         attn(torch.randn(2, 1, 32), cache={})  # type: ignore[arg-type]
     assert cache.length == 0  # nothing was written by the refused calls
 
@@ -152,5 +160,5 @@ def test_bad_positions_and_sizes() -> None:
         ValueError, match=r"attention_mask must be \(batch, cached \+ new tokens\) = \(1, 2\), got \(1, 3\)"
     ):
         model(torch.tensor([[0, 1]]), attention_mask=torch.ones(1, 3))
-    with pytest.raises(ValueError, match=r"temperature must be >= 0"):
+    with pytest.raises(ValueError, match=r"temperature must be a finite number >= 0"):
         model.generate(torch.tensor([[0, 1]]), 2, temperature=-1.0)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from attnlab import Attention, book, cli
-from attnlab.explain import Recorder
-from attnlab.explain.heatmap import head_grid, heatmap, save
-from attnlab.explain.reports import explain_report, kv_cache_steps, tokenize, tour_report
+from attnlab.explain.render.heatmap import head_grid, heatmap, save
+from attnlab.explain.report import explain_report, kv_cache_steps, tokenize, tour_report
+from attnlab.observe import Recorder
 
 XSS = '<script>alert(1)</script> and "><img src=x onerror=alert(1)>'
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "out" / "screenshots"

@@ -17,7 +17,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from attnlab.explain.report import Report
+    from attnlab.explain.render.html import Report
 
 
 def _render_tour(console: Console, lang: str, check: bool) -> int:
@@ -56,7 +56,7 @@ def _write_report(console: Console, report: Report, path: str) -> int:
 
 
 def _explain(console: Console, args: argparse.Namespace) -> int:
-    from attnlab.explain.reports import explain_report
+    from attnlab.explain.report import explain_report
 
     try:
         report = explain_report(
@@ -236,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(highlight=False)
     if args.command == "tour":
         if args.html:
-            from attnlab.explain.reports import tour_report
+            from attnlab.explain.report import tour_report
 
             code = _render_tour(console, args.lang, args.check) if args.check else 0
             return code or _write_report(console, tour_report(args.lang), args.html)

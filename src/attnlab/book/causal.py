@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from attnlab.book._checks import check_dropout, check_positive_int, check_tokens
-from attnlab.explain.trace import is_recording, record
+from attnlab._checks import check_dropout, check_positive_int, check_tokens
+from attnlab.observe import is_recording, record
 
 
 def causal_weights_renormalized(attn_weights: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from attnlab.book._checks import check_dropout, check_heads, check_positive_int, check_tokens
+from attnlab._checks import check_dropout, check_heads, check_positive_int, check_tokens
 from attnlab.book.causal import CausalAttention
-from attnlab.explain.trace import is_recording, record
+from attnlab.observe import is_recording, record
 
 
 class MultiHeadAttentionWrapper(nn.Module):

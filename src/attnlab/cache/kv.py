@@ -1,17 +1,28 @@
 """KV caches: keep past keys and values so a decode step computes only the new token's.
 
+Both caches speak one small protocol (:class:`attnlab.cache.Cache`), which is
+all ``attnlab.Attention`` knows of them:
+
+* ``next_positions(t)``: the absolute positions of the next ``t`` tokens;
+* ``update(k, v)``: check, then write, then return the keys and values to
+  attend over with the absolute position of each (-1 for a slot that holds
+  nothing yet). Attention builds its causal and window masks from positions,
+  so it never asks which kind of cache it holds.
+
 :class:`KVCache` preallocates (B, Hkv, max_len, D) buffers and writes each
-step in place: no torch.cat, so a step costs the same at position 10 and
-10,000 (the book's cache concatenates, copying everything every step).
-:class:`SlidingWindowCache` keeps only the last ``window`` positions in a
-ring buffer, for sliding-window attention.
+step in place. :class:`SlidingWindowCache` keeps the last ``window`` positions
+in a ring buffer, written in place at slot ``position % window``. The number
+of tokens held lives in a tensor and ``update`` returns whole buffers, so the
+shapes of a decode step never change: ``torch.compile`` of a decode loop
+makes one graph for the prefill and one for the steps, not one per step. The
+price: a decode step attends over all ``max_len`` slots (the empty ones
+masked), as Hugging Face's static cache does; size ``max_len`` to the job.
 
-Both are used through ``attnlab.Attention(..., cache=cache)``; ``update``
-returns the keys and values attention should see, in position order, and
-their absolute positions. Caches are for inference: use them under
-``torch.no_grad()`` (or ``torch.inference_mode()``).
+``update`` checks everything before it writes, so a call that raises leaves
+the cache exactly as it was. Caches are for inference: keys that require
+grad are refused (run under ``torch.no_grad()`` or ``torch.inference_mode()``).
 
-Shapes: B = batch, Hkv = kv heads, D = head_dim, T = new tokens, L = cached length.
+Shapes: B = batch, Hkv = kv heads, D = head_dim, T = new tokens, S = slots returned.
 """
 
 from __future__ import annotations
@@ -19,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from attnlab.book._checks import check_positive_int
+from attnlab._checks import check_positive_int
 
 
 class _CacheBase(nn.Module):
@@ -35,22 +46,39 @@ class _CacheBase(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            check_positive_int(name, value)
-        if not dtype.is_floating_point:
-            raise TypeError(f"cache dtype must be floating point, got {dtype}")
-        self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
+            check_positive_int(name, value, limit=2**20)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"cache dtype must be a floating-point torch.dtype, got {dtype!r}")
+        elements = batch_size * num_kv_heads * capacity * head_dim
+        if elements > 2**34:
+            raise ValueError(
+                f"this cache would hold 2 x {elements:,} elements (batch {batch_size} x {num_kv_heads} heads x "
+                f"{capacity} positions x head_dim {head_dim}); that is beyond any device: check the sizes"
+            )
+        self.batch_size, self.num_kv_heads, self.head_dim, self.capacity = batch_size, num_kv_heads, head_dim, capacity
         shape = (batch_size, num_kv_heads, capacity, head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("_length", torch.zeros((), dtype=torch.long, device=device), persistent=False)
         self.k_cache: torch.Tensor
         self.v_cache: torch.Tensor
-        self.length = 0  # positions seen so far
+        self._length: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        """Positions seen so far (a Python int: reading it syncs with the device)."""
+        return int(self._length)
+
+    def next_positions(self, t: int) -> torch.Tensor:
+        """Absolute positions of the next ``t`` tokens, (T,): L, L+1, ..., L+t-1."""
+        return self._length + torch.arange(t, device=self.k_cache.device)
 
     def check(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Refuse keys/values that do not fit this cache, naming both sides."""
+        """Refuse keys/values that do not fit this cache, naming both sides; writes nothing."""
         for name, t in (("keys", k), ("values", v)):
-            if t.dim() != 4:
-                raise ValueError(f"{name} must be (batch, kv_heads, T, head_dim), got shape {tuple(t.shape)}")
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be a 4-D tensor (batch, kv_heads, T, head_dim), got {shape}")
             if t.shape[0] != self.batch_size:
                 raise ValueError(
                     f"this cache was built for batch_size={self.batch_size}, got {name} for a batch of {t.shape[0]}; "
@@ -69,14 +97,17 @@ class _CacheBase(nn.Module):
                 raise ValueError(
                     f"{name} are on {t.device} but the cache is on {self.k_cache.device}; use cache.to({t.device})"
                 )
-
-    def next_positions(self, t: int) -> torch.Tensor:
-        """Absolute positions of the next ``t`` tokens: L, L+1, ..., L+t-1."""
-        return torch.arange(self.length, self.length + t, device=self.k_cache.device)
+            if torch.is_grad_enabled() and t.requires_grad:
+                raise ValueError(
+                    f"{name} require grad, but a KV cache is for inference: the next step would overwrite what "
+                    "backward needs. Decode under torch.no_grad() (or torch.inference_mode()); train without a cache"
+                )
+        if k.shape[2] != v.shape[2]:
+            raise ValueError(f"keys and values must hold the same number of tokens, got {k.shape[2]} and {v.shape[2]}")
 
     def reset(self) -> None:
         """Forget everything; the buffers are kept (and overwritten)."""
-        self.length = 0
+        self._length.zero_()
 
 
 class KVCache(_CacheBase):
@@ -98,7 +129,7 @@ class KVCache(_CacheBase):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        check_positive_int("max_len", max_len)
+        check_positive_int("max_len", max_len, limit=2**27)
         super().__init__(
             batch_size=batch_size,
             num_kv_heads=num_kv_heads,
@@ -110,33 +141,38 @@ class KVCache(_CacheBase):
         self.max_len = max_len
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Append k, v (B, Hkv, T, D); return all keys, values (B, Hkv, L+T, D) and their positions (L+T,)."""
+        """Append k, v (B, Hkv, T, D); return the buffers (B, Hkv, max_len, D) and positions (max_len,), -1 unfilled."""
         self.check(k, v)
-        start, t = self.length, k.shape[2]
-        if start + t > self.max_len:
-            raise ValueError(
-                f"the cache is full: it holds {start} of max_len={self.max_len} positions and cannot take {t} more; "
-                f"build it with max_len >= {start + t}, or crop()/reset() it"
-            )
-        self.k_cache.narrow(2, start, t).copy_(k)  # in place: O(T) per step, no copy of the past
-        self.v_cache.narrow(2, start, t).copy_(v)
-        self.length = start + t
-        positions = torch.arange(self.length, device=k.device)
-        return self.k_cache[:, :, : self.length], self.v_cache[:, :, : self.length], positions
+        t = k.shape[2]
+        if not torch.compiler.is_compiling():  # compiled code meets the same limit as an index error
+            start = self.length
+            if start + t > self.max_len:
+                raise ValueError(
+                    f"the cache is full: it holds {start} of max_len={self.max_len} positions and cannot take {t} "
+                    f"more; build it with max_len >= {start + t}, or crop()/reset() it"
+                )
+        new = self.next_positions(t)
+        self.k_cache.index_copy_(2, new, k)  # in place: O(T) per step, no copy of the past
+        self.v_cache.index_copy_(2, new, v)
+        self._length.add_(t)
+        slots = torch.arange(self.max_len, device=self.k_cache.device)
+        return self.k_cache, self.v_cache, torch.where(slots < self._length, slots, -1)
 
     def crop(self, n: int) -> None:
         """Keep only the first ``n`` positions (e.g. to reject speculative tokens)."""
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.length:
-            raise ValueError(f"crop(n) needs 0 <= n <= length ({self.length}), got {n!r}")
-        self.length = n
+        length = self.length
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= length:
+            raise ValueError(f"crop(n) needs 0 <= n <= length ({length}), got {n!r}")
+        self._length.fill_(n)
 
 
 class SlidingWindowCache(_CacheBase):
     """The last ``window`` positions in a ring buffer, for sliding-window attention.
 
-    Position p lives in slot p % window. ``update`` returns the keys the new
-    queries can still see (the last window - 1 cached ones, then the new ones),
-    in position order, with their positions.
+    Position p lives in slot p % window. A decode step (one token) writes its
+    slot in place and returns the ring itself; a chunk of T > 1 tokens returns
+    the ring followed by the chunk (its first queries still need the keys the
+    chunk overwrites), then writes the chunk's last ``window`` positions.
     """
 
     def __init__(
@@ -149,7 +185,7 @@ class SlidingWindowCache(_CacheBase):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        check_positive_int("window", window)
+        check_positive_int("window", window, limit=2**27)
         super().__init__(
             batch_size=batch_size,
             num_kv_heads=num_kv_heads,
@@ -161,23 +197,30 @@ class SlidingWindowCache(_CacheBase):
         self.window = window
 
     def positions(self) -> torch.Tensor:
-        """Absolute positions held, in slot order (-1 for an empty slot)."""
+        """Absolute positions held, in slot order (-1 for an empty slot), (window,)."""
         slots = torch.arange(self.window, device=self.k_cache.device)
-        newest = self.length - 1
+        newest = self._length - 1
         held = newest - (newest - slots) % self.window  # the latest position p <= newest with p % W == slot
-        return torch.where(held >= 0, held, torch.full_like(held, -1))
+        return torch.where(held >= 0, held, -1)
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Append k, v (B, Hkv, T, D); return keys, values (B, Hkv, K, D) with K <= window - 1 + T, and positions (K,)."""
+        """Append k, v (B, Hkv, T, D); return keys, values (B, Hkv, S, D) and their positions (S,), -1 empty.
+
+        S = window for one token, window + T for a chunk.
+        """
         self.check(k, v)
-        start, t, w = self.length, k.shape[2], self.window
-        keep = min(start, w - 1)  # cached positions the first new query can still see
-        old = torch.arange(start - keep, start, device=k.device)  # their positions, oldest first
-        k_all = torch.cat([self.k_cache[:, :, old % w], k], dim=2)  # (B, Hkv, keep + T, D)
-        v_all = torch.cat([self.v_cache[:, :, old % w], v], dim=2)
-        new = torch.arange(start, start + t, device=k.device)
-        last = new[-w:]  # only the last W new positions survive in the ring
-        self.k_cache[:, :, last % w] = k[:, :, -last.numel() :]
-        self.v_cache[:, :, last % w] = v[:, :, -last.numel() :]
-        self.length = start + t
-        return k_all, v_all, torch.cat([old, new])
+        t, w = k.shape[2], self.window
+        new = self.next_positions(t)
+        if t == 1:  # a decode step: in place, no concatenation
+            self.k_cache.index_copy_(2, new % w, k)
+            self.v_cache.index_copy_(2, new % w, v)
+            self._length.add_(1)
+            return self.k_cache, self.v_cache, self.positions()
+        k_all = torch.cat([self.k_cache, k], dim=2)  # (B, Hkv, W + T, D): the ring as it was, then the chunk
+        v_all = torch.cat([self.v_cache, v], dim=2)
+        positions = torch.cat([self.positions(), new])
+        last = new[-w:]  # only the chunk's last W positions survive in the ring
+        self.k_cache.index_copy_(2, last % w, k[:, :, -last.numel() :])
+        self.v_cache.index_copy_(2, last % w, v[:, :, -last.numel() :])
+        self._length.add_(t)
+        return k_all, v_all, positions

@@ -1,5 +1,4 @@
-"""Explanations: the guided tour, the trace recorder, heatmaps and the report."""
+"""Explanations: the guided tour, head-by-head reports, and their rendering (``explain.render``).
 
-from attnlab.explain.trace import Recorder, TraceStep, record
-
-__all__ = ["Recorder", "TraceStep", "record"]
+To observe attention's intermediate tensors, use ``attnlab.observe.Recorder``.
+"""

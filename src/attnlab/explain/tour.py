@@ -16,15 +16,9 @@ import torch
 
 from attnlab import book
 from attnlab.book import golden
+from attnlab.explain.checks import Check, holds
 from attnlab.explain.tour_text import LANGS, TEXTS
-from attnlab.explain.trace import Recorder
-
-
-@dataclass(frozen=True)
-class Check:
-    label: str
-    ok: bool
-    detail: str
+from attnlab.observe import Recorder
 
 
 @dataclass(frozen=True)
@@ -66,10 +60,6 @@ def matches_book(label: str, actual: torch.Tensor | float, expected: object) -> 
     return Check(label, err <= golden.ATOL, f"max |diff| vs book = {err:.2e}")
 
 
-def holds(label: str, condition: bool, detail: str = "") -> Check:
-    return Check(label, bool(condition), detail)
-
-
 def fmt(t: torch.Tensor) -> str:
     """Print as the book does: torch's own repr at 4 decimals, without grad noise."""
     return str(t.detach())
@@ -89,7 +79,9 @@ def build_tour(lang: str = "en") -> list[TourStep]:
         title, body = text[key]
         steps.append(TourStep(key, title, body, code, value, tuple(checks), heat))
 
-    with torch.no_grad():
+    # The book seeds torch's global generator; fork_rng gives that state back afterwards, so
+    # building the tour leaves the caller's random numbers as they were.
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
         _simplified(add)
         _trainable(add)
         _causal_and_multihead(add)

@@ -1,9 +1,9 @@
-"""Attention as functions: one ``attention()`` call, three backends, one mask convention.
+"""Attention as functions: one ``attention()`` call, backends from a registry, one mask convention.
 
 True = may attend, everywhere. See docs/backends.md.
 """
 
-from attnlab.functional.attention import BACKENDS, Backend, attention, flash_attention
+from attnlab.functional.attention import attention, flash_attention, run_kernel
 from attnlab.functional.eager import dead_rows, repeat_kv
 from attnlab.functional.masks import (
     MaskSpec,
@@ -12,10 +12,14 @@ from attnlab.functional.masks import (
     padding_mask,
     sliding_window_mask,
 )
+from attnlab.functional.registry import BACKENDS, KERNELS, Backend, Kernel, KernelInfo
 
 __all__ = [
     "BACKENDS",
+    "KERNELS",
     "Backend",
+    "Kernel",
+    "KernelInfo",
     "MaskSpec",
     "attention",
     "causal_mask",
@@ -24,5 +28,6 @@ __all__ = [
     "from_torch_mha_masks",
     "padding_mask",
     "repeat_kv",
+    "run_kernel",
     "sliding_window_mask",
 ]

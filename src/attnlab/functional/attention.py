@@ -1,4 +1,4 @@
-"""``attention()``: one call, three verified backends, every mask.
+"""``attention()``: one call, every backend from the registry, every mask.
 
 >>> import torch
 >>> q = k = v = torch.randn(1, 2, 5, 8)
@@ -17,13 +17,13 @@ from typing import Literal, overload
 
 import torch
 
-from attnlab.functional.eager import eager_attention, repeat_kv
-from attnlab.functional.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention_core
-from attnlab.functional.masks import CausalAlign, MaskSpec, _check_window
-from attnlab.functional.sdpa import sdpa_attention
+from attnlab._checks import check_dropout, check_positive_int, check_scale, check_window
+from attnlab.functional.finite import apply_rule, clean
+from attnlab.functional.masks import CausalAlign, MaskSpec
+from attnlab.functional.registry import KERNELS, Backend, resolve
+from attnlab.observe import Recorder, is_recording, note_unobserved
 
-Backend = Literal["auto", "eager", "sdpa", "flash"]
-BACKENDS: tuple[str, ...] = ("auto", "eager", "sdpa", "flash")
+DEFAULT_BLOCK = 256
 
 
 def _check_qkv(q: object, k: object, v: object) -> None:
@@ -38,6 +38,11 @@ def _check_qkv(q: object, k: object, v: object) -> None:
         if not torch.is_floating_point(t):
             raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
     assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    for name, t, dims in (("q", q, (1, 3)), ("k", k, (1, 3)), ("v", v, (1, 3))):
+        for dim in dims:
+            if t.shape[dim] == 0:
+                what = "heads" if dim == 1 else "head_dim"
+                raise ValueError(f"{name} has {what} = 0 (shape {tuple(t.shape)}); attention needs at least 1")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them with .to()")
     if not q.device == k.device == v.device:
@@ -57,7 +62,8 @@ def _check_qkv(q: object, k: object, v: object) -> None:
         )
 
 
-def _check_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
+def check_mask(mask: object, target: tuple[int, int, int, int], device: torch.device) -> None:
+    """Refuse a mask that is not bool/float, does not broadcast to ``target`` (B, H, Tq, Tk), or holds NaN/+inf."""
     if not isinstance(mask, torch.Tensor):
         raise TypeError(
             f"mask must be a torch.Tensor (bool: True = may attend, or float: added), got {type(mask).__name__}"
@@ -67,15 +73,39 @@ def _check_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
             f"mask must be bool (True = may attend) or floating point (added to the scores), got dtype {mask.dtype}; "
             "for 0/1 integer masks use mask.bool()"
         )
-    target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    ok = mask.dim() <= 4 and all(m in (1, t) for m, t in zip(reversed(mask.shape), reversed(target), strict=False))
-    if not ok:
+    if mask.dim() > 4:
+        raise ValueError(f"mask must have at most 4 dims (batch, heads, Tq, Tk), got shape {tuple(mask.shape)}")
+    if not all(m in (1, t) for m, t in zip(reversed(mask.shape), reversed(target), strict=False)):
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to (batch, heads, Tq, Tk) = {target}; "
             "a key padding mask is (batch, 1, 1, Tk), a shared mask (Tq, Tk)"
         )
-    if mask.device != q.device:
-        raise ValueError(f"mask is on {mask.device} but q is on {q.device}; move it with mask.to(q.device)")
+    if mask.device != device:
+        raise ValueError(f"mask is on {mask.device} but q is on {device}; move it with mask.to({str(device)!r})")
+    if (
+        mask.dtype != torch.bool
+        and not torch.compiler.is_compiling()
+        and bool((torch.isnan(mask) | torch.isposinf(mask)).any())
+    ):
+        raise ValueError(
+            "a float mask must not hold NaN or +inf (a +inf score has no softmax); "
+            "use -inf (or a bool mask with False) to hide a key, and finite values to bias it"
+        )
+
+
+def _normalize_mask(mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """One form for every backend: at least 2-D, and a float mask in q's dtype.
+
+    A 0-D or 1-D mask broadcasts as SDPA broadcasts it: (Tk,) becomes (1, Tk).
+    A float mask is cast once, up front, to q's dtype, as SDPA casts it: values
+    beyond that dtype's range become -inf there, so every backend then sees the
+    same mask, and a row left with only -inf attends to nothing and gives 0.
+    """
+    if mask.dim() < 2:
+        mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))  # (Tk,) -> (1, Tk); () -> (1, 1)
+    if mask.dtype == torch.bool:
+        return mask
+    return mask.to(q.dtype)
 
 
 def _prepare(
@@ -94,20 +124,18 @@ def _prepare(
     """Check every argument, then gather the masks into one MaskSpec and resolve the scale."""
     _check_qkv(q, k, v)
     if mask is not None:
-        _check_mask(mask, q, k)
+        check_mask(mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), q.device)
+        mask = _normalize_mask(mask, q)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
     if window is not None:
-        _check_window(window)
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
-    if scale is not None and (not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0):
-        raise ValueError(f"scale must be a positive finite number or None (1/sqrt(head_dim)), got {scale!r}")
+        check_window(window)
+    check_dropout(dropout_p, name="dropout_p")
+    check_scale(scale)
     if causal_align not in ("bottom_right", "top_left"):
         raise ValueError(f"causal_align must be 'bottom_right' or 'top_left', got {causal_align!r}")
-    for name, size in (("block_q", block_q), ("block_k", block_k)):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"{name} must be a positive int, got {size!r}")
+    check_positive_int("block_q", block_q)
+    check_positive_int("block_k", block_k)
 
     spec = MaskSpec(
         tq=q.shape[2],
@@ -117,6 +145,8 @@ def _prepare(
         window=window,
         allowed=mask if mask is not None and mask.dtype == torch.bool else None,
         bias=mask if mask is not None and mask.dtype != torch.bool else None,
+        block_q=block_q,
+        block_k=block_k,
     )
     return spec, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
@@ -168,8 +198,8 @@ def attention(
     backend: Backend = "auto",
     return_weights: bool = False,
     causal_align: CausalAlign = "bottom_right",
-    block_q: int = DEFAULT_BLOCK_Q,
-    block_k: int = DEFAULT_BLOCK_K,
+    block_q: int = DEFAULT_BLOCK,
+    block_k: int = DEFAULT_BLOCK,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, softmax(q k^T * scale + mask) v, over (B, H, T, D).
 
@@ -178,8 +208,10 @@ def attention(
         k, v: keys (B, Hkv, Tk, D) and values (B, Hkv, Tk, Dv); H must be a
             multiple of Hkv (grouped-query or multi-query attention).
         mask: bool, True = may attend, or float, added to the scaled scores;
-            broadcastable to (B, H, Tq, Tk). Float masks are treated as
-            constants by the flash backend.
+            broadcastable to (B, H, Tq, Tk), as SDPA broadcasts (a (Tk,)
+            mask too). A float mask is cast to q's dtype first (values beyond
+            its range become -inf); NaN and +inf are refused. The flash
+            backend treats float masks as constants.
         is_causal: hide the future; aligned bottom-right when Tq < Tk.
         window: sliding window: each query sees at most its last ``window``
             keys, itself included. Implies causal.
@@ -188,64 +220,56 @@ def attention(
         scale: defaults to 1 / sqrt(D).
         backend: "eager" (explicit math, returns weights), "sdpa" (PyTorch's
             fused kernel), "flash" (tiled, O(T) memory), or "auto".
-        return_weights: also return the (B, H, Tq, Tk) weights; eager only.
+        return_weights: also return the (B, H, Tq, Tk) weights, detached, as a
+            :class:`attnlab.observe.Recorder` takes them; eager (or auto) only.
         causal_align: "bottom_right" (default) or "top_left" (SDPA's convention).
         block_q, block_k: tile sizes of the flash backend.
 
     Returns:
         The context (B, H, Tq, Dv), and the weights if ``return_weights``.
-        A query with nothing to attend to gets a zero context vector.
+        A query with nothing to attend to gets a zero context vector. A NaN or
+        inf reaches exactly the outputs of the queries that may see it
+        (``attnlab.functional.finite``).
 
     Raises:
         ValueError, TypeError: naming the bad value and the fix.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    if return_weights and backend in ("sdpa", "flash"):
-        raise ValueError(
-            f"return_weights=True needs the eager backend; backend={backend!r} never forms the weights. "
-            "Use backend='eager' (or 'auto')"
-        )
+    name = resolve(backend, need_weights=return_weights)
     spec, scale_ = _prepare(q, k, v, mask, is_causal, window, dropout_p, scale, causal_align, block_q, block_k)
-
-    chosen = backend
-    if backend == "auto":
-        chosen = "eager" if return_weights else "sdpa"  # SDPA's fused kernels are the fastest on every device
-    if chosen == "eager":
-        out, weights = eager_attention(q, k, v, spec, scale=scale_, dropout_p=dropout_p)
-        return (out, weights) if return_weights else out
-    if chosen == "sdpa":
-        return sdpa_attention(q, k, v, spec, scale=scale_, dropout_p=dropout_p)
-    out, _ = _flash(q, k, v, spec, scale_, dropout_p, block_q, block_k)
-    return out
+    if not return_weights:
+        return run_kernel(name, q, k, v, spec, scale=scale_, dropout_p=dropout_p)[0]
+    with Recorder(names=["attn_weights"]) as rec:  # the shortcut takes the weights the way any Recorder does
+        out, _ = run_kernel(name, q, k, v, spec, scale=scale_, dropout_p=dropout_p)
+    weights = rec.get("attn_weights") if rec.steps else q.new_zeros(*q.shape[:3], k.shape[2])
+    return out, weights.to(q.dtype)
 
 
-def _flash(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    spec: MaskSpec,
-    scale: float,
-    dropout_p: float,
-    block_q: int,
-    block_k: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The flash backend on checked arguments: kv heads repeated for GQA, (out, lse)."""
-    if spec.bias is not None and spec.bias.requires_grad:
+def run_kernel(
+    name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, *, scale: float, dropout_p: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the registered kernel ``name`` on checked arguments, with the rules every backend shares.
+
+    Empty inputs (no batch, no query, no key) give zeros without a kernel call;
+    non-finite inputs follow ``attnlab.functional.finite``; a float mask that
+    requires grad is refused by a kernel that treats it as a constant.
+    """
+    info = KERNELS[name]
+    if spec.bias is not None and spec.bias.requires_grad and not info.float_mask_grad:
         raise ValueError(
-            "the flash backend treats float masks as constants; for a mask that needs gradients use backend='eager' or 'sdpa'"
+            f"the {name} backend treats float masks as constants; for a mask that needs gradients "
+            "use backend='eager' or 'sdpa'"
         )
-    groups = q.shape[1] // k.shape[1]
-    return flash_attention_core(
-        q,
-        repeat_kv(k, groups),
-        repeat_kv(v, groups),
-        spec,
-        scale=scale,
-        dropout_p=dropout_p,
-        block_q=block_q,
-        block_k=block_k,
-    )
+    if is_recording() and not info.forms_weights:
+        note_unobserved(f"backend {name!r} never forms the attention weights; use backend='eager' or 'auto'")
+    b, h, tq, _ = q.shape
+    if b == 0 or tq == 0 or spec.tk == 0:  # nothing to attend to (or nobody asking): zeros, as for a dead row
+        lse = torch.full((b, h, tq), float("inf"), dtype=torch.float32, device=q.device)
+        return q.new_zeros(b, h, tq, v.shape[-1]), lse if info.has_lse else None
+    q, k, v, bad = clean(q, k, v)
+    out, lse = info.kernel(q, k, v, spec, scale=scale, dropout_p=dropout_p)
+    if bad is not None:
+        out = apply_rule(out, spec, bad)
+    return out, lse
 
 
 def flash_attention(
@@ -259,8 +283,8 @@ def flash_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     causal_align: CausalAlign = "bottom_right",
-    block_q: int = DEFAULT_BLOCK_Q,
-    block_k: int = DEFAULT_BLOCK_K,
+    block_q: int = DEFAULT_BLOCK,
+    block_k: int = DEFAULT_BLOCK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The flash backend with its row log-sum-exp: (out (B, H, Tq, Dv), lse (B, H, Tq), float32 for half inputs).
 
@@ -268,4 +292,6 @@ def flash_attention(
     that see none. Same arguments and checks as :func:`attention`.
     """
     spec, scale_ = _prepare(q, k, v, mask, is_causal, window, dropout_p, scale, causal_align, block_q, block_k)
-    return _flash(q, k, v, spec, scale_, dropout_p, block_q, block_k)
+    out, lse = run_kernel("flash", q, k, v, spec, scale=scale_, dropout_p=dropout_p)
+    assert lse is not None  # the flash kernel always has it
+    return out, lse

@@ -1,9 +1,9 @@
 """The eager backend: the chapter's explicit math, batched, masked and grouped.
 
 matmul -> scale -> mask -> softmax -> dropout -> @ V, each step a line, each
-reported to the trace recorder. The only backend that returns per-head
-weights, and the reference every fast path is tested against. Supports double
-backward (it is plain autograd).
+reported to the Recorder (``attnlab.observe``). The only backend that forms
+per-head weights, and the reference every fast path is tested against.
+Supports double backward (it is plain autograd).
 
 Shapes: B = batch, H = query heads, Hkv = key/value heads, G = H // Hkv,
 Tq / Tk = query / key lengths, D = head_dim.
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.explain.trace import record
 from attnlab.functional.masks import MaskSpec
+from attnlab.observe import record
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -57,10 +57,13 @@ def eager_attention(
     scale: float,
     dropout_p: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (context (B, H, Tq, Dv), weights (B, H, Tq, Tk)) in q's dtype.
+    """The kernel contract: (context (B, H, Tq, Dv) in q's dtype, lse (B, H, Tq)).
 
-    The (B, H, Tq, Tk) scores are scaled and masked in place, as the book
-    masks them, so the path holds two score-sized tensors, not five.
+    lse is each row's log-sum-exp of its scaled, masked scores (+inf on a row
+    that may see nothing), in the accumulation dtype, as the flash backend
+    returns it. The weights go to the Recorder. The (B, H, Tq, Tk) scores are
+    scaled and masked in place, as the book masks them, so the path holds two
+    score-sized tensors, not five.
     """
     groups = q.shape[1] // k.shape[1]
     k = repeat_kv(k, groups)  # (B, H, Tk, D)
@@ -78,7 +81,9 @@ def eager_attention(
         attn_scores.masked_fill_(~allowed, float("-inf"))
     record("masked_scores", attn_scores, source="attention")
     dead = dead_rows(allowed, bias)
+    lse = torch.logsumexp(attn_scores, dim=-1)  # (B, H, Tq); -inf on dead rows
     if dead is not None:  # a row with nothing to attend to: softmax of zeros, then weights of zero
+        lse = lse.masked_fill(dead[..., 0], float("inf"))
         attn_scores.masked_fill_(dead, 0.0)
     attn_weights = torch.softmax(attn_scores, dim=-1)
     if dead is not None:
@@ -89,4 +94,4 @@ def eager_attention(
         record("dropped_weights", attn_weights, source="attention")
     context_vec = attn_weights @ v.to(compute)  # (B, H, Tq, Dv)
     record("context_vec", context_vec, source="attention")
-    return context_vec.to(q.dtype), attn_weights.to(q.dtype)
+    return context_vec.to(q.dtype), lse

@@ -23,11 +23,8 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from attnlab.functional.eager import accumulation_dtype
+from attnlab.functional.eager import accumulation_dtype, repeat_kv
 from attnlab.functional.masks import MaskSpec
-
-DEFAULT_BLOCK_Q = 256
-DEFAULT_BLOCK_K = 256
 
 
 def _keep_mask(seed: int, i: int, j: int, shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
@@ -147,7 +144,7 @@ def flash_backward(
 
 class _FlashFunction(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -170,7 +167,7 @@ class _FlashFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: torch.Tensor) -> tuple[Any, ...]:
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_backward(
             grad_out,
@@ -189,7 +186,7 @@ class _FlashFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None
 
 
-def flash_attention_core(
+def flash_attention_kernel(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -197,9 +194,13 @@ def flash_attention_core(
     *,
     scale: float,
     dropout_p: float = 0.0,
-    block_q: int = DEFAULT_BLOCK_Q,
-    block_k: int = DEFAULT_BLOCK_K,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tiled attention on checked inputs with as many kv heads as q heads."""
+    """The kernel contract: (out (B, H, Tq, Dv), lse (B, H, Tq)), tiled by spec.block_q x spec.block_k.
+
+    Float masks are constants here: one that requires grad is refused by ``attention()`` before this runs.
+    """
+    groups = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, Tk, D): each query head reads its kv head
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0.0 else 0
-    return _FlashFunction.apply(q, k, v, spec, scale, dropout_p, seed, block_q, block_k)  # type: ignore[no-any-return]
+    out, lse = _FlashFunction.apply(q, k, v, spec, scale, dropout_p, seed, spec.block_q, spec.block_k)
+    return out, lse

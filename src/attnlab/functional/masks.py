@@ -23,6 +23,8 @@ from typing import Literal
 
 import torch
 
+from attnlab._checks import check_window
+
 CausalAlign = Literal["bottom_right", "top_left"]
 
 
@@ -37,7 +39,7 @@ def sliding_window_mask(
     tq: int, tk: int, window: int, *, align: CausalAlign = "bottom_right", device: torch.device | None = None
 ) -> torch.Tensor:
     """(Tq, Tk) bool: causal, and at most the last ``window`` keys (the query's own included)."""
-    _check_window(window)
+    check_window(window)
     return _structural(0, tq, 0, tk, tq=tq, tk=tk, causal=True, align=align, window=window, device=device)
 
 
@@ -56,17 +58,34 @@ def padding_mask(lengths: torch.Tensor, max_len: int, *, left: bool = False) -> 
 
 
 def from_torch_mha_masks(
-    attn_mask: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    *,
+    num_heads: int | None = None,
 ) -> torch.Tensor | None:
     """Convert ``torch.nn.MultiheadAttention`` masks to attnlab's convention.
 
     nn.MultiheadAttention's boolean masks say True = *masked out*; attnlab's say
     True = *may attend*, so booleans are inverted. Float masks are additive in
-    both and pass through. ``key_padding_mask`` (B, Tk) becomes (B, 1, 1, Tk).
+    both and pass through. ``key_padding_mask`` (B, Tk) becomes (B, 1, 1, Tk);
+    a 3-D ``attn_mask`` (B * num_heads, Tq, Tk), one mask per head, becomes
+    (B, num_heads, Tq, Tk) and needs ``num_heads``.
     Returns one mask for ``attention(mask=...)``, or None when given none.
     """
     parts: list[torch.Tensor] = []
     if attn_mask is not None:
+        if attn_mask.dim() == 3:
+            if num_heads is None or attn_mask.shape[0] % num_heads:
+                raise ValueError(
+                    f"a 3-D attn_mask is (batch * num_heads, Tq, Tk), got shape {tuple(attn_mask.shape)} "
+                    f"with num_heads={num_heads}; pass the module's num_heads"
+                )
+            b = attn_mask.shape[0] // num_heads
+            attn_mask = attn_mask.view(b, num_heads, *attn_mask.shape[1:])  # (B*H, Tq, Tk) -> (B, H, Tq, Tk)
+        elif attn_mask.dim() != 2:
+            raise ValueError(
+                f"attn_mask must be (Tq, Tk) or (batch * num_heads, Tq, Tk), got shape {tuple(attn_mask.shape)}"
+            )
         parts.append(~attn_mask if attn_mask.dtype == torch.bool else attn_mask)
     if key_padding_mask is not None:
         if key_padding_mask.dim() != 2:
@@ -84,13 +103,6 @@ def from_torch_mha_masks(
             p = torch.zeros(p.shape, dtype=float_dtype, device=p.device).masked_fill(~p, float("-inf"))
         total = p if total is None else total + p
     return total
-
-
-def _check_window(window: object) -> None:
-    if isinstance(window, bool) or not isinstance(window, int):
-        raise TypeError(f"window must be an int number of keys, got {window!r}")
-    if window < 1:
-        raise ValueError(f"window must be >= 1 (each query sees itself), got {window}; use window=None for no window")
 
 
 def _structural(
@@ -124,6 +136,8 @@ class MaskSpec:
 
     ``allowed`` is a bool tensor broadcastable to (B, H, Tq, Tk), True = may attend.
     ``bias`` is a float tensor broadcastable to the same, added to the scaled scores.
+    ``block_q`` x ``block_k`` is the tile the program is asked about by tiled
+    kernels (the flash backend); the eager and sdpa backends ask for one tile, the whole matrix.
     """
 
     tq: int
@@ -133,6 +147,8 @@ class MaskSpec:
     window: int | None = None
     allowed: torch.Tensor | None = None
     bias: torch.Tensor | None = None
+    block_q: int = 256
+    block_k: int = 256
 
     @property
     def structural(self) -> bool:

@@ -24,8 +24,14 @@ def sdpa_attention(
     *,
     scale: float,
     dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, None]:
+    """The kernel contract: (context (B, H, Tq, Dv), None); SDPA does not expose its log-sum-exp."""
+    return _sdpa(q, k, v, spec, scale=scale, dropout_p=dropout_p), None
+
+
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, *, scale: float, dropout_p: float
 ) -> torch.Tensor:
-    """Returns the context (B, H, Tq, Dv)."""
     enable_gqa = q.shape[1] != k.shape[1]
     if spec.empty:  # nothing hidden, e.g. one decoding query that sees the whole cache
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
@@ -42,15 +48,17 @@ def sdpa_attention(
 
     allowed, bias = spec.dense(q.device)
     dead = dead_rows(allowed, bias)  # (.., Tq, 1): rows where no key may be attended
+    assert dead is not None  # spec.empty is False, so there is a mask
 
     if bias is None:
-        attn_mask = allowed | dead  # type: ignore[operator]
+        assert allowed is not None
+        attn_mask = allowed | dead
     else:
         attn_mask = bias.to(q.dtype)
         if allowed is not None:
             attn_mask = attn_mask.masked_fill(~allowed, float("-inf"))
-        attn_mask = attn_mask.masked_fill(dead, 0.0)  # type: ignore[arg-type]
+        attn_mask = attn_mask.masked_fill(dead, 0.0)
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa
     )
-    return out.masked_fill(dead, 0.0)  # type: ignore[arg-type]
+    return out.masked_fill(dead, 0.0)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from attnlab.book._checks import check_dropout, check_positive_int
-from attnlab.cache.kv import KVCache, SlidingWindowCache
-from attnlab.functional.attention import BACKENDS, Backend, attention
-from attnlab.functional.masks import _check_window
+from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_positive_int, check_scale, check_window
+from attnlab.cache import Cache, KVCache, SlidingWindowCache
+from attnlab.functional.attention import attention, check_mask
+from attnlab.functional.registry import Backend, check_backend
 from attnlab.nn.rotary import RotaryEmbedding, apply_rotary
 
 
@@ -38,10 +38,13 @@ class Attention(nn.Module):
         window: sliding-window size, or None.
         rope: apply rotary position embedding to q and k.
         rope_base: RoPE's theta.
+        scale: the softmax scale; None is 1/sqrt(head_dim) (GPT-2 variants
+            that scale otherwise load with their own).
         backend: "auto", "eager", "sdpa" or "flash".
-        return_weights: forward returns (output, weights); needs eager or auto.
 
-    Input (B, T, d_in); output (B, T, d_out).
+    Input (B, T, d_in); output (B, T, d_out), always a tensor. The weights
+    come out through :class:`attnlab.observe.Recorder`, keyed by this
+    module's dotted name in its model.
     """
 
     def __init__(
@@ -59,40 +62,34 @@ class Attention(nn.Module):
         window: int | None = None,
         rope: bool = False,
         rope_base: float = 10000.0,
+        scale: float | None = None,
         backend: Backend = "auto",
-        return_weights: bool = False,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        for name, value in (("d_in", d_in), ("d_out", d_out), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
-            check_positive_int(name, value)
+        for name, value in (("d_in", d_in), ("d_out", d_out)):
+            check_positive_int(name, value, limit=2**20)
+        check_positive_int("num_heads", num_heads, limit=2**16)
         if head_dim is None:
-            if d_out % num_heads:
-                raise ValueError(
-                    f"d_out ({d_out}) must be divisible by num_heads ({num_heads}), or pass head_dim explicitly"
-                )
+            check_heads(d_out, num_heads)  # or pass head_dim explicitly
             head_dim = d_out // num_heads
-        check_positive_int("head_dim", head_dim)
-        if num_heads % num_kv_heads:
-            raise ValueError(
-                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}); "
-                f"choose num_kv_heads among {[h for h in range(1, num_heads + 1) if num_heads % h == 0]}"
-            )
+        check_positive_int("head_dim", head_dim, limit=2**16)
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        check_kv_heads(num_heads, num_kv_heads)
         check_dropout(dropout)
+        if not isinstance(is_causal, bool):
+            raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
         if window is not None:
-            _check_window(window)
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-        if return_weights and backend in ("sdpa", "flash"):
-            raise ValueError(f"return_weights=True needs backend 'eager' or 'auto', got {backend!r}")
+            check_window(window)
+        check_scale(scale)
+        check_backend(backend)
 
         self.d_in, self.d_out = d_in, d_out
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dropout = float(dropout)
         self.is_causal, self.window = is_causal, window
+        self.scale = None if scale is None else float(scale)
         self.backend: Backend = backend
-        self.return_weights = return_weights
 
         # One fused projection: rows [0, H*D) are W_query, then W_key, then W_value.
         self.qkv = nn.Linear(d_in, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
@@ -112,20 +109,27 @@ class Attention(nn.Module):
     def make_cache(self, *, batch_size: int, max_len: int) -> KVCache | SlidingWindowCache:
         """A cache that fits this module: its kv heads, head_dim, dtype and device.
 
-        With a sliding window, a ring buffer of ``window`` positions (``max_len``
-        is then only a bound on nothing: the ring never fills); else a static
-        cache of ``max_len`` positions.
+        With a sliding window, a ring buffer of ``window`` positions (it never
+        fills, so ``max_len`` is not used); else a static cache of ``max_len`` positions.
         """
-        kw = dict(
+        dtype, device = self.qkv.weight.dtype, self.qkv.weight.device
+        if self.window is not None:
+            return SlidingWindowCache(
+                batch_size=batch_size,
+                num_kv_heads=self.num_kv_heads,
+                head_dim=self.head_dim,
+                window=self.window,
+                dtype=dtype,
+                device=device,
+            )
+        return KVCache(
             batch_size=batch_size,
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
-            dtype=self.qkv.weight.dtype,
-            device=self.qkv.weight.device,
+            max_len=max_len,
+            dtype=dtype,
+            device=device,
         )
-        if self.window is not None:
-            return SlidingWindowCache(window=self.window, **kw)  # type: ignore[arg-type]
-        return KVCache(max_len=max_len, **kw)  # type: ignore[arg-type]
 
     def forward(
         self,
@@ -133,72 +137,126 @@ class Attention(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
-        cache: KVCache | SlidingWindowCache | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        cache: Cache | None = None,
+    ) -> torch.Tensor:
         """Attend over x (B, T, d_in), optionally after the tokens held in ``cache``.
 
         Args:
             mask: bool (True = may attend) or additive float, broadcastable to
-                (B, H, T, Tk), where Tk counts cached and new tokens; e.g. a key
-                padding mask (B, 1, 1, Tk). With a SlidingWindowCache, give it
-                over all Tk positions seen; the held ones are picked out.
+                (B, H, T, Tk), where Tk counts every token seen: the cached
+                ones and the new ones; e.g. a key padding mask (B, 1, 1, Tk).
             positions: token positions for RoPE, (T,) or (B, T); default the
                 next T positions (0..T-1 without a cache).
-            cache: a KVCache or SlidingWindowCache from :meth:`make_cache`; it
-                is updated in place. The causal mask is aligned bottom-right,
-                so the new tokens see every cached one.
+            cache: any :class:`attnlab.cache.Cache` (``make_cache()`` gives one
+                that fits); updated in place. The new tokens see every cached
+                one, and the causal and window masks follow the cache's positions.
 
         Returns:
-            (B, T, d_out), or (output, weights (B, H, T, Tk)) with return_weights.
+            (B, T, d_out).
+
+        Raises:
+            ValueError, TypeError: naming the bad value. Everything is checked
+            before the cache is written, so a call that raises leaves it as it was.
         """
         self._check_input(x)
-        t = x.shape[1]
+        b, t, _ = x.shape
         if cache is not None:
             self._check_cache(cache)
-        if positions is not None and (positions.dim() not in (1, 2) or positions.shape[-1] != t):
-            raise ValueError(f"positions must be (T,) or (B, T) with T={t}, got shape {tuple(positions.shape)}")
+        query_pos = cache.next_positions(t) if cache is not None else None  # (T,) absolute positions
+        if mask is not None:
+            seen = t if query_pos is None else self._seen(query_pos, t, mask)
+            check_mask(mask, (b, self.num_heads, t, seen), x.device)
+        if positions is not None:
+            self._check_positions(positions, b, t)
         queries, keys, values = self.split_qkv(x)
         if self.rotary is not None:
             if positions is None:
-                positions = cache.next_positions(t) if cache is not None else torch.arange(t, device=x.device)
+                positions = query_pos if query_pos is not None else torch.arange(t, device=x.device)
             cos, sin = self.rotary(positions, dtype=queries.dtype)
             queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
-        if cache is not None:
-            seen = cache.length + t
-            keys, values, key_positions = cache.update(keys, values)
-            if mask is not None and isinstance(cache, SlidingWindowCache) and mask.shape[-1] == seen != keys.shape[2]:
-                mask = mask[..., key_positions]  # the columns of the positions the ring still holds
-        return self.attend(queries, keys, values, mask=mask)
+        if cache is None:
+            return self.attend(queries, keys, values, mask=mask)
+        assert query_pos is not None
+        keys, values, key_pos = cache.update(keys, values)  # the only write; everything above is checked
+        return self.attend(queries, keys, values, mask=self._cached_mask(mask, query_pos, key_pos), structural=False)
+
+    @staticmethod
+    def _seen(query_pos: torch.Tensor, t: int, mask: torch.Tensor) -> int:
+        """Tokens seen once these t are added (cached + new): the width a mask must have."""
+        if torch.compiler.is_compiling() or not isinstance(mask, torch.Tensor) or mask.dim() == 0:
+            return mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() else 1  # no sync under compile
+        return int(query_pos[-1]) + 1 if t else 0
 
     def _check_cache(self, cache: object) -> None:
-        if not isinstance(cache, (KVCache, SlidingWindowCache)):
-            raise TypeError(f"cache must be a KVCache or SlidingWindowCache, got {type(cache).__name__}")
-        if isinstance(cache, SlidingWindowCache) and cache.window != self.window:
+        if not isinstance(cache, Cache):
+            raise TypeError(
+                f"cache must provide next_positions(t) and update(k, v) (attnlab.cache.Cache), "
+                f"got {type(cache).__name__}; make one with make_cache()"
+            )
+        held = getattr(cache, "window", None)  # a cache that forgets keys older than its window
+        if held is not None and (self.window is None or held < self.window):
             raise ValueError(
-                f"a SlidingWindowCache(window={cache.window}) drops keys that Attention(window={self.window}) "
-                "still needs; use make_cache() to get the matching cache"
+                f"this cache keeps only the last {held} positions, but Attention(window={self.window}) "
+                "needs more; use make_cache() to get the matching cache"
             )
 
+    def _cached_mask(self, mask: torch.Tensor | None, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+        """Causal/window structure from positions, and the user's mask moved from positions to cache slots."""
+        k = key_pos[None, :]  # (1, S)
+        q = query_pos[:, None]  # (T, 1)
+        allowed = k >= 0  # (1, S): a filled slot
+        if self.is_causal or self.window is not None:
+            allowed = allowed & (k <= q)  # (T, S)
+        if self.window is not None:
+            allowed = allowed & (k > q - self.window)
+        if mask is None:
+            return allowed
+        if mask.dim() < 2:
+            mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))  # (Tk,) -> (1, Tk)
+        if mask.shape[-1] != 1:  # columns are positions 0..L+T-1; pick those of the slots
+            mask = mask[..., key_pos.clamp(min=0)]  # (.., T or 1, S)
+        if mask.dtype == torch.bool:
+            return mask & allowed
+        return mask.masked_fill(~allowed, float("-inf"))
+
     def attend(
-        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, mask: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attention and out_proj on projected (and rotated) q (B, H, Tq, D), k, v (B, Hkv, Tk, D)."""
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        mask: torch.Tensor | None = None,
+        structural: bool = True,
+    ) -> torch.Tensor:
+        """Attention and out_proj on projected (and rotated) q (B, H, Tq, D), k, v (B, Hkv, Tk, D).
+
+        ``structural=False`` when ``mask`` already carries the causal and window structure.
+        """
         b, _, t, _ = queries.shape
-        result = attention(
+        context_vec = attention(
             queries,
             keys,
             values,
             mask=mask,
-            is_causal=self.is_causal,
-            window=self.window,
+            is_causal=self.is_causal and structural,
+            window=self.window if structural else None,
             dropout_p=self.dropout if self.training else 0.0,
+            scale=self.scale,
             backend=self.backend,
-            return_weights=self.return_weights,  # type: ignore[call-overload]
         )
-        context_vec, weights = result if self.return_weights else (result, None)
         context_vec = context_vec.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, H*D)
-        out = self.out_proj(context_vec)
-        return (out, weights) if weights is not None else out
+        return self.out_proj(context_vec)
+
+    def _check_positions(self, positions: object, b: int, t: int) -> None:
+        if not isinstance(positions, torch.Tensor):
+            raise TypeError(f"positions must be an integer tensor (T,) or (B, T), got {type(positions).__name__}")
+        if positions.dim() not in (1, 2) or positions.shape[-1] != t:
+            raise ValueError(f"positions must be (T,) or (B, T) with T={t}, got shape {tuple(positions.shape)}")
+        if positions.dim() == 2 and positions.shape[0] not in (1, b):
+            raise ValueError(
+                f"positions are for a batch of {positions.shape[0]} but the input has batch {b}; "
+                f"give (T,) positions shared by all, or ({b}, {t})"
+            )
 
     def _check_input(self, x: object) -> None:
         if not isinstance(x, torch.Tensor):
@@ -220,5 +278,5 @@ class Attention(nn.Module):
         return (
             f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, is_causal={self.is_causal}, window={self.window}, "
-            f"rope={self.rotary is not None}, backend={self.backend!r}"
+            f"rope={self.rotary is not None}, scale={self.scale}, backend={self.backend!r}"
         )

@@ -9,14 +9,16 @@ Shapes: B = batch, T = tokens, V = vocabulary, d = d_model.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn as nn
 
-from attnlab.book._checks import check_positive_int
-from attnlab.cache.kv import KVCache, SlidingWindowCache
-from attnlab.functional.attention import Backend
+from attnlab._checks import check_positive_int
+from attnlab.cache import Cache
+from attnlab.functional.registry import Backend
 from attnlab.nn.attention import Attention
 
 
@@ -32,6 +34,8 @@ class DecoderConfig:
 
 
 class Block(nn.Module):
+    attn: Attention
+
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         self.norm_1 = nn.LayerNorm(config.d_model)
@@ -54,9 +58,9 @@ class Block(nn.Module):
         *,
         mask: torch.Tensor | None,
         positions: torch.Tensor,
-        cache: KVCache | SlidingWindowCache | None,
+        cache: Cache | None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.norm_1(x), mask=mask, positions=positions, cache=cache)  # type: ignore[operator]
+        x = x + self.attn(self.norm_1(x), mask=mask, positions=positions, cache=cache)
         return x + self.mlp(self.norm_2(x))
 
 
@@ -73,15 +77,16 @@ class TinyDecoder(nn.Module):
         self.norm = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
 
-    def make_caches(self, *, batch_size: int, max_len: int) -> list[KVCache | SlidingWindowCache]:
-        return [block.attn.make_cache(batch_size=batch_size, max_len=max_len) for block in self.blocks]  # type: ignore[union-attr, operator]
+    def make_caches(self, *, batch_size: int, max_len: int) -> list[Cache]:
+        blocks = [cast(Block, block) for block in self.blocks]  # nn.ModuleList yields plain Modules
+        return [block.attn.make_cache(batch_size=batch_size, max_len=max_len) for block in blocks]
 
     def forward(
         self,
         idx: torch.Tensor,
         *,
         attention_mask: torch.Tensor | None = None,
-        caches: list[KVCache | SlidingWindowCache] | None = None,
+        caches: list[Cache] | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, V) for token ids idx (B, T).
 
@@ -89,16 +94,15 @@ class TinyDecoder(nn.Module):
         covering cached and new tokens. Positions count real tokens only, so a
         left-padded sequence gets the positions it would have alone.
         """
-        if idx.dim() != 2 or idx.dtype != torch.long:
-            raise ValueError(f"idx must be (batch, tokens) of dtype torch.long, got {idx.dtype} {tuple(idx.shape)}")
+        self._check_idx(idx)
         if int(idx.min()) < 0 or int(idx.max()) >= self.config.vocab_size:
             raise ValueError(
                 f"token ids must lie in [0, {self.config.vocab_size}), got [{int(idx.min())}, {int(idx.max())}]"
             )
         b, t = idx.shape
-        start = caches[0].length if caches else 0
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"expected {len(self.blocks)} caches (one per layer), got {len(caches)}")
+        start = int(caches[0].next_positions(1)[0]) if caches else 0
         mask = None
         if attention_mask is None:
             positions = torch.arange(start, start + t, device=idx.device)
@@ -133,9 +137,12 @@ class TinyDecoder(nn.Module):
         restricted to the ``top_k`` most likely tokens if given. Pass a seeded
         ``generator`` for reproducible sampling.
         """
+        self._check_idx(idx)
         check_positive_int("max_new_tokens", max_new_tokens)
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise TypeError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
         if top_k is not None:
             check_positive_int("top_k", top_k)
         b, t = idx.shape
@@ -157,12 +164,25 @@ class TinyDecoder(nn.Module):
         return out
 
     @staticmethod
+    def _check_idx(idx: object) -> None:
+        if not isinstance(idx, torch.Tensor):
+            raise TypeError(f"token ids must be a torch.Tensor (batch, tokens), got {type(idx).__name__}")
+        if idx.dim() != 2 or idx.dtype != torch.long:
+            hint = "; for one sequence use idx.unsqueeze(0)" if idx.dim() == 1 else ""
+            raise ValueError(
+                f"token ids must be (batch, tokens) of dtype torch.long, got {idx.dtype} {tuple(idx.shape)}{hint}"
+            )
+        if idx.shape[1] == 0:
+            raise ValueError(f"the prompt is empty (shape {tuple(idx.shape)}); give at least one token to start from")
+
+    @staticmethod
     def _pick(
         logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
     ) -> torch.Tensor:
         if temperature == 0.0:
             return logits.argmax(dim=-1, keepdim=True)
-        logits = logits / temperature
+        # Subtract the max before dividing: a tiny temperature then gives -inf (never NaN) to all but the best.
+        logits = (logits.float() - logits.float().amax(dim=-1, keepdim=True)) / temperature
         if top_k is not None:
             kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -12,33 +12,43 @@ from collections.abc import Mapping
 import torch
 import torch.nn as nn
 
+from attnlab._checks import check_heads
 from attnlab.book.multihead import MultiHeadAttention
 from attnlab.nn.attention import Attention
 
 
-def _load(
-    attn: Attention,
-    qkv_weight: torch.Tensor,
-    qkv_bias: torch.Tensor | None,
-    out_weight: torch.Tensor,
-    out_bias: torch.Tensor | None,
-) -> Attention:
-    expected = tuple(attn.qkv.weight.shape)
-    if tuple(qkv_weight.shape) != expected:
+def _load(attn: Attention, tensors: list[tuple[str, torch.Tensor | None, torch.Tensor | None, bool]]) -> Attention:
+    """Copy (source name, source tensor, module tensor, transposed) into the module, all shapes checked first.
+
+    One error lists every tensor that does not fit, by its source name, with
+    the shape expected (in the source's own layout) and the shape found.
+    """
+    wrong = []
+    for name, src, dst, transposed in tensors:
+        if src is None or dst is None:
+            continue
+        expected = tuple(dst.shape)[::-1] if transposed else tuple(dst.shape)
+        if tuple(src.shape) != expected:
+            wrong.append(f"{name}: expected {expected}, found {tuple(src.shape)}")
+    if wrong:
         raise ValueError(
-            f"QKV weight of shape {tuple(qkv_weight.shape)} does not fit {expected}; check the head counts"
+            f"the weights do not fit {attn.extra_repr()}: " + "; ".join(wrong) + ". Check the head counts and sizes"
         )
     with torch.no_grad():
-        attn.qkv.weight.copy_(qkv_weight)
-        if attn.qkv.bias is not None and qkv_bias is not None:
-            attn.qkv.bias.copy_(qkv_bias)
-        attn.out_proj.weight.copy_(out_weight)
-        if attn.out_proj.bias is not None and out_bias is not None:
-            attn.out_proj.bias.copy_(out_bias)
-    return attn.to(qkv_weight.dtype)
+        for _, src, dst, transposed in tensors:
+            if src is not None and dst is not None:
+                dst.copy_(src.T if transposed else src)
+    first = tensors[0][1]
+    return attn.to(first.dtype) if first is not None else attn
 
 
-def from_book(mha: MultiHeadAttention, **options: object) -> Attention:
+def _require(state_dict: Mapping[str, torch.Tensor], keys: list[str]) -> None:
+    missing = [key for key in keys if key not in state_dict]
+    if missing:
+        raise ValueError(f"the state dict lacks {missing}; it holds {sorted(state_dict)[:12]} (check the prefix)")
+
+
+def from_book(mha: MultiHeadAttention, **options: Any) -> Attention:
     """From the chapter's ``MultiHeadAttention`` (causal, same heads and dropout); ``options`` override."""
     if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"expected attnlab.book.MultiHeadAttention, got {type(mha).__name__}")
@@ -51,13 +61,21 @@ def from_book(mha: MultiHeadAttention, **options: object) -> Attention:
         dropout=mha.dropout.p,
         is_causal=True,
     )
-    attn = Attention(**{**settings, **options})  # type: ignore[arg-type]
+    attn = Attention(**{**settings, **options})
     weight = torch.cat([mha.W_query.weight, mha.W_key.weight, mha.W_value.weight], dim=0)  # (3*d_out, d_in)
     bias = torch.cat([mha.W_query.bias, mha.W_key.bias, mha.W_value.bias]) if has_bias else None
-    return _load(attn, weight, bias, mha.out_proj.weight, mha.out_proj.bias)
+    return _load(
+        attn,
+        [
+            ("W_query/W_key/W_value.weight", weight, attn.qkv.weight, False),
+            ("W_query/W_key/W_value.bias", bias, attn.qkv.bias, False),
+            ("out_proj.weight", mha.out_proj.weight, attn.out_proj.weight, False),
+            ("out_proj.bias", mha.out_proj.bias, attn.out_proj.bias, False),
+        ],
+    )
 
 
-def from_torch_mha(mha: nn.MultiheadAttention, *, is_causal: bool = False, **options: object) -> Attention:
+def from_torch_mha(mha: nn.MultiheadAttention, *, is_causal: bool = False, **options: Any) -> Attention:
     """From ``torch.nn.MultiheadAttention`` used for self-attention.
 
     Its in_proj_weight already stacks W_q, W_k, W_v. Remember the layouts:
@@ -79,8 +97,16 @@ def from_torch_mha(mha: nn.MultiheadAttention, *, is_causal: bool = False, **opt
         dropout=mha.dropout,
         is_causal=is_causal,
         **options,
-    )  # type: ignore[arg-type]
-    return _load(attn, mha.in_proj_weight, mha.in_proj_bias, mha.out_proj.weight, mha.out_proj.bias)
+    )
+    return _load(
+        attn,
+        [
+            ("in_proj_weight", mha.in_proj_weight, attn.qkv.weight, False),
+            ("in_proj_bias", mha.in_proj_bias, attn.qkv.bias, False),
+            ("out_proj.weight", mha.out_proj.weight, attn.out_proj.weight, False),
+            ("out_proj.bias", mha.out_proj.bias, attn.out_proj.bias, False),
+        ],
+    )
 
 
 def from_hf_gpt2(
@@ -88,25 +114,49 @@ def from_hf_gpt2(
     *,
     num_heads: int,
     attn_pdrop: float = 0.0,
+    scale_attn_weights: bool = True,
+    scale_attn_by_inverse_layer_idx: bool = False,
+    layer_idx: int = 0,
     prefix: str = "",
-    **options: object,
+    **options: Any,
 ) -> Attention:
     """From the state dict of a Hugging Face ``GPT2Attention`` (c_attn, c_proj).
 
     GPT-2's Conv1D stores its weight as (in, out) and computes x @ W + b, the
-    transpose of nn.Linear's (out, in): the weights are transposed here.
+    transpose of nn.Linear's (out, in): the weights are transposed here. The
+    config's scaling flags are honoured through an explicit scale: the scores
+    are divided by sqrt(head_dim) only if ``scale_attn_weights``, and also by
+    ``layer_idx + 1`` if ``scale_attn_by_inverse_layer_idx`` (as in
+    ``GPT2Attention``; pass the block's index).
     """
+    _require(state_dict, [f"{prefix}{n}" for n in ("c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias")])
     c_attn_w = state_dict[f"{prefix}c_attn.weight"]  # (E, 3E), Conv1D layout
     embed_dim = c_attn_w.shape[0]
-    if c_attn_w.shape[1] != 3 * embed_dim:
+    if c_attn_w.dim() != 2 or c_attn_w.shape[1] != 3 * embed_dim:
         raise ValueError(f"c_attn.weight should be (E, 3E), got {tuple(c_attn_w.shape)}; is this cross-attention?")
-    attn = Attention(d_in=embed_dim, num_heads=num_heads, qkv_bias=True, dropout=attn_pdrop, is_causal=True, **options)  # type: ignore[arg-type]
+    check_heads(embed_dim, num_heads)
+    if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or layer_idx < 0:
+        raise ValueError(f"layer_idx must be an int >= 0 (the block's index), got {layer_idx!r}")
+    scale = (embed_dim // num_heads) ** -0.5 if scale_attn_weights else 1.0
+    if scale_attn_by_inverse_layer_idx:
+        scale /= layer_idx + 1
+    attn = Attention(
+        d_in=embed_dim,
+        num_heads=num_heads,
+        qkv_bias=True,
+        dropout=attn_pdrop,
+        is_causal=True,
+        scale=scale,
+        **options,
+    )
     return _load(
         attn,
-        c_attn_w.T,
-        state_dict[f"{prefix}c_attn.bias"],
-        state_dict[f"{prefix}c_proj.weight"].T,
-        state_dict[f"{prefix}c_proj.bias"],
+        [
+            (f"{prefix}c_attn.weight", c_attn_w, attn.qkv.weight, True),
+            (f"{prefix}c_attn.bias", state_dict[f"{prefix}c_attn.bias"], attn.qkv.bias, False),
+            (f"{prefix}c_proj.weight", state_dict[f"{prefix}c_proj.weight"], attn.out_proj.weight, True),
+            (f"{prefix}c_proj.bias", state_dict[f"{prefix}c_proj.bias"], attn.out_proj.bias, False),
+        ],
     )
 
 
@@ -118,15 +168,18 @@ def from_hf_llama(
     head_dim: int | None = None,
     rope_theta: float = 10000.0,
     prefix: str = "",
-    **options: object,
+    **options: Any,
 ) -> Attention:
     """From the state dict of a Hugging Face ``LlamaAttention`` (q/k/v/o_proj), with GQA and RoPE.
 
     Only the default RoPE (no rope_scaling) is reproduced.
     """
+    _require(state_dict, [f"{prefix}{n}_proj.weight" for n in "qkvo"])
     q_w = state_dict[f"{prefix}q_proj.weight"]  # (H*D, hidden)
     hidden = q_w.shape[1]
-    head_dim = head_dim if head_dim is not None else hidden // num_heads
+    if head_dim is None:
+        check_heads(hidden, num_heads)
+        head_dim = hidden // num_heads
     has_bias = f"{prefix}q_proj.bias" in state_dict
     attn = Attention(
         d_in=hidden,
@@ -140,7 +193,21 @@ def from_hf_llama(
         rope=True,
         rope_base=rope_theta,
         **options,
-    )  # type: ignore[arg-type]
-    weight = torch.cat([state_dict[f"{prefix}{n}_proj.weight"] for n in "qkv"], dim=0)  # ((H+2Hkv)*D, hidden)
-    bias = torch.cat([state_dict[f"{prefix}{n}_proj.bias"] for n in "qkv"]) if has_bias else None
-    return _load(attn, weight, bias, state_dict[f"{prefix}o_proj.weight"], state_dict.get(f"{prefix}o_proj.bias"))
+    )
+    rows = {"q": (0, num_heads * head_dim), "k": (num_heads * head_dim, num_kv_heads * head_dim)}
+    rows["v"] = (rows["k"][0] + rows["k"][1], num_kv_heads * head_dim)
+    tensors: list[tuple[str, torch.Tensor | None, torch.Tensor | None, bool]] = []
+    for n, (start, size) in rows.items():  # views of the fused weight: W_query rows, then W_key, then W_value
+        tensors.append(
+            (
+                f"{prefix}{n}_proj.weight",
+                state_dict[f"{prefix}{n}_proj.weight"],
+                attn.qkv.weight[start : start + size],
+                False,
+            )
+        )
+        bias = attn.qkv.bias[start : start + size] if attn.qkv.bias is not None else None
+        tensors.append((f"{prefix}{n}_proj.bias", state_dict.get(f"{prefix}{n}_proj.bias"), bias, False))
+    tensors.append((f"{prefix}o_proj.weight", state_dict[f"{prefix}o_proj.weight"], attn.out_proj.weight, False))
+    tensors.append((f"{prefix}o_proj.bias", state_dict.get(f"{prefix}o_proj.bias"), attn.out_proj.bias, False))
+    return _load(attn, tensors)

@@ -51,7 +51,9 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(
                 f"positions must be an integer tensor of shape (T,) or (B, T), got {positions.dtype} {tuple(positions.shape)}"
             )
-        if positions.numel() and int(positions.min()) < 0:
+        if (
+            not torch.compiler.is_compiling() and positions.numel() and int(positions.min()) < 0
+        ):  # no sync when compiled
             raise ValueError(f"positions must be >= 0, got a minimum of {int(positions.min())}")
         freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # (.., T, D/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (.., T, D): rotate-half layout

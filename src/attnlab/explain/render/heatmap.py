@@ -4,6 +4,10 @@ viridis is the colormap: perceptually uniform and readable with the common
 forms of colour blindness. Cells carry their values when the matrix is small
 enough to read them (at most 12 x 12). Masked entries (-inf scores) are drawn
 grey with no number. Figures save as PNG or SVG by file suffix.
+
+Drawn with matplotlib's object API (``matplotlib.figure.Figure``), never
+pyplot: importing this module sets no backend and no global state, and a
+figure is freed when it is no longer referenced.
 """
 
 from __future__ import annotations
@@ -13,12 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")  # no display: files and bytes only
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib import font_manager
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 CMAP = "viridis"
@@ -36,7 +38,7 @@ def safe_label(text: str) -> str:
 
 
 def _draw(
-    ax: plt.Axes,
+    ax: Axes,
     matrix: torch.Tensor,
     row_labels: Sequence[str],
     col_labels: Sequence[str],
@@ -51,7 +53,7 @@ def _draw(
             f"labels do not fit the matrix {m.shape}: {len(row_labels)} row and {len(col_labels)} column labels"
         )
     masked = np.ma.masked_invalid(m)
-    cmap = plt.get_cmap(CMAP).with_extremes(bad="#d9d9d9")  # masked (-inf) cells grey
+    cmap = matplotlib.colormaps[CMAP].with_extremes(bad="#d9d9d9")  # masked (-inf) cells grey
     image = ax.imshow(masked, cmap=cmap, aspect="auto")
     ax.set_xticks(range(m.shape[1]), [safe_label(s) for s in col_labels], rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(m.shape[0]), [safe_label(s) for s in row_labels], fontsize=8)
@@ -68,7 +70,9 @@ def _draw(
                 if np.isfinite(m[i, j]):
                     color = "black" if m[i, j] > mid else "white"  # dark text on the light (yellow) end
                     ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=7, color=color)
-    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    figure = ax.get_figure()
+    assert figure is not None
+    figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
 
 
 def heatmap(
@@ -82,8 +86,9 @@ def heatmap(
     """One (rows, cols) matrix as a labelled heatmap."""
     col_labels = row_labels if col_labels is None else col_labels
     size = max(3.2, 0.55 * max(len(row_labels), len(col_labels)) + 1.6)
-    with plt.rc_context({"font.family": FONT_FAMILY}):  # texts keep the font they are created with
-        fig, ax = plt.subplots(figsize=(size + 0.8, size))
+    with matplotlib.rc_context({"font.family": FONT_FAMILY}):  # texts keep the font they are created with
+        fig = Figure(figsize=(size + 0.8, size))
+        ax = fig.subplots()
         _draw(ax, matrix, row_labels, col_labels, title, annotate)
         fig.tight_layout()
     return fig
@@ -104,8 +109,9 @@ def head_grid(
     cols = min(heads, 4)
     rows = (heads + cols - 1) // cols
     size = max(3.0, 0.45 * len(labels) + 1.6)
-    with plt.rc_context({"font.family": FONT_FAMILY}):
-        fig, axes = plt.subplots(rows, cols, figsize=(cols * (size + 0.6), rows * size), squeeze=False)
+    with matplotlib.rc_context({"font.family": FONT_FAMILY}):
+        fig = Figure(figsize=(cols * (size + 0.6), rows * size))
+        axes = fig.subplots(rows, cols, squeeze=False)
         for h in range(rows * cols):
             ax = axes[h // cols][h % cols]
             if h < heads:
@@ -124,13 +130,11 @@ def save(fig: Figure, path: str | Path) -> Path:
     if path.suffix.lower() not in (".png", ".svg"):
         raise ValueError(f"save heatmaps as .png or .svg, got {path.name!r}")
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
 def png_bytes(fig: Figure) -> bytes:
-    """The figure as PNG bytes (for inlining in the HTML report), and close it."""
+    """The figure as PNG bytes (for inlining in the HTML report)."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
     return buffer.getvalue()

@@ -1,0 +1,1 @@
+"""Drawing, apart from what is explained: matplotlib heatmaps and the self-contained HTML writer."""

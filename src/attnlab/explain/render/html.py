@@ -1,0 +1,156 @@
+"""A self-contained HTML report: text, code, numbers and heatmaps side by side.
+
+Everything is inline: the CSS, one small script, and the heatmaps as
+base64 PNG data. The file makes no request to any network address and holds
+no external URL, so it opens offline, from an email attachment, anywhere.
+Every piece of text is HTML-escaped: a sentence like
+``<script>alert(1)</script>`` shows as text and runs nothing.
+
+>>> r = Report(title="t <b>", intro="", lang="en", sections=[Section(key="s", title="<i>", text="x")])
+>>> "&lt;i&gt;" in r.to_html() and "<i>" not in r.to_html()
+True
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnlab.explain.checks import Check
+
+_CSS = """
+:root { --ink: #1d1d1f; --muted: #5f6368; --line: #dadce0; --ok: #137333; --bad: #a50e0e; --bg: #fafafa; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", "Noto Sans", "PingFang SC", sans-serif;
+       color: var(--ink); background: var(--bg); }
+header { padding: 24px 32px 8px; }
+header h1 { margin: 0 0 6px; font-size: 24px; }
+header p { margin: 0; color: var(--muted); max-width: 70em; }
+nav { padding: 8px 32px 16px; display: flex; flex-wrap: wrap; gap: 6px; }
+nav a { font-size: 12px; padding: 2px 8px; border: 1px solid var(--line); border-radius: 10px;
+        color: var(--ink); text-decoration: none; background: white; }
+nav a.active { background: #e8f0fe; border-color: #1a73e8; }
+main { padding: 0 32px 48px; }
+section.step { background: white; border: 1px solid var(--line); border-radius: 8px; margin: 14px 0;
+               padding: 14px 18px; display: grid; grid-template-columns: minmax(280px, 1fr) minmax(280px, 1fr);
+               gap: 18px; }
+section.step h2 { margin: 0 0 6px; font-size: 17px; grid-column: 1 / -1; }
+section.step .n { color: var(--muted); font-weight: normal; margin-right: 6px; }
+pre { background: #f1f3f4; padding: 8px 10px; border-radius: 6px; overflow-x: auto; font-size: 12.5px; margin: 6px 0; }
+pre.code { background: #202124; color: #e8eaed; }
+figure { margin: 0; }
+figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 4px; background: white; }
+figcaption { font-size: 12px; color: var(--muted); }
+ul.checks { list-style: none; padding: 0; margin: 6px 0 0; font-size: 13px; }
+ul.checks li.ok::before { content: "\\2713  "; color: var(--ok); font-weight: bold; }
+ul.checks li.bad::before { content: "\\2717  "; color: var(--bad); font-weight: bold; }
+ul.checks .detail { color: var(--muted); font-size: 12px; }
+.toolbar { padding: 0 32px; font-size: 13px; color: var(--muted); }
+body.hide-numbers pre.value { display: none; }
+section.step.text-only { grid-template-columns: 1fr; }
+@media (max-width: 800px) { section.step { grid-template-columns: 1fr; } }
+"""
+
+# Highlights the step in view in the navigation; toggles the number blocks.
+_SCRIPT = """
+(function () {
+  var links = Array.prototype.slice.call(document.querySelectorAll("nav a"));
+  var steps = Array.prototype.slice.call(document.querySelectorAll("section.step"));
+  function mark() {
+    var current = steps.length ? steps[0].id : "";
+    steps.forEach(function (s) { if (s.getBoundingClientRect().top < 120) { current = s.id; } });
+    links.forEach(function (a) { a.classList.toggle("active", a.getAttribute("href") === "#" + current); });
+  }
+  document.addEventListener("scroll", mark, { passive: true });
+  var box = document.getElementById("toggle-numbers");
+  if (box) { box.addEventListener("change", function () { document.body.classList.toggle("hide-numbers", !box.checked); }); }
+  mark();
+  document.body.setAttribute("data-ready", "1");
+})();
+"""
+
+
+@dataclass
+class Figure:
+    """A heatmap as PNG bytes, with alternative text and a caption."""
+
+    png: bytes
+    alt: str
+    caption: str = ""
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    text: str = ""
+    code: str | None = None
+    value: str | None = None
+    figures: list[Figure] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """An ordered list of sections; ``to_html()`` renders the whole page."""
+
+    title: str
+    intro: str
+    lang: str
+    sections: list[Section]
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_html(self) -> str:
+        e = html.escape
+        lab = {"contents": "Steps", "numbers": "show numbers", **self.labels}
+        nav = "".join(f'<a href="#{e(s.key)}">{n}. {e(s.title)}</a>' for n, s in enumerate(self.sections, 1))
+        body = "\n".join(self._section(n, s) for n, s in enumerate(self.sections, 1))
+        return (
+            "<!DOCTYPE html>\n"
+            f'<html lang="{e(self.lang)}"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{e(self.title)}</title><style>{_CSS}</style></head>\n"
+            f"<body><header><h1>{e(self.title)}</h1><p>{e(self.intro)}</p></header>\n"
+            f'<nav aria-label="{e(lab["contents"])}">{nav}</nav>\n'
+            f'<div class="toolbar"><label><input type="checkbox" id="toggle-numbers" checked> {e(lab["numbers"])}</label></div>\n'
+            f"<main>{body}</main>\n<script>{_SCRIPT}</script></body></html>\n"
+        )
+
+    @staticmethod
+    def _section(n: int, s: Section) -> str:
+        e = html.escape
+        left = f"<p>{e(s.text)}</p>" if s.text else ""
+        if s.code:
+            left += f'<pre class="code">{e(s.code)}</pre>'
+        if s.value:
+            left += f'<pre class="value">{e(s.value)}</pre>'
+        if s.checks:
+            items = "".join(
+                f'<li class="{"ok" if c.ok else "bad"}">{e(c.label)} <span class="detail">{e(c.detail)}</span></li>'
+                for c in s.checks
+            )
+            left += f'<ul class="checks">{items}</ul>'
+        right = "".join(
+            f'<figure><img class="heatmap" alt="{e(f.alt)}" '
+            f'src="data:image/png;base64,{base64.b64encode(f.png).decode("ascii")}">'
+            f"<figcaption>{e(f.caption)}</figcaption></figure>"
+            for f in s.figures
+        )
+        kind = "step" if s.figures else "step text-only"
+        return (
+            f'<section class="{kind}" id="{e(s.key)}"><h2><span class="n">{n}.</span>{e(s.title)}</h2>'
+            f'<div class="explain">{left}</div>'
+            + (f'<div class="figures">{right}</div>' if right else "")
+            + "</section>"
+        )
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the report inline."""
+        return self.to_html()
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_html(), encoding="utf-8")
+        return path

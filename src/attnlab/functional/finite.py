@@ -1,0 +1,74 @@
+"""Non-finite inputs: one rule for every backend, independent of tile sizes.
+
+The rule (docs/backends.md, "NaN and inf"):
+
+* a query row that holds a NaN or an inf gives a NaN output row;
+* a key or value position that holds a NaN or an inf makes NaN the output of
+  every query that may see it, and of no other: hidden positions never leak
+  into visible outputs (a softmax weight of exactly 0 times NaN would be NaN);
+* a query that may see nothing still gives 0.
+
+Without this, a NaN query gave NaN in eager and flash but 0 in SDPA, and a
+NaN value that no query may see poisoned every row (in flash, only the rows
+whose tile met it). The kernels run on cleaned inputs (non-finite entries set
+to 0) and the rows the rule names are set to NaN afterwards.
+
+The check costs one pass over q, k and v and, when everything is finite (the
+usual case), nothing else. Under ``torch.compile`` it is skipped, so that the
+compiled graph has no data-dependent branch; compiled code gets the kernel's
+own behaviour.
+
+Shapes: B = batch, H = query heads, Hkv = kv heads, Tq / Tk = lengths, D = head_dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.functional.masks import MaskSpec
+
+_ROWS = 512  # queries per block when finding who sees a bad position: memory O(512 * Tk), not O(Tq * Tk)
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """Where the inputs were not finite: bad query rows (B, H, Tq), bad key/value positions (B, Hkv, Tk)."""
+
+    bad_q: torch.Tensor
+    bad_kv: torch.Tensor
+
+
+def clean(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, NonFinite | None]:
+    """q, k, v with non-finite entries zeroed, and where they were; the inputs themselves when all are finite."""
+    if torch.compiler.is_compiling():
+        return q, k, v, None
+    fin_q, fin_k, fin_v = torch.isfinite(q), torch.isfinite(k), torch.isfinite(v)
+    if bool(fin_q.all() & fin_k.all() & fin_v.all()):
+        return q, k, v, None
+    bad = NonFinite(bad_q=~fin_q.all(dim=-1), bad_kv=~(fin_k.all(dim=-1) & fin_v.all(dim=-1)))
+    zero = lambda t, fin: torch.where(fin, t, torch.zeros((), dtype=t.dtype, device=t.device))
+    return zero(q, fin_q), zero(k, fin_k), zero(v, fin_v), bad
+
+
+def apply_rule(out: torch.Tensor, spec: MaskSpec, bad: NonFinite) -> torch.Tensor:
+    """Set to NaN the rows of out (B, H, Tq, Dv) that the rule names; dead rows stay 0."""
+    b, h, tq, _ = out.shape
+    groups = h // bad.bad_kv.shape[1]
+    bad_kv = bad.bad_kv.repeat_interleave(groups, dim=1)  # (B, H, Tk): query head i reads kv head i // groups
+    nan_rows = torch.zeros(b, h, tq, dtype=torch.bool, device=out.device)
+    for i0 in range(0, tq, _ROWS):
+        i1 = min(i0 + _ROWS, tq)
+        allowed, bias = spec.tile(i0, i1, 0, spec.tk, out.device)
+        visible = torch.ones(1, 1, i1 - i0, spec.tk, dtype=torch.bool, device=out.device)
+        if allowed is not None:
+            visible = visible & allowed
+        if bias is not None:
+            visible = visible & ~torch.isneginf(bias)
+        sees_bad = (visible & bad_kv[:, :, None, :]).any(dim=-1)  # (B, H, bq)
+        alive = visible.any(dim=-1)  # (.., bq): the row may see something
+        nan_rows[:, :, i0:i1] = (sees_bad | bad.bad_q[:, :, i0:i1]) & alive
+    return out.masked_fill(nan_rows[..., None], float("nan"))

@@ -1,0 +1,75 @@
+"""The kernel contract and the small registry that picks a backend by name.
+
+Every backend is a function with one signature and one return shape:
+
+    kernel(q, k, v, spec, *, scale, dropout_p) -> (out, lse or None)
+
+on checked arguments: q (B, H, Tq, D), k and v (B, Hkv, Tk, D) with H a
+multiple of Hkv, a :class:`MaskSpec` with everything that restricts
+attention, the resolved scale and the dropout rate. ``out`` is (B, H, Tq, Dv)
+in q's dtype; ``lse`` is each row's log-sum-exp (B, H, Tq), +inf on a row that
+may see nothing, or None for a backend that does not expose it. A row that
+may see nothing gets 0.
+
+>>> sorted(KERNELS)
+['eager', 'flash', 'sdpa']
+>>> KERNELS["flash"].has_lse, KERNELS["sdpa"].has_lse
+(True, False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+from attnlab.functional.eager import eager_attention
+from attnlab.functional.flash import flash_attention_kernel
+from attnlab.functional.masks import MaskSpec
+from attnlab.functional.sdpa import sdpa_attention
+from attnlab.observe import is_recording
+
+Backend = Literal["auto", "eager", "sdpa", "flash"]
+
+
+class Kernel(Protocol):
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, *, scale: float, dropout_p: float
+    ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """A backend and what it can do."""
+
+    kernel: Kernel
+    forms_weights: bool  # records attn_weights (and every other step) to the Recorder
+    has_lse: bool  # returns the row log-sum-exp
+    float_mask_grad: bool  # gradients flow into a float mask
+
+
+KERNELS: dict[str, KernelInfo] = {
+    "eager": KernelInfo(eager_attention, forms_weights=True, has_lse=True, float_mask_grad=True),
+    "sdpa": KernelInfo(sdpa_attention, forms_weights=False, has_lse=False, float_mask_grad=True),
+    "flash": KernelInfo(flash_attention_kernel, forms_weights=False, has_lse=True, float_mask_grad=False),
+}
+BACKENDS: tuple[str, ...] = ("auto", *KERNELS)
+
+
+def check_backend(backend: object) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+
+
+def resolve(backend: str, *, need_weights: bool = False) -> str:
+    """The kernel ``backend`` names; "auto" is sdpa (the fastest on every device), or eager under a Recorder."""
+    check_backend(backend)
+    if backend != "auto":
+        if need_weights and not KERNELS[backend].forms_weights:
+            raise ValueError(
+                f"return_weights=True needs the eager backend; backend={backend!r} never forms the weights. "
+                "Use backend='eager' (or 'auto')"
+            )
+        return backend
+    return "eager" if need_weights or is_recording() else "sdpa"

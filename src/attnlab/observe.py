@@ -1,0 +1,200 @@
+"""Observe attention's intermediate tensors without copying any model code: floor 0.
+
+Attention code calls :func:`record` at each step (``attn_scores``,
+``attn_weights``, ``context_vec`` ...). Outside a :class:`Recorder` that call
+returns at once; inside one, the recorder keeps a detached copy, keyed by the
+step's name and by the dotted name of the module that was running
+(``blocks.3.attn``), so a 12-layer model gives 12 distinct maps. One
+implementation, observed (STYLE principle 5).
+
+>>> import torch
+>>> with Recorder() as rec:
+...     record("attn_scores", torch.ones(2, 2))
+>>> rec.names()
+['attn_scores']
+
+Module names come from the outermost module called inside the recorder (the
+model): its ``named_modules()`` give the dotted names, exactly as in its
+state dict. A step recorded outside any module has the module name "".
+
+Recording is off under ``torch.compile`` (a compiled graph does not call back
+into Python), so compiled code carries no recorder guard.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils.hooks import RemovableHandle
+
+_ACTIVE: list[Recorder] = []  # the recorders entered and not yet left, innermost last
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """One recorded tensor: the module that was running, what recorded it, under which name."""
+
+    module: str  # dotted name in the model ("blocks.3.attn"); "" for the model itself or no module
+    source: str  # the class or function that recorded it ("MultiHeadAttention", "attention")
+    name: str
+    tensor: torch.Tensor
+
+
+class Recorder:
+    """Collect the tensors that attention code passes to :func:`record`.
+
+    Args:
+        names: keep only these step names (``fnmatch`` patterns); all by default.
+        modules: keep only steps recorded inside these modules (dotted-name
+            patterns such as ``"blocks.*.attn"``); all by default.
+
+    While a recorder is active, ``attnlab.attention(backend="auto")`` runs the
+    eager backend, the one that forms the weights. A fused backend asked for
+    by name records nothing; the recorder notes it, and :meth:`get` says so.
+    """
+
+    def __init__(self, *, names: Iterable[str] | None = None, modules: Iterable[str] | None = None) -> None:
+        self.steps: list[TraceStep] = []
+        self.notes: list[str] = []  # why something could not be recorded
+        self._names = None if names is None else tuple(names)
+        self._modules = None if modules is None else tuple(modules)
+        self._stack: list[str] = []  # dotted names of the modules running now, innermost last
+        self._roots: dict[int, dict[int, str]] = {}  # id(root) -> {id(module): dotted name}
+
+    def __enter__(self) -> Recorder:
+        if not _ACTIVE:
+            _install_hooks()
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _ACTIVE.remove(self)
+        if not _ACTIVE:
+            _remove_hooks()
+
+    # -- what the hooks and record() call ------------------------------------------------------------------------
+    def _enter_module(self, module: nn.Module) -> None:
+        for table in self._roots.values():
+            if id(module) in table:
+                self._stack.append(table[id(module)])
+                return
+        # a module no known model contains: it becomes a root, its children named from it
+        self._roots[id(module)] = {id(m): name for name, m in module.named_modules()}
+        self._stack.append("")
+
+    def _leave_module(self) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    def _wants(self, name: str, module: str) -> bool:
+        if self._names is not None and not any(fnmatch.fnmatchcase(name, p) for p in self._names):
+            return False
+        return self._modules is None or any(fnmatch.fnmatchcase(module, p) for p in self._modules)
+
+    def wants(self, name: str) -> bool:
+        """Whether a step of this name, recorded now, would be kept."""
+        return self._wants(name, self._stack[-1] if self._stack else "")
+
+    def _keep(self, name: str, tensor: torch.Tensor, source: str) -> None:
+        module = self._stack[-1] if self._stack else ""
+        if self._wants(name, module):
+            self.steps.append(TraceStep(module, source, name, tensor.detach().clone()))
+
+    def _note(self, reason: str) -> None:
+        module = self._stack[-1] if self._stack else ""
+        text = f"{reason} (in module {module!r})" if module else reason
+        if text not in self.notes:
+            self.notes.append(text)
+
+    # -- reading -----------------------------------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        """Step names in the order they were recorded (repeats included)."""
+        return [step.name for step in self.steps]
+
+    def modules(self, name: str | None = None) -> list[str]:
+        """Dotted names of the modules that recorded ``name`` (any step if None), first seen first."""
+        return list(dict.fromkeys(s.module for s in self.steps if name is None or s.name == name))
+
+    def get(self, name: str, *, module: str | None = None) -> torch.Tensor:
+        """The last tensor recorded under ``name`` (inside ``module``, if given).
+
+        Raises:
+            KeyError: naming what was recorded, and why ``name`` was not (a
+                fused backend, a filter, or no attention run at all).
+        """
+        for step in reversed(self.steps):
+            if step.name == name and (module is None or step.module == module):
+                return step.tensor
+        raise KeyError(self._why_missing(name, module))
+
+    def all(self, name: str) -> dict[str, torch.Tensor]:
+        """{module: tensor} for every module that recorded ``name``, the last call of each."""
+        return {step.module: step.tensor for step in self.steps if step.name == name}
+
+    def _why_missing(self, name: str, module: str | None) -> str:
+        where = f" in module {module!r}" if module is not None else ""
+        recorded = sorted({s.name for s in self.steps})
+        parts = [f"no step named {name!r} was recorded{where}; recorded: {recorded}"]
+        if module is not None and any(s.name == name for s in self.steps):
+            parts.append(f"modules that recorded it: {self.modules(name)}")
+        if self._names is not None and not any(fnmatch.fnmatchcase(name, p) for p in self._names):
+            parts.append(f"this recorder keeps only names matching {list(self._names)}")
+        parts.extend(self.notes)
+        if not self.steps and not self.notes:
+            parts.append("no attnlab attention ran inside the recorder (nothing called record())")
+        return "; ".join(parts)
+
+
+def is_recording() -> bool:
+    """True inside a Recorder, outside torch.compile."""
+    return bool(_ACTIVE) and not torch.compiler.is_compiling()
+
+
+def wants(name: str) -> bool:
+    """Whether any active recorder keeps a step of this name: lets callers skip work nobody reads."""
+    return is_recording() and any(r.wants(name) for r in _ACTIVE)
+
+
+def record(name: str, tensor: torch.Tensor, *, source: str = "") -> None:
+    """Hand ``tensor`` to every active recorder. Costs one list check otherwise."""
+    if _ACTIVE and not torch.compiler.is_compiling():
+        for recorder in _ACTIVE:
+            recorder._keep(name, tensor, source)
+
+
+def note_unobserved(reason: str) -> None:
+    """Tell the active recorders why a step they may want was not formed (e.g. a fused kernel ran)."""
+    if _ACTIVE and not torch.compiler.is_compiling():
+        for recorder in _ACTIVE:
+            recorder._note(reason)
+
+
+# Global module hooks, installed only while a recorder is active, tell it which module is running.
+_HOOKS: list[RemovableHandle] = []
+
+
+def _pre_hook(module: nn.Module, args: Any) -> None:
+    for recorder in _ACTIVE:
+        recorder._enter_module(module)
+
+
+def _post_hook(module: nn.Module, args: Any, output: Any) -> None:
+    for recorder in _ACTIVE:
+        recorder._leave_module()
+
+
+def _install_hooks() -> None:
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+    _HOOKS.append(register_module_forward_pre_hook(_pre_hook))
+    _HOOKS.append(register_module_forward_hook(_post_hook, always_call=True))  # pops even when forward raises
+
+
+def _remove_hooks() -> None:
+    while _HOOKS:
+        _HOOKS.pop().remove()
