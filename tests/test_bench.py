@@ -22,7 +22,7 @@ def test_quick_run_checks_and_times_every_implementation(tmp_path: Path, capsys:
     printed = capsys.readouterr().out
     assert "the practical roofline" in printed and "attnlab-flash" in printed
     data = json.loads(out.read_text())
-    assert data["schema"] == "attnlab.bench/1"
+    assert data["schema"] == "attnlab.bench/2"
     assert set(data["machine"]) >= {"torch", "threads", "available_bytes", "matmul_gflops"}
     assert data["machine"]["matmul_gflops"] > 0
     cases = data["cases"]
@@ -35,9 +35,11 @@ def test_quick_run_checks_and_times_every_implementation(tmp_path: Path, capsys:
         assert c["median_ms"] > 0 and len(c["samples_ms"]) == QUICK.repeats
         assert c["peak_allocated_bytes"] > 0 and c["peak_rss_bytes"] > 0 and c["threads"] >= 1
         assert c["gflops"] > 0 and 0 < c["roofline_fraction"]
-        assert c["ratio_to_fastest"] >= 1.0
-    for mode in ("forward", "decode"):
-        assert min(c["ratio_to_fastest"] for c in cases if c["mode"] == mode) == 1.0
+        assert c["spread"] == pytest.approx((max(c["samples_ms"]) - min(c["samples_ms"])) / c["median_ms"])
+    for mode in ("forward", "decode"):  # each ratio is against the fastest median of the same run and mode
+        fastest = min(c["median_ms"] for c in cases if c["mode"] == mode)
+        for c in (c for c in cases if c["mode"] == mode):
+            assert c["ratio_to_fastest"] == pytest.approx(c["median_ms"] / fastest)
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -91,12 +93,12 @@ def test_cases_that_would_not_fit_are_skipped_without_running() -> None:
 
     config = BenchConfig(seq_lens=(1024, 2048, 1 << 20), impls=("book-mha", "attnlab-flash"), decode=False)
     result = run(config, worker=fake_worker)
-    status = {(c["impl"], c["seq"]): c["status"] for c in result.cases}
+    status = {(c.impl, c.seq): c.status for c in result.cases}
     assert status[("book-mha", 1 << 20)].startswith("skipped: predicted")  # 12 heads x 2^40 scores: never run
     assert status[("book-mha", 1024)] == "ok"
     assert not any(c.get("impl") == "book-mha" and c["seq"] == 1 << 20 for c in calls)
-    assert result.fits["book-mha forward"]["time_exponent"] == pytest.approx(1.0)  # the fake's 1.0 * seq
-    assert result.fits["book-mha forward"]["memory_exponent"] == pytest.approx(2.0)  # the fake's seq ** 2
+    assert result.fits["book-mha forward"].time_exponent == pytest.approx(1.0)  # the fake's 1.0 * seq
+    assert result.fits["book-mha forward"].memory_exponent == pytest.approx(2.0)  # the fake's seq ** 2
 
 
 def test_scaling_exponent_and_flop_count() -> None:
@@ -111,7 +113,14 @@ def test_bad_configs_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
         BenchConfig(impls=("nope",)).validate()
     with pytest.raises(ValueError, match=r"d_model \(100\) must be divisible by heads \(12\)"):
         BenchConfig(d_model=100).validate()
+    with pytest.raises(ValueError, match=r"repeats must be >= 1, got 0"):
+        BenchConfig(repeats=0).validate()
     assert cli.main(["bench", "--impls", "nope"]) == 2
     assert "unknown implementations" in capsys.readouterr().out
     assert cli.main(["bench", "--quick", "--longest", "book-mha", "nope"]) == 2
     assert "unknown implementations ['nope']" in capsys.readouterr().out
+    # output paths are checked before minutes of timing, not after
+    assert cli.main(["bench", "--quick", "--json", "/no/such/folder/out.json"]) == 2
+    assert "cannot write '/no/such/folder/out.json': the folder '/no/such/folder' does not exist" in capsys.readouterr().out
+    assert cli.main(["bench", "--quick", "--plot", "out.txt"]) == 2
+    assert "'out.txt' should end in .png or .svg or .pdf" in capsys.readouterr().out

@@ -104,7 +104,7 @@ def build(name: str, ref: book.MultiHeadAttention) -> nn.Module:
         return p
     if name.startswith("attnlab-"):
         backend = name.removeprefix("attnlab-").removesuffix("+kvcache")
-        return from_book(ref, backend=backend)  # type: ignore[arg-type]
+        return from_book(ref, backend=backend)
     raise ValueError(f"unknown implementation {name!r}; known: {list(IMPLEMENTATIONS)}")
 
 

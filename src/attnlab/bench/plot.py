@@ -1,30 +1,33 @@
-"""Log-log plot of a bench run: time and peak memory against sequence length, with fitted exponents."""
+"""Log-log plot of a bench run: time and peak memory against sequence length, with fitted exponents.
+
+Drawn with matplotlib's object API: no pyplot, no backend chosen at import.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from attnlab.bench.results import BenchResult
 
 
-def plot(result: dict[str, Any], path: str | Path) -> Path:
+def plot(result: BenchResult, path: str | Path) -> Path:
     """Two panels (median time, peak allocated bytes) per implementation, for the prefill mode."""
-    mode = result["config"]["mode"]
-    cases = [c for c in result["cases"] if c.get("status") == "ok" and c["mode"] == mode]
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.8))
-    for impl in dict.fromkeys(c["impl"] for c in cases):
-        pts = sorted((c for c in cases if c["impl"] == impl), key=lambda c: c["seq"])
-        fit = result["fits"].get(f"{impl} {mode}", {})
-        te, me = fit.get("time_exponent"), fit.get("memory_exponent")
-        seqs = [c["seq"] for c in pts]
-        ax_t.plot(seqs, [c["median_ms"] for c in pts], marker="o", label=f"{impl} (T^{te:.2f})" if te else impl)
+    mode = result.config["mode"]
+    cases = [c for c in result.cases if c.ok and c.mode == mode]
+    fig = Figure(figsize=(12, 4.8))
+    ax_t, ax_m = fig.subplots(1, 2)
+    for impl in dict.fromkeys(c.impl for c in cases):
+        pts = sorted((c for c in cases if c.impl == impl), key=lambda c: c.seq)
+        fit = result.fits.get(f"{impl} {mode}")
+        te = fit.time_exponent if fit else None
+        me = fit.memory_exponent if fit else None
+        seqs = [c.seq for c in pts]
+        ax_t.plot(seqs, [c.median_ms for c in pts], marker="o", label=f"{impl} (T^{te:.2f})" if te else impl)
         ax_m.plot(
             seqs,
-            [c["peak_allocated_bytes"] / 2**20 for c in pts],
+            [(c.peak_allocated_bytes or 0) / 2**20 for c in pts],
             marker="o",
             label=f"{impl} (T^{me:.2f})" if me else impl,
         )
@@ -35,14 +38,13 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    cfg = result["config"]
+    cfg = result.config
     fig.suptitle(
         f"{mode}, batch {cfg['batch']}, d={cfg['d_model']}, {cfg['heads']} heads, {cfg['dtype']}, "
-        f"{result['machine']['threads']} threads",
+        f"{result.machine.threads} threads",
         fontsize=10,
     )
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

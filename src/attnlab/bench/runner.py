@@ -17,14 +17,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 import torch
 
+from attnlab._checks import check_heads, check_positive_int
 from attnlab.bench.impls import IMPLEMENTATIONS, memory_model
+from attnlab.bench.results import BenchResult, Case, Fit, Longest, Machine
 
-SCHEMA = "attnlab.bench/1"
 PREFILL_IMPLS = (
     "book-wrapper",
     "book-mha",
@@ -60,12 +61,14 @@ class BenchConfig:
         unknown = [i for i in self.impls if i not in IMPLEMENTATIONS]
         if unknown:
             raise ValueError(f"unknown implementations {unknown}; known: {list(IMPLEMENTATIONS)}")
-        if not self.seq_lens or any(t < 1 for t in self.seq_lens):
-            raise ValueError(f"seq_lens must be positive, got {list(self.seq_lens)}")
-        if self.d_model % self.heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
-        if self.repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if not self.seq_lens or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in self.seq_lens):
+            raise ValueError(f"seq_lens must be positive ints, got {list(self.seq_lens)}")
+        check_positive_int("batch", self.batch, limit=2**16)
+        check_positive_int("d_model", self.d_model, limit=2**16)
+        check_heads(self.d_model, self.heads, names=("d_model", "heads"))
+        check_positive_int("repeats", self.repeats, limit=10_000)
+        if self.threads is not None:
+            check_positive_int("threads", self.threads, limit=4096)
         if self.mode not in ("forward", "backward"):
             raise ValueError(f"mode must be 'forward' or 'backward', got {self.mode!r}")
 
@@ -103,27 +106,10 @@ def _spawn(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     if proc.returncode != 0:
         tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
         return {**spec, "status": f"failed: {tail[0][:200]}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 Worker = Callable[[dict[str, Any], float], dict[str, Any]]
-
-
-@dataclass
-class BenchResult:
-    machine: dict[str, Any]
-    config: dict[str, Any]
-    cases: list[dict[str, Any]] = field(default_factory=list)
-    fits: dict[str, dict[str, float | None]] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "machine": self.machine,
-            "config": self.config,
-            "cases": self.cases,
-            "fits": self.fits,
-        }
 
 
 def plan(config: BenchConfig) -> list[dict[str, Any]]:
@@ -151,13 +137,13 @@ def run(
     config.validate()
     free = available_bytes()
     matmul = worker({"mode": "matmul", "threads": config.threads}, config.timeout_s).get("matmul_gflops")
-    machine = {
-        "torch": torch.__version__,
-        "cpus": os.cpu_count(),
-        "threads": config.threads or torch.get_num_threads(),
-        "available_bytes": free,
-        "matmul_gflops": matmul,
-    }
+    machine = Machine(
+        torch=torch.__version__,
+        cpus=os.cpu_count(),
+        threads=config.threads or torch.get_num_threads(),
+        available_bytes=free,
+        matmul_gflops=matmul,
+    )
     result = BenchResult(machine=machine, config=asdict(config))
     specs = plan(config)
     dtype_bytes = torch.empty((), dtype=getattr(torch, config.dtype)).element_size()
@@ -175,14 +161,15 @@ def run(
             backward=spec["mode"] == "backward",
         )
         if need > config.memory_fraction * free:
-            case = {
+            answer = {
                 **spec,
                 "status": f"skipped: predicted {need / 2**30:.1f} GiB > {config.memory_fraction:.0%} "
                 f"of the {free / 2**30:.1f} GiB available",
             }
         else:
-            case = worker({**spec, "memory_limit_bytes": int(config.memory_fraction * free)}, config.timeout_s)
-        case["predicted_bytes"] = need
+            answer = worker({**spec, "memory_limit_bytes": int(config.memory_fraction * free)}, config.timeout_s)
+        case = Case.from_worker({**spec, **answer})
+        case.predicted_bytes = need
         result.cases.append(case)
     if progress:
         progress(len(specs), len(specs), "done")
@@ -191,30 +178,28 @@ def run(
 
 
 def summarize(result: BenchResult) -> None:
-    """Add rates, roofline fractions, ratios to the fastest, and fitted exponents."""
-    matmul = result.machine.get("matmul_gflops")
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    """Add rates, roofline fractions, ratios to the fastest of the same run, and fitted exponents."""
+    matmul = result.machine.matmul_gflops
+    groups: dict[tuple[str, int], list[Case]] = {}
     for c in result.cases:
-        if c.get("status") == "ok":
-            gflops = nominal_flops(c["mode"], c["batch"], c["seq"], c["d_model"]) / (c["median_ms"] / 1e3) / 1e9
-            c["gflops"] = gflops
-            c["roofline_fraction"] = gflops / matmul if matmul else None
-            groups.setdefault((c["mode"], c["seq"]), []).append(c)
+        if c.ok:
+            assert c.median_ms is not None
+            c.gflops = nominal_flops(c.mode, c.batch, c.seq, c.d_model) / (c.median_ms / 1e3) / 1e9
+            c.roofline_fraction = c.gflops / matmul if matmul else None
+            groups.setdefault((c.mode, c.seq), []).append(c)
     for cases in groups.values():
-        fastest = min(c["median_ms"] for c in cases)
+        fastest = min(c.median_ms for c in cases if c.median_ms is not None)
         for c in cases:
-            c["ratio_to_fastest"] = c["median_ms"] / fastest
-    for impl in dict.fromkeys(c["impl"] for c in result.cases):
-        for mode in dict.fromkeys(c["mode"] for c in result.cases):
-            ok = sorted(
-                (c for c in result.cases if c["impl"] == impl and c["mode"] == mode and c.get("status") == "ok"),
-                key=lambda c: c["seq"],
-            )
+            assert c.median_ms is not None
+            c.ratio_to_fastest = c.median_ms / fastest
+    for impl in dict.fromkeys(c.impl for c in result.cases):
+        for mode in dict.fromkeys(c.mode for c in result.cases):
+            ok = sorted((c for c in result.cases if c.impl == impl and c.mode == mode and c.ok), key=lambda c: c.seq)
             if len(ok) >= 2:
-                result.fits[f"{impl} {mode}"] = {
-                    "time_exponent": _slope([c["seq"] for c in ok], [c["median_ms"] for c in ok]),
-                    "memory_exponent": _slope([c["seq"] for c in ok], [c["peak_allocated_bytes"] for c in ok]),
-                }
+                result.fits[f"{impl} {mode}"] = Fit(
+                    time_exponent=_slope([c.seq for c in ok], [c.median_ms or 0.0 for c in ok]),
+                    memory_exponent=_slope([c.seq for c in ok], [c.peak_allocated_bytes or 0 for c in ok]),
+                )
 
 
 def _slope(xs: list[float], ys: list[float]) -> float | None:
@@ -238,7 +223,7 @@ def longest(
     memory_fraction: float = 0.7,
     worker: Worker = _spawn,
     progress: Callable[[int, int, str], None] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Longest]:
     """The longest sequence each implementation runs (batch 1, forward), doubling T.
 
     Stops at the first length predicted to exceed free memory, predicted to
@@ -246,7 +231,7 @@ def longest(
     that fails. Returns, per implementation, the longest length that ran and why it stopped.
     """
     free = available_bytes()
-    rows = []
+    rows: list[Longest] = []
     for n, impl in enumerate(impls):
         t, best, last_ms, reason = start, None, None, ""
         while True:
@@ -280,13 +265,13 @@ def longest(
             best, last_ms = case, case["median_ms"]
             t *= 2
         rows.append(
-            {
-                "impl": impl,
-                "longest_seq": best["seq"] if best else None,
-                "median_ms": best["median_ms"] if best else None,
-                "peak_rss_bytes": best["peak_rss_bytes"] if best else None,
-                "stopped": reason,
-            }
+            Longest(
+                impl=impl,
+                longest_seq=best["seq"] if best else None,
+                median_ms=best["median_ms"] if best else None,
+                peak_rss_bytes=best["peak_rss_bytes"] if best else None,
+                stopped=reason,
+            )
         )
     return rows
 

@@ -156,7 +156,8 @@ def transfer_v2_to_v1(sa_v2: SelfAttentionV2, sa_v1: SelfAttentionV1) -> None:
     V1's (d_in, d_out) parameters take the transpose. V2 must have no bias:
     V1 has nowhere to put one.
     """
-    if sa_v2.W_query.bias is not None:
+    bias: torch.Tensor | None = sa_v2.W_query.bias  # nn.Linear types it as a Tensor; it is None without qkv_bias
+    if bias is not None:
         raise ValueError(
             "sa_v2 has qkv biases, which SelfAttentionV1 cannot hold; build SelfAttentionV2 with qkv_bias=False"
         )

@@ -263,8 +263,8 @@ def run_kernel(
         note_unobserved(f"backend {name!r} never forms the attention weights; use backend='eager' or 'auto'")
     b, h, tq, _ = q.shape
     if b == 0 or tq == 0 or spec.tk == 0:  # nothing to attend to (or nobody asking): zeros, as for a dead row
-        lse = torch.full((b, h, tq), float("inf"), dtype=torch.float32, device=q.device)
-        return q.new_zeros(b, h, tq, v.shape[-1]), lse if info.has_lse else None
+        empty_lse = torch.full((b, h, tq), float("inf"), dtype=torch.float32, device=q.device)
+        return q.new_zeros(b, h, tq, v.shape[-1]), empty_lse if info.has_lse else None
     q, k, v, bad = clean(q, k, v)
     out, lse = info.kernel(q, k, v, spec, scale=scale, dropout_p=dropout_p)
     if bad is not None:

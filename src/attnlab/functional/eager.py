@@ -41,10 +41,11 @@ def dead_rows(allowed: torch.Tensor | None, bias: torch.Tensor | None) -> torch.
     """
     if allowed is None and bias is None:
         return None
-    open_keys = allowed if bias is None else ~torch.isneginf(bias)
-    if allowed is not None and bias is not None:
-        open_keys = allowed & open_keys
-    assert open_keys is not None
+    if bias is None:
+        assert allowed is not None
+        open_keys = allowed
+    else:
+        open_keys = ~torch.isneginf(bias) if allowed is None else allowed & ~torch.isneginf(bias)
     return ~open_keys.any(dim=-1, keepdim=True)
 
 

@@ -8,6 +8,7 @@ that they do, to 1e-5 in float32.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn

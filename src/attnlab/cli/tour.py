@@ -1,0 +1,68 @@
+"""``attnlab tour``: chapter 3 step by step, in English or Chinese; --check compares with the book; --html."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.text import Text
+
+from attnlab.cli._common import check_output, error
+from attnlab.explain.render.html import Report
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tour = sub.add_parser("tour", help="walk through chapter 3, step by step, with the book's numbers")
+    tour.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the explanations")
+    tour.add_argument("--check", action="store_true", help="compare every step with the book; exit 1 on a mismatch")
+    tour.add_argument("--html", metavar="PATH", help="write the tour as a self-contained HTML report with heatmaps")
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    try:
+        check_output(args.html, suffixes=(".html", ".htm"))
+    except ValueError as err:
+        return error(console, err)
+    code = render_tour(console, args.lang, args.check) if args.check or not args.html else 0
+    if code or not args.html:
+        return code
+    from attnlab.explain.report import tour_report
+
+    return write_report(console, tour_report(args.lang), args.html)
+
+
+def render_tour(console: Console, lang: str, check: bool) -> int:
+    from attnlab.explain.tour import build_tour, mismatches
+    from attnlab.explain.tour_text import LABELS
+
+    labels = LABELS[lang]
+    steps = build_tour(lang)
+    console.rule(f"[bold]attnlab tour — {labels['heading']}")
+    for n, step in enumerate(steps, start=1):
+        body = Text(step.text + "\n")
+        code = Syntax(step.code, "python", theme="ansi_dark", background_color="default")
+        parts: list[Text | Syntax] = [body, code, Text("\n" + step.value)]
+        if check:
+            for c in step.checks:
+                mark = "[green]✓[/green]" if c.ok else "[red]✗[/red]"
+                parts.append(Text.from_markup(f"\n{mark} {labels['check']}: {c.label}  [dim]{c.detail}[/dim]"))
+        console.print(Panel(Group(*parts), title=f"[bold]{n}. {step.title}", title_align="left"))
+    if not check:
+        return 0
+    bad = mismatches(steps)
+    if bad:
+        console.print(f"[red bold]{len(bad)} {labels['mismatch']}:[/red bold]")
+        for key, c in bad:
+            console.print(f"  [red]{key}: {c.label} ({c.detail})[/red]")
+        return 1
+    total = sum(len(s.checks) for s in steps)
+    console.print(f"[green bold]{total} checks, {labels['all_ok']}.[/green bold]")
+    return 0
+
+
+def write_report(console: Console, report: Report, path: str) -> int:
+    out = report.save(path)
+    console.print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB, self-contained: open it in any browser, offline)")
+    return 0
