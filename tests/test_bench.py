@@ -121,6 +121,9 @@ def test_bad_configs_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unknown implementations ['nope']" in capsys.readouterr().out
     # output paths are checked before minutes of timing, not after
     assert cli.main(["bench", "--quick", "--json", "/no/such/folder/out.json"]) == 2
-    assert "cannot write '/no/such/folder/out.json': the folder '/no/such/folder' does not exist" in capsys.readouterr().out
+    assert (
+        "cannot write '/no/such/folder/out.json': the folder '/no/such/folder' does not exist"
+        in capsys.readouterr().out
+    )
     assert cli.main(["bench", "--quick", "--plot", "out.txt"]) == 2
     assert "'out.txt' should end in .png or .svg or .pdf" in capsys.readouterr().out
