@@ -117,8 +117,18 @@ def test_explain_errors_name_the_value(capsys: pytest.CaptureFixture[str]) -> No
         explain_report("a b", heads=3)
     assert cli.main(["explain", "a b", "--heads", "3"]) == 2
     assert "must be divisible by heads (3)" in capsys.readouterr().out
-    assert tour_report("zh").lang == "zh"
-    assert "_repr_html_" in dir(tour_report("en"))
+    assert cli.main(["explain", "a b", "--dropout", "1.5"]) == 2
+    assert "dropout must be in [0, 1), got 1.5" in capsys.readouterr().out
+    assert cli.main(["explain", "a b", "--html", "/no/such/dir/r.html"]) == 2
+    assert "the folder '/no/such/dir' does not exist" in capsys.readouterr().out
+    assert cli.main(["tour", "--html", "report.txt"]) == 2
+    assert "'report.txt' should end in .html or .htm" in capsys.readouterr().out
+
+
+def test_jupyter_shows_the_chinese_report_inline() -> None:
+    page = tour_report("zh")._repr_html_()
+    assert page.startswith("<!DOCTYPE html>") and '<html lang="zh">' in page
+    assert re.search(r"<h1>[^<]*[\u4e00-\u9fff]", page)  # the title itself is Chinese
 
 
 def _chromium() -> str:

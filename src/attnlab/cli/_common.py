@@ -10,7 +10,7 @@ from rich.console import Console
 
 def error(console: Console, message: object) -> int:
     """Print one clear line (no traceback) and return the usage-error exit code."""
-    console.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+    console.print(f"[red]error:[/red] {message}", markup=True, highlight=False, soft_wrap=True)  # one line, whole
     return 2
 
 

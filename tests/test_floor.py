@@ -1,0 +1,166 @@
+"""The ground floor: imports point down, the Recorder names modules, caches compile, explain has no side effects."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from attnlab import Attention, attention
+from attnlab.functional import KERNELS
+from attnlab.functional.masks import MaskSpec
+from attnlab.nn import DecoderConfig, TinyDecoder
+from attnlab.observe import Recorder
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "attnlab"
+# LAYOUT.md's floors; cli is the top. A module may import its own floor or lower ones, never a higher one.
+FLOORS = {
+    "_checks": 0,
+    "observe": 0,
+    "book": 1,
+    "functional": 1,
+    "nn": 2,
+    "cache": 2,
+    "models": 3,
+    "distributed": 3,
+    "explain": 4,
+    "bench": 4,
+    "cli": 5,
+}
+
+
+def _package(path: Path) -> str:
+    rel = path.relative_to(SRC)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _attnlab_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnlab."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.ImportFrom) and node.module == "attnlab":
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("attnlab."))
+    return found
+
+
+def test_imports_point_down_the_floors() -> None:
+    up = []
+    for path in SRC.rglob("*.py"):
+        if path.parent == SRC and path.name == "__init__.py":
+            continue  # the package root re-exports the public names
+        own = FLOORS[_package(path)]
+        for target in _attnlab_imports(path):
+            if target in FLOORS and FLOORS[target] > own:
+                up.append(f"{path.relative_to(SRC)} imports attnlab.{target} (floor {FLOORS[target]} > {own})")
+    assert not up, "\n".join(up)
+
+
+def test_every_backend_keeps_one_contract() -> None:
+    q, k, v = (torch.randn(1, 4, 5, 8, dtype=torch.float64) for _ in range(3))
+    k, v = k[:, :2], v[:, :2]  # grouped-query: 4 query heads, 2 kv heads
+    spec = MaskSpec(tq=5, tk=5, causal=True)
+    results = {name: info.kernel(q, k, v, spec, scale=8**-0.5, dropout_p=0.0) for name, info in KERNELS.items()}
+    for name, (out, lse) in results.items():
+        assert out.shape == (1, 4, 5, 8) and out.dtype == q.dtype, name
+        assert (lse is not None) == KERNELS[name].has_lse, name
+        torch.testing.assert_close(out, results["eager"][0], msg=name)
+    scores = (q @ k.repeat_interleave(2, dim=1).transpose(-2, -1)) * 8**-0.5
+    expected_lse = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf")).logsumexp(-1)
+    for name in ("eager", "flash"):
+        torch.testing.assert_close(results[name][1], expected_lse, msg=name)
+
+
+def test_recorder_keys_each_layer_by_its_dotted_name() -> None:
+    torch.manual_seed(0)
+    model = TinyDecoder(DecoderConfig(num_layers=3)).eval()
+    idx = torch.randint(0, 256, (1, 7))
+    with Recorder(names=["attn_weights"]) as rec:
+        model(idx)
+    assert rec.modules("attn_weights") == ["blocks.0.attn", "blocks.1.attn", "blocks.2.attn"]
+    maps = rec.all("attn_weights")
+    assert not torch.equal(maps["blocks.0.attn"], maps["blocks.1.attn"])  # three layers, three different maps
+    assert rec.names() == ["attn_weights"] * 3  # told which names to keep: nothing else
+    with pytest.raises(KeyError, match=r"this recorder keeps only names matching \['attn_weights'\]"):
+        rec.get("attn_scores")
+    with Recorder(modules=["blocks.1.*"]) as only_one:
+        model(idx)
+    assert only_one.modules() == ["blocks.1.attn"]
+
+
+def test_a_recorder_that_caught_nothing_says_why() -> None:
+    attn = Attention(d_in=16, num_heads=2, backend="sdpa")
+    block = nn.Sequential(attn)
+    with Recorder() as rec:
+        block(torch.randn(1, 4, 16))
+    with pytest.raises(KeyError, match=r"backend 'sdpa' never forms the attention weights.*\(in module '0'\)"):
+        rec.get("attn_weights")
+    with Recorder() as empty:
+        pass
+    with pytest.raises(KeyError, match=r"no attnlab attention ran inside the recorder"):
+        empty.get("attn_weights")
+
+
+def test_under_a_recorder_the_default_backend_records() -> None:
+    q = k = v = torch.randn(1, 2, 4, 8)
+    with Recorder() as rec:
+        out = attention(q, k, v, is_causal=True)  # backend="auto"
+    weights = rec.get("attn_weights", module="")
+    assert weights.shape == (1, 2, 4, 4)
+    torch.testing.assert_close(out, weights @ v)
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_compiled_decode_loop_makes_at_most_two_graphs(window: int | None) -> None:
+    from torch._dynamo.testing import CompileCounter
+
+    torch.manual_seed(0)
+    attn = Attention(d_in=32, num_heads=4, num_kv_heads=2, rope=True, window=window, backend="eager").eval()
+    x = torch.randn(1, 8 + 64, 32)
+    expected = attn(x)
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    step = torch.compile(attn, backend=counter)
+    cache = attn.make_cache(batch_size=1, max_len=72)
+    with torch.no_grad():
+        outs = [step(x[:, :8], cache=cache)] + [step(x[:, i : i + 1], cache=cache) for i in range(8, 72)]
+    assert counter.frame_count <= 2, f"{counter.frame_count} graphs for a prefill and 64 decode steps"
+    torch.testing.assert_close(torch.cat(outs, dim=1), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_fullgraph_compile_with_rope_and_the_eager_backend() -> None:
+    torch.manual_seed(0)
+    attn = Attention(d_in=32, num_heads=4, rope=True, backend="eager").eval()
+    x = torch.randn(2, 9, 32)
+    torch._dynamo.reset()
+    compiled = torch.compile(attn, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), attn(x), atol=1e-5, rtol=1e-5)
+
+
+def test_explain_sets_no_global_state() -> None:
+    """Importing explain picks no matplotlib backend, and building reports leaves torch's generator alone."""
+    code = (
+        "import matplotlib, sys\n"
+        "before = matplotlib.rcParams._get_backend_or_none()\n"
+        "import attnlab.explain.report, attnlab.explain.render.heatmap, attnlab.bench.plot\n"
+        "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'\n"
+        "assert matplotlib.rcParams._get_backend_or_none() == before, 'backend changed'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    from attnlab.explain.report import explain_report
+    from attnlab.explain.tour import build_tour
+
+    torch.manual_seed(42)
+    expected = torch.rand(3)
+    torch.manual_seed(42)
+    build_tour("en")
+    explain_report("The cat sat.", seed=7)
+    torch.testing.assert_close(torch.rand(3), expected)  # the caller's stream is where it was
