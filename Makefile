@@ -1,12 +1,12 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   create .venv, install attnlab, run the guided tour
-#   make test   same set-up, run the whole test suite
+#   make test   same set-up, then lint (ruff), types (mypy) and the whole test suite
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnlab-installed
 
-.PHONY: demo test setup browser clean
+.PHONY: demo test setup browser lint clean
 
 setup: $(STAMP)
 
@@ -31,7 +31,12 @@ browser:
 	  (apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-wqy-zenhei >/dev/null 2>&1) || \
 	  echo "no CJK font: Chinese labels in heatmaps will show as boxes"
 
-test: $(STAMP) browser
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
+
+test: $(STAMP) browser lint
 	$(PY) -m pytest -q
 
 clean:

@@ -25,31 +25,34 @@ from attnlab.cache import KVCache
 from attnlab.nn import DecoderConfig, TinyDecoder
 
 
-class ConcatCache(KVCache):
-    """The naive cache: torch.cat the new keys onto all the old ones, every step."""
+class ConcatCache:
+    """The naive cache, through the same protocol (attnlab.cache.Cache): torch.cat onto the whole past, every step."""
 
-    def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
+    def __init__(self) -> None:
         self.k_all: torch.Tensor | None = None
         self.v_all: torch.Tensor | None = None
 
+    @property
+    def length(self) -> int:
+        return 0 if self.k_all is None else self.k_all.shape[2]
+
+    def next_positions(self, t: int) -> torch.Tensor:
+        return torch.arange(self.length, self.length + t)
+
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        self.check(k, v)
         self.k_all = k if self.k_all is None else torch.cat([self.k_all, k], dim=2)  # copies the whole past
         self.v_all = v if self.v_all is None else torch.cat([self.v_all, v], dim=2)
-        self.length = self.k_all.shape[2]
         return self.k_all, self.v_all, torch.arange(self.length)
 
     def crop(self, n: int) -> None:
         assert self.k_all is not None and self.v_all is not None
-        self.k_all, self.v_all, self.length = self.k_all[:, :, :n], self.v_all[:, :, :n], n
+        self.k_all, self.v_all = self.k_all[:, :, :n], self.v_all[:, :, :n]
 
 
 def generation(new_tokens: int, d_model: int, layers: int, heads: int) -> None:
     torch.manual_seed(0)
     config = DecoderConfig(vocab_size=512, d_model=d_model, num_layers=layers, num_heads=heads, num_kv_heads=heads)
     model = TinyDecoder(config).eval()
-    head_dim = d_model // heads
     prompt = torch.randint(0, 512, (1, 16))
     results = {}
     with torch.no_grad():
@@ -60,15 +63,13 @@ def generation(new_tokens: int, d_model: int, layers: int, heads: int) -> None:
             elif name == "no cache":
                 out = model.generate(prompt, new_tokens, use_cache=False)
             else:
-                caches = [
-                    ConcatCache(batch_size=1, num_kv_heads=heads, head_dim=head_dim, max_len=1) for _ in range(layers)
-                ]
-                logits = model(prompt, caches=caches)[:, -1]  # type: ignore[arg-type]
+                caches = [ConcatCache() for _ in range(layers)]
+                logits = model(prompt, caches=caches)[:, -1]
                 out = prompt
                 for _ in range(new_tokens):
                     token = logits.argmax(-1, keepdim=True)
                     out = torch.cat([out, token], dim=1)
-                    logits = model(token, caches=caches)[:, -1]  # type: ignore[arg-type]
+                    logits = model(token, caches=caches)[:, -1]
             elapsed = time.perf_counter() - start
             results[name] = (new_tokens / elapsed, out)
     base = results["no cache"][0]
@@ -121,10 +122,8 @@ def step_latency(repeats: int) -> None:
 
                         times[name][pos] = _median_step(raw, lambda: None, repeats)
                         continue
-                    cache = (
-                        attn.make_cache(batch_size=1, max_len=pos + 1)
-                        if name == "KVCache"
-                        else ConcatCache(batch_size=1, num_kv_heads=kv_heads, head_dim=64, max_len=1)
+                    cache: KVCache | ConcatCache = (
+                        attn.make_cache(batch_size=1, max_len=pos + 1) if name == "KVCache" else ConcatCache()
                     )
                     attn(torch.randn(1, pos, 768), cache=cache)
                     times[name][pos] = _median_step(lambda: attn(x, cache=cache), lambda: cache.crop(pos), repeats)

@@ -113,7 +113,7 @@ def test_module_forward_errors() -> None:
     with pytest.raises(TypeError, match=r"input dtype torch.float64 differs from the module's torch.float32"):
         m(torch.randn(2, 5, 32, dtype=torch.float64))
     with pytest.raises(TypeError, match=r"takes 1 positional argument"):  # keyword-only
-        Attention(32, 4)  # type: ignore[misc]
+        Attention(32, 4)
 
 
 def test_rotary_position_errors() -> None:

@@ -14,7 +14,7 @@ from attnlab.observe import Recorder
 
 def make(backend: str = "auto", **kw: object) -> Attention:
     torch.manual_seed(0)
-    return Attention(d_in=32, num_heads=4, num_kv_heads=2, rope=True, backend=backend, **kw).eval()  # type: ignore[arg-type]
+    return Attention(d_in=32, num_heads=4, num_kv_heads=2, rope=True, backend=backend, **kw).eval()
 
 
 def test_backends_agree_in_the_module_with_gradients() -> None:

@@ -54,6 +54,6 @@ def test_integer_input_and_bad_sizes() -> None:
     with pytest.raises(ValueError, match=r"num_heads must be >= 1, got 0"):
         book.MultiHeadAttention(3, 4, 6, 0.0, num_heads=0)
     with pytest.raises(TypeError, match=r"d_out must be an int, got 2.5"):
-        book.SelfAttentionV2(3, 2.5)  # type: ignore[arg-type]
+        book.SelfAttentionV2(3, 2.5)
     with pytest.raises(ValueError, match=r"at least 2 tokens.*\(1, 3\)"):
         book.trainable_walkthrough(torch.rand(1, 3))

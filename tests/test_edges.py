@@ -51,7 +51,7 @@ def test_a_failed_cached_call_leaves_the_cache_untouched(
     args = dict(call)
     new = args.pop("x", x[:, 4:5])
     with torch.set_grad_enabled(bool(args.pop("grad", False))), pytest.raises(error, match=pattern):
-        attn(new, cache=cache, **args)  # type: ignore[arg-type]
+        attn(new, cache=cache, **args)
     after = _snapshot(cache)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     with torch.no_grad():  # the retry is right: the same as one pass over all five tokens
@@ -77,17 +77,17 @@ def test_one_and_zero_dimensional_masks_broadcast_like_a_key_row(backend: str) -
     q, k, v = qkv()
     keys = torch.tensor([True, True, False, True, False, True])
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keys[None, :])
-    torch.testing.assert_close(attention(q, k, v, mask=keys, backend=backend), expected, atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
+    torch.testing.assert_close(attention(q, k, v, mask=keys, backend=backend), expected, atol=1e-5, rtol=1e-5)
     everything = torch.tensor(True)
     torch.testing.assert_close(
-        attention(q, k, v, mask=everything, backend=backend),  # type: ignore[arg-type]
+        attention(q, k, v, mask=everything, backend=backend),
         torch.nn.functional.scaled_dot_product_attention(q, k, v),
         atol=1e-5,
         rtol=1e-5,
     )
     bias = torch.linspace(-1, 1, 6)  # a float (Tk,) bias
     torch.testing.assert_close(
-        attention(q, k, v, mask=bias, backend=backend),  # type: ignore[arg-type]
+        attention(q, k, v, mask=bias, backend=backend),
         torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias[None, :]),
         atol=1e-5,
         rtol=1e-5,
@@ -110,7 +110,7 @@ def test_float_masks_of_another_dtype_agree_in_every_backend(
     mask = torch.zeros(1, 1, 6, 6, dtype=mask_dtype)
     mask[..., 2, :] = hide  # row 2 may see nothing useful
     mask[..., 4, 1:] = hide  # row 4 may see key 0 only
-    outs = {b: attention(q, k, v, mask=mask, backend=b).float() for b in BACKENDS}  # type: ignore[arg-type]
+    outs = {b: attention(q, k, v, mask=mask, backend=b).float() for b in BACKENDS}
     for b in ("sdpa", "flash"):
         torch.testing.assert_close(outs[b], outs["eager"], atol=2e-3, rtol=2e-3, msg=b)
     assert not any(o.isnan().any() for o in outs.values())
@@ -126,7 +126,7 @@ def test_a_hidden_nan_never_reaches_a_visible_output(backend: str, blocks: tuple
     q, k, v = qkv(t=8)
     v[:, :, 5] = float("nan")  # key 5: hidden from queries 0..4 by the causal mask
     k[:, :, 6] = float("inf")
-    out = attention(q, k, v, is_causal=True, backend=backend, block_q=blocks[0], block_k=blocks[1])  # type: ignore[arg-type]
+    out = attention(q, k, v, is_causal=True, backend=backend, block_q=blocks[0], block_k=blocks[1])
     assert out[:, :, :5].isfinite().all()  # queries that cannot see 5 or 6 are untouched
     assert out[:, :, 5:].isnan().all()  # queries that see them are NaN, in every backend
     clean = attention(q[:, :, :5], k[:, :, :5], v[:, :, :5], is_causal=True, backend="eager")
@@ -137,7 +137,7 @@ def test_a_hidden_nan_never_reaches_a_visible_output(backend: str, blocks: tuple
 def test_a_nan_query_gives_a_nan_row_in_every_backend(backend: str) -> None:
     q, k, v = qkv()
     q[0, 1, 3, 0] = float("nan")
-    out = attention(q, k, v, backend=backend)  # type: ignore[arg-type]
+    out = attention(q, k, v, backend=backend)
     assert out[0, 1, 3].isnan().all()
     assert out.isnan().sum() == out.shape[-1]  # that row only
 
@@ -160,9 +160,9 @@ def test_zero_heads_or_head_dim_are_refused_by_name(shapes: tuple, pattern: str)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_keys_or_no_queries_give_zeros(backend: str) -> None:
     q, k, v = qkv()
-    out = attention(q, k[:, :, :0], v[:, :, :0], backend=backend)  # type: ignore[arg-type]
+    out = attention(q, k[:, :, :0], v[:, :, :0], backend=backend)
     assert out.shape == q.shape and (out == 0).all()
-    assert attention(q[:, :, :0], k, v, backend=backend).shape == (2, 2, 0, 8)  # type: ignore[arg-type]
+    assert attention(q[:, :, :0], k, v, backend=backend).shape == (2, 2, 0, 8)
 
 
 # -- loaders -------------------------------------------------------------------------------------------------------

@@ -77,7 +77,7 @@ def run(
         backend=backend,
         block_q=p["blocks"][0],
         block_k=p["blocks"][1],
-    )  # type: ignore[arg-type]
+    )
     weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
     grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
     return (out.detach(), *grads)
@@ -141,7 +141,7 @@ def test_half_precision_accumulates_in_float32() -> None:
     reference = attention(q, k, v, is_causal=True, backend="eager")
     for dtype in (torch.bfloat16, torch.float16):
         for backend in ("eager", "sdpa", "flash"):
-            out = attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=True, backend=backend)  # type: ignore[arg-type]
+            out = attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=True, backend=backend)
             assert out.dtype == dtype
             torch.testing.assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
 
@@ -166,7 +166,7 @@ def test_dropout_invariants(backend: str) -> None:
     q, k = torch.randn(1, 8, t, 16), torch.randn(1, 8, t, 16)
     v = torch.eye(t).expand(1, 8, t, t).contiguous()
     weights = attention(q, k, v, backend="eager")  # no dropout: the weights themselves
-    dropped = attention(q, k, v, dropout_p=p, backend=backend)  # type: ignore[arg-type]
+    dropped = attention(q, k, v, dropout_p=p, backend=backend)
     zero = dropped == 0
     assert abs(zero.float().mean().item() - p) < 0.02
     torch.testing.assert_close(dropped[~zero], weights[~zero] / (1 - p), atol=1e-5, rtol=1e-4)

@@ -15,7 +15,7 @@ TOL = dict(atol=1e-5, rtol=1e-5)
 
 def module(backend: str, window: int | None = None) -> Attention:
     torch.manual_seed(0)
-    return Attention(d_in=32, num_heads=4, num_kv_heads=2, rope=True, window=window, backend=backend).eval()  # type: ignore[arg-type]
+    return Attention(d_in=32, num_heads=4, num_kv_heads=2, rope=True, window=window, backend=backend).eval()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -69,7 +69,7 @@ def test_sliding_window_cache_ring_positions() -> None:
 @pytest.mark.parametrize("window", [None, 6])
 def test_generate_same_tokens_with_and_without_cache(backend: str, window: int | None) -> None:
     torch.manual_seed(1)
-    model = TinyDecoder(DecoderConfig(backend=backend, window=window)).eval()  # type: ignore[arg-type]
+    model = TinyDecoder(DecoderConfig(backend=backend, window=window)).eval()
     idx = torch.randint(0, 256, (3, 9))
     greedy = model.generate(idx, 24, use_cache=True)
     assert torch.equal(greedy, model.generate(idx, 24, use_cache=False))
@@ -84,7 +84,7 @@ def test_generate_same_tokens_with_and_without_cache(backend: str, window: int |
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_left_padded_batch_generates_what_each_sequence_generates_alone(backend: str) -> None:
     torch.manual_seed(2)
-    model = TinyDecoder(DecoderConfig(backend=backend)).eval()  # type: ignore[arg-type]
+    model = TinyDecoder(DecoderConfig(backend=backend)).eval()
     long, short = torch.randint(1, 256, (1, 8)), torch.randint(1, 256, (1, 5))
     batch = torch.cat([long, torch.cat([torch.zeros(1, 3, dtype=torch.long), short], dim=1)])  # left padding
     mask = torch.ones(2, 8, dtype=torch.long)
@@ -141,7 +141,7 @@ def test_cache_refuses_other_batch_heads_head_dim_and_dtype() -> None:
     with pytest.raises(
         TypeError, match=r"cache must provide next_positions\(t\) and update\(k, v\) \(attnlab.cache.Cache\), got dict"
     ):
-        attn(torch.randn(2, 1, 32), cache={})  # type: ignore[arg-type]
+        attn(torch.randn(2, 1, 32), cache={})
     assert cache.length == 0  # nothing was written by the refused calls
 
 

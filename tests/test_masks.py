@@ -37,7 +37,7 @@ def test_top_left_on_request_equals_sdpa_is_causal(backend: str) -> None:
     torch.manual_seed(0)
     q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
     expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    got = attention(q, k, v, is_causal=True, causal_align="top_left", backend=backend)  # type: ignore[arg-type]
+    got = attention(q, k, v, is_causal=True, causal_align="top_left", backend=backend)
     torch.testing.assert_close(got, expected)
 
 
@@ -89,7 +89,7 @@ def test_all_masks_combine(backend: str) -> None:
     extra = torch.rand(t, t) > 0.2
     expected_allowed = causal_mask(t, t) & sliding_window_mask(t, t, 4) & pad & extra
     reference = attention(q, k, v, mask=expected_allowed, backend="eager")
-    got = attention(q, k, v, mask=pad & extra, is_causal=True, window=4, backend=backend)  # type: ignore[arg-type]
+    got = attention(q, k, v, mask=pad & extra, is_causal=True, window=4, backend=backend)
     torch.testing.assert_close(got, reference)
     _, weights = attention(q, k, v, mask=pad & extra, window=4, backend="eager", return_weights=True)
     assert (weights[~expected_allowed.expand_as(weights)] == 0).all()
@@ -118,14 +118,14 @@ def test_row_with_nothing_to_attend_gives_zero_without_nan(backend: str, kind: s
         kw["mask"], dead[1] = padding_mask(torch.tensor([4, 0]), tk), True
     else:  # bottom-right: queries 0 and 1 sit before the first key
         kw["is_causal"], dead[:, :, :2] = True, True
-    out = attention(q, k, v, backend=backend, block_q=2, block_k=2, **kw)  # type: ignore[arg-type]
+    out = attention(q, k, v, backend=backend, block_q=2, block_k=2, **kw)
     assert torch.isfinite(out).all()
     assert (out[dead] == 0).all()
     assert (out[~dead] != 0).any()
     out.sum().backward()
     for t in (q, k, v):
         assert t.grad is not None and torch.isfinite(t.grad).all()
-    assert (q.grad[dead] == 0).all()  # type: ignore[index]
+    assert (q.grad[dead] == 0).all()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -133,7 +133,7 @@ def test_extreme_logits_stay_finite(backend: str) -> None:
     q = torch.tensor([[[[1e4, 0.0], [-1e4, 0.0], [0.0, 1e4]]]])  # (1, 1, 3, 2)
     k = torch.tensor([[[[1e4, 0.0], [-1e4, 0.0], [0.0, -1e4]]]])
     v = torch.randn(1, 1, 3, 2)
-    out = attention(q, k, v, backend=backend)  # type: ignore[arg-type]
+    out = attention(q, k, v, backend=backend)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out[0, 0, 0], v[0, 0, 0])  # scores of 7e7 pick key 0 outright
     torch.testing.assert_close(out[0, 0, 1], v[0, 0, 1])
@@ -146,8 +146,8 @@ def test_row_emptied_only_by_combining_masks_gives_zero(backend: str) -> None:
     q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))
     bias = torch.zeros(4, 4)
     bias[3, 3] = float("-inf")
-    out = attention(q, k, v, mask=bias, window=1, backend=backend, block_q=2, block_k=2)  # type: ignore[arg-type]
+    out = attention(q, k, v, mask=bias, window=1, backend=backend, block_q=2, block_k=2)
     assert torch.isfinite(out).all()
     assert (out[:, :, 3] == 0).all() and (out[:, :, :3] != 0).any()
     out.sum().backward()
-    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))  # type: ignore[arg-type]
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))

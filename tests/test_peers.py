@@ -32,8 +32,8 @@ def test_functional_matches_sdpa_math_kernel(backend: str, h_kv: int) -> None:
     with sdpa_kernel(SDPBackend.MATH):
         causal = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=h_kv != 4)
         masked = F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask, enable_gqa=h_kv != 4)
-    torch.testing.assert_close(attention(q, k, v, is_causal=True, backend=backend), causal, **TOL)  # type: ignore[arg-type]
-    torch.testing.assert_close(attention(q, k, v, mask=bool_mask, backend=backend), masked, **TOL)  # type: ignore[arg-type]
+    torch.testing.assert_close(attention(q, k, v, is_causal=True, backend=backend), causal, **TOL)
+    torch.testing.assert_close(attention(q, k, v, mask=bool_mask, backend=backend), masked, **TOL)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
