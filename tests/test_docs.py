@@ -35,3 +35,15 @@ def test_architecture_doc_names_every_module() -> None:
     for path in sorted(src.rglob("*.py")):
         if path.name != "__init__.py":
             assert path.name in text, f"docs/architecture.md does not mention {path.relative_to(src)}"
+
+
+def test_readme_python_examples_run() -> None:
+    """Every ```python block of the README runs as written, in order, in one namespace."""
+    import re
+
+    readme = (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    assert len(blocks) >= 4
+    namespace: dict[str, object] = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - our own README

@@ -6,6 +6,7 @@
 
 from attnlab.functional import attention
 from attnlab.nn import Attention
+from attnlab.observe import Recorder
 
 __version__ = "0.1.0"
-__all__ = ["Attention", "__version__", "attention"]
+__all__ = ["Attention", "Recorder", "__version__", "attention"]
