@@ -23,6 +23,8 @@ import torch
 
 from attnlab.bench.impls import build, reference_weights
 from attnlab.bench.memory import PeakMemory
+from attnlab.cache import KVCache
+from attnlab.nn.attention import Attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 3e-2, "float16": 1e-2}
@@ -103,7 +105,10 @@ def _decode_step(model: torch.nn.Module, x: torch.Tensor, impl: str) -> Callable
     new = torch.randn_like(x[:, :1])
     full = torch.cat([x, new], dim=1)  # (B, T+1, d)
     if impl.endswith("+kvcache"):
-        cache = model.make_cache(batch_size=x.shape[0], max_len=x.shape[1] + 1)  # type: ignore[operator]
+        if not isinstance(model, Attention):
+            raise TypeError(f"{impl} needs an attnlab.Attention to make its cache, got {type(model).__name__}")
+        cache = model.make_cache(batch_size=x.shape[0], max_len=x.shape[1] + 1)
+        assert isinstance(cache, KVCache)  # the bench's modules have no window, so crop() rewinds it
         with torch.no_grad():
             model(x, cache=cache)
 
