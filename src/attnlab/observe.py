@@ -96,10 +96,6 @@ class Recorder:
             return False
         return self._modules is None or any(fnmatch.fnmatchcase(module, p) for p in self._modules)
 
-    def wants(self, name: str) -> bool:
-        """Whether a step of this name, recorded now, would be kept."""
-        return self._wants(name, self._stack[-1] if self._stack else "")
-
     def _keep(self, name: str, tensor: torch.Tensor, source: str) -> None:
         module = self._stack[-1] if self._stack else ""
         if self._wants(name, module):
@@ -153,11 +149,6 @@ class Recorder:
 def is_recording() -> bool:
     """True inside a Recorder, outside torch.compile."""
     return bool(_ACTIVE) and not torch.compiler.is_compiling()
-
-
-def wants(name: str) -> bool:
-    """Whether any active recorder keeps a step of this name: lets callers skip work nobody reads."""
-    return is_recording() and any(r.wants(name) for r in _ACTIVE)
 
 
 def record(name: str, tensor: torch.Tensor, *, source: str = "") -> None:

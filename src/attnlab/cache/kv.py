@@ -55,7 +55,7 @@ class _CacheBase(nn.Module):
                 f"this cache would hold 2 x {elements:,} elements (batch {batch_size} x {num_kv_heads} heads x "
                 f"{capacity} positions x head_dim {head_dim}); that is beyond any device: check the sizes"
             )
-        self.batch_size, self.num_kv_heads, self.head_dim, self.capacity = batch_size, num_kv_heads, head_dim, capacity
+        self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
         shape = (batch_size, num_kv_heads, capacity, head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)

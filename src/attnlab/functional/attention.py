@@ -19,11 +19,9 @@ import torch
 
 from attnlab._checks import check_dropout, check_positive_int, check_scale, check_window
 from attnlab.functional.finite import apply_rule, clean
-from attnlab.functional.masks import CausalAlign, MaskSpec
+from attnlab.functional.masks import DEFAULT_BLOCK, CausalAlign, MaskSpec, at_least_2d
 from attnlab.functional.registry import KERNELS, Backend, resolve
 from attnlab.observe import Recorder, is_recording, note_unobserved
-
-DEFAULT_BLOCK = 256
 
 
 def _check_qkv(q: object, k: object, v: object) -> None:
@@ -38,10 +36,9 @@ def _check_qkv(q: object, k: object, v: object) -> None:
         if not torch.is_floating_point(t):
             raise TypeError(f"{name} must be floating point, got dtype {t.dtype}")
     assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
-    for name, t, dims in (("q", q, (1, 3)), ("k", k, (1, 3)), ("v", v, (1, 3))):
-        for dim in dims:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        for dim, what in ((1, "heads"), (3, "head_dim")):
             if t.shape[dim] == 0:
-                what = "heads" if dim == 1 else "head_dim"
                 raise ValueError(f"{name} has {what} = 0 (shape {tuple(t.shape)}); attention needs at least 1")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them with .to()")
@@ -101,8 +98,7 @@ def _normalize_mask(mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     beyond that dtype's range become -inf there, so every backend then sees the
     same mask, and a row left with only -inf attends to nothing and gives 0.
     """
-    if mask.dim() < 2:
-        mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))  # (Tk,) -> (1, Tk); () -> (1, 1)
+    mask = at_least_2d(mask)
     if mask.dtype == torch.bool:
         return mask
     return mask.to(q.dtype)
@@ -240,6 +236,7 @@ def attention(
         return run_kernel(name, q, k, v, spec, scale=scale_, dropout_p=dropout_p)[0]
     with Recorder(names=["attn_weights"]) as rec:  # the shortcut takes the weights the way any Recorder does
         out, _ = run_kernel(name, q, k, v, spec, scale=scale_, dropout_p=dropout_p)
+    # no step when run_kernel answered an empty input without a kernel: its weights are all 0 too
     weights = rec.get("attn_weights") if rec.steps else q.new_zeros(*q.shape[:3], k.shape[2])
     return out, weights.to(q.dtype)
 

@@ -26,6 +26,14 @@ import torch
 from attnlab._checks import check_window
 
 CausalAlign = Literal["bottom_right", "top_left"]
+DEFAULT_BLOCK = 256  # the flash backend's tile, queries by keys
+
+
+def at_least_2d(mask: torch.Tensor) -> torch.Tensor:
+    """A mask as (.., Tq, Tk): a (Tk,) mask is one row (1, Tk), a 0-D mask (1, 1); broadcasting is unchanged."""
+    if mask.dim() >= 2:
+        return mask
+    return mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))  # (Tk,) -> (1, Tk); () -> (1, 1)
 
 
 def causal_mask(
@@ -147,8 +155,8 @@ class MaskSpec:
     window: int | None = None
     allowed: torch.Tensor | None = None
     bias: torch.Tensor | None = None
-    block_q: int = 256
-    block_k: int = 256
+    block_q: int = DEFAULT_BLOCK
+    block_k: int = DEFAULT_BLOCK
 
     @property
     def structural(self) -> bool:

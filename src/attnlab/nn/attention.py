@@ -17,6 +17,7 @@ import torch.nn as nn
 from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_positive_int, check_scale, check_window
 from attnlab.cache import Cache, KVCache, SlidingWindowCache
 from attnlab.functional.attention import attention, check_mask
+from attnlab.functional.masks import at_least_2d
 from attnlab.functional.registry import Backend, check_backend
 from attnlab.nn.rotary import RotaryEmbedding, apply_rotary
 
@@ -160,12 +161,12 @@ class Attention(nn.Module):
         """
         self._check_input(x)
         b, t, _ = x.shape
+        query_pos = None
         if cache is not None:
             self._check_cache(cache)
-        query_pos = cache.next_positions(t) if cache is not None else None  # (T,) absolute positions
-        if mask is not None:
-            seen = t if query_pos is None else self._seen(query_pos, t, mask)
-            check_mask(mask, (b, self.num_heads, t, seen), x.device)
+            query_pos = cache.next_positions(t)  # (T,) absolute positions
+            if mask is not None:  # before the cache is written; without a cache, attention() checks it
+                check_mask(mask, (b, self.num_heads, t, self._keys_seen(query_pos, mask)), x.device)
         if positions is not None:
             self._check_positions(positions, b, t)
         queries, keys, values = self.split_qkv(x)
@@ -181,11 +182,14 @@ class Attention(nn.Module):
         return self.attend(queries, keys, values, mask=self._cached_mask(mask, query_pos, key_pos), structural=False)
 
     @staticmethod
-    def _seen(query_pos: torch.Tensor, t: int, mask: torch.Tensor) -> int:
-        """Tokens seen once these t are added (cached + new): the width a mask must have."""
-        if torch.compiler.is_compiling() or not isinstance(mask, torch.Tensor) or mask.dim() == 0:
-            return mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() else 1  # no sync under compile
-        return int(query_pos[-1]) + 1 if t else 0
+    def _keys_seen(query_pos: torch.Tensor, mask: object) -> int:
+        """Cached + new tokens: the width a mask over positions must have.
+
+        Compiled (no sync) or with no new token, the mask's own width is taken as given.
+        """
+        if torch.compiler.is_compiling() or query_pos.numel() == 0:
+            return mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() else 1
+        return int(query_pos[-1]) + 1
 
     def _check_cache(self, cache: object) -> None:
         if not isinstance(cache, Cache):
@@ -211,8 +215,7 @@ class Attention(nn.Module):
             allowed = allowed & (k > q - self.window)
         if mask is None:
             return allowed
-        if mask.dim() < 2:
-            mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))  # (Tk,) -> (1, Tk)
+        mask = at_least_2d(mask)
         if mask.shape[-1] != 1:  # columns are positions 0..L+T-1; pick those of the slots
             mask = mask[..., key_pos.clamp(min=0)]  # (.., T or 1, S)
         if mask.dtype == torch.bool:
