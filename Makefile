@@ -6,9 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnlab-installed
 
-.PHONY: demo test setup browser lint clean
+.PHONY: demo test setup fonts browser lint clean
 
-setup: $(STAMP)
+setup: $(STAMP) fonts
 
 # pip reads torch==2.13.0 from constraints.txt; its CPU wheel is found locally.
 $(STAMP): pyproject.toml constraints.txt
@@ -16,27 +16,36 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
-demo: $(STAMP)
+demo: setup
 	$(VENV)/bin/attnlab tour
 
-# The HTML report is tested in a real headless Chromium (Debian's package) and
-# its heatmaps draw Chinese with a CJK font. Installed here when missing; where
-# they cannot be installed the browser test says so (and fails under CI=true).
+# The Chinese tour and reports need a CJK font (WenQuanYi Zen Hei), Symbola for
+# emoji in heatmaps (outlines matplotlib can draw) and Noto Color Emoji for the
+# browser. Installed with Debian's apt when missing; attnlab finds them by file,
+# so matplotlib's older font cache does not matter.
+FONT_PACKAGES := fonts-wqy-zenhei fonts-symbola fonts-noto-color-emoji
+fonts:
+	@test -e /usr/share/fonts/truetype/wqy/wqy-zenhei.ttc && fc-list 2>/dev/null | grep -qi "symbola" \
+	  && fc-list 2>/dev/null | grep -qi "color emoji" || { \
+	  echo "installing fonts for Chinese and emoji: $(FONT_PACKAGES)"; \
+	  (apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(FONT_PACKAGES) >/dev/null 2>&1) \
+	  || echo "could not install $(FONT_PACKAGES) (need root and apt-get): Chinese labels fall back to their Unicode names"; }
+
+# The HTML report is tested in a real headless Chromium (Debian's package).
+# Installed here when missing; where it cannot be, the browser test says so
+# (and fails under CI=true).
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian's chromium for the browser test"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	  || echo "could not install chromium (need root and apt-get): the browser test will be skipped"; }
-	@fc-list 2>/dev/null | grep -qi "wenquanyi\|noto sans cjk" || \
-	  (apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-wqy-zenhei >/dev/null 2>&1) || \
-	  echo "no CJK font: Chinese labels in heatmaps will show as boxes"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
-test: $(STAMP) browser lint
+test: setup browser lint
 	$(PY) -m pytest -q
 
 clean:

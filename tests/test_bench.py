@@ -82,6 +82,8 @@ def test_cases_that_would_not_fit_are_skipped_without_running() -> None:
         calls.append(spec)
         if spec["mode"] == "matmul":
             return {"matmul_gflops": 100.0}
+        if "impls" in spec:  # the interleaved timing of the cases that ran
+            return {"samples_ms": {impl: [1.0 * spec["seq"]] * 3 for impl in spec["impls"]}}
         return {
             **spec,
             "status": "ok",
@@ -116,14 +118,56 @@ def test_bad_configs_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValueError, match=r"repeats must be >= 1, got 0"):
         BenchConfig(repeats=0).validate()
     assert cli.main(["bench", "--impls", "nope"]) == 2
-    assert "unknown implementations" in capsys.readouterr().out
+    assert "unknown implementations" in capsys.readouterr().err
     assert cli.main(["bench", "--quick", "--longest", "book-mha", "nope"]) == 2
-    assert "unknown implementations ['nope']" in capsys.readouterr().out
+    assert "unknown implementations ['nope']" in capsys.readouterr().err
     # output paths are checked before minutes of timing, not after
     assert cli.main(["bench", "--quick", "--json", "/no/such/folder/out.json"]) == 2
     assert (
         "cannot write '/no/such/folder/out.json': the folder '/no/such/folder' does not exist"
-        in capsys.readouterr().out
+        in capsys.readouterr().err
     )
     assert cli.main(["bench", "--quick", "--plot", "out.txt"]) == 2
-    assert "'out.txt' should end in .png or .svg or .pdf" in capsys.readouterr().out
+    assert "'out.txt' should end in .png or .svg or .pdf" in capsys.readouterr().err
+
+
+def test_interleaved_rounds_give_paired_ratio_spreads_and_flag_noisy_findings() -> None:
+    """A fake machine: flash is steadily 2x faster; book-mha has one slow round at T=2048."""
+    groups: list[dict[str, Any]] = []
+
+    def fake_worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if spec["mode"] == "matmul":
+            return {"matmul_gflops": 100.0}
+        if "impls" in spec:
+            groups.append(spec)
+            t = spec["seq"] / 1024
+            book = [2.0 * t * t, 2.0 * t * t, 2.0 * t * t * (3 if t == 2 else 1)]
+            return {"samples_ms": {"book-mha": book, "attnlab-flash": [1.0 * t * t] * 3}}
+        return {**spec, "status": "ok", "median_ms": 1.0, "peak_allocated_bytes": 1, "peak_rss_bytes": 1}
+
+    config = BenchConfig(seq_lens=(1024, 2048), impls=("book-mha", "attnlab-flash"), decode=False, repeats=3)
+    result = run(config, worker=fake_worker)
+    assert [g["impls"] for g in groups] == [["book-mha", "attnlab-flash"]] * 2 and groups[0]["repeats"] == 3
+    by = {(c.impl, c.seq): c for c in result.cases}
+    steady, wobbly = by[("book-mha", 1024)], by[("book-mha", 2048)]
+    assert steady.ratio_to_fastest == pytest.approx(2.0) and steady.ratio_spread == pytest.approx(0.0)
+    assert not steady.ratio_noisy
+    assert wobbly.ratio_spread == pytest.approx((6 - 2) / 2) and wobbly.ratio_noisy  # rounds: 2, 2, 6
+    flash = result.fits["attnlab-flash forward"]
+    assert flash.time_exponent == pytest.approx(2.0) and not flash.time_noisy
+    assert result.fits["book-mha forward"].time_noisy  # per-round slopes 2, 2 and log2(24 / 2) = 3.58
+    assert result.to_json()["cases"][1]["ratio_noisy"] is False
+
+
+def test_longest_alone_runs_only_the_search(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnlab.bench import runner
+    from attnlab.bench.results import Longest, Machine
+
+    swept: list[object] = []
+    monkeypatch.setattr(runner, "measure_machine", lambda config: (Machine("t", 2, 2, 2**30, 10.0), 0.1))
+    monkeypatch.setattr(runner, "run", lambda *a, **k: swept.append(a))
+    monkeypatch.setattr(runner, "longest", lambda impls, progress: [Longest(impls[0], 8192, 1.0, 1, "T=16384: time")])
+    assert cli.main(["bench", "--longest", "attnlab-flash"]) == 0
+    assert swept == [] and "longest attnlab-flash: T=8192" in capsys.readouterr().out

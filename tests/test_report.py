@@ -12,7 +12,8 @@ import torch
 
 from attnlab import Attention, book, cli
 from attnlab.explain.render.heatmap import head_grid, heatmap, save
-from attnlab.explain.report import explain_report, kv_cache_steps, tokenize, tour_report
+from attnlab.explain.report import explain_report, tokenize, tour_report
+from attnlab.explain.tour import kv_cache_steps
 from attnlab.observe import Recorder
 
 XSS = '<script>alert(1)</script> and "><img src=x onerror=alert(1)>'
@@ -116,13 +117,13 @@ def test_explain_errors_name_the_value(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(ValueError, match=r"d_model \(16\) must be divisible by heads \(3\)"):
         explain_report("a b", heads=3)
     assert cli.main(["explain", "a b", "--heads", "3"]) == 2
-    assert "must be divisible by heads (3)" in capsys.readouterr().out
+    assert "must be divisible by heads (3)" in capsys.readouterr().err
     assert cli.main(["explain", "a b", "--dropout", "1.5"]) == 2
-    assert "dropout must be in [0, 1), got 1.5" in capsys.readouterr().out
+    assert "dropout must be in [0, 1), got 1.5" in capsys.readouterr().err
     assert cli.main(["explain", "a b", "--html", "/no/such/dir/r.html"]) == 2
-    assert "the folder '/no/such/dir' does not exist" in capsys.readouterr().out
+    assert "the folder '/no/such/dir' does not exist" in capsys.readouterr().err
     assert cli.main(["tour", "--html", "report.txt"]) == 2
-    assert "'report.txt' should end in .html or .htm" in capsys.readouterr().out
+    assert "'report.txt' should end in .html or .htm" in capsys.readouterr().err
 
 
 def test_jupyter_shows_the_chinese_report_inline() -> None:
@@ -185,9 +186,20 @@ def test_report_in_headless_chromium(kind: str, tmp_path: Path) -> None:
         widths = images.evaluate_all("imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
         assert all(w > 100 for w in widths), widths  # every heatmap decoded
         assert page.locator("script").count() == 1  # the report's own, and no injected one
+        grid = images.last  # a grid of heads: it opens at its full size on click, Esc closes it
+        shown = grid.evaluate("i => i.getBoundingClientRect().width")
+        grid.scroll_into_view_if_needed()
+        grid.click()
+        assert page.locator("#lightbox.open").is_visible()
+        full = page.locator("#lightbox img").evaluate("i => i.getBoundingClientRect().width")
+        assert full > shown * 1.2, (shown, full)
+        if kind == "tour-zh":
+            page.screenshot(path=str(SCREENSHOTS.parent / "lightbox.png"))
+        page.keyboard.press("Escape")
+        assert not page.locator("#lightbox.open").is_visible()
         if kind == "explain-xss":
             assert XSS in page.locator("h1").inner_text()  # shown as text
-            assert page.locator("img:not(.heatmap)").count() == 0
+            assert page.locator("img:not(.heatmap):not(.enlarged)").count() == 0
         else:
             assert "注意力权重" in page.content()
             page.uncheck("#toggle-numbers")

@@ -30,6 +30,17 @@ def check_positive_int(name: str, value: object, *, limit: int = MAX_SIZE) -> No
         raise ValueError(f"{name} must be <= {limit}, got {value}; is it a typo?")
 
 
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit seed; a larger or negative one is refused
+
+
+def check_seed(seed: object, *, name: str = "seed") -> None:
+    """A seed for torch.manual_seed: an int in [0, 2**63 - 1]."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"{name} must be an int, got {seed!r} ({type(seed).__name__})")
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{name} must be in [0, 2**63 - 1], got {seed}; any integer in that range gives its own run")
+
+
 def check_dropout(dropout: object, *, name: str = "dropout") -> None:
     """A probability in [0, 1): the chance of zeroing an attention weight."""
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):

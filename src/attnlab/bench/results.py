@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 SCHEMA = "attnlab.bench/2"
-NOISY_SPREAD = 0.25  # (max - min) / median of a case's samples above this: too wide to trust
+NOISY_SPREAD = 0.25  # (max - min) / median of a case's samples, or of its paired ratios, above this: too wide to trust
+NOISY_EXPONENT = 0.5  # a fitted exponent that moves by more than this from round to round says nothing
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Case:
     gflops: float | None = None
     roofline_fraction: float | None = None
     ratio_to_fastest: float | None = None
+    ratio_spread: float | None = None  # (max - min) / median of the per-round ratios to the fastest (interleaved)
 
     @classmethod
     def from_worker(cls, answer: dict[str, Any]) -> Case:
@@ -59,6 +61,11 @@ class Case:
     def noisy(self) -> bool:
         return self.spread is not None and self.spread > NOISY_SPREAD
 
+    @property
+    def ratio_noisy(self) -> bool:
+        """The ratio to the fastest moved too much from round to round to be a finding."""
+        return self.ratio_spread is not None and self.ratio_spread > NOISY_SPREAD
+
 
 @dataclass(frozen=True)
 class Machine:
@@ -75,6 +82,12 @@ class Fit:
 
     time_exponent: float | None
     memory_exponent: float | None
+    time_exponent_range: tuple[float, float] | None = None  # the slope fitted to each round's samples: min, max
+
+    @property
+    def time_noisy(self) -> bool:
+        r = self.time_exponent_range
+        return r is not None and r[1] - r[0] > NOISY_EXPONENT
 
 
 @dataclass(frozen=True)
@@ -99,7 +112,7 @@ class BenchResult:
             "schema": SCHEMA,
             "machine": asdict(self.machine),
             "config": self.config,
-            "cases": [{**asdict(c), "spread": c.spread} for c in self.cases],
-            "fits": {key: asdict(fit) for key, fit in self.fits.items()},
+            "cases": [{**asdict(c), "spread": c.spread, "ratio_noisy": c.ratio_noisy} for c in self.cases],
+            "fits": {key: {**asdict(fit), "time_noisy": fit.time_noisy} for key, fit in self.fits.items()},
             "longest": [asdict(row) for row in self.longest],
         }

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
@@ -130,27 +132,62 @@ def plan(config: BenchConfig) -> list[dict[str, Any]]:
     return specs
 
 
-def run(
-    config: BenchConfig, *, progress: Callable[[int, int, str], None] | None = None, worker: Worker = _spawn
-) -> BenchResult:
-    """Run every case of ``config``; ``progress(done, total, label)`` is called as cases finish."""
-    config.validate()
-    free = available_bytes()
+def measure_machine(config: BenchConfig, worker: Worker = _spawn) -> tuple[Machine, float]:
+    """This machine now: torch, threads, free memory, the float32 matmul rate; and how long one worker took."""
+    started = time.perf_counter()
     matmul = worker({"mode": "matmul", "threads": config.threads}, config.timeout_s).get("matmul_gflops")
     machine = Machine(
         torch=torch.__version__,
         cpus=os.cpu_count(),
         threads=config.threads or torch.get_num_threads(),
-        available_bytes=free,
+        available_bytes=available_bytes(),
         matmul_gflops=matmul,
     )
-    result = BenchResult(machine=machine, config=asdict(config))
+    return machine, time.perf_counter() - started
+
+
+def estimate_seconds(config: BenchConfig, machine: Machine, spawn_s: float) -> list[float]:
+    """A rough forecast of each planned case (its own process, its share of the interleaved timing), in seconds.
+
+    Nominal FLOPs at a quarter of the matmul rate, plus the start of a process:
+    good to a factor of two or so, enough to say "about 3 minutes" before a
+    run and to pace the progress bar.
+    """
+    rate = (machine.matmul_gflops or 10.0) * 1e9 * 0.25
+    out = []
+    for spec in plan(config):
+        one = nominal_flops(spec["mode"], spec["batch"], spec["seq"], spec["d_model"]) / rate
+        # its own process: build, check, one warm-up, one run, one measured for memory; then its interleaved turns
+        out.append(spawn_s * (1 + 1 / max(len(config.impls), 1)) + one * (3 + config.warmup + config.repeats))
+    return out
+
+
+def run(
+    config: BenchConfig,
+    *,
+    progress: Callable[[float, float, str], None] | None = None,
+    worker: Worker = _spawn,
+    machine: tuple[Machine, float] | None = None,
+) -> BenchResult:
+    """Run every case of ``config``; ``progress(done_s, total_s, label)`` is called as cases finish.
+
+    Each case runs once in its own process (the check against float64 and the
+    memory); then the cases of one length and mode that passed are timed
+    together in one process, their repeats interleaved, so the ratios between
+    implementations come from the same moments of the machine's load.
+    """
+    config.validate()
+    machine_info, spawn_s = machine or measure_machine(config, worker)
+    result = BenchResult(machine=machine_info, config=asdict(config))
     specs = plan(config)
+    estimates = estimate_seconds(config, machine_info, spawn_s)
+    total, done = sum(estimates), 0.0
+    free = machine_info.available_bytes
     dtype_bytes = torch.empty((), dtype=getattr(torch, config.dtype)).element_size()
-    for n, spec in enumerate(specs):
-        label = f"{spec['impl']} {spec['mode']} T={spec['seq']}"
+    groups: dict[tuple[str, int], list[Case]] = {}
+    for spec, estimate in zip(specs, estimates, strict=True):
         if progress:
-            progress(n, len(specs), label)
+            progress(done, total, f"{spec['impl']} {spec['mode']} T={spec['seq']}")
         need = memory_model(
             spec["impl"],
             batch=spec["batch"],
@@ -167,14 +204,50 @@ def run(
                 f"of the {free / 2**30:.1f} GiB available",
             }
         else:
-            answer = worker({**spec, "memory_limit_bytes": int(config.memory_fraction * free)}, config.timeout_s)
+            own = {**spec, "repeats": 1, "warmup": 1, "memory_limit_bytes": int(config.memory_fraction * free)}
+            answer = worker(own, config.timeout_s)
         case = Case.from_worker({**spec, **answer})
         case.predicted_bytes = need
         result.cases.append(case)
+        groups.setdefault((spec["mode"], spec["seq"]), []).append(case)
+        done += estimate
+    for (mode, seq), cases in groups.items():
+        if progress:
+            progress(done, total, f"interleaved timing, {mode} T={seq}")
+        _time_together([c for c in cases if c.ok], config, worker)
     if progress:
-        progress(len(specs), len(specs), "done")
+        progress(total, total, "done")
     summarize(result)
     return result
+
+
+def _time_together(cases: list[Case], config: BenchConfig, worker: Worker) -> None:
+    """Replace each case's single timing with its interleaved samples (or mark it failed)."""
+    if not cases:
+        return
+    first = cases[0]
+    spec = dict(
+        impls=[c.impl for c in cases],
+        mode=first.mode,
+        seq=first.seq,
+        batch=first.batch,
+        d_model=first.d_model,
+        heads=first.heads,
+        dtype=first.dtype,
+        repeats=config.repeats,
+        warmup=config.warmup,
+        check_len=config.check_len,
+        threads=config.threads,
+    )
+    answer = worker(spec, config.timeout_s * len(cases))
+    samples = answer.get("samples_ms")
+    for c in cases:
+        if not isinstance(samples, dict) or not samples.get(c.impl):
+            c.status = f"failed: interleaved timing: {answer.get('status', 'no samples')}"
+            c.median_ms = None
+            continue
+        c.samples_ms = list(samples[c.impl])
+        c.median_ms = statistics.median(c.samples_ms)
 
 
 def summarize(result: BenchResult) -> None:
@@ -188,17 +261,25 @@ def summarize(result: BenchResult) -> None:
             c.roofline_fraction = c.gflops / matmul if matmul else None
             groups.setdefault((c.mode, c.seq), []).append(c)
     for cases in groups.values():
-        fastest = min(c.median_ms for c in cases if c.median_ms is not None)
+        fastest = min(cases, key=lambda c: c.median_ms or math.inf)
         for c in cases:
-            assert c.median_ms is not None
-            c.ratio_to_fastest = c.median_ms / fastest
+            assert c.median_ms is not None and fastest.median_ms is not None
+            c.ratio_to_fastest = c.median_ms / fastest.median_ms
+            paired = [a / b for a, b in zip(c.samples_ms, fastest.samples_ms, strict=False) if b > 0]
+            if len(paired) >= 2 and len(c.samples_ms) == len(fastest.samples_ms):  # round r against round r
+                c.ratio_spread = (max(paired) - min(paired)) / statistics.median(paired)
     for impl in dict.fromkeys(c.impl for c in result.cases):
         for mode in dict.fromkeys(c.mode for c in result.cases):
             ok = sorted((c for c in result.cases if c.impl == impl and c.mode == mode and c.ok), key=lambda c: c.seq)
             if len(ok) >= 2:
+                seqs = [float(c.seq) for c in ok]
+                rounds = min(len(c.samples_ms) for c in ok)
+                per_round = [_slope(seqs, [c.samples_ms[r] for c in ok]) for r in range(rounds)]
+                slopes = [v for v in per_round if v is not None]
                 result.fits[f"{impl} {mode}"] = Fit(
-                    time_exponent=_slope([c.seq for c in ok], [c.median_ms or 0.0 for c in ok]),
-                    memory_exponent=_slope([c.seq for c in ok], [c.peak_allocated_bytes or 0 for c in ok]),
+                    time_exponent=_slope(seqs, [c.median_ms or 0.0 for c in ok]),
+                    memory_exponent=_slope(seqs, [float(c.peak_allocated_bytes or 0) for c in ok]),
+                    time_exponent_range=(min(slopes), max(slopes)) if len(slopes) >= 2 else None,
                 )
 
 

@@ -72,21 +72,7 @@ def run_case(spec: dict[str, Any], model_override: torch.nn.Module | None = None
         result["status"] = "refused: output differs from the reference"
         return result
 
-    if spec["mode"] == "decode":
-        fn = _decode_step(model, x, spec["impl"])
-    elif spec["mode"] == "forward":
-
-        def fn() -> object:
-            with torch.no_grad():
-                return model(x)
-    else:
-        xg = x.detach().requires_grad_()
-
-        def fn() -> object:
-            out = model(xg)
-            out.sum().backward()
-            return out
-
+    fn = _timed_call(model, x, spec["mode"], spec["impl"])
     median, samples = _median_seconds(fn, spec["repeats"], spec["warmup"])
     with PeakMemory() as mem:
         fn()
@@ -98,6 +84,56 @@ def run_case(spec: dict[str, Any], model_override: torch.nn.Module | None = None
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     )
     return result
+
+
+def _timed_call(model: torch.nn.Module, x: torch.Tensor, mode: str, impl: str) -> Callable[[], object]:
+    """What one timed run does: a forward, a forward + backward, or one decode step."""
+    if mode == "decode":
+        return _decode_step(model, x, impl)
+    if mode == "forward":
+
+        def forward() -> object:
+            with torch.no_grad():
+                return model(x)
+
+        return forward
+    xg = x.detach().requires_grad_()
+
+    def forward_backward() -> object:
+        out = model(xg)
+        out.sum().backward()
+        return out
+
+    return forward_backward
+
+
+def time_interleaved(spec: dict[str, Any]) -> dict[str, Any]:
+    """Time several implementations of one case in turns: round r runs each once, in an order rotated by r.
+
+    A machine that slows down for a while slows every implementation in the
+    rounds it touches, so the per-round ratios stay honest where timing each
+    implementation in its own block would not.
+    """
+    torch.set_num_threads(spec.get("threads") or torch.get_num_threads())
+    dtype = DTYPES[spec["dtype"]]
+    b, t, d, h = spec["batch"], spec["seq"], spec["d_model"], spec["heads"]
+    torch.manual_seed(1)
+    x = torch.randn(b, t, d, dtype=dtype)
+    calls = {}
+    for impl in spec["impls"]:
+        context = t + 2 if impl.startswith("book-") else spec["check_len"] + 2
+        model = build(impl, reference_weights(d, h, context)).to(dtype).eval()
+        calls[impl] = _timed_call(model, x, spec["mode"], impl)
+        for _ in range(spec["warmup"]):
+            calls[impl]()
+    names = list(calls)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(spec["repeats"]):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            calls[name]()
+            samples[name].append((time.perf_counter() - start) * 1e3)
+    return {"samples_ms": samples}
 
 
 def _decode_step(model: torch.nn.Module, x: torch.Tensor, impl: str) -> Callable[[], object]:
@@ -147,6 +183,9 @@ def main() -> None:
     limit_memory(spec.get("memory_limit_bytes"))
     if spec.get("mode") == "matmul":
         print(json.dumps({"matmul_gflops": matmul_gflops(threads=spec.get("threads"))}))
+        return
+    if "impls" in spec:  # the interleaved timing of every implementation that passed its own case
+        print(json.dumps(time_interleaved(spec)))
         return
     try:
         result = run_case(spec)

@@ -163,3 +163,7 @@ MHA_OUTPUT = [
 
 # MultiHeadAttention(768, 768, 1024, 0.0, 12): 3 * 768 * 768 + 768 * 768 + 768
 GPT2_MHA_PARAMETERS = 2_360_064
+
+# The notes' example of sum normalization: two people with 6 and 4 apples,
+# as weights 6/(6+4) and 4/(6+4).
+APPLES_WEIGHTS = [0.6, 0.4]

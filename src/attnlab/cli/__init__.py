@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
+from attnlab import __version__
 from attnlab.cli import bench, explain, tour
 from attnlab.cli._common import error
 
@@ -21,15 +22,24 @@ COMMANDS = {"tour": tour, "explain": explain, "bench": bench}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnlab", description="Learn, verify and use attention.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="attnlab",
+        description="Learn, verify and use attention: chapter 3 of 'Build a Large Language Model (From Scratch)' "
+        "step by step, any sentence explained, every implementation measured.",
+    )
+    parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS.values():
         command.add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # `attnlab` alone: what it can do
+        parser.print_help()
+        return 0
     logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)  # font fallback chatter
     console = Console(highlight=False)
     try:

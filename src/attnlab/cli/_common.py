@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 
 def error(console: Console, message: object) -> int:
-    """Print one clear line (no traceback) and return the usage-error exit code."""
-    console.print(f"[red]error:[/red] {message}", markup=True, highlight=False, soft_wrap=True)  # one line, whole
+    """Print one clear line on stderr (no traceback) and return the usage-error exit code."""
+    stderr = Console(stderr=True, highlight=False, force_terminal=console.is_terminal, no_color=console.no_color)
+    line = Text("error: ", style="red")
+    line.append(str(message))
+    stderr.print(line, soft_wrap=True)  # one line, whole
     return 2
 
 
@@ -24,7 +29,12 @@ def check_output(path: str | None, *, suffixes: tuple[str, ...]) -> None:
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise ValueError(f"cannot write {path!r}: the folder {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ValueError(f"cannot write {path!r}: permission denied")
     if target.is_dir():
         raise ValueError(f"{path!r} is a folder; give a file name")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise ValueError(f"cannot write {path!r}: permission denied")
+    try:  # os.access says yes to root everywhere; writing a scratch file is the only true answer
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".attnlab-probe-"):
+            pass
+    except OSError as err:
+        raise ValueError(f"cannot write {path!r}: {err.strerror or err} in {str(parent)!r}") from None

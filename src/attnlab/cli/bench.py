@@ -6,14 +6,28 @@ import argparse
 import json
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
+from attnlab.bench.impls import IMPLEMENTATIONS
 from attnlab.cli._common import check_output, error
+
+MODE_TITLES = {"forward": "forward", "backward": "forward + backward", "decode": "decode: one new token"}
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    bench = sub.add_parser("bench", help="time and measure every attention implementation, side by side")
+    bench = sub.add_parser(
+        "bench",
+        help="time and measure every attention implementation, side by side",
+        description="Time and measure every attention implementation, side by side.",
+    )
     bench.add_argument(
         "--seq-lens", type=int, nargs="+", metavar="T", help="sequence lengths (default 512 1024 2048 4096)"
     )
@@ -23,15 +37,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], help="default float32")
     bench.add_argument("--backward", action="store_true", help="time forward + backward instead of forward")
     bench.add_argument("--repeats", type=int, help="timed runs per case; the median is reported (default 5)")
-    bench.add_argument("--impls", nargs="+", metavar="NAME", help="implementations to run (default: all)")
+    bench.add_argument(
+        "--impls",
+        nargs="+",
+        metavar="NAME",
+        help=f"implementations to run (default: all): {', '.join(IMPLEMENTATIONS)}",
+    )
     bench.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     bench.add_argument("--no-decode", action="store_true", help="skip the decode-step cases")
     bench.add_argument(
         "--longest",
         nargs="*",
         metavar="NAME",
-        help="also find the longest sequence these run at batch 1, 768 dims, 12 heads "
-        "(default: book-mha attnlab-auto attnlab-flash); takes minutes",
+        help="find the longest sequence these run at batch 1, 768 dims, 12 heads "
+        "(default: book-mha attnlab-auto attnlab-flash); takes minutes; runs only this search unless "
+        "--seq-lens or --quick asks for the sweep too",
     )
     bench.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds: a smoke run")
     bench.add_argument("--json", metavar="PATH", help="write every case to a JSON file")
@@ -39,7 +59,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from attnlab.bench.runner import QUICK, BenchConfig, longest, run, with_overrides
+    from attnlab.bench.results import BenchResult
+    from attnlab.bench.runner import (
+        QUICK,
+        BenchConfig,
+        estimate_seconds,
+        longest,
+        measure_machine,
+        plan,
+        run,
+        with_overrides,
+    )
 
     console = Console(highlight=False, width=max(console.width, 118))  # the tables need the width
     base = QUICK if args.quick else BenchConfig()
@@ -58,28 +88,42 @@ def run(args: argparse.Namespace, console: Console) -> int:
     )
     default_longest = ("book-mha", "attnlab-auto", "attnlab-flash")
     longest_impls = None if args.longest is None else tuple(args.longest or default_longest)
+    sweep = longest_impls is None or bool(args.seq_lens) or args.quick  # --longest alone runs only the search
     try:  # everything a long run could trip over, before it starts
         config.validate()
         if longest_impls:
             BenchConfig(impls=longest_impls).validate()
         check_output(args.json, suffixes=(".json",))
         check_output(args.plot, suffixes=(".png", ".svg", ".pdf"))
+        if args.plot and not sweep:
+            raise ValueError("--plot draws the sweep against T; --longest alone has none (add --seq-lens)")
     except ValueError as err:
         return error(console, err)
+    with console.status("measuring this machine (matmul rate, free memory)"):
+        machine, spawn_s = measure_machine(config)
+    if sweep:
+        forecast = sum(estimate_seconds(config, machine, spawn_s))
+        if forecast > 60:
+            console.print(
+                f"{len(plan(config))} cases, about {forecast / 60:.0f} min by a rough forecast "
+                "(nominal FLOPs at a quarter of the matmul rate); --quick is a smoke run of seconds"
+            )
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
+        TaskProgressColumn(),
         TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
         console=console,
         transient=True,
     ) as bar:
         task = bar.add_task("planning", total=None)
 
-        def progress(done: int, total: int, label: str) -> None:
+        def progress(done: float, total: float, label: str) -> None:
             bar.update(task, completed=done, total=total, description=label)
 
-        result = run(config, progress=progress)
+        result = run(config, progress=progress, machine=(machine, spawn_s)) if sweep else BenchResult(machine, {})
         if longest_impls:
             result.longest = longest(longest_impls, progress=progress)
     machine = result.machine
@@ -89,7 +133,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         f"{machine.available_bytes / 2**30:.1f} GiB available"
     )
     for mode in dict.fromkeys(c.mode for c in result.cases):
-        table = Table(title=f"{mode}: batch {config.batch}, d={config.d_model}, {config.heads} heads, {config.dtype}")
+        what = MODE_TITLES.get(mode, mode)
+        table = Table(title=f"{what}: batch {config.batch}, d={config.d_model}, {config.heads} heads, {config.dtype}")
         table.add_column("implementation", no_wrap=True)
         for col in ("T", "median ms", "spread", "x fastest", "peak alloc MiB", "peak RSS MiB", "GFLOP/s", "of matmul"):
             table.add_column(col, justify="right")
@@ -98,31 +143,37 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 table.add_row(c.impl, str(c.seq), f"[yellow]{c.status}[/yellow]", "", "", "", "", "", "")
                 continue
             spread = f"{c.spread:.0%}" if c.spread is not None else ""
+            ratio = f"{c.ratio_to_fastest:.2f}" if c.ratio_to_fastest else ""
             table.add_row(
                 c.impl,
                 str(c.seq),
                 f"{c.median_ms:.2f}",
                 f"[yellow]{spread}[/yellow]" if c.noisy else spread,
-                f"{c.ratio_to_fastest:.2f}" if c.ratio_to_fastest else "",
+                f"[yellow]~{ratio}?[/yellow]" if c.ratio_noisy else ratio,
                 f"{(c.peak_allocated_bytes or 0) / 2**20:.1f}",
                 f"{(c.peak_rss_bytes or 0) / 2**20:.0f}",
                 f"{c.gflops:.1f}" if c.gflops else "",
                 f"{c.roofline_fraction:.2f}" if c.roofline_fraction else "",
             )
         console.print(table)
-    noisy = [c for c in result.cases if c.noisy]
+    noisy = [c for c in result.cases if c.noisy or c.ratio_noisy]
     if noisy:
         console.print(
-            f"[yellow]{len(noisy)} case(s) varied by more than 25% between runs: the machine was busy; "
-            "their ratios are too wide to trust; rerun with more --repeats[/yellow]"
+            f"[yellow]{len(noisy)} case(s) varied by more than 25% between interleaved rounds (marked ~x?): "
+            "the machine was busy; those ratios are not findings; rerun with more --repeats[/yellow]"
         )
     if result.fits:
-        fits = Table(title="scaling exponents (log-log slope against T)")
-        for col in ("implementation", "time", "memory"):
+        fits = Table(title="scaling exponents (log-log slope against T; fixed costs flatten it at small T)")
+        for col in ("implementation", "time", "time, per round", "memory"):
             fits.add_column(col)
         for key, fit in result.fits.items():
-            exponents = (fit.time_exponent, fit.memory_exponent)
-            fits.add_row(key, *(f"{v:.2f}" if v is not None else "" for v in exponents))
+            low, high = fit.time_exponent_range or (None, None)
+            rounds = f"{low:.2f} .. {high:.2f}" if low is not None and high is not None else ""
+            time_text = "" if fit.time_exponent is None else f"{fit.time_exponent:.2f}"
+            if fit.time_noisy:
+                time_text = "[yellow]too noisy[/yellow]"  # rounds disagree: the slope is not a finding
+            memory = "" if fit.memory_exponent is None else f"{fit.memory_exponent:.2f}"
+            fits.add_row(key, time_text, rounds, memory)
         console.print(fits)
     for r in result.longest:
         console.print(f"longest {r.impl}: T={r.longest_seq} ({r.stopped})")

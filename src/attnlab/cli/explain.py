@@ -7,11 +7,16 @@ import argparse
 from rich.console import Console
 
 from attnlab.cli._common import check_output, error
+from attnlab.cli._wrap import wrap
 from attnlab.cli.tour import write_report
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    explain = sub.add_parser("explain", help="run any sentence through attention and show every step")
+    explain = sub.add_parser(
+        "explain",
+        help="run any sentence through attention and show every step",
+        description="Run any sentence through attention and show every step.",
+    )
     explain.add_argument("sentence", help="the text to explain (split into words and punctuation)")
     explain.add_argument("--html", metavar="PATH", help="write a self-contained HTML report with heatmaps")
     explain.add_argument("--heads", type=int, default=2, help="attention heads (default 2)")
@@ -25,30 +30,25 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from attnlab.explain.report import explain_report
+    from attnlab.explain.report import check_explain_args, explain_report
 
+    options = {"heads": args.heads, "dropout": args.dropout, "seed": args.seed, "d_model": args.d_model}
     try:
         check_output(args.html, suffixes=(".html", ".htm"))
-        report = explain_report(
-            args.sentence,
-            heads=args.heads,
-            causal=args.causal,
-            dropout=args.dropout,
-            seed=args.seed,
-            d_model=args.d_model,
-            lang=args.lang,
-        )
+        check_explain_args(args.sentence, figures=bool(args.html), **options)
     except (ValueError, TypeError) as err:
         return error(console, err)
+    report = explain_report(args.sentence, causal=args.causal, lang=args.lang, figures=bool(args.html), **options)
     if args.html:
         return write_report(console, report, args.html)
     for section in report.sections:  # a terminal summary: titles, checks and the weights
         console.rule(section.title)
         if section.text:
-            console.print(section.text)
-        if section.key in ("tokens", "weights") and section.value:
+            console.print("\n".join(wrap(section.text, max(console.width, 20))), markup=False)
+        if section.key in ("tokens", "weights", "kv-cache") and section.value:
             console.print(section.value, markup=False)
         for c in section.checks:
-            console.print(("✓ " if c.ok else "✗ ") + c.label)
-    console.print("\n[dim]add --html report.html for the heatmaps[/dim]")
+            console.print(("✓ " if c.ok else "✗ ") + c.label, markup=False)
+    hint = "加 --html report.html 可得到热力图" if args.lang == "zh" else "add --html report.html for the heatmaps"
+    console.print(f"\n[dim]{hint}[/dim]")
     return 0

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import argparse
 
+from rich.cells import cell_len
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.text import Text
 
 from attnlab.cli._common import check_output, error
+from attnlab.cli._wrap import wrap
 from attnlab.explain.render.html import Report
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    tour = sub.add_parser("tour", help="walk through chapter 3, step by step, with the book's numbers")
+    tour = sub.add_parser(
+        "tour",
+        help="walk through chapter 3, step by step, with the book's numbers",
+        description="Walk through chapter 3, step by step, with the book's numbers.",
+    )
     tour.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the explanations")
     tour.add_argument("--check", action="store_true", help="compare every step with the book; exit 1 on a mismatch")
     tour.add_argument("--html", metavar="PATH", help="write the tour as a self-contained HTML report with heatmaps")
@@ -35,31 +41,42 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 def render_tour(console: Console, lang: str, check: bool) -> int:
     from attnlab.explain.tour import build_tour, mismatches
-    from attnlab.explain.tour_text import LABELS
+    from attnlab.explain.tour.text import text_for
 
-    labels = LABELS[lang]
+    words = text_for(lang).words
     steps = build_tour(lang)
-    console.rule(f"[bold]attnlab tour — {labels['heading']}")
+    inner = max(console.width - 4, 20)  # a panel's border and padding take 4 cells
+    console.rule(f"[bold]attnlab tour — {words['heading']}")
     for n, step in enumerate(steps, start=1):
-        body = Text(step.text + "\n")
-        code = Syntax(step.code, "python", theme="ansi_dark", background_color="default")
-        parts: list[Text | Syntax] = [body, code, Text("\n" + step.value)]
+        parts: list[Text | Syntax] = [Text("\n".join(wrap(step.text, inner)))]
+        if step.code:
+            parts.append(Text(""))
+            parts.append(Syntax(step.code, "python", theme="ansi_dark", background_color="default", word_wrap=True))
+        if step.value:
+            parts.append(Text("\n" + "\n".join(wrap_value(step.value, inner)), overflow="fold"))
         if check:
             for c in step.checks:
                 mark = "[green]✓[/green]" if c.ok else "[red]✗[/red]"
-                parts.append(Text.from_markup(f"\n{mark} {labels['check']}: {c.label}  [dim]{c.detail}[/dim]"))
+                line = Text.from_markup(f"{mark} {words['check']}: ")
+                line.append(c.label)
+                line.append(f"  {c.detail}", style="dim")
+                parts.append(line)
         console.print(Panel(Group(*parts), title=f"[bold]{n}. {step.title}", title_align="left"))
     if not check:
         return 0
     bad = mismatches(steps)
     if bad:
-        console.print(f"[red bold]{len(bad)} {labels['mismatch']}:[/red bold]")
+        console.print(f"[red bold]{words['mismatch'].format(n=len(bad))}:[/red bold]")
         for key, c in bad:
-            console.print(f"  [red]{key}: {c.label} ({c.detail})[/red]")
+            console.print(f"  [red]{key}: {c.label} ({c.detail})[/red]", markup=True)
         return 1
-    total = sum(len(s.checks) for s in steps)
-    console.print(f"[green bold]{total} checks, {labels['all_ok']}.[/green bold]")
+    console.print(f"[green bold]{words['passed'].format(n=sum(len(s.checks) for s in steps))}.[/green bold]")
     return 0
+
+
+def wrap_value(value: str, width: int) -> list[str]:
+    """Numbers keep their columns: a line that fits stays as it is; a longer one wraps between its words."""
+    return [out for line in value.split("\n") for out in ([line] if cell_len(line) <= width else wrap(line, width))]
 
 
 def write_report(console: Console, report: Report, path: str) -> int:

@@ -6,25 +6,23 @@ book's classes; attnlab.Attention on the eager backend) and never copy them.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import torch
-import torch.nn as nn
 
 from attnlab import book
-from attnlab._checks import check_dropout, check_heads, check_positive_int
-from attnlab.cache import KVCache
+from attnlab._checks import check_dropout, check_heads, check_positive_int, check_seed
 from attnlab.explain.checks import Check, holds
 from attnlab.explain.render.heatmap import head_grid, heatmap, png_bytes
 from attnlab.explain.render.html import Figure, Report, Section
 from attnlab.explain.report_text import REPORT_TEXT
-from attnlab.explain.tour import build_tour
-from attnlab.explain.tour_text import LANGS
+from attnlab.explain.tour import LANGS, build_tour, fmt, kv_cache_steps
 from attnlab.nn.attention import Attention
-from attnlab.nn.loaders import from_book
 from attnlab.observe import Recorder
 
-MAX_TOKENS = 64
+MAX_TOKENS = 64  # a heatmap with more rows is unreadable: the HTML report stops here
+MAX_TOKENS_TEXT = 2048  # without a report, the terminal summary goes further (weights are T x T per head)
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
 
@@ -39,37 +37,26 @@ def _check_lang(lang: str) -> dict[str, str]:
     return REPORT_TEXT[lang]
 
 
-def _figure(matrix: torch.Tensor, labels: list[str], title: str, col_labels: list[str] | None = None) -> Figure:
+def _figure(
+    matrix: torch.Tensor,
+    labels: list[str],
+    title: str,
+    txt: dict[str, str],
+    col_labels: list[str] | None = None,
+    *,
+    features: bool = False,
+) -> Figure:
+    """A heatmap in the report's language; ``features``: the columns are feature dimensions, not keys."""
+    axes = (txt["features"], txt["tokens_axis"]) if features else (txt["keys"], txt["queries"])
     if matrix.dim() == 3:
-        fig = head_grid(matrix, labels, title=title, col_labels=col_labels)
+        fig = head_grid(matrix, labels, title=title, col_labels=col_labels, axes=axes, head_title=txt["head"])
     else:
-        fig = heatmap(matrix, labels, col_labels, title=title)
+        fig = heatmap(matrix, labels, col_labels, title=title, axes=axes)
     return Figure(png=png_bytes(fig), alt=title, caption=title)
 
 
-def kv_cache_steps(attn: Attention, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Feed x (1, T, d) one token at a time through a KVCache; eager backend.
-
-    Returns each step's new weight row (H, t) and the rows stacked into a
-    (H, T, T) matrix, zero-padded on the right.
-    """
-    if attn.backend != "eager":
-        raise ValueError(f"the step-through records weights, which only the eager backend forms; got {attn.backend!r}")
-    t = x.shape[1]
-    cache = KVCache(batch_size=1, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, max_len=t, dtype=x.dtype)
-    rows, stacked = [], torch.zeros(attn.num_heads, t, t)
-    with torch.no_grad():
-        for i in range(t):
-            with Recorder() as rec:
-                attn(x[:, i : i + 1], cache=cache)
-            row = rec.get("attn_weights")[0, :, 0, : i + 1]  # (H, i + 1): the filled slots of the cache
-            rows.append(row)
-            stacked[:, i, : i + 1] = row
-    return rows, stacked
-
-
 def _kv_section(
-    attn: Attention, x: torch.Tensor, labels: list[str], full_weights: torch.Tensor, txt: dict[str, str]
+    attn: Attention, x: torch.Tensor, labels: list[str], full_weights: torch.Tensor, txt: dict[str, str], *, draw: bool
 ) -> Section:
     rows, stacked = kv_cache_steps(attn, x)
     lines = [
@@ -82,8 +69,8 @@ def _kv_section(
         text=txt["kv_text"],
         code="for token in x: attn(token, cache=cache)",
         value="\n".join(lines),
-        figures=[_figure(stacked, labels, txt["kv"])],
-        checks=[holds("stacked rows == full causal weights", torch.allclose(stacked, full_weights, atol=1e-5))],
+        figures=[_figure(stacked, labels, txt["kv"], txt)] if draw else [],
+        checks=[holds(txt["check_kv"], torch.allclose(stacked, full_weights, atol=1e-5))],
     )
 
 
@@ -93,32 +80,41 @@ def tour_report(lang: str = "en") -> Report:
     words = list(book.WORDS)
     sections = []
     for step in build_tour(lang):
-        figures = [_figure(step.heat, words, step.title)] if step.heat is not None else []
+        figures = []
+        if step.heat is not None:
+            features = step.heat_axes == "features"
+            columns = [str(d) for d in range(step.heat.shape[-1])] if features else None
+            figures.append(_figure(step.heat, words, step.title, txt, columns, features=features))
         sections.append(
             Section(
                 key=step.key,
                 title=step.title,
                 text=step.text,
-                code=step.code,
-                value=step.value,
+                code=step.code or None,
+                value=step.value or None,
                 figures=figures,
                 checks=list(step.checks),
             )
         )
-    with torch.random.fork_rng(devices=[]):  # the book's seed, without touching the caller's generator
-        torch.manual_seed(123)
-        mha = book.MultiHeadAttention(3, 2, 6, 0.0, num_heads=2).eval()
-    x = book.embedded_inputs()[None]  # (1, 6, 3)
-    with Recorder() as rec, torch.no_grad():
-        mha(x)
-    sections.append(_kv_section(from_book(mha, backend="eager"), x, words, rec.get("attn_weights")[0], txt))
     return Report(
         title=txt["tour_title"],
         intro=txt["tour_intro"],
         lang=lang,
         sections=sections,
-        labels={"contents": txt["contents"], "numbers": txt["numbers"]},
+        labels={"contents": txt["contents"], "numbers": txt["numbers"], "enlarge": txt["enlarge"]},
     )
+
+
+def word_vector(word: str, *, seed: int, d_model: int) -> torch.Tensor:
+    """A (d_model,) vector drawn from a generator seeded by the word itself and ``seed``.
+
+    The same word gets the same vector in every sentence; different words
+    ("The" and "the" included) get different ones. Untrained: it shows how
+    attention computes, not what a model has learned.
+    """
+    digest = hashlib.sha256(f"{seed}\x00{word}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+    return torch.randn(d_model, generator=generator)
 
 
 def explain_report(
@@ -130,21 +126,15 @@ def explain_report(
     seed: int = 123,
     d_model: int = 16,
     lang: str = "en",
+    figures: bool = True,
 ) -> Report:
-    """Any sentence through attnlab.Attention (eager), every step traced and drawn."""
+    """Any sentence through attnlab.Attention (eager), every step traced (and, with ``figures``, drawn)."""
     txt = _check_lang(lang)
-    tokens = tokenize(sentence)
-    if not tokens:
-        raise ValueError(f"the sentence has no words or punctuation to attend over: {sentence!r}")
-    if len(tokens) > MAX_TOKENS:
-        raise ValueError(f"the sentence has {len(tokens)} tokens; the report shows at most {MAX_TOKENS}, shorten it")
-    check_positive_int("d_model", d_model, limit=4096)
-    check_heads(d_model, heads, names=("d_model", "heads"))
-    check_dropout(dropout)
+    check_explain_args(sentence, heads=heads, dropout=dropout, seed=seed, d_model=d_model, figures=figures)
     with torch.random.fork_rng(devices=[]):  # the seed is this report's; the caller's generator is left as it was
         torch.manual_seed(seed)
         return _explain(
-            tokens,
+            tokenize(sentence),
             heads=heads,
             causal=causal,
             dropout=dropout,
@@ -153,7 +143,23 @@ def explain_report(
             txt=txt,
             lang=lang,
             sentence=sentence,
+            draw=figures,
         )
+
+
+def check_explain_args(sentence: str, *, heads: int, dropout: float, seed: int, d_model: int, figures: bool) -> None:
+    """Every argument of :func:`explain_report`, checked before any work (the CLI calls this first)."""
+    tokens = tokenize(sentence)
+    if not tokens:
+        raise ValueError(f"the sentence has no words or punctuation to attend over: {sentence!r}")
+    limit = MAX_TOKENS if figures else MAX_TOKENS_TEXT
+    if len(tokens) > limit:
+        where = "the HTML report's heatmaps show" if figures else "explain shows"
+        raise ValueError(f"the sentence has {len(tokens)} tokens; {where} at most {limit}, shorten it")
+    check_positive_int("d_model", d_model, limit=4096)
+    check_heads(d_model, heads, names=("d_model", "heads"))
+    check_dropout(dropout)
+    check_seed(seed)
 
 
 def _explain(
@@ -167,15 +173,17 @@ def _explain(
     txt: dict[str, str],
     lang: str,
     sentence: str,
+    draw: bool,
 ) -> Report:
-    vocab = {tok: i for i, tok in enumerate(dict.fromkeys(tokens))}
-    embedding = nn.Embedding(len(vocab), d_model)
     attn = Attention(d_in=d_model, num_heads=heads, is_causal=causal, dropout=dropout, backend="eager")
     attn.train(dropout > 0)
-    ids = torch.tensor([[vocab[t] for t in tokens]])
+    x = torch.stack([word_vector(t, seed=seed, d_model=d_model) for t in tokens])[None]  # (1, T, d_model)
     with torch.no_grad(), Recorder() as rec:
-        x = embedding(ids)  # (1, T, d_model)
         out = attn(x)
+
+    def figure(matrix: torch.Tensor, title: str, columns: list[str] | None = None, **kw: bool) -> list[Figure]:
+        return [_figure(matrix, tokens, title, txt, columns, **kw)] if draw else []
+
     get = lambda name: rec.get(name)[0]
     head_dim = d_model // heads
     sections = [
@@ -183,7 +191,7 @@ def _explain(
             key="tokens",
             title=txt["tokens"],
             text=txt["tokens_text"],
-            code="x = embedding(ids)",
+            code="x = torch.stack([word_vector(word, seed=seed, d_model=d_model) for word in tokens])",
             value="\n".join(
                 f"{i:2d} {tok!r:>14}  [" + ", ".join(f"{v:+.3f}" for v in x[0, i, :6].tolist()) + ", ...]"
                 for i, tok in enumerate(tokens)
@@ -194,15 +202,15 @@ def _explain(
             title=txt["scores"],
             text=txt["scores_text"],
             code="attn_scores = q @ k.transpose(-2, -1)",
-            value=str(get("attn_scores")),
-            figures=[_figure(get("attn_scores"), tokens, txt["scores"])],
+            value=fmt(get("attn_scores")),
+            figures=figure(get("attn_scores"), txt["scores"]),
         ),
         Section(
             key="scaled",
             title=txt["scaled"],
             text=txt["scaled_text"].format(sqrt=head_dim**0.5),
             code="attn_scores * head_dim**-0.5",
-            value=str(get("scaled_scores")),
+            value=fmt(get("scaled_scores")),
         ),
     ]
     if causal:
@@ -213,7 +221,7 @@ def _explain(
                 title=txt["mask"],
                 text=txt["mask_text"],
                 code="causal_mask(T, T)",
-                figures=[_figure(mask, tokens, txt["mask"])],
+                figures=figure(mask, txt["mask"]),
             )
         )
         sections.append(
@@ -222,23 +230,23 @@ def _explain(
                 title=txt["masked"],
                 text=txt["masked_text"],
                 code="scaled.masked_fill(~allowed, -inf)",
-                value=str(get("masked_scores")),
-                figures=[_figure(get("masked_scores"), tokens, txt["masked"])],
+                value=fmt(get("masked_scores")),
+                figures=figure(get("masked_scores"), txt["masked"]),
             )
         )
     weights = get("attn_weights")
     upper = torch.ones(len(tokens), len(tokens), dtype=torch.bool).triu(1)
-    checks: list[Check] = [holds("rows sum to 1", torch.allclose(weights.sum(-1), torch.ones(weights.shape[:2])))]
+    checks: list[Check] = [holds(txt["check_rows"], torch.allclose(weights.sum(-1), torch.ones(weights.shape[:2])))]
     if causal:
-        checks.append(holds("upper triangle is exactly 0", bool((weights[:, upper] == 0).all())))
+        checks.append(holds(txt["check_upper"], bool((weights[:, upper] == 0).all())))
     sections.append(
         Section(
             key="weights",
             title=txt["weights"],
             text=txt["weights_text"],
             code="attn_weights = softmax(masked, dim=-1)",
-            value=str(weights),
-            figures=[_figure(weights, tokens, txt["weights"])],
+            value=fmt(weights),
+            figures=figure(weights, txt["weights"]),
             checks=checks,
         )
     )
@@ -252,8 +260,8 @@ def _explain(
                 title=txt["dropout"],
                 text=txt["dropout_text"].format(p=dropout),
                 code=f"F.dropout(attn_weights, p={dropout})",
-                value=f"{dropped}\nzeroed: {frac:.2f} of the visible weights (p = {dropout})",
-                figures=[_figure(dropped, tokens, txt["dropout"])],
+                value=f"{fmt(dropped)}\n" + txt["zeroed"].format(frac=frac, p=dropout),
+                figures=figure(dropped, txt["dropout"]),
             )
         )
     context = get("context_vec")  # (H, T, D)
@@ -265,15 +273,15 @@ def _explain(
             title=txt["context"],
             text=txt["context_text"],
             code="context_vec = attn_weights @ v; out = out_proj(concat(heads))",
-            value=f"{concat}\nout = {out[0]}",
-            figures=[_figure(concat, tokens, txt["context"], columns)],
+            value=f"{fmt(concat)}\nout = {fmt(out[0])}",
+            figures=figure(concat, txt["context"], columns, features=True),
         )
     )
     if causal:
         attn.eval()  # the step-through shows the weights without dropout
         with torch.no_grad(), Recorder() as rec_eval:
             attn(x)
-        sections.append(_kv_section(attn, x, tokens, rec_eval.get("attn_weights")[0], txt))
+        sections.append(_kv_section(attn, x, tokens, rec_eval.get("attn_weights")[0], txt, draw=draw))
     else:
         sections.append(Section(key="kv-cache", title=txt["kv"], text=txt["kv_noncausal"]))
     return Report(
@@ -281,5 +289,5 @@ def _explain(
         intro=txt["explain_intro"].format(seed=seed, d_model=d_model, heads=heads, causal=causal, dropout=dropout),
         lang=lang,
         sections=sections,
-        labels={"contents": txt["contents"], "numbers": txt["numbers"]},
+        labels={"contents": txt["contents"], "numbers": txt["numbers"], "enlarge": txt["enlarge"]},
     )

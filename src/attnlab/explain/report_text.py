@@ -8,14 +8,16 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "tour_intro": "Every step of the chapter with its code, the tensor it gives, the check against the number "
         "the book prints, and a heatmap where there is a matrix to see.",
         "explain_title": "attnlab explains: {sentence}",
-        "explain_intro": "The sentence is split into words and punctuation and embedded with a seeded, untrained "
-        "embedding layer (seed {seed}, {d_model} dimensions): these are not trained embeddings, so the patterns "
+        "explain_intro": "The sentence is split into words and punctuation; each word gets a seeded, untrained "
+        "vector (seed {seed}, {d_model} dimensions): these are not trained embeddings, so the patterns "
         "below show how attention computes, not what a trained model has learned. Attention: {heads} heads, "
         "causal={causal}, dropout={dropout}.",
         "contents": "Steps",
         "numbers": "show numbers",
         "tokens": "Tokens and their embeddings",
-        "tokens_text": "Each token gets a vector from the embedding layer. The same word always gets the same vector.",
+        "tokens_text": "Each token gets a vector drawn from a generator seeded by the word itself (and the seed): the "
+        'same word gets the same vector in every sentence, and different words ("The" and "the" too) '
+        "get different ones. The vectors are random, not trained.",
         "scores": "Attention scores, per head",
         "scores_text": "Each query is dotted with every key: omega_ij = q_i . k_j, one matrix per head.",
         "scaled": "Scaled scores",
@@ -39,18 +41,29 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "kv_noncausal": "The KV cache serves causal decoding; with causal=False every token attends to the future, "
         "which a token-by-token cache cannot see.",
         "kv_step": "step {t}: cache holds {n} keys; new row (head 0): {row}",
+        "zeroed": "zeroed: {frac:.2f} of the visible weights (p = {p})",
+        "check_rows": "rows sum to 1",
+        "check_upper": "upper triangle is exactly 0",
+        "check_kv": "stacked rows == full causal weights",
+        "keys": "keys",
+        "queries": "queries",
+        "tokens_axis": "tokens",
+        "features": "feature dimensions (head.dimension)",
+        "head": "head {h}",
+        "enlarge": "click a heatmap to see it full size; click again or press Esc to close",
     },
     "zh": {
         "tour_title": "attnlab：第三章逐步讲解",
         "tour_intro": "本章每一步的代码、得到的张量、与书中数值的校验，以及可视化的注意力热力图。",
         "explain_title": "attnlab 解释：{sentence}",
-        "explain_intro": "句子按单词和标点分词，并用固定随机种子 (seed {seed}, {d_model} 维) 的未训练嵌入层嵌入："
+        "explain_intro": "句子按单词和标点分词，每个词得到一个固定随机种子 (seed {seed}, {d_model} 维) 的未训练向量："
         "这些不是训练过的嵌入，下图展示的是注意力如何计算，而不是训练好的模型学到了什么。"
         "注意力：{heads} 个头，causal={causal}，dropout={dropout}。",
         "contents": "步骤",
         "numbers": "显示数值",
         "tokens": "Token 及其嵌入向量",
-        "tokens_text": "每个 Token 从嵌入层得到一个向量，同一个词总是得到同一个向量。",
+        "tokens_text": "每个 Token 的向量由以这个词本身(和种子)为种子的随机数生成器生成：同一个词在任何句子里都得到"
+        "同一个向量，不同的词(包括 “The” 和 “the”)得到不同的向量。这些向量是随机的，没有经过训练。",
         "scores": "注意力分数 (每个头)",
         "scores_text": "每个查询向量与每个键向量做点积：omega_ij = q_i . k_j，每个头一个矩阵。",
         "scaled": "缩放后的注意力分数",
@@ -70,5 +83,15 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "把这些行叠起来，正好是因果注意力权重矩阵。",
         "kv_noncausal": "KV Cache 用于因果解码；causal=False 时每个 Token 都关注未来的 Token，逐个生成时看不到未来。",
         "kv_step": "第 {t} 步：缓存中有 {n} 个键向量；新的一行 (头 0)：{row}",
+        "zeroed": "置 0：可见权重中的 {frac:.2f} (p = {p})",
+        "check_rows": "每行之和为 1",
+        "check_upper": "对角线以上全为 0",
+        "check_kv": "叠起来的行 == 完整的因果注意力权重",
+        "keys": "键 (keys)",
+        "queries": "查询 (queries)",
+        "tokens_axis": "Token",
+        "features": "特征维度 (头.维度)",
+        "head": "头 {h}",
+        "enlarge": "点击热力图可放大查看；再次点击或按 Esc 关闭",
     },
 }

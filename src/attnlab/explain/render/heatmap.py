@@ -19,22 +19,19 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import torch
-from matplotlib import font_manager
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from attnlab.explain.render.fonts import drawable, fonts
+
 CMAP = "viridis"
 ANNOTATE_MAX = 12
-# Chinese titles and tokens need a CJK font; matplotlib falls back along this
-# list (only fonts that are installed are named, so it never warns about one).
-_CJK_FONTS = ("WenQuanYi Zen Hei", "Noto Sans CJK SC", "Noto Sans CJK JP", "Droid Sans Fallback")
-_INSTALLED = {f.name for f in font_manager.fontManager.ttflist}
-FONT_FAMILY = ["DejaVu Sans", *(f for f in _CJK_FONTS if f in _INSTALLED)]
+AXES = ("keys", "queries")  # (x, y) labels of an attention matrix; reports pass their own language's
 
 
 def safe_label(text: str) -> str:
-    """Labels are plain text: '$' would start matplotlib mathtext, so escape it."""
-    return text.replace("$", r"\$")
+    """Labels are plain text: '$' would start matplotlib mathtext, so escape it; a glyph no font has gets its name."""
+    return drawable(text).replace("$", r"\$")
 
 
 def _draw(
@@ -44,6 +41,7 @@ def _draw(
     col_labels: Sequence[str],
     title: str,
     annotate: bool | None,
+    axes: tuple[str, str],
 ) -> None:
     m = matrix.detach().to(torch.float64).cpu().numpy()
     if m.ndim != 2:
@@ -57,8 +55,8 @@ def _draw(
     image = ax.imshow(masked, cmap=cmap, aspect="auto")
     ax.set_xticks(range(m.shape[1]), [safe_label(s) for s in col_labels], rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(m.shape[0]), [safe_label(s) for s in row_labels], fontsize=8)
-    ax.set_xlabel("keys", fontsize=8)
-    ax.set_ylabel("queries", fontsize=8)
+    ax.set_xlabel(safe_label(axes[0]), fontsize=8)
+    ax.set_ylabel(safe_label(axes[1]), fontsize=8)
     ax.set_title(safe_label(title), fontsize=9)
     if annotate is None:
         annotate = max(m.shape) <= ANNOTATE_MAX
@@ -82,14 +80,15 @@ def heatmap(
     *,
     title: str = "",
     annotate: bool | None = None,
+    axes: tuple[str, str] = AXES,
 ) -> Figure:
-    """One (rows, cols) matrix as a labelled heatmap."""
+    """One (rows, cols) matrix as a labelled heatmap; ``axes`` names the (x, y) axes."""
     col_labels = row_labels if col_labels is None else col_labels
     size = max(3.2, 0.55 * max(len(row_labels), len(col_labels)) + 1.6)
-    with matplotlib.rc_context({"font.family": FONT_FAMILY}):  # texts keep the font they are created with
+    with fonts():  # texts keep the font they are created with
         fig = Figure(figsize=(size + 0.8, size))
         ax = fig.subplots()
-        _draw(ax, matrix, row_labels, col_labels, title, annotate)
+        _draw(ax, matrix, row_labels, col_labels, title, annotate, axes)
         fig.tight_layout()
     return fig
 
@@ -101,21 +100,27 @@ def head_grid(
     title: str = "",
     annotate: bool | None = None,
     col_labels: Sequence[str] | None = None,
+    axes: tuple[str, str] = AXES,
+    head_title: str = "head {h}",
 ) -> Figure:
-    """A grid of heatmaps, one per head, from (H, Tq, Tk) weights."""
+    """A grid of heatmaps, one per head, from (H, Tq, Tk) weights.
+
+    Each head keeps the size it would have alone (the grid grows; it never
+    shrinks the heads), so small multiples stay as legible as one heatmap.
+    """
     if weights.dim() != 3:
         raise ValueError(f"head_grid needs (heads, Tq, Tk) weights, got shape {tuple(weights.shape)}")
     heads = weights.shape[0]
-    cols = min(heads, 4)
+    cols = min(heads, 2)
     rows = (heads + cols - 1) // cols
-    size = max(3.0, 0.45 * len(labels) + 1.6)
-    with matplotlib.rc_context({"font.family": FONT_FAMILY}):
-        fig = Figure(figsize=(cols * (size + 0.6), rows * size))
-        axes = fig.subplots(rows, cols, squeeze=False)
+    size = max(3.2, 0.55 * max(len(labels), len(col_labels or labels)) + 1.6)
+    with fonts():  # texts keep the font they are created with
+        fig = Figure(figsize=(cols * (size + 0.8), rows * size))
+        grid = fig.subplots(rows, cols, squeeze=False)
         for h in range(rows * cols):
-            ax = axes[h // cols][h % cols]
+            ax = grid[h // cols][h % cols]
             if h < heads:
-                _draw(ax, weights[h], labels, col_labels or labels, f"head {h}", annotate)
+                _draw(ax, weights[h], labels, col_labels or labels, head_title.format(h=h), annotate, axes)
             else:
                 ax.axis("off")
         if title:
@@ -129,12 +134,14 @@ def save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg"):
         raise ValueError(f"save heatmaps as .png or .svg, got {path.name!r}")
-    fig.savefig(path, dpi=110)
+    with fonts():  # glyphs are looked up when drawn, here
+        fig.savefig(path, dpi=110)
     return path
 
 
 def png_bytes(fig: Figure) -> bytes:
     """The figure as PNG bytes (for inlining in the HTML report)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
+    with fonts():
+        fig.savefig(buffer, format="png", dpi=90)
     return buffer.getvalue()

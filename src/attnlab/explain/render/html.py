@@ -41,7 +41,12 @@ section.step .n { color: var(--muted); font-weight: normal; margin-right: 6px; }
 pre { background: #f1f3f4; padding: 8px 10px; border-radius: 6px; overflow-x: auto; font-size: 12.5px; margin: 6px 0; }
 pre.code { background: #202124; color: #e8eaed; }
 figure { margin: 0; }
-figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 4px; background: white; }
+figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 4px; background: white;
+             cursor: zoom-in; }
+#lightbox { position: fixed; inset: 0; background: rgba(0, 0, 0, .78); display: none; overflow: auto;
+            z-index: 10; cursor: zoom-out; padding: 24px; }
+#lightbox.open { display: block; }
+#lightbox img { display: block; margin: 0 auto; background: white; max-width: none; border-radius: 4px; }
 figcaption { font-size: 12px; color: var(--muted); }
 ul.checks { list-style: none; padding: 0; margin: 6px 0 0; font-size: 13px; }
 ul.checks li.ok::before { content: "\\2713  "; color: var(--ok); font-weight: bold; }
@@ -67,6 +72,14 @@ _SCRIPT = """
   var box = document.getElementById("toggle-numbers");
   if (box) { box.addEventListener("change", function () { document.body.classList.toggle("hide-numbers", !box.checked); }); }
   mark();
+  // Any heatmap opens at its full size on click; a click or Esc closes it.
+  var light = document.getElementById("lightbox"), big = light.querySelector("img");
+  document.querySelectorAll("img.heatmap").forEach(function (img) {
+    img.addEventListener("click", function () { big.src = img.src; big.alt = img.alt; light.classList.add("open"); });
+  });
+  function close() { light.classList.remove("open"); big.removeAttribute("src"); }
+  light.addEventListener("click", close);
+  document.addEventListener("keydown", function (e) { if (e.key === "Escape") { close(); } });
   document.body.setAttribute("data-ready", "1");
 })();
 """
@@ -104,7 +117,12 @@ class Report:
 
     def to_html(self) -> str:
         e = html.escape
-        lab = {"contents": "Steps", "numbers": "show numbers", **self.labels}
+        lab = {
+            "contents": "Steps",
+            "numbers": "show numbers",
+            "enlarge": "click a heatmap to see it full size",
+            **self.labels,
+        }
         nav = "".join(f'<a href="#{e(s.key)}">{n}. {e(s.title)}</a>' for n, s in enumerate(self.sections, 1))
         body = "\n".join(self._section(n, s) for n, s in enumerate(self.sections, 1))
         return (
@@ -114,8 +132,10 @@ class Report:
             f"<title>{e(self.title)}</title><style>{_CSS}</style></head>\n"
             f"<body><header><h1>{e(self.title)}</h1><p>{e(self.intro)}</p></header>\n"
             f'<nav aria-label="{e(lab["contents"])}">{nav}</nav>\n'
-            f'<div class="toolbar"><label><input type="checkbox" id="toggle-numbers" checked> {e(lab["numbers"])}</label></div>\n'
-            f"<main>{body}</main>\n<script>{_SCRIPT}</script></body></html>\n"
+            f'<div class="toolbar"><label><input type="checkbox" id="toggle-numbers" checked> {e(lab["numbers"])}</label>'
+            f" · {e(lab['enlarge'])}</div>\n"
+            f'<main>{body}</main>\n<div id="lightbox" role="dialog"><img class="enlarged" alt=""></div>\n'
+            f"<script>{_SCRIPT}</script></body></html>\n"
         )
 
     @staticmethod

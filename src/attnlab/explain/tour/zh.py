@@ -1,0 +1,266 @@
+"""中文导览：每一步的标题和讲解、每个校验的说明、其他所有文字。用语与阅读笔记一致。"""
+
+from __future__ import annotations
+
+STEPS: dict[str, tuple[str, str]] = {
+    "overview": (
+        "自注意力，以及本章的四种注意力变体",
+        "当你读到一句话里某个词时，你的大脑不会孤立地看这个词，而是会“环顾四周”——看看其他词，决定哪些词对理解"
+        "当前这个词最有帮助，然后把注意力集中在那些词上。自注意力(self-attention)做的正是同一件事：输入序列中的"
+        "每个位置关注同一序列中的所有位置并权衡重要性。看书时多是翻看前面的部分帮助当前的理解，很少查阅后面的"
+        "内容，这就是因果注意力。本章由浅入深介绍以下四种变体。",
+    ),
+    "inputs": (
+        "嵌入后的句子",
+        "“Your journey starts with one step” 以单词分词，每个 Token 嵌入为 3 维向量 x(i)。我们要为每个 Token "
+        "计算上下文向量(context vector) z(i)，先以 x(2) (journey) 为例：z(2) 也是一个嵌入，包含了关于 x(2) "
+        "及其他所有输入元素的信息。",
+    ),
+    "dot": (
+        "一次点积：模长乘以夹角余弦",
+        "点积(dot products)本质上就是两个向量相同位置的值相乘再求和：0.43*0.55+0.15*0.87+0.89*0.66=0.9544。"
+        "点积也等于 |x1| * |x2| * cos(θ)，即两个向量的模长与夹角余弦值之积；夹角为 0 度时余弦值最大，"
+        "方向相同时相似度最高。点积越大，相似度和注意力分数就越高。",
+    ),
+    "scores_2": (
+        "查询 x(2) 的注意力分数",
+        "每个输入 Token 的向量与查询 Token x(2) 的向量做点积，即为相应的注意力分数。x(2) 自己与自己的分数 "
+        "1.4950 最高：自己与自己最相似。",
+    ),
+    "sum_norm": (
+        "除以总和归一化",
+        "不要被归一化(normalize)这个听起来高大上的词吓倒：它就是把数值归到 [0,1] 区间、把总和归为 1。"
+        "比如两个人各有 6 和 4 个苹果，转换为权重就是 6/(6+4)=0.6 和 4/(6+4)=0.4。把注意力分数除以它们的"
+        "总和也是这样(sum normalization)。简单，但 softmax 更能处理极值，训练时梯度特性也更好。",
+    ),
+    "softmax": (
+        "用 softmax 归一化",
+        "softmax(x)_i = exp(x_i) / sum_j exp(x_j)。torch.exp(x) 对每个元素求自然指数，有两个功能："
+        "把负数变成正数(e^x 总是为正数)；放大差异(大的值指数级变大，小的值趋近于 0)。这就是 x(2) 的注意力权重。",
+    ),
+    "softmax_naive": (
+        "手写 softmax",
+        "在这些较小的分数上，softmax_naive 与 torch.softmax() 的结果一致。",
+    ),
+    "softmax_overflow": (
+        "溢出和下溢：为什么用 PyTorch 的 softmax",
+        "分数很大时 exp 上溢为 inf，inf / inf 得到 NaN；分数都很小(很负)时每个 exp 都下溢为 0，0 / 0 也得到 "
+        "NaN。先减去最大值，数学上结果不变(公因子约掉)，但最大的一项变成 exp(0) = 1：不会上溢，也不会全为 0。"
+        "PyTorch 的 softmax 就是这样做的，经受过了大量的实践检验和性能优化。",
+    ),
+    "context_2": (
+        "上下文向量 z(2)",
+        "把所有输入 Token 的嵌入向量与相应的注意力权重相乘并求和，得到与嵌入维度(3)相同的上下文向量 z(2)。"
+        "书中 query = inputs[1] 这行可能让人误解：这一步与第二个 Token 的嵌入没有直接关系，"
+        "只是用 torch.zeros(query.shape) 构造了与嵌入维度相同的零向量。真正与 x(2) 有关的是循环中的 "
+        "attn_weights_2，它是 x(2) 与每个 Token 计算出来的权重。",
+    ),
+    "scores_loop": (
+        "两层循环计算所有注意力分数",
+        "对每一对 (i, j) 做点积，得到 6x6 的注意力分数表。",
+    ),
+    "scores_all": (
+        "矩阵乘法计算所有注意力分数：@ 与 .T",
+        "@ 是矩阵乘法运算符，规则是内维度相等，即 [m X n] @ [p X q] 要求 n==p。inputs 是 [6 X 3]，"
+        "所以 inputs @ inputs 会报错；.T 是矩阵的转置，行列互换，得到 [3 X 6]，匹配维度后 inputs @ inputs.T "
+        "就是 [6 X 6]，与两层循环的结果相同。第 2 行就是 x(2) 的分数。",
+    ),
+    "weights_all": (
+        "所有注意力权重",
+        "在最后一个维度(dim=-1)上做 softmax 归一化，每行之和为 1。",
+    ),
+    "context_all": (
+        "所有上下文向量",
+        "attn_weights @ inputs 逐行加权求和，一次得到所有 z(i)。第 2 行与循环算出的 z(2) 一致。"
+        "这种没有可训练权重的简单自注意力几乎没有实用价值，但它表达了注意力机制的核心思想，下一节还会用到。",
+    ),
+    "weights_init": (
+        "可训练权重矩阵 W_q, W_k, W_v",
+        "简单自注意力的计算过程：1. 计算 Token 之间的相似度分数(点积)；2. 相似度分数归一化(softmax)；"
+        "3. 加权求和得到 context vector(和嵌入维度相同)。原始 Transformer 和 GPT 中的自注意力叫做缩放点积注意力"
+        "(scaled dot-product attention)，它引入三个在训练中更新的权重矩阵，训练好的 Wq, Wk, Wv 引导着计算出更好的"
+        "上下文向量。torch.manual_seed(123) 固定了随机数种子，按 query、key、value 的顺序由 torch.rand(3, 2) "
+        "生成。为便于理解，这里 d_in=3 和 d_out=2 不同；GPT 中输入和输出维度通常相同。",
+    ),
+    "requires_grad": (
+        "requires_grad：训练时更新哪些矩阵",
+        "设置 requires_grad=True，即不冻结该权重矩阵：autograd 会记录用到它的每一步运算(query_2 有了 "
+        "grad_fn)，于是 backward() 能算出损失对每个元素的梯度，优化器据此更新它。冻结的矩阵"
+        "(requires_grad=False)什么也不记录，训练中也不会改变。",
+    ),
+    "qkv_2": (
+        "x(2) 的查询向量、键向量和值向量",
+        "x(2) @ W_query 把 x(2) 从 3 维投影到 2 维，变成一个提问向量。训练时通过反向传播，Wq 学会“怎么提问”，"
+        "Wk 学会“怎么被匹配”，Wv 学会“提取什么内容”。推理时针对当前 Token：query 表示“我想找什么”，key 表示"
+        "“我有什么”(用来和 query 匹配)，value 表示“我能提供什么”。",
+    ),
+    "keys_values": (
+        "所有 Token 的键向量和值向量",
+        "要计算 z(2) 仍然需要所有输入 Token 的键向量和值向量：一次矩阵乘法把 6 个 Token 从 3 维映射到 2 维。"
+        "注意：权重矩阵 W 中的“权重”是“权重参数”的简称，是训练中优化的神经网络参数；注意力权重则针对每个"
+        "输入计算，决定上下文向量对输入的不同部分的依赖程度。两者不同。",
+    ),
+    "score_22": (
+        "注意力分数 omega_22",
+        "x(2) 的查询向量与它自己的键向量做点积。",
+    ),
+    "scores_2_trainable": (
+        "查询 2 的注意力分数",
+        "query_2 @ keys.T 计算 query_2 与所有键向量的相似度分数；第 2 个值同样是 1.8524。"
+        "这就回到了前面简单注意力机制的轨道上：再后面就是 softmax 归一化和加权求和。",
+    ),
+    "weights_2_scaled": (
+        "缩放后的注意力权重",
+        "softmax 之前把注意力分数除以键向量嵌入维度的平方根 sqrt(d_k)，防止点积值过大导致 softmax "
+        "梯度消失。这就是“缩放”点积注意力。",
+    ),
+    "context_2_trainable": (
+        "带可训练权重的上下文向量 z(2)",
+        "由注意力权重对值向量加权求和：z(2) 现在是 d_out=2 维。",
+    ),
+    "recap_trainable": (
+        "小结：四步算出所有上下文向量",
+        "1. 通过 Wk 和 Wv 算出所有 token(包括自己)的 k, v 向量，再用 Wq 计算出当前 token 的 q 向量；"
+        "2. 由 q 向量计算与每个 token 的 k 向量的注意力分数；3. 归一化注意力分数为注意力权重；"
+        "4. 注意力权重与每个 token 的 v 向量加权求和得到上下文向量。训练调整 Wq, Wk, Wv 的权重参数，"
+        "从第 1 步起影响 q, k, v，最终影响上下文向量。常被提及的 KV Cache 缓存的就是这些 k, v 向量，"
+        "生成文本时不必每次重新计算，从而提高推理效率。",
+    ),
+    "sa_v1": (
+        "SelfAttentionV1：写成 nn.Module",
+        "同样的步骤写成 Python 类，直接以 torch.nn.Module 为基类：__init__ 创建 q, k, v 三个权重矩阵；"
+        "把输入传给注意力对象时，nn.Module 会自动调用前向传播方法 forward()，计算出上下文向量。种子 123 下，"
+        "第 2 个 token 的上下文向量就是前面分步算出的 z(2)。",
+    ),
+    "sa_v2": (
+        "SelfAttentionV2：用 nn.Linear",
+        "nn.Linear 自动进行矩阵乘法并添加偏置项(如果有的话)，它的权重初始化方案更好，有助于训练的稳定性和"
+        "有效性。初始化的权重不同，所以输出不同，上下文向量中的分量可以是负的。把 V2 的权重转置后交给 V1，"
+        "两者输出相同(练习 3.1)。",
+    ),
+    "causal_simple": (
+        "因果注意力：看不到未来",
+        "预测下一个词时不能偷看后面的内容，就像看书时只翻看前面。方法一：对 softmax 后的注意力权重，"
+        "把对角线以上置 0，再按行重新归一化。",
+    ),
+    "causal_inf": (
+        "用 -inf 实现因果注意力",
+        "更高效的方法：softmax 之前把对角线以上的注意力分数设为 -inf，exp(-inf) = 0。"
+        "一步得到与方法一相同的注意力权重。",
+    ),
+    "dropout": (
+        "对注意力权重做 dropout",
+        "训练时 dropout 以概率 p (这里 0.5) 把权重置 0，其余乘以 1/(1-p) = 2，期望之和不变。eval() 时关闭。",
+    ),
+    "causal_class": (
+        "CausalAttention 类",
+        "批量输入 (2, 6, 3)，掩码注册为 buffer，对注意力权重做 dropout：上下文向量形状为 (2, 6, 2)。"
+        "改变后面的 Token 不会改变前面的输出。",
+    ),
+    "mha_wrapper": (
+        "多头注意力：堆叠多个头",
+        "两个独立的因果注意力头，输出拼接：宽度 d_out * num_heads = 4。每个头可以关注来自不同表示子空间的信息。",
+    ),
+    "mha": (
+        "一个模块实现多头注意力",
+        "Q、K、V 各一次投影，用 view 和 transpose 拆分成多个头，最后 out_proj 合并。"
+        "GPT-2 规模 (768 维, 12 个头) 共 2,360,064 个参数。",
+    ),
+    "kv_cache": (
+        "KV Cache 为什么可行",
+        "有了因果掩码，前面 Token 的键向量和值向量不依赖后面的 Token。生成文本时缓存它们(KV Cache)，"
+        "只计算新 Token 的 k, v 向量。",
+    ),
+    "kv_steps": (
+        "KV Cache：逐个 Token 生成",
+        "同样的多头注意力权重，每次只输入一个 Token：每一步往缓存里添加一个键向量和一个值向量，并得到一行对"
+        "缓存内容的注意力权重。把这些行叠起来，正好是整句话的因果注意力权重矩阵。",
+    ),
+    "summary": (
+        "小结",
+        "注意力机制的目标是计算输入 Token 的上下文向量。简单注意力机制分三步；引入三个可训练权重矩阵"
+        "(Wq, Wk, 和 Wv)后分四步。因果注意力隐藏未来；多头注意力让多个头并行；KV Cache 缓存 k, v 向量，"
+        "生成时每个只算一次。",
+    ),
+}
+
+VALUES: dict[str, str] = {
+    "overview": "1. 简化自注意力 (Simplified self-attention)：核心思想，没有可训练权重\n"
+    "2. 自注意力 (Self-attention)：带有可训练权重 Wq, Wk, Wv (缩放点积注意力)\n"
+    "3. 因果注意力 (Causal attention)：只关注先前和当前的输入，保持文本生成的时间顺序\n"
+    "4. 多头注意力 (Multi-head attention)：多个因果注意力头，同时关注不同表示子空间的信息",
+    "summary": "简单注意力机制：\n"
+    "  1. 计算 Token 之间的相似度分数(点积)\n"
+    "  2. 相似度分数归一化(softmax)\n"
+    "  3. 加权求和得到 context vector(和嵌入维度相同)\n"
+    "引入 Wq, Wk, Wv 后：\n"
+    "  1. 通过 Wk, Wv 算出所有 token 的 k, v 向量，用 Wq 算出当前 token 的 q 向量\n"
+    "  2. 由 q 向量计算与每个 token 的 k 向量的注意力分数\n"
+    "  3. 归一化注意力分数为注意力权重\n"
+    "  4. 注意力权重与每个 token 的 v 向量加权求和得到上下文向量",
+}
+
+CHECKS: dict[str, str] = {
+    "book": "{name} 与书中数值一致",
+    "book_shape": "形状 {got} 与书中 {book} 不同",
+    "inf": "-inf 的位置与书中不同",
+    "diff": "最大误差 = {err:.1e}",
+    "length_cosine": "点积 == |x1| * |x2| * cos(θ)，夹角由三边长度算出",
+    "max_self": "x(2) 与自己的分数最高",
+    "overflow_nan": "softmax_naive 上溢，得到 NaN",
+    "underflow_nan": "softmax_naive 下溢，0 / 0 得到 NaN",
+    "stable_finite": "稳定的 softmax 不溢出，总和为 1",
+    "same_size": "z(2) 与嵌入维度相同",
+    "transpose": ".T 行列互换：inputs.T[2, 4] == inputs[4, 2]，形状 (3, 6)",
+    "inner_dims": "inputs @ inputs 报错：内维度 3 和 6 不相等",
+    "rows_sum_1": "每行之和为 1",
+    "row_2_loop": "第 2 行 == 循环算出的 z(2)",
+    "grad_fn": "query_2 有 grad_fn",
+    "grad_value": "W_query.grad 的每一列都是 x(2) (手算)",
+    "frozen": "冻结的矩阵什么也不记录",
+    "keys_shape": "keys 的形状为 (6, 2)",
+    "values_shape": "values 的形状为 (6, 2)",
+    "call_forward": "sa_v1(inputs) 就是 sa_v1.forward(inputs)",
+    "negative": "有的分量是负的",
+    "v1_with_v2": "V1 用 V2 转置后的权重，输出与 V2 相同",
+    "upper_zero": "对角线以上全为 0",
+    "same_as_renormalized": "与重新归一化的方法权重相同",
+    "dropout_scale": "保留的值乘以 1/(1-p) = 2",
+    "dropout_half": "大约一半被置 0",
+    "dropout_eval": "eval() 时不改变输入",
+    "future_ignored": "改变位置 4..5，位置 0..3 的输出不变",
+    "shape": "形状为 {shape}",
+    "gpt2_params": "GPT-2 规模：2,360,064 个参数",
+    "keys_fixed": "Token 4、5 到来时，Token 0..3 的键向量不变",
+    "kv_rows": "叠起来的行 == 完整的因果注意力权重",
+}
+
+WORDS: dict[str, str] = {
+    "heading": "第三章：编码注意力机制",
+    "check": "校验",
+    "passed": "{n} 项校验，所有步骤与书中数值一致",
+    "mismatch": "{n} 处不一致",
+    "kv_step": "第 {t} 步：缓存中有 {t} 个键向量；新的一行 (头 0)：[{row}]",
+    "cm_overflow": "exp 上溢为 inf",
+    "cm_underflow": "exp 下溢为 0",
+    "cm_stable": "最大的一项是 exp(0) = 1",
+    "overflow_naive": "上溢，softmax_naive",
+    "underflow_naive": "下溢，softmax_naive",
+    "overflow_stable": "上溢，稳定版",
+    "underflow_stable": "下溢，稳定版",
+    "apples": "苹果",
+    "cm_shape_only": "只用到形状 (3,)",
+    "cm_records": "autograd 记录 query_2 是怎么算出来的",
+    "cm_backward": "损失对 W_query 的梯度存入 W_query.grad",
+    "cm_frozen": "冻结：什么也不记录",
+    "frozen_value": "冻结",
+    "cm_forward": "nn.Module 会自动调用 forward()",
+    "cm_linear": "W_query, W_key, W_value 都是 nn.Linear(d_in, d_out, bias=qkv_bias)",
+    "cm_one_token": "每次输入一个 Token，得到一行注意力权重",
+    "gpt2_size": "GPT-2 规模的参数个数",
+    "keys": "键 (keys)",
+    "queries": "查询 (queries)",
+    "tokens": "Token",
+    "features": "特征维度",
+    "head": "头 {h}",
+}
