@@ -14,6 +14,9 @@ setup: $(STAMP) fonts
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@# The book's own code, for the parity tests. Its package requires TensorFlow and JupyterLab for
+	@# the notebooks; the modules the tests import (ch03, ch04, kv_cache) need only torch.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c constraints.txt llms-from-scratch
 	@touch $(STAMP)
 
 demo: setup

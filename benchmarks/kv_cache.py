@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from attnlab import Attention
 from attnlab.cache import KVCache
-from attnlab.nn import DecoderConfig, TinyDecoder
+from attnlab.models import DecoderConfig, TinyDecoder
 
 
 class ConcatCache:

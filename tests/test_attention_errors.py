@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from attnlab import Attention, attention
-from attnlab.nn import RotaryEmbedding, from_hf_gpt2
+from attnlab.models import from_hf_gpt2
+from attnlab.nn import RotaryEmbedding
 
 q4 = torch.randn(2, 4, 5, 8)
 kv2 = torch.randn(2, 2, 5, 8)

@@ -13,7 +13,7 @@ from attnlab import cli
 from attnlab.bench.impls import IMPLEMENTATIONS, build, reference_weights
 from attnlab.bench.runner import DECODE_IMPLS, PREFILL_IMPLS, QUICK, BenchConfig, _slope, nominal_flops, run
 from attnlab.bench.worker import run_case
-from attnlab.nn.loaders import from_book
+from attnlab.models.loaders import from_book
 
 
 def test_quick_run_checks_and_times_every_implementation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

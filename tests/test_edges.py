@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from attnlab import Attention
 from attnlab.functional import attention, from_torch_mha_masks
-from attnlab.nn import DecoderConfig, TinyDecoder, from_hf_gpt2, from_hf_llama, from_torch_mha
+from attnlab.models import DecoderConfig, TinyDecoder, from_hf_gpt2, from_hf_llama, from_torch_mha
 
 BACKENDS = ["eager", "sdpa", "flash"]
 

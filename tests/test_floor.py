@@ -14,7 +14,7 @@ import torch.nn as nn
 from attnlab import Attention, attention
 from attnlab.functional import KERNELS
 from attnlab.functional.masks import MaskSpec
-from attnlab.nn import DecoderConfig, TinyDecoder
+from attnlab.models import DecoderConfig, TinyDecoder
 from attnlab.observe import Recorder
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "attnlab"

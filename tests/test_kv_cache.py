@@ -7,7 +7,7 @@ import torch
 
 from attnlab import Attention
 from attnlab.cache import KVCache, SlidingWindowCache
-from attnlab.nn import DecoderConfig, TinyDecoder
+from attnlab.models import DecoderConfig, TinyDecoder
 
 BACKENDS = ["eager", "sdpa", "flash"]
 TOL = dict(atol=1e-5, rtol=1e-5)

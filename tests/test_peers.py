@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnlab import book
 from attnlab.functional import attention, from_torch_mha_masks
-from attnlab.nn import from_book, from_hf_gpt2, from_hf_llama, from_torch_mha
+from attnlab.models import from_book, from_hf_gpt2, from_hf_llama, from_torch_mha
 from attnlab.observe import Recorder
 
 BACKENDS = ["eager", "sdpa", "flash"]

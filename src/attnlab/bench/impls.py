@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attnlab import book
-from attnlab.nn.loaders import from_book
+from attnlab.models.loaders import from_book
 
 
 class PlainSDPA(nn.Module):

@@ -27,9 +27,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     explain.add_argument("--seed", type=int, default=123, help="seed of the embeddings and weights (default 123)")
     explain.add_argument("--d-model", type=int, default=16, help="embedding size (default 16)")
     explain.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the explanations")
+    explain.add_argument(
+        "--model",
+        metavar="PATH",
+        help="a GPT checkpoint (Hugging Face or attnlab directory): show every layer and head of it on the text",
+    )
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    if args.model:
+        return run_model(args, console)
     from attnlab.explain.report import check_explain_args, explain_report
 
     options = {"heads": args.heads, "dropout": args.dropout, "seed": args.seed, "d_model": args.d_model}
@@ -51,4 +58,31 @@ def run(args: argparse.Namespace, console: Console) -> int:
             console.print(("✓ " if c.ok else "✗ ") + c.label, markup=False)
     hint = "加 --html report.html 可得到热力图" if args.lang == "zh" else "add --html report.html for the heatmaps"
     console.print(f"\n[dim]{hint}[/dim]")
+    return 0
+
+
+def run_model(args: argparse.Namespace, console: Console) -> int:
+    """Every layer and head of a real checkpoint on the text, labelled with its tokenizer's tokens."""
+    from pathlib import Path
+
+    from attnlab.explain.model_report import model_report
+    from attnlab.models import GPT, load_tokenizer
+
+    try:
+        check_output(args.html, suffixes=(".html", ".htm"))
+        if not Path(args.model).is_dir():
+            raise ValueError(f"--model {args.model!r} is not a checkpoint directory (config.json and weights)")
+        tokenizer = load_tokenizer(args.model)
+        model = GPT.from_pretrained(args.model, backend="auto")
+        report = model_report(model, tokenizer, args.sentence, name=Path(args.model).name, lang=args.lang)
+    except (ValueError, TypeError) as err:
+        return error(console, err)
+    if args.html:
+        return write_report(console, report, args.html)
+    console.print(report.intro, markup=False)
+    for section in report.sections:
+        console.rule(section.title)
+        console.print(section.value, markup=False)
+        for c in section.checks:
+            console.print(("✓ " if c.ok else "✗ ") + c.label, markup=False)
     return 0

@@ -51,6 +51,12 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "features": "feature dimensions (head.dimension)",
         "head": "head {h}",
         "enlarge": "click a heatmap to see it full size; click again or press Esc to close",
+        "layer": "Layer {layer}",
+        "layer_text": "The attention weights of this layer's {heads} heads: row i is how much token i takes from "
+        "each earlier token.",
+        "model_title": "attnlab: every head of {name} on {text!r}",
+        "model_intro": "A real checkpoint ({layers} layers, {heads} heads, {emb} dimensions) on {tokens} tokens, "
+        "labelled as its tokenizer cuts the text. One forward pass, recorded layer by layer.",
     },
     "zh": {
         "tour_title": "attnlab：第三章逐步讲解",
@@ -93,5 +99,10 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "features": "特征维度 (头.维度)",
         "head": "头 {h}",
         "enlarge": "点击热力图可放大查看；再次点击或按 Esc 关闭",
+        "layer": "第 {layer} 层",
+        "layer_text": "这一层 {heads} 个头的注意力权重：第 i 行表示 Token i 从前面每个 Token 获取多少信息。",
+        "model_title": "attnlab：{name} 的每个注意力头，输入 {text!r}",
+        "model_intro": "一个真实的模型检查点 ({layers} 层，{heads} 个头，{emb} 维)，输入 {tokens} 个 Token，"
+        "标签是分词器切出的 Token。一次前向传播，逐层记录。",
     },
 }

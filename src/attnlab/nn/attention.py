@@ -4,7 +4,7 @@ One fused QKV projection, grouped-query heads, optional RoPE, a sliding
 window, and a choice of backend (see ``attnlab.functional.attention``). The
 book's names stay where they fit: d_in, d_out, num_heads, head_dim,
 out_proj. Build it from the book's class, nn.MultiheadAttention, or Hugging
-Face GPT-2 and Llama weights with the loaders in ``attnlab.nn.loaders``.
+Face GPT-2 and Llama weights with the loaders in ``attnlab.models.loaders``.
 
 Shapes: B = batch, T = tokens, H = query heads, Hkv = kv heads, D = head_dim.
 """

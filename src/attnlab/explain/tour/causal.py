@@ -8,8 +8,8 @@ from attnlab import book
 from attnlab.book import golden
 from attnlab.cache import KVCache
 from attnlab.explain.tour.core import Add, Checker, fmt
+from attnlab.models.loaders import from_book
 from attnlab.nn.attention import Attention
-from attnlab.nn.loaders import from_book
 from attnlab.observe import Recorder
 
 

@@ -1,0 +1,91 @@
+"""``attnlab generate --model PATH "prompt"``: a GPT checkpoint continues the prompt, token by token, as it goes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from attnlab.cli._common import error
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    gen = sub.add_parser(
+        "generate",
+        help="continue a prompt with a GPT checkpoint (Hugging Face, the book's, attnlab's)",
+        description="Continue a prompt with a GPT checkpoint (Hugging Face, the book's, attnlab's), "
+        "printing each token as it is produced.",
+    )
+    gen.add_argument("prompt", help="the text to continue")
+    gen.add_argument("--model", required=True, metavar="PATH", help="a GPT-2 or attnlab directory, or a book .pth")
+    gen.add_argument("--tokenizer", metavar="DIR", help="where tokenizer.json (or vocab.json + merges.txt) is")
+    gen.add_argument("--max-new-tokens", type=int, default=50, help="tokens to add (default 50)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default); higher is more random")
+    gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    gen.add_argument("--top-p", type=float, help="sample among the most likely tokens that make up p")
+    gen.add_argument("--seed", type=int, default=123, help="seed of the sampling (default 123)")
+    gen.add_argument("--truncate", choices=["left"], help="drop the start of a prompt too long for the context")
+    gen.add_argument("--backend", choices=["auto", "eager", "sdpa", "flash"], default="auto", help="attention backend")
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    import torch
+
+    from attnlab._checks import check_positive_int, check_seed
+    from attnlab.models import GPT, load_tokenizer
+    from attnlab.models.generate import check_sampling
+    from attnlab.models.tokenizer import Decoder
+
+    try:  # every argument before the model is read
+        check_positive_int("--max-new-tokens", args.max_new_tokens, limit=1_000_000)
+        check_sampling(args.temperature, args.top_k, args.top_p)
+        check_seed(args.seed, name="--seed")
+        model_path = Path(args.model)
+        if not model_path.exists():
+            raise ValueError(f"--model {args.model!r} does not exist; give a checkpoint directory or a .pth file")
+        token_dir = Path(args.tokenizer) if args.tokenizer else model_path
+        if not token_dir.is_dir():
+            raise ValueError(
+                f"{str(token_dir)!r} is not a folder with tokenizer files: a book .pth carries none, "
+                "so pass --tokenizer DIR (tokenizer.json, or vocab.json and merges.txt)"
+            )
+        tokenizer = load_tokenizer(token_dir)
+        model = GPT.from_pretrained(model_path, backend=args.backend)
+    except (ValueError, TypeError) as err:
+        return error(console, err)
+    ids = tokenizer.encode(args.prompt)
+    context = model.config.context_length
+    room = context - args.max_new_tokens
+    if not ids:
+        return error(console, f"the prompt {args.prompt!r} has no tokens; give some text to continue")
+    if len(ids) > room:
+        if args.truncate != "left" or room < 1:
+            return error(
+                console,
+                f"the prompt has {len(ids)} tokens and --max-new-tokens is {args.max_new_tokens}: more than the "
+                f"model's context of {context} tokens; shorten the prompt, lower --max-new-tokens, or pass --truncate left",
+            )
+        ids = ids[-room:]
+    if tokenizer.vocab_size > model.config.vocab_size:
+        return error(
+            console, f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}"
+        )
+    generator = torch.Generator().manual_seed(args.seed)
+    decoder = Decoder(tokenizer)
+    out = sys.stdout
+    out.write(tokenizer.decode(ids))
+    out.flush()
+    for token in model.stream(
+        torch.tensor([ids]),
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        generator=generator,
+    ):
+        out.write(decoder.add(int(token)))
+        out.flush()
+    out.write("\n")
+    return 0

@@ -1,0 +1,365 @@
+"""GPT checkpoints, both ways, safely: Hugging Face GPT-2 directories, the book's state dicts, attnlab's own.
+
+Reading never runs code from a file: safetensors first; a pickle (``.bin``,
+``.pth``) goes through ``torch.load(weights_only=True)``, which unpickles
+tensors and plain containers only, and a file that asks for anything else is
+refused before any of it runs.
+
+Every source is first turned into attnlab's own names (with, for each, the
+name it had in the file); then one check compares it with the model the
+config describes and lists, in one error, every missing, unexpected and
+mis-shaped tensor by its name in the file.
+
+Writing: ``config.json`` + ``model.safetensors`` in Hugging Face's GPT-2
+layout, which ``transformers.GPT2LMHeadModel.from_pretrained`` reads; the
+config also carries attnlab's own ``GPTConfig`` under ``"attnlab"``.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from attnlab.models.config import PRESETS, GPTConfig
+from attnlab.models.gpt import GPT
+
+Tensors = dict[str, torch.Tensor]
+# (name in the file, name in attnlab, stored transposed): GPT-2 keeps its Conv1D weights as (in, out).
+Mapping = list[tuple[str, str, bool]]
+
+
+def _hf_names(config: GPTConfig) -> Mapping:
+    names: Mapping = [
+        ("transformer.wte.weight", "tok_emb.weight", False),
+        ("transformer.wpe.weight", "pos_emb.weight", False),
+    ]
+    for i in range(config.n_layers):
+        h, b = f"transformer.h.{i}.", f"trf_blocks.{i}."
+        names += [
+            (h + "ln_1.weight", b + "norm1.weight", False),
+            (h + "ln_1.bias", b + "norm1.bias", False),
+            (h + "attn.c_attn.weight", b + "att.qkv.weight", True),
+            (h + "attn.c_attn.bias", b + "att.qkv.bias", False),
+            (h + "attn.c_proj.weight", b + "att.out_proj.weight", True),
+            (h + "attn.c_proj.bias", b + "att.out_proj.bias", False),
+            (h + "ln_2.weight", b + "norm2.weight", False),
+            (h + "ln_2.bias", b + "norm2.bias", False),
+            (h + "mlp.c_fc.weight", b + "ff.0.weight", True),
+            (h + "mlp.c_fc.bias", b + "ff.0.bias", False),
+            (h + "mlp.c_proj.weight", b + "ff.2.weight", True),
+            (h + "mlp.c_proj.bias", b + "ff.2.bias", False),
+        ]
+    names += [
+        ("transformer.ln_f.weight", "final_norm.weight", False),
+        ("transformer.ln_f.bias", "final_norm.bias", False),
+    ]
+    if not config.tie_weights:
+        names.append(("lm_head.weight", "out_head.weight", False))
+    return names
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def _read_safetensors(path: Path) -> Tensors:
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"cannot read {str(path)!r} as safetensors: {err}") from None
+
+
+def _read_pickle(path: Path) -> Any:
+    """A pickled state dict, tensors only: anything else in the file is refused and never runs."""
+    try:
+        with warnings.catch_warnings():
+            # torch notes that a plain pickle (not torch.save) uses another protocol; weights_only reads it anyway
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0][:200]
+        raise ValueError(
+            f"refused to load {str(path)!r}: it holds pickled objects that are not tensors ({first}); "
+            "attnlab loads weights only and never runs code from a checkpoint. Save the state dict alone, "
+            "or convert it to safetensors"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as err:
+        raise ValueError(f"cannot read {str(path)!r} as a PyTorch state dict: {err}") from None
+
+
+def _hf_weights(directory: Path) -> Tensors:
+    index = directory / "model.safetensors.index.json"
+    if (directory / "model.safetensors").is_file():
+        return _read_safetensors(directory / "model.safetensors")
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        return {k: v for shard in shards for k, v in _read_safetensors(directory / shard).items()}
+    if (directory / "pytorch_model.bin").is_file():
+        loaded = _read_pickle(directory / "pytorch_model.bin")
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{str(directory / 'pytorch_model.bin')!r} is not a state dict")
+        return loaded
+    raise ValueError(
+        f"{str(directory)!r} has a config.json but no weights: expected model.safetensors, "
+        "model.safetensors.index.json with its shards, or pytorch_model.bin"
+    )
+
+
+def _config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
+    if raw.get("model_type") != "gpt2":
+        raise ValueError(f"{str(where)!r} is a {raw.get('model_type')!r} model; attnlab's GPT loads model_type 'gpt2'")
+    unsupported = {
+        "activation_function": (raw.get("activation_function", "gelu_new"), ("gelu_new", "gelu_pytorch_tanh")),
+        "scale_attn_weights": (raw.get("scale_attn_weights", True), (True,)),
+        "scale_attn_by_inverse_layer_idx": (raw.get("scale_attn_by_inverse_layer_idx", False), (False,)),
+        "add_cross_attention": (raw.get("add_cross_attention", False), (False,)),
+        "n_inner": (raw.get("n_inner"), (None, 4 * raw.get("n_embd", 768))),
+    }
+    for key, (value, allowed) in unsupported.items():
+        if value not in allowed:
+            raise ValueError(f"{str(where)!r}: {key}={value!r} is not supported by attnlab's GPT (it needs {allowed})")
+    return GPTConfig(
+        vocab_size=raw["vocab_size"],
+        context_length=raw.get("n_positions", 1024),
+        emb_dim=raw.get("n_embd", 768),
+        n_heads=raw.get("n_head", 12),
+        n_layers=raw.get("n_layer", 12),
+        drop_rate=float(raw.get("resid_pdrop", 0.1)),
+        qkv_bias=True,
+        tie_weights=bool(raw.get("tie_word_embeddings", True)),
+        layer_norm_eps=float(raw.get("layer_norm_epsilon", 1e-5)),
+    )
+
+
+def _from_hf(tensors: Tensors, config: GPTConfig) -> tuple[Tensors, dict[str, str]]:
+    """Hugging Face names to attnlab's; returns the tensors and, per attnlab name, the name in the file."""
+    plain = {k.removeprefix("transformer."): k for k in tensors}  # a GPT2Model saved without the LM head
+    out: Tensors = {}
+    origin: dict[str, str] = {}
+    for hf, ours, transposed in _hf_names(config):
+        key = plain.get(hf.removeprefix("transformer."), hf)
+        origin[ours] = key  # also for a missing tensor: the name the file should have had
+        if key in tensors:
+            out[ours] = tensors[key].T if transposed else tensors[key]
+    known = set(origin.values())
+    for key in tensors:  # what the file holds beyond the model: buffers GPT-2 once saved are fine, the rest is not
+        if key not in known and not key.endswith((".attn.bias", ".attn.masked_bias")) and key != "lm_head.weight":
+            out[f"<unexpected>{key}"] = tensors[key]
+    return out, origin
+
+
+def _book_config(tensors: Tensors, overrides: dict[str, Any]) -> GPTConfig:
+    """The book's GPTModel stores no config: sizes come from the tensors, heads from the GPT-2 presets."""
+    for key in ("tok_emb.weight", "pos_emb.weight"):
+        if key not in tensors:
+            raise ValueError(
+                f"not a state dict of the book's GPTModel: it lacks {key!r}; it holds {sorted(tensors)[:8]}"
+            )
+    vocab, emb = tensors["tok_emb.weight"].shape
+    layers = len({k.split(".")[1] for k in tensors if k.startswith("trf_blocks.")})
+    heads = next((p["n_heads"] for p in PRESETS.values() if p["emb_dim"] == emb), None)
+    if heads is None and "n_heads" not in overrides:
+        raise ValueError(
+            f"the book's state dict does not say how many heads its attention has (emb_dim {emb} is not a GPT-2 "
+            "size): pass n_heads=..."
+        )
+    values = dict(
+        vocab_size=vocab,
+        context_length=tensors["pos_emb.weight"].shape[0],
+        emb_dim=emb,
+        n_heads=heads,
+        n_layers=layers,
+        qkv_bias="trf_blocks.0.att.W_query.bias" in tensors,
+    )
+    return GPTConfig(**{**values, **overrides})
+
+
+def _from_book(tensors: Tensors, config: GPTConfig) -> tuple[Tensors, dict[str, str]]:
+    renamed = {"layers.0": "0", "layers.2": "2", "norm1.scale": "norm1.weight", "norm1.shift": "norm1.bias"}
+    renamed |= {"norm2.scale": "norm2.weight", "norm2.shift": "norm2.bias"}
+    renamed |= {"final_norm.scale": "final_norm.weight", "final_norm.shift": "final_norm.bias"}
+    out: Tensors = {}
+    origin: dict[str, str] = {}
+    qkv: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        if key.endswith(".att.mask"):
+            continue  # the book's causal mask buffer: attnlab builds its own
+        parts = key.split(".")
+        if len(parts) == 5 and parts[2] == "att" and parts[3] in ("W_query", "W_key", "W_value"):
+            qkv.setdefault(f"{'.'.join(parts[:3])}.qkv.{parts[4]}", {})[parts[3]] = tensor
+            continue
+        ours = key
+        for old, new in renamed.items():
+            ours = ours.replace(old, new)
+        out[ours] = tensor
+        origin[ours] = key
+    for ours, pieces in qkv.items():
+        missing = [p for p in ("W_query", "W_key", "W_value") if p not in pieces]
+        if missing:
+            raise ValueError(f"the book's state dict has {sorted(pieces)} but not {missing} for {ours!r}")
+        out[ours] = torch.cat([pieces["W_query"], pieces["W_key"], pieces["W_value"]], dim=0)  # rows: q, k, v
+        origin[ours] = ours.replace("qkv", "W_query/W_key/W_value")
+    return out, origin
+
+
+def _fit(model: GPT, tensors: Tensors, origin: dict[str, str], source: str) -> GPT:
+    """Copy tensors into the model after one check that lists every problem by its name in the file."""
+    expected = model.state_dict()
+    if model.config.tie_weights:
+        expected.pop("out_head.weight", None)
+    missing = [f"{origin.get(k, k)} {tuple(v.shape)}" for k, v in expected.items() if k not in tensors]
+    unexpected = [origin.get(k, k.removeprefix("<unexpected>")) for k in tensors if k not in expected]
+    wrong = [
+        f"{origin.get(k, k)}: expected {tuple(expected[k].shape)}, found {tuple(v.shape)}"
+        for k, v in tensors.items()
+        if k in expected and tuple(v.shape) != tuple(expected[k].shape)
+    ]
+    if missing or unexpected or wrong:
+        c = model.config
+        problems = [
+            ("mis-shaped", wrong),
+            ("missing", missing),
+            ("unexpected", unexpected),
+        ]
+        detail = "; ".join(f"{kind} ({len(items)}): {', '.join(items[:12])}" for kind, items in problems if items)
+        raise ValueError(
+            f"the weights in {source} do not fit GPTConfig(vocab_size={c.vocab_size}, context_length="
+            f"{c.context_length}, emb_dim={c.emb_dim}, n_heads={c.n_heads}, n_layers={c.n_layers}, "
+            f"qkv_bias={c.qkv_bias}, tie_weights={c.tie_weights}): {detail}"
+        )
+    with torch.no_grad():
+        for key, tensor in tensors.items():
+            expected[key].copy_(tensor)
+    return model
+
+
+def load_gpt(path: str | Path, **overrides: Any) -> GPT:
+    """A GPT from a Hugging Face GPT-2 directory, an attnlab directory, or the book's ``.pth`` state dict.
+
+    ``overrides`` set GPTConfig fields the checkpoint does not fix (``backend``,
+    ``drop_rate``; ``n_heads`` for a book state dict of a size that is not GPT-2's).
+    The model comes back in eval() mode, as Hugging Face's does.
+    """
+    where = Path(path)
+    if where.is_dir():
+        config_file = where / "config.json"
+        if not config_file.is_file():
+            raise ValueError(f"{str(where)!r} has no config.json: expected a Hugging Face GPT-2 or attnlab directory")
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+        ours = raw.get("attnlab")
+        config = GPTConfig.from_dict({**ours, **overrides}) if ours else _config_from_hf(raw, where).with_(**overrides)
+        tensors, origin = _from_hf(_hf_weights(where), config)
+        if ours and not config.qkv_bias:  # attnlab wrote zero biases for Hugging Face; they are not part of this model
+            tensors = {k: v for k, v in tensors.items() if not k.endswith("att.qkv.bias")}
+        source = str(where)
+    elif where.is_file():
+        raw_state = _read_pickle(where) if where.suffix != ".safetensors" else _read_safetensors(where)
+        if isinstance(raw_state, dict) and "model_state_dict" in raw_state:  # the book's chapter 5 checkpoints
+            raw_state = raw_state["model_state_dict"]
+        if not isinstance(raw_state, dict):
+            raise ValueError(f"{str(where)!r} holds a {type(raw_state).__name__}, not a state dict")
+        config = _book_config(raw_state, overrides)
+        tensors, origin = _from_book(raw_state, config)
+        source = str(where)
+    else:
+        raise ValueError(
+            f"no checkpoint at {str(where)!r}: give a Hugging Face GPT-2 or attnlab directory, or the book's .pth file"
+        )
+    return _fit(GPT(config), tensors, origin, source).eval()
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def hf_config(config: GPTConfig) -> dict[str, Any]:
+    """config.json for ``transformers.GPT2LMHeadModel``, with attnlab's own config alongside."""
+    values: dict[str, Any] = {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": config.vocab_size,
+        "n_positions": config.context_length,
+        "n_embd": config.emb_dim,
+        "n_layer": config.n_layers,
+        "n_head": config.n_heads,
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "resid_pdrop": config.drop_rate,
+        "embd_pdrop": config.drop_rate,
+        "attn_pdrop": config.drop_rate,
+        "layer_norm_epsilon": config.layer_norm_eps,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "tie_word_embeddings": config.tie_weights,
+        "bos_token_id": 50256 if config.vocab_size > 50256 else None,
+        "eos_token_id": 50256 if config.vocab_size > 50256 else None,
+        "attnlab": config.to_dict(),
+    }
+    return values
+
+
+def hf_state_dict(model: GPT) -> Tensors:
+    """The model's tensors under GPT-2's names and layout (Conv1D weights transposed, zero q/k/v biases if none)."""
+    ours = model.state_dict()
+    out: Tensors = {}
+    for hf, name, transposed in _hf_names(model.config):
+        if name not in ours:  # no q/k/v bias in this model: GPT-2 always has one, so write zeros
+            out[hf] = torch.zeros(3 * model.config.emb_dim, dtype=model.tok_emb.weight.dtype)
+            continue
+        tensor = ours[name].detach()
+        out[hf] = (tensor.T if transposed else tensor).contiguous().clone()
+    return out
+
+
+def save_gpt(model: GPT, directory: str | Path) -> Path:
+    """Write ``config.json`` and ``model.safetensors``; the folder is created, and nothing is half-written on error."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"save_gpt saves an attnlab GPT, got {type(model).__name__}")
+    target = Path(directory)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{str(target)!r} is a file; give a folder to write config.json and model.safetensors into")
+    tensors = hf_state_dict(model)  # everything that can fail runs before the first write
+    config = json.dumps(hf_config(model.config), indent=2)
+    target.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    (target / "config.json").write_text(config + "\n", encoding="utf-8")
+    return target
+
+
+def book_state_dict(model: GPT) -> Tensors:
+    """The model's tensors under the book's GPTModel names, ready for ``GPTModel.load_state_dict``."""
+    c = model.config
+    ours = model.state_dict()
+    out: Tensors = {"tok_emb.weight": ours["tok_emb.weight"], "pos_emb.weight": ours["pos_emb.weight"]}
+    mask = torch.triu(torch.ones(c.context_length, c.context_length), diagonal=1)  # the book's buffer
+    for i in range(c.n_layers):
+        b = f"trf_blocks.{i}."
+        q, k, v = ours[b + "att.qkv.weight"].chunk(3, dim=0)  # rows: W_query, W_key, W_value
+        out |= {b + "att.W_query.weight": q, b + "att.W_key.weight": k, b + "att.W_value.weight": v}
+        if c.qkv_bias:
+            qb, kb, vb = ours[b + "att.qkv.bias"].chunk(3)
+            out |= {b + "att.W_query.bias": qb, b + "att.W_key.bias": kb, b + "att.W_value.bias": vb}
+        out |= {
+            b + "att.out_proj.weight": ours[b + "att.out_proj.weight"],
+            b + "att.out_proj.bias": ours[b + "att.out_proj.bias"],
+            b + "att.mask": mask,
+            b + "ff.layers.0.weight": ours[b + "ff.0.weight"],
+            b + "ff.layers.0.bias": ours[b + "ff.0.bias"],
+            b + "ff.layers.2.weight": ours[b + "ff.2.weight"],
+            b + "ff.layers.2.bias": ours[b + "ff.2.bias"],
+            b + "norm1.scale": ours[b + "norm1.weight"],
+            b + "norm1.shift": ours[b + "norm1.bias"],
+            b + "norm2.scale": ours[b + "norm2.weight"],
+            b + "norm2.shift": ours[b + "norm2.bias"],
+        }
+    out |= {
+        "final_norm.scale": ours["final_norm.weight"],
+        "final_norm.shift": ours["final_norm.bias"],
+        "out_head.weight": ours["out_head.weight"],
+    }
+    return {k: v.detach().clone() for k, v in out.items()}

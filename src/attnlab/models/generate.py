@@ -1,0 +1,191 @@
+"""Generation for any attnlab decoder: greedy or sampled (temperature, top-k, top-p), with the KV cache.
+
+One loop serves every model here (``GPT``, ``TinyDecoder``): a model is
+called as ``model(idx, attention_mask=..., caches=...)`` and makes its caches
+with ``make_caches(batch_size=..., max_len=...)``. :func:`stream` yields each
+new token as it is chosen (the CLI prints them as they come); :func:`generate`
+collects them.
+
+Batches are left-padded: ``attention_mask`` (B, T) has 1 on real tokens and 0
+on padding, and positions count real tokens only, so each row generates what
+it would alone. A row that emits ``eos_id`` is finished and keeps receiving
+``eos_id`` until every row is done.
+
+Shapes: B = batch, T = prompt tokens, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+from attnlab._checks import check_positive_int
+from attnlab.cache import Cache
+
+
+class Decoder(Protocol):
+    def __call__(
+        self, idx: torch.Tensor, *, attention_mask: torch.Tensor | None = ..., caches: list[Cache] | None = ...
+    ) -> torch.Tensor: ...
+
+    def make_caches(self, *, batch_size: int, max_len: int) -> list[Cache]: ...
+
+
+def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
+    """temperature >= 0 (0 = greedy), top_k >= 1, top_p in (0, 1]: each named when wrong."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None:
+        check_positive_int("top_k", top_k)
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 keeps every token), got {top_p!r}")
+
+
+def check_prompt(idx: object, *, vocab_size: int | None = None) -> None:
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"token ids must be a torch.Tensor (batch, tokens), got {type(idx).__name__}")
+    if idx.dim() != 2 or idx.dtype != torch.long:
+        hint = "; for one sequence use idx.unsqueeze(0)" if idx.dim() == 1 else ""
+        raise ValueError(
+            f"token ids must be (batch, tokens) of dtype torch.long, got {idx.dtype} {tuple(idx.shape)}{hint}"
+        )
+    if idx.shape[1] == 0:
+        raise ValueError(f"the prompt is empty (shape {tuple(idx.shape)}); give at least one token to start from")
+    if vocab_size is not None and (int(idx.min()) < 0 or int(idx.max()) >= vocab_size):
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got [{int(idx.min())}, {int(idx.max())}]")
+
+
+def positions_and_padding(
+    idx: torch.Tensor, attention_mask: torch.Tensor | None, caches: list[Cache] | None, *, layers: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Positions of the new tokens (T,) or (B, T), and the key padding mask (B, 1, 1, Tk) or None.
+
+    ``attention_mask`` (B, Tk) covers cached and new tokens, 1 on real tokens
+    and 0 on left padding. Positions count real tokens only, so a left-padded
+    row gets the positions it would have alone.
+    """
+    b, t = idx.shape
+    if caches is not None and len(caches) != layers:
+        raise ValueError(f"expected {layers} caches (one per layer), got {len(caches)}")
+    start = int(caches[0].next_positions(1)[0]) if caches else 0
+    if attention_mask is None:
+        return torch.arange(start, start + t, device=idx.device), None
+    if tuple(attention_mask.shape) != (b, start + t):
+        raise ValueError(
+            f"attention_mask must be (batch, cached + new tokens) = {(b, start + t)}, got {tuple(attention_mask.shape)}"
+        )
+    real = attention_mask.bool()
+    positions = (real.long().cumsum(dim=-1) - 1).clamp(min=0)[:, start:]  # (B, T)
+    return positions, real[:, None, None, :]  # (B, 1, 1, Tk): key padding
+
+
+def pick(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The next token (B, 1) from the last position's logits (B, V)."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1, keepdim=True)
+    # Subtract the max before dividing: a tiny temperature then gives -inf (never NaN) to all but the best.
+    logits = (logits.float() - logits.float().amax(dim=-1, keepdim=True)) / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # probability mass of the tokens ranked above each one
+        drop_sorted = before >= top_p  # keeps the smallest set reaching top_p, and always the first
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+
+
+@torch.no_grad()
+def stream(
+    model: Decoder,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    max_positions: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield each new token (B, 1) as it is chosen; stops after ``max_new_tokens`` or when every row hit ``eos_id``."""
+    check_prompt(idx)
+    check_positive_int("max_new_tokens", max_new_tokens)
+    check_sampling(temperature, top_k, top_p)
+    b, t = idx.shape
+    if attention_mask is not None and tuple(attention_mask.shape) != (b, t):
+        raise ValueError(f"attention_mask must match the prompt's shape {(b, t)}, got {tuple(attention_mask.shape)}")
+    if max_positions is not None and t + max_new_tokens > max_positions:
+        raise ValueError(
+            f"the prompt has {t} tokens and max_new_tokens is {max_new_tokens}: {t + max_new_tokens} positions, "
+            f"more than the model's context_length {max_positions}; shorten the prompt or ask for fewer tokens"
+        )
+    caches = model.make_caches(batch_size=b, max_len=t + max_new_tokens) if use_cache else None
+    mask = attention_mask
+    out = idx
+    logits = model(idx, attention_mask=mask, caches=caches)[:, -1]
+    finished = torch.zeros(b, 1, dtype=torch.bool, device=idx.device)
+    for step in range(max_new_tokens):
+        token = pick(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B, 1)
+        if eos_id is not None:
+            token = token.masked_fill(finished, eos_id)
+            finished = finished | (token == eos_id)
+        yield token
+        if step == max_new_tokens - 1 or bool(finished.all()):
+            return
+        out = torch.cat([out, token], dim=1)
+        if mask is not None:
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        if caches is not None:
+            logits = model(token, attention_mask=mask, caches=caches)[:, -1]  # one new token; the cache has the rest
+        else:
+            logits = model(out, attention_mask=mask)[:, -1]  # everything again: the reference the cache must match
+
+
+def generate(
+    model: Decoder,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    max_positions: int | None = None,
+) -> torch.Tensor:
+    """The prompt with its new tokens, (B, T + n), n <= max_new_tokens (fewer when every row ended at eos_id)."""
+    new = stream(
+        model,
+        idx,
+        max_new_tokens,
+        attention_mask=attention_mask,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_id=eos_id,
+        generator=generator,
+        use_cache=use_cache,
+        max_positions=max_positions,
+    )
+    return torch.cat([idx, *new], dim=1)

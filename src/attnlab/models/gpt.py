@@ -1,0 +1,188 @@
+"""GPT: the book's GPTModel (chapter 4) on attnlab's Attention, with a KV cache and generate().
+
+The book's layout and names, in its order: token and position embeddings
+(``tok_emb``, ``pos_emb``), dropout, ``n_layers`` pre-LayerNorm blocks
+(``norm1``, ``att``, ``drop_resid``, ``norm2``, ``ff``), ``final_norm`` and
+``out_head``. The book's LayerNorm (scale/shift, biased variance, eps 1e-5)
+is ``nn.LayerNorm``; its GELU is the tanh approximation, as GPT-2's. The
+attention is ``attnlab.Attention``, so every backend, the cache and the
+Recorder work in a whole model.
+
+Shapes: B = batch, T = tokens, V = vocab_size, E = emb_dim, L = n_layers, H = n_heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import torch
+import torch.nn as nn
+
+from attnlab.cache import Cache
+from attnlab.models.config import GPTConfig
+from attnlab.models.generate import check_prompt, generate, positions_and_padding, stream
+from attnlab.nn.attention import Attention
+from attnlab.observe import Recorder
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LayerNorm: x + drop(att(norm1(x))), then x + drop(ff(norm2(x)))."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        e = config.emb_dim
+        self.norm1 = nn.LayerNorm(e, eps=config.layer_norm_eps)
+        self.att = Attention(
+            d_in=e,
+            num_heads=config.n_heads,
+            qkv_bias=config.qkv_bias,
+            dropout=config.drop_rate,
+            is_causal=True,
+            backend=config.backend,
+        )
+        self.drop_resid = nn.Dropout(config.drop_rate)
+        self.norm2 = nn.LayerNorm(e, eps=config.layer_norm_eps)
+        self.ff = nn.Sequential(nn.Linear(e, 4 * e), nn.GELU(approximate="tanh"), nn.Linear(4 * e, e))
+
+    def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None, cache: Cache | None) -> torch.Tensor:
+        x = x + self.drop_resid(self.att(self.norm1(x), mask=mask, cache=cache))
+        return x + self.drop_resid(self.ff(self.norm2(x)))
+
+
+class GPT(nn.Module):
+    """A GPT-2-style model. ``GPT(GPTConfig.preset("gpt2-small"))`` has the book's 163,009,536 parameters
+    (124,412,160 with ``tie_weights=True``)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.emb_dim)
+        self.pos_emb = nn.Embedding(config.context_length, config.emb_dim)
+        self.drop_emb = nn.Dropout(config.drop_rate)
+        self.trf_blocks = nn.ModuleList([TransformerBlock(config) for _ in range(config.n_layers)])
+        self.final_norm = nn.LayerNorm(config.emb_dim, eps=config.layer_norm_eps)
+        self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.out_head.weight = self.tok_emb.weight
+
+    @property
+    def blocks(self) -> list[TransformerBlock]:
+        return [cast(TransformerBlock, block) for block in self.trf_blocks]  # nn.ModuleList yields plain Modules
+
+    def make_caches(self, *, batch_size: int, max_len: int) -> list[Cache]:
+        """One KV cache per layer, for ``max_len`` positions."""
+        return [block.att.make_cache(batch_size=batch_size, max_len=max_len) for block in self.blocks]
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        caches: list[Cache] | None = None,
+    ) -> torch.Tensor:
+        """Logits (B, T, V) for token ids idx (B, T), after the tokens in ``caches`` if given.
+
+        attention_mask: (B, cached + new tokens), 1 on real tokens, 0 on left padding.
+        """
+        check_prompt(idx, vocab_size=self.config.vocab_size)
+        positions, mask = positions_and_padding(idx, attention_mask, caches, layers=self.config.n_layers)
+        last = int(positions.max())
+        if last >= self.config.context_length:
+            raise ValueError(
+                f"position {last} is past the model's context_length {self.config.context_length}; "
+                "GPT-2's learned position embeddings end there: shorten the input"
+            )
+        x = self.tok_emb(idx) + self.pos_emb(positions)  # (B, T, E): positions (T,) or (B, T) broadcast
+        x = self.drop_emb(x)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, mask=mask, cache=caches[layer] if caches is not None else None)
+        return self.out_head(self.final_norm(x))
+
+    def stream(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+    ) -> Iterator[torch.Tensor]:
+        """Each new token (B, 1) as it is chosen: see :func:`attnlab.models.generate.stream`."""
+        return stream(
+            self,
+            idx,
+            max_new_tokens,
+            attention_mask=attention_mask,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_id=eos_id,
+            generator=generator,
+            use_cache=use_cache,
+            max_positions=self.config.context_length,
+        )
+
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+    ) -> torch.Tensor:
+        """Greedy by default (temperature 0); returns (B, T + n). Call ``model.eval()`` first: dropout stays as set."""
+        return generate(
+            self,
+            idx,
+            max_new_tokens,
+            attention_mask=attention_mask,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_id=eos_id,
+            generator=generator,
+            use_cache=use_cache,
+            max_positions=self.config.context_length,
+        )
+
+    @torch.no_grad()
+    def attention_weights(self, idx: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Every layer's and head's attention weights from one forward pass: (L, B, H, T, T).
+
+        Recorded with :class:`attnlab.Recorder`, so ``backend="auto"`` runs
+        eager for this pass; a fused backend asked for by name is refused.
+        """
+        if self.config.backend not in ("auto", "eager"):
+            raise ValueError(
+                f"backend {self.config.backend!r} never forms the attention weights; "
+                "load the model with backend='auto' (or 'eager') to see them"
+            )
+        with Recorder(names=["attn_weights"]) as rec:
+            self(idx, attention_mask=attention_mask)
+        return torch.stack([rec.get("attn_weights", module=f"trf_blocks.{n}.att") for n in range(len(self.blocks))])
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **overrides: object) -> GPT:
+        """Load a Hugging Face GPT-2 directory, a book GPTModel state dict (.pth) or an attnlab directory."""
+        from attnlab.models.checkpoints import load_gpt
+
+        return load_gpt(path, **overrides)
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write config.json and model.safetensors, which ``transformers.GPT2LMHeadModel.from_pretrained`` reads."""
+        from attnlab.models.checkpoints import save_gpt
+
+        return save_gpt(self, directory)

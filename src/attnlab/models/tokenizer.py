@@ -1,0 +1,116 @@
+"""Tokenizers, offline: GPT-2's byte-level BPE read from a checkpoint directory, and 256 bytes.
+
+Nothing is downloaded. ``Tokenizer.from_dir`` reads ``tokenizer.json`` or
+``vocab.json`` + ``merges.txt`` (the two ways Hugging Face saves GPT-2's);
+``ByteTokenizer`` maps text to its UTF-8 bytes, for attnlab's own small
+models. Both decode a stream of ids piece by piece without splitting a
+character (``Decoder``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol
+
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+
+
+class TextTokenizer(Protocol):
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def tokens(self, text: str) -> list[str]: ...
+
+
+class Tokenizer:
+    """GPT-2's byte-level BPE from files on disk (a thin wrapper on the ``tokenizers`` library)."""
+
+    def __init__(self, bpe: HFTokenizer) -> None:
+        self._bpe = bpe
+        self.vocab_size = bpe.get_vocab_size()
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> Tokenizer:
+        where = Path(directory)
+        if (where / "tokenizer.json").is_file():
+            return cls(HFTokenizer.from_file(str(where / "tokenizer.json")))
+        if (where / "vocab.json").is_file() and (where / "merges.txt").is_file():
+            bpe = HFTokenizer(models.BPE.from_file(str(where / "vocab.json"), str(where / "merges.txt")))
+            bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            bpe.decoder = decoders.ByteLevel()
+            return cls(bpe)
+        raise ValueError(
+            f"no tokenizer in {str(where)!r}: it needs tokenizer.json, or vocab.json and merges.txt "
+            "(what Hugging Face saves for GPT-2); attnlab downloads nothing"
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._bpe.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._bpe.decode(ids, skip_special_tokens=False))
+
+    def tokens(self, text: str) -> list[str]:
+        """A label per token, e.g. ['Hello', ' world']; a character split over several tokens is shown on
+        the first and continued with '…' on the others."""
+        encoding = self._bpe.encode(text, add_special_tokens=False)
+        labels, last = [], None
+        for token_id, span in zip(encoding.ids, encoding.offsets, strict=True):
+            piece = str(self._bpe.decode([token_id]))
+            if "\ufffd" in piece:  # some bytes of a character: label by the character it belongs to
+                piece = text[span[0] : span[1]] if span != last else "…"
+            labels.append(piece)
+            last = span
+        return labels
+
+    def save(self, directory: str | Path) -> None:
+        self._bpe.save(str(Path(directory) / "tokenizer.json"))
+
+
+class ByteTokenizer:
+    """Text as its UTF-8 bytes: 256 symbols, nothing to learn, nothing unknown."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        bad = [i for i in ids if not 0 <= i < 256]
+        if bad:
+            raise ValueError(f"byte ids lie in [0, 256), got {bad[:8]}")
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def tokens(self, text: str) -> list[str]:
+        return [bytes([b]).decode("latin-1") if b < 128 else f"<{b:02x}>" for b in text.encode("utf-8")]
+
+
+class Decoder:
+    """Turns ids arriving one at a time into text, holding back a character until all its bytes are in."""
+
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.shown = 0  # characters of the decoded text already given out
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for its next byte
+            return ""
+        new, self.shown = text[self.shown :], len(text)
+        return new
+
+
+def load_tokenizer(directory: str | Path) -> TextTokenizer:
+    """The tokenizer beside a checkpoint: ``"tokenizer": "bytes"`` in its config.json, else GPT-2's BPE files."""
+    where = Path(directory)
+    config = where / "config.json"
+    if config.is_file() and json.loads(config.read_text(encoding="utf-8")).get("tokenizer") == "bytes":
+        return ByteTokenizer()
+    return Tokenizer.from_dir(where)
