@@ -171,3 +171,30 @@ def test_longest_alone_runs_only_the_search(
     monkeypatch.setattr(runner, "longest", lambda impls, progress: [Longest(impls[0], 8192, 1.0, 1, "T=16384: time")])
     assert cli.main(["bench", "--longest", "attnlab-flash"]) == 0
     assert swept == [] and "longest attnlab-flash: T=8192" in capsys.readouterr().out
+
+
+def test_model_bench_runs_each_generator_on_the_same_weights(tmp_path: Path) -> None:
+    out = tmp_path / "model.json"
+    code = cli.main(["bench", "--model", "--quick", "--json", str(out)])
+    data = json.loads(out.read_text())
+    status = {c["impl"]: c["status"] for c in data["cases"]}
+    assert code == (0 if all(s == "ok" for s in status.values()) else 1)
+    for impl in ("attnlab", "hf-generate", "book-ch05"):  # same greedy tokens as attnlab's, or they would be refused
+        assert status[impl] == "ok", status
+    for c in data["cases"]:
+        if c["status"] == "ok":
+            assert len(c["prefill_ms"]) == 1 and c["prefill_ms"][0] > 0 and c["decode_tokens_per_s"][0] > 0
+            assert c["peak_rss_bytes"] > 0
+    assert data["config"]["gpt"]["emb_dim"] == 64
+
+
+def test_model_bench_refuses_a_generator_whose_tokens_differ() -> None:
+    from attnlab.bench.models import QUICK_MODEL, run_models
+
+    def fake_spawn(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+        tokens = [1, 2, 3] if spec["impl"] != "book-ch05" else [1, 2, 4]
+        return {"tokens": tokens, "prefill_ms": 1.0, "decode_tokens_per_s": 10.0, "peak_rss_bytes": 1}
+
+    cases = {c.impl: c for c in run_models(QUICK_MODEL, spawn=fake_spawn)}
+    assert cases["book-ch05"].status.startswith("refused: its greedy tokens differ from attnlab's")
+    assert cases["hf-generate"].ok and cases["attnlab"].ok and cases["book-ch05"].prefill_ms == []

@@ -124,6 +124,10 @@ SLIPS = [
     (["bench", "--batch", "0"], "batch must be >= 1, got 0"),
     (["bench", "--impls", "nope"], "unknown implementations ['nope']; known: ['book-wrapper'"),
     (["bench", "--longest", "--plot", "p.png"], "--plot draws the sweep against T"),
+    (["bench", "--model", "gpt9"], "--model takes a preset, one of ['gpt2-small'"),
+    (["bench", "--model", "--new-tokens", "2000"], "exceeds the context of 1024"),
+    (["generate", "--model", "/no/such/model", "hi"], "--model '/no/such/model' does not exist"),
+    (["generate", "--model", "{tmp}", "hi", "--top-k", "0"], "top_k must be >= 1, got 0"),
 ]
 
 

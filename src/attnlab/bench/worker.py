@@ -184,6 +184,11 @@ def main() -> None:
     if spec.get("mode") == "matmul":
         print(json.dumps({"matmul_gflops": matmul_gflops(threads=spec.get("threads"))}))
         return
+    if spec.get("mode") == "model":  # a whole GPT generating: attnlab.bench.models
+        from attnlab.bench.models import model_case
+
+        print(json.dumps(model_case(spec)))
+        return
     if "impls" in spec:  # the interleaved timing of every implementation that passed its own case
         print(json.dumps(time_interleaved(spec)))
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 from rich.console import Console
 from rich.progress import (
@@ -54,11 +55,26 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--seq-lens or --quick asks for the sweep too",
     )
     bench.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds: a smoke run")
+    bench.add_argument(
+        "--model",
+        nargs="?",
+        const="gpt2-small",
+        metavar="PRESET",
+        help="instead: a whole GPT (default gpt2-small shape, random weights) generating, prefill time and decode "
+        "tokens/s against Hugging Face's generate and the book's cached GPT",
+    )
+    bench.add_argument("--prompt-len", type=int, help="with --model: prompt tokens (default 128)")
+    bench.add_argument("--new-tokens", type=int, help="with --model: tokens to generate (default 256)")
     bench.add_argument("--json", metavar="PATH", help="write every case to a JSON file")
     bench.add_argument("--plot", metavar="PATH", help="write a log-log plot of time and memory against T")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    console = Console(highlight=False, width=max(console.width, 118))  # the tables need the width
+    if args.model is not None:
+        return run_model(args, console)
+    if args.prompt_len is not None or args.new_tokens is not None:
+        return error(console, "--prompt-len and --new-tokens go with --model")
     from attnlab.bench.results import BenchResult
     from attnlab.bench.runner import (
         QUICK,
@@ -71,7 +87,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
         with_overrides,
     )
 
-    console = Console(highlight=False, width=max(console.width, 118))  # the tables need the width
     base = QUICK if args.quick else BenchConfig()
     config = with_overrides(
         base,
@@ -187,3 +202,91 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"wrote {plot(result, args.plot)}")
     refused = [c for c in result.cases if c.status.startswith("refused")]
     return 1 if refused else 0
+
+
+def run_model(args: argparse.Namespace, console: Console) -> int:
+    """``--model``: prefill and decode of a whole GPT against Hugging Face and the book, side by side."""
+    from dataclasses import replace
+
+    from attnlab._checks import check_positive_int
+    from attnlab.bench.models import QUICK_MODEL, ModelBenchConfig, dumps, run_models
+    from attnlab.bench.runner import _spawn
+    from attnlab.models.config import PRESETS
+
+    base = QUICK_MODEL if args.quick else ModelBenchConfig(preset=args.model)
+    try:
+        if args.model not in PRESETS:
+            raise ValueError(f"--model takes a preset, one of {list(PRESETS)}; got {args.model!r}")
+        if args.prompt_len is not None:
+            check_positive_int("--prompt-len", args.prompt_len, limit=1 << 20)
+            base = replace(base, prompt_len=args.prompt_len)
+        if args.new_tokens is not None:
+            check_positive_int("--new-tokens", args.new_tokens, limit=1 << 20)
+            base = replace(base, new_tokens=args.new_tokens)
+        if args.repeats is not None:
+            check_positive_int("--repeats", args.repeats, limit=100)
+            base = replace(base, rounds=args.repeats)
+        if args.threads is not None:
+            check_positive_int("--threads", args.threads, limit=4096)
+            base = replace(base, threads=args.threads)
+        context = base.gpt_config().context_length
+        if base.prompt_len + base.new_tokens > context:
+            raise ValueError(
+                f"--prompt-len {base.prompt_len} + --new-tokens {base.new_tokens} exceeds the context of {context}"
+            )
+        check_output(args.json, suffixes=(".json",))
+        if args.plot:
+            raise ValueError("--plot draws the sweep against T; --model has none")
+    except ValueError as err:
+        return error(console, err)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("writing the weights", total=None)
+
+        def progress(done: float, total: float, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=label)
+
+        cases = run_models(base, spawn=_spawn, progress=progress)
+    gpt = base.gpt_config()
+    table = Table(
+        title=f"GPT {gpt.emb_dim} dims x {gpt.n_layers} layers, batch 1, prompt {base.prompt_len}, "
+        f"{base.new_tokens} new tokens, greedy, float32 ({base.rounds} rounds, medians)"
+    )
+    for col in ("implementation", "prefill ms", "decode tokens/s", "x HF decode", "x HF prefill", "peak RSS MiB"):
+        table.add_column(col, justify="right" if col != "implementation" else "left")
+    hf = next((c for c in cases if c.impl == "hf-generate" and c.ok), None)
+    for c in cases:
+        if not c.ok:
+            table.add_row(c.impl, "[yellow]see below[/yellow]", "", "", "", "")
+            continue
+        prefill, decode = c.median(c.prefill_ms) or 0.0, c.median(c.decode_tokens_per_s) or 0.0
+        hf_prefill = hf.median(hf.prefill_ms) if hf else None
+        hf_decode = hf.median(hf.decode_tokens_per_s) if hf else None
+        table.add_row(
+            c.impl,
+            f"{prefill:.1f}",
+            f"{decode:.1f}",
+            f"{decode / hf_decode:.2f}" if hf_decode else "",
+            f"{prefill / hf_prefill:.2f}" if hf_prefill else "",
+            f"{(c.peak_rss_bytes or 0) / 2**20:.0f}",
+        )
+    console.print(table)
+    for c in cases:
+        if not c.ok:
+            console.print(f"[yellow]{c.impl}: {c.status}[/yellow]", markup=True, soft_wrap=True)
+    spreads = [
+        (c.impl, (max(v) - min(v)) / statistics.median(v))
+        for c in cases
+        if c.ok
+        for v in (c.decode_tokens_per_s,)
+        if len(v) >= 2
+    ]
+    wide = [impl for impl, s in spreads if s > 0.25]
+    if wide:
+        console.print(
+            f"[yellow]decode varied by more than 25% between rounds for {wide}: rerun before quoting[/yellow]"
+        )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            out.write(dumps(base, cases))
+        console.print(f"wrote {args.json}")
+    return 0 if all(c.ok for c in cases) else 1

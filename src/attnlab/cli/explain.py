@@ -30,8 +30,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     explain.add_argument(
         "--model",
         metavar="PATH",
-        help="a GPT checkpoint (Hugging Face or attnlab directory): show every layer and head of it on the text",
+        help="a GPT checkpoint (Hugging Face or attnlab directory, or the book's .pth): every layer and head on the text",
     )
+    explain.add_argument("--tokenizer", metavar="DIR", help="with --model: where its tokenizer files are")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -70,9 +71,15 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
 
     try:
         check_output(args.html, suffixes=(".html", ".htm"))
-        if not Path(args.model).is_dir():
-            raise ValueError(f"--model {args.model!r} is not a checkpoint directory (config.json and weights)")
-        tokenizer = load_tokenizer(args.model)
+        if not Path(args.model).exists():
+            raise ValueError(f"--model {args.model!r} does not exist; give a checkpoint directory or a .pth file")
+        token_dir = Path(args.tokenizer or args.model)
+        if not token_dir.is_dir():
+            raise ValueError(
+                f"{str(token_dir)!r} is not a folder with tokenizer files: a book .pth carries none, "
+                "so pass --tokenizer DIR (tokenizer.json, or vocab.json and merges.txt)"
+            )
+        tokenizer = load_tokenizer(token_dir)
         model = GPT.from_pretrained(args.model, backend="auto")
         report = model_report(model, tokenizer, args.sentence, name=Path(args.model).name, lang=args.lang)
     except (ValueError, TypeError) as err:

@@ -87,8 +87,9 @@ class TinyDecoder(nn.Module):
         *,
         attention_mask: torch.Tensor | None = None,
         caches: list[Cache] | None = None,
+        last_only: bool = False,
     ) -> torch.Tensor:
-        """Logits (B, T, V) for token ids idx (B, T).
+        """Logits (B, T, V) for token ids idx (B, T); (B, 1, V) with ``last_only``.
 
         attention_mask: (B, Tk) with 1 on real tokens and 0 on (left) padding,
         covering cached and new tokens. Positions count real tokens only, so a
@@ -99,6 +100,8 @@ class TinyDecoder(nn.Module):
         x = self.tok_emb(idx)
         for layer, block in enumerate(self.blocks):
             x = block(x, mask=mask, positions=positions, cache=caches[layer] if caches else None)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, d)
         return self.head(self.norm(x))
 
     def generate(

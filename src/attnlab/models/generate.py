@@ -28,7 +28,12 @@ from attnlab.cache import Cache
 
 class Decoder(Protocol):
     def __call__(
-        self, idx: torch.Tensor, *, attention_mask: torch.Tensor | None = ..., caches: list[Cache] | None = ...
+        self,
+        idx: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = ...,
+        caches: list[Cache] | None = ...,
+        last_only: bool = ...,
     ) -> torch.Tensor: ...
 
     def make_caches(self, *, batch_size: int, max_len: int) -> list[Cache]: ...
@@ -141,7 +146,7 @@ def stream(
     caches = model.make_caches(batch_size=b, max_len=t + max_new_tokens) if use_cache else None
     mask = attention_mask
     out = idx
-    logits = model(idx, attention_mask=mask, caches=caches)[:, -1]
+    logits = model(idx, attention_mask=mask, caches=caches, last_only=True)[:, -1]
     finished = torch.zeros(b, 1, dtype=torch.bool, device=idx.device)
     for step in range(max_new_tokens):
         token = pick(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B, 1)
@@ -155,9 +160,9 @@ def stream(
         if mask is not None:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         if caches is not None:
-            logits = model(token, attention_mask=mask, caches=caches)[:, -1]  # one new token; the cache has the rest
+            logits = model(token, attention_mask=mask, caches=caches, last_only=True)[:, -1]  # the cache has the rest
         else:
-            logits = model(out, attention_mask=mask)[:, -1]  # everything again: the reference the cache must match
+            logits = model(out, attention_mask=mask, last_only=True)[:, -1]  # all again: what the cache must match
 
 
 def generate(

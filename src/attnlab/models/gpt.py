@@ -83,10 +83,13 @@ class GPT(nn.Module):
         *,
         attention_mask: torch.Tensor | None = None,
         caches: list[Cache] | None = None,
+        last_only: bool = False,
     ) -> torch.Tensor:
         """Logits (B, T, V) for token ids idx (B, T), after the tokens in ``caches`` if given.
 
         attention_mask: (B, cached + new tokens), 1 on real tokens, 0 on left padding.
+        last_only: logits of the last position only, (B, 1, V): what generation needs, and the
+        vocabulary projection is the largest matmul of a prefill.
         """
         check_prompt(idx, vocab_size=self.config.vocab_size)
         positions, mask = positions_and_padding(idx, attention_mask, caches, layers=self.config.n_layers)
@@ -100,6 +103,8 @@ class GPT(nn.Module):
         x = self.drop_emb(x)
         for layer, block in enumerate(self.blocks):
             x = block(x, mask=mask, cache=caches[layer] if caches is not None else None)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, E)
         return self.out_head(self.final_norm(x))
 
     def stream(
