@@ -293,3 +293,26 @@ def test_every_layer_and_head_is_observable_and_equals_hugging_faces(hf_dir: Pat
     assert "Layer 1" in html and "journey" in html
     with pytest.raises(ValueError, match=r"backend 'sdpa' never forms the attention weights"):
         GPT.from_pretrained(hf_dir, backend="sdpa").attention_weights(idx)
+
+
+def test_a_book_checkpoint_generates_and_explains_from_the_command_line(
+    hf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vocab = Tokenizer.from_dir(hf_dir).vocab_size
+    cfg = {"vocab_size": vocab, "context_length": 32, "emb_dim": 768, "n_heads": 12, "n_layers": 1}
+    torch.manual_seed(4)
+    book = GPTModel({**cfg, "drop_rate": 0.0, "qkv_bias": False}).eval()
+    torch.save(book.state_dict(), tmp_path / "gpt.pth")  # a GPT-2 width: the heads come from the preset
+    argv = ["generate", "--model", str(tmp_path / "gpt.pth"), "Your journey", "--max-new-tokens", "6"]
+    assert cli.main(argv) == 2
+    assert "a checkpoint file (the book's .pth) carries none, so pass --tokenizer DIR" in capsys.readouterr().err
+    assert cli.main([*argv, "--tokenizer", str(hf_dir)]) == 0
+    ids = Tokenizer.from_dir(hf_dir).encode("Your journey")
+    with torch.no_grad():
+        expected = book(torch.tensor([ids]))[0, -1].argmax().item()  # the book's own first greedy token
+    out = capsys.readouterr().out
+    assert out.startswith("Your journey" + Tokenizer.from_dir(hf_dir).decode([expected]))
+    page = tmp_path / "book.html"
+    explain = ["explain", "Your journey", "--model", str(tmp_path / "gpt.pth"), "--tokenizer", str(hf_dir)]
+    assert cli.main([*explain, "--html", str(page)]) == 0
+    assert page.read_text(encoding="utf-8").count('<section class="step"') == 1

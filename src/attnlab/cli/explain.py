@@ -76,7 +76,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         token_dir = Path(args.tokenizer or args.model)
         if not token_dir.is_dir():
             raise ValueError(
-                f"{str(token_dir)!r} is not a folder with tokenizer files: a book .pth carries none, "
+                f"{str(token_dir)!r} is not a folder with tokenizer files: a checkpoint file (the book's .pth) carries none, "
                 "so pass --tokenizer DIR (tokenizer.json, or vocab.json and merges.txt)"
             )
         tokenizer = load_tokenizer(token_dir)
