@@ -5,9 +5,14 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from attnlab.models import GPT
+    from attnlab.models.tokenizer import TextTokenizer
 
 
 def error(console: Console, message: object) -> int:
@@ -38,3 +43,19 @@ def check_output(path: str | None, *, suffixes: tuple[str, ...]) -> None:
             pass
     except OSError as err:
         raise ValueError(f"cannot write {path!r}: {err.strerror or err} in {str(parent)!r}") from None
+
+
+def load_checkpoint(model: str, tokenizer: str | None, *, backend: str = "auto") -> tuple[GPT, TextTokenizer]:
+    """``--model`` and ``--tokenizer`` (default: the model's folder), each checked with a message that says the fix."""
+    from attnlab.models import GPT, load_tokenizer
+
+    if not Path(model).exists():
+        raise ValueError(f"--model {model!r} does not exist; give a checkpoint directory or a .pth file")
+    token_dir = Path(tokenizer or model)
+    if not token_dir.is_dir():
+        raise ValueError(
+            f"{str(token_dir)!r} is not a folder with tokenizer files: a checkpoint file (the book's .pth) carries "
+            "none, so pass --tokenizer DIR (tokenizer.json, or vocab.json and merges.txt)"
+        )
+    text_tokenizer = load_tokenizer(token_dir)  # before the weights: a missing tokenizer is the cheaper error
+    return GPT.from_pretrained(model, backend=backend), text_tokenizer

@@ -6,7 +6,7 @@ import argparse
 
 from rich.console import Console
 
-from attnlab.cli._common import check_output, error
+from attnlab.cli._common import check_output, error, load_checkpoint
 from attnlab.cli._wrap import wrap
 from attnlab.cli.tour import write_report
 
@@ -67,20 +67,10 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     from pathlib import Path
 
     from attnlab.explain.model_report import model_report
-    from attnlab.models import GPT, load_tokenizer
 
     try:
         check_output(args.html, suffixes=(".html", ".htm"))
-        if not Path(args.model).exists():
-            raise ValueError(f"--model {args.model!r} does not exist; give a checkpoint directory or a .pth file")
-        token_dir = Path(args.tokenizer or args.model)
-        if not token_dir.is_dir():
-            raise ValueError(
-                f"{str(token_dir)!r} is not a folder with tokenizer files: a checkpoint file (the book's .pth) carries none, "
-                "so pass --tokenizer DIR (tokenizer.json, or vocab.json and merges.txt)"
-            )
-        tokenizer = load_tokenizer(token_dir)
-        model = GPT.from_pretrained(args.model, backend="auto")
+        model, tokenizer = load_checkpoint(args.model, args.tokenizer)
         report = model_report(model, tokenizer, args.sentence, name=Path(args.model).name, lang=args.lang)
     except (ValueError, TypeError) as err:
         return error(console, err)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from rich.console import Console
 
-from attnlab.cli._common import error
+from attnlab.cli._common import error, load_checkpoint
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,7 +33,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
     import torch
 
     from attnlab._checks import check_positive_int, check_seed
-    from attnlab.models import GPT, load_tokenizer
     from attnlab.models.generate import check_sampling
     from attnlab.models.tokenizer import Decoder
 
@@ -42,17 +40,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         check_positive_int("--max-new-tokens", args.max_new_tokens, limit=1_000_000)
         check_sampling(args.temperature, args.top_k, args.top_p)
         check_seed(args.seed, name="--seed")
-        model_path = Path(args.model)
-        if not model_path.exists():
-            raise ValueError(f"--model {args.model!r} does not exist; give a checkpoint directory or a .pth file")
-        token_dir = Path(args.tokenizer) if args.tokenizer else model_path
-        if not token_dir.is_dir():
-            raise ValueError(
-                f"{str(token_dir)!r} is not a folder with tokenizer files: a checkpoint file (the book's .pth) carries none, "
-                "so pass --tokenizer DIR (tokenizer.json, or vocab.json and merges.txt)"
-            )
-        tokenizer = load_tokenizer(token_dir)
-        model = GPT.from_pretrained(model_path, backend=args.backend)
+        model, tokenizer = load_checkpoint(args.model, args.tokenizer, backend=args.backend)
     except (ValueError, TypeError) as err:
         return error(console, err)
     ids = tokenizer.encode(args.prompt)

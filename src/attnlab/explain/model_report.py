@@ -7,12 +7,11 @@ import torch
 from attnlab.explain.checks import holds
 from attnlab.explain.render.heatmap import head_grid, png_bytes
 from attnlab.explain.render.html import Figure, Report, Section
+from attnlab.explain.report import MAX_TOKENS
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.explain.tour import fmt
 from attnlab.models.gpt import GPT
 from attnlab.models.tokenizer import TextTokenizer
-
-MAX_MODEL_TOKENS = 64  # as the sentence report: more rows than this make an unreadable heatmap
 
 
 def model_weights(model: GPT, tokenizer: TextTokenizer, text: str) -> tuple[list[str], torch.Tensor]:
@@ -20,11 +19,9 @@ def model_weights(model: GPT, tokenizer: TextTokenizer, text: str) -> tuple[list
     ids = tokenizer.encode(text)
     if not ids:
         raise ValueError(f"the text has no tokens: {text!r}")
-    if len(ids) > min(MAX_MODEL_TOKENS, model.config.context_length):
-        raise ValueError(
-            f"the text has {len(ids)} tokens; the model report shows at most "
-            f"{min(MAX_MODEL_TOKENS, model.config.context_length)}, shorten it"
-        )
+    limit = min(MAX_TOKENS, model.config.context_length)  # more rows than this make an unreadable heatmap
+    if len(ids) > limit:
+        raise ValueError(f"the text has {len(ids)} tokens; the model report shows at most {limit}, shorten it")
     labels = tokenizer.tokens(text)
     weights = model.attention_weights(torch.tensor([ids]))[:, 0]  # (L, H, T, T) of the one sequence
     return labels, weights

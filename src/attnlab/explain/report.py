@@ -17,7 +17,7 @@ from attnlab.explain.checks import Check, holds
 from attnlab.explain.render.heatmap import head_grid, heatmap, png_bytes
 from attnlab.explain.render.html import Figure, Report, Section
 from attnlab.explain.report_text import REPORT_TEXT
-from attnlab.explain.tour import LANGS, build_tour, fmt, kv_cache_steps
+from attnlab.explain.tour import LANGS, build_tour, fmt, kv_cache_steps, kv_step_lines, text_for
 from attnlab.nn.attention import Attention
 from attnlab.observe import Recorder
 
@@ -56,13 +56,17 @@ def _figure(
 
 
 def _kv_section(
-    attn: Attention, x: torch.Tensor, labels: list[str], full_weights: torch.Tensor, txt: dict[str, str], *, draw: bool
+    attn: Attention,
+    x: torch.Tensor,
+    labels: list[str],
+    full_weights: torch.Tensor,
+    txt: dict[str, str],
+    *,
+    lang: str,
+    draw: bool,
 ) -> Section:
     rows, stacked = kv_cache_steps(attn, x)
-    lines = [
-        txt["kv_step"].format(t=i + 1, n=i + 1, row="[" + ", ".join(f"{v:.4f}" for v in row[0].tolist()) + "]")
-        for i, row in enumerate(rows)
-    ]
+    lines = kv_step_lines(rows, text_for(lang).words["kv_step"])
     return Section(
         key="kv-cache",
         title=txt["kv"],
@@ -281,7 +285,7 @@ def _explain(
         attn.eval()  # the step-through shows the weights without dropout
         with torch.no_grad(), Recorder() as rec_eval:
             attn(x)
-        sections.append(_kv_section(attn, x, tokens, rec_eval.get("attn_weights")[0], txt, draw=draw))
+        sections.append(_kv_section(attn, x, tokens, rec_eval.get("attn_weights")[0], txt, lang=lang, draw=draw))
     else:
         sections.append(Section(key="kv-cache", title=txt["kv"], text=txt["kv_noncausal"]))
     return Report(

@@ -40,7 +40,6 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "step adds one row of weights over the cache; stacked, the rows are exactly the causal weight matrix.",
         "kv_noncausal": "The KV cache serves causal decoding; with causal=False every token attends to the future, "
         "which a token-by-token cache cannot see.",
-        "kv_step": "step {t}: cache holds {n} keys; new row (head 0): {row}",
         "zeroed": "zeroed: {frac:.2f} of the visible weights (p = {p})",
         "check_rows": "rows sum to 1",
         "check_upper": "upper triangle is exactly 0",
@@ -88,7 +87,6 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "kv_text": "逐个生成 Token 时，缓存保存已有 Token 的键向量和值向量。每一步新增一行对缓存的注意力权重；"
         "把这些行叠起来，正好是因果注意力权重矩阵。",
         "kv_noncausal": "KV Cache 用于因果解码；causal=False 时每个 Token 都关注未来的 Token，逐个生成时看不到未来。",
-        "kv_step": "第 {t} 步：缓存中有 {n} 个键向量；新的一行 (头 0)：{row}",
         "zeroed": "置 0：可见权重中的 {frac:.2f} (p = {p})",
         "check_rows": "每行之和为 1",
         "check_upper": "对角线以上全为 0",

@@ -154,7 +154,7 @@ def stream(
             token = token.masked_fill(finished, eos_id)
             finished = finished | (token == eos_id)
         yield token
-        if step == max_new_tokens - 1 or bool(finished.all()):
+        if step == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
             return
         out = torch.cat([out, token], dim=1)
         if mask is not None:

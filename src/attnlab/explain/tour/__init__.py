@@ -13,13 +13,13 @@ from collections.abc import Sequence
 import torch
 
 from attnlab.explain.checks import Check
-from attnlab.explain.tour.causal import causal, kv_cache_steps
+from attnlab.explain.tour.causal import causal, kv_cache_steps, kv_step_lines
 from attnlab.explain.tour.core import Checker, TourStep, fmt
 from attnlab.explain.tour.simplified import simplified
 from attnlab.explain.tour.text import LANGS, text_for
 from attnlab.explain.tour.trainable import trainable
 
-__all__ = ["LANGS", "TourStep", "build_tour", "fmt", "kv_cache_steps", "mismatches"]
+__all__ = ["LANGS", "TourStep", "build_tour", "fmt", "kv_cache_steps", "kv_step_lines", "mismatches", "text_for"]
 
 
 def build_tour(lang: str = "en") -> list[TourStep]:

@@ -34,6 +34,11 @@ def kv_cache_steps(attn: Attention, x: torch.Tensor) -> tuple[list[torch.Tensor]
     return rows, stacked
 
 
+def kv_step_lines(rows: list[torch.Tensor], template: str) -> list[str]:
+    """One line per step of :func:`kv_cache_steps`: head 0's new row of weights, in the language's ``template``."""
+    return [template.format(t=i + 1, row=", ".join(f"{v:.4f}" for v in row[0].tolist())) for i, row in enumerate(rows)]
+
+
 def causal(add: Add, c: Checker) -> None:
     inputs = book.embedded_inputs()  # (6, 3)
     torch.manual_seed(789)  # the book reuses sa_v2 from seed 789 for section 3.5
@@ -141,9 +146,7 @@ def causal(add: Add, c: Checker) -> None:
 
     attn = from_book(mha.eval(), backend="eager")  # the same weights in attnlab.Attention, which takes a cache
     rows, stacked = kv_cache_steps(attn, batch[:1])
-    lines = [
-        c.say("kv_step", t=i + 1, row=", ".join(f"{v:.4f}" for v in row[0].tolist())) for i, row in enumerate(rows)
-    ]
+    lines = kv_step_lines(rows, c.words["kv_step"])
     add(
         "kv_steps",
         "cache = KVCache(batch_size=1, num_kv_heads=2, head_dim=1, max_len=6)\n"
