@@ -1,4 +1,4 @@
-"""The ``attnlab`` command: one module per subcommand (tour, explain, generate, bench).
+"""The ``attnlab`` command: one module per subcommand (tour, explain, generate, train, heads, bench).
 
 All printing lives here; the library returns values. Bad arguments get one
 clear line and exit code 2, never a traceback, and are checked before any
@@ -15,10 +15,17 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from attnlab import __version__
-from attnlab.cli import bench, explain, generate, tour
+from attnlab.cli import bench, explain, generate, heads, tour, train
 from attnlab.cli._common import error
 
-COMMANDS = {"tour": tour, "explain": explain, "generate": generate, "bench": bench}
+COMMANDS = {
+    "tour": tour,
+    "explain": explain,
+    "generate": generate,
+    "train": train,
+    "heads": heads,
+    "bench": bench,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

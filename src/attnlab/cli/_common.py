@@ -45,13 +45,26 @@ def check_output(path: str | None, *, suffixes: tuple[str, ...]) -> None:
         raise ValueError(f"cannot write {path!r}: {err.strerror or err} in {str(parent)!r}") from None
 
 
+def model_path(model: str) -> Path:
+    """Where ``--model`` points (a shipped name such as ``induction`` included), or the error that says what to give."""
+    from attnlab.models.checkpoints import SHIPPED, locate
+
+    where = locate(model)
+    if not where.exists():
+        raise ValueError(
+            f"--model {model!r} does not exist; give a checkpoint directory or a .pth file, "
+            f"or a checkpoint that ships with attnlab: {', '.join(SHIPPED)}"
+        )
+    return where
+
+
 def load_checkpoint(model: str, tokenizer: str | None, *, backend: str = "auto") -> tuple[GPT, TextTokenizer]:
     """``--model`` and ``--tokenizer`` (default: the model's folder), each checked with a message that says the fix."""
     from attnlab.models import GPT, load_tokenizer
+    from attnlab.models.checkpoints import locate
 
-    if not Path(model).exists():
-        raise ValueError(f"--model {model!r} does not exist; give a checkpoint directory or a .pth file")
-    token_dir = Path(tokenizer or model)
+    model_path(model)
+    token_dir = locate(tokenizer or model)
     if not token_dir.is_dir():
         raise ValueError(
             f"{str(token_dir)!r} is not a folder with tokenizer files: a checkpoint file (the book's .pth) carries "

@@ -6,7 +6,7 @@ import argparse
 
 from rich.console import Console
 
-from attnlab.cli._common import check_output, error, load_checkpoint
+from attnlab.cli._common import check_output, error, load_checkpoint, model_path
 from attnlab.cli._wrap import wrap
 from attnlab.cli.tour import write_report
 
@@ -30,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     explain.add_argument(
         "--model",
         metavar="PATH",
-        help="a GPT checkpoint (Hugging Face or attnlab directory, or the book's .pth): every layer and head on the text",
+        help="a GPT checkpoint (Hugging Face or attnlab directory, the book's .pth, or 'induction', which ships "
+        "with attnlab): every head named, every layer on the text",
     )
     explain.add_argument("--tokenizer", metavar="DIR", help="with --model: where its tokenizer files are")
 
@@ -67,11 +68,14 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     from pathlib import Path
 
     from attnlab.explain.model_report import model_report
+    from attnlab.models.train import read_log
 
     try:
         check_output(args.html, suffixes=(".html", ".htm"))
         model, tokenizer = load_checkpoint(args.model, args.tokenizer)
-        report = model_report(model, tokenizer, args.sentence, name=Path(args.model).name, lang=args.lang)
+        log = read_log(model_path(args.model))  # the training curves, when attnlab trained it
+        name = Path(args.model).name
+        report = model_report(model, tokenizer, args.sentence, name=name, lang=args.lang, log=log)
     except (ValueError, TypeError) as err:
         return error(console, err)
     if args.html:

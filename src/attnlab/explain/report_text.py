@@ -53,6 +53,33 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "layer": "Layer {layer}",
         "layer_text": "The attention weights of this layer's {heads} heads: row i is how much token i takes from "
         "each earlier token.",
+        "names": "Every head, named",
+        "names_text": "Each head is scored on a probe of {half} distinct random tokens followed by the same tokens "
+        "again (T = 2n): previous-token = mean of A[i, i-1]; duplicate-token = mean of A[i, i-n] (the earlier copy "
+        "of the same token); induction = mean of A[i, i-n+1] (the token after the earlier copy); first-token = mean "
+        "of A[i, 0] (the attention sink). 1 means all of a head's attention; a head is named after its highest "
+        "score when it is at least 0.4. Loss on the first copy {first:.2f}, on the repeat {second:.2f}: "
+        "in-context learning score {icl:+.2f} (below zero: the model reads the repeat off the first copy).",
+        "heads_axis": "head",
+        "layers_axis": "layer",
+        "score_previous_token": "previous-token score",
+        "score_duplicate_token": "duplicate-token score",
+        "score_induction": "induction score",
+        "score_first_token": "first-token score",
+        "name_previous_token": "previous",
+        "name_duplicate_token": "duplicate",
+        "name_induction": "induction",
+        "name_first_token": "first",
+        "name_none": "-",
+        "training": "How it learned",
+        "training_text": "The loss and each head's scores at every evaluation of the training run (train_log.json "
+        "beside the checkpoint). An induction head forms in a phase change: the loss falls off a cliff while the "
+        "induction score of a layer-1 head rises, right after a layer-0 head becomes a previous-token head.",
+        "formed": "A head's induction score first reached 0.7 at step {step}.",
+        "probe_layer": "Layer {layer} on the probe",
+        "probe_text": "The {heads} heads on the first sequence of the probe (token ids; the second half repeats "
+        "the first). An induction head draws a diagonal one step right of the copy's position; a previous-token "
+        "head, the line just below the main diagonal.",
         "model_title": "attnlab: every head of {name} on {text!r}",
         "model_intro": "A real checkpoint ({layers} layers, {heads} heads, {emb} dimensions) on {tokens} tokens, "
         "labelled as its tokenizer cuts the text. One forward pass, recorded layer by layer.",
@@ -99,6 +126,30 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "enlarge": "点击热力图可放大查看；再次点击或按 Esc 关闭",
         "layer": "第 {layer} 层",
         "layer_text": "这一层 {heads} 个头的注意力权重：第 i 行表示 Token i 从前面每个 Token 获取多少信息。",
+        "names": "为每个注意力头命名",
+        "names_text": "每个头在一个探针序列上打分：{half} 个互不相同的随机 Token，后面再重复一遍 (T = 2n)。"
+        "前一个 Token (previous-token) = A[i, i-1] 的平均；重复 Token (duplicate-token) = A[i, i-n] 的平均 (同一个 Token 的前一次出现)；"
+        "归纳 (induction) = A[i, i-n+1] 的平均 (前一次出现之后的那个 Token)；首个 Token (first-token) = A[i, 0] 的平均 (注意力汇聚点)。"
+        "1 表示这个头的注意力全部落在那里；最高分不低于 0.4 时，用它给这个头命名。"
+        "第一遍的损失 {first:.2f}，重复部分的损失 {second:.2f}：上下文学习分数 {icl:+.2f} (小于零：模型从第一遍读出了重复的内容)。",
+        "heads_axis": "头",
+        "layers_axis": "层",
+        "score_previous_token": "前一个 Token 分数",
+        "score_duplicate_token": "重复 Token 分数",
+        "score_induction": "归纳分数",
+        "score_first_token": "首个 Token 分数",
+        "name_previous_token": "前一个",
+        "name_duplicate_token": "重复",
+        "name_induction": "归纳",
+        "name_first_token": "首个",
+        "name_none": "-",
+        "training": "它是怎样学会的",
+        "training_text": "训练过程中每次评估时的损失和每个头的分数 (来自检查点旁边的 train_log.json)。"
+        "归纳头是在一次相变中形成的：损失突然下降，同时第 1 层某个头的归纳分数上升，紧接在第 0 层某个头变成前一个 Token 头之后。",
+        "formed": "某个头的归纳分数在第 {step} 步第一次达到 0.7。",
+        "probe_layer": "第 {layer} 层在探针序列上",
+        "probe_text": "{heads} 个头在探针的第一条序列上 (标签是 Token 编号；后一半重复前一半)。"
+        "归纳头画出一条在副本位置右边一格的对角线；前一个 Token 头画出紧贴主对角线下方的一条线。",
         "model_title": "attnlab：{name} 的每个注意力头，输入 {text!r}",
         "model_intro": "一个真实的模型检查点 ({layers} 层，{heads} 个头，{emb} 维)，输入 {tokens} 个 Token，"
         "标签是分词器切出的 Token。一次前向传播，逐层记录。",

@@ -239,6 +239,17 @@ def _fit(model: GPT, tensors: Tensors, origin: dict[str, str], source: str) -> G
     return model
 
 
+SHIPPED = ("induction",)  # checkpoints in the package: attnlab/data/<name>/ (docs/heads.md tells how each was made)
+
+
+def locate(path: str | Path) -> Path:
+    """``path`` itself, or the shipped checkpoint of that name (``"induction"``) when no such path exists."""
+    where = Path(path)
+    if not where.exists() and str(path) in SHIPPED:
+        return Path(__file__).resolve().parents[1] / "data" / str(path)
+    return where
+
+
 def load_gpt(path: str | Path, **overrides: Any) -> GPT:
     """A GPT from a Hugging Face GPT-2 directory, an attnlab directory, or the book's ``.pth`` state dict.
 
@@ -246,7 +257,7 @@ def load_gpt(path: str | Path, **overrides: Any) -> GPT:
     ``drop_rate``; ``n_heads`` for a book state dict of a size that is not GPT-2's).
     The model comes back in eval() mode, as Hugging Face's does.
     """
-    where = Path(path)
+    where = locate(path)
     if where.is_dir():
         config_file = where / "config.json"
         if not config_file.is_file():
@@ -316,15 +327,22 @@ def hf_state_dict(model: GPT) -> Tensors:
     return out
 
 
-def save_gpt(model: GPT, directory: str | Path) -> Path:
-    """Write ``config.json`` and ``model.safetensors``; the folder is created, and nothing is half-written on error."""
+def save_gpt(model: GPT, directory: str | Path, *, tokenizer: str | None = None) -> Path:
+    """Write ``config.json`` and ``model.safetensors``; the folder is created, and nothing is half-written on error.
+
+    ``tokenizer="bytes"`` (or ``"ascii"``) records that the model reads bytes, so ``load_tokenizer`` needs no files.
+    """
     if not isinstance(model, GPT):
         raise TypeError(f"save_gpt saves an attnlab GPT, got {type(model).__name__}")
+    if tokenizer not in (None, "bytes", "ascii"):
+        raise ValueError(
+            f"tokenizer must be None, 'bytes' or 'ascii' (the tokenizers that need no files), got {tokenizer!r}"
+        )
     target = Path(directory)
     if target.exists() and not target.is_dir():
         raise ValueError(f"{str(target)!r} is a file; give a folder to write config.json and model.safetensors into")
     tensors = hf_state_dict(model)  # everything that can fail runs before the first write
-    config = json.dumps(hf_config(model.config), indent=2)
+    config = json.dumps({**hf_config(model.config), **({"tokenizer": tokenizer} if tokenizer else {})}, indent=2)
     target.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
     (target / "config.json").write_text(config + "\n", encoding="utf-8")

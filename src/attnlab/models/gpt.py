@@ -186,8 +186,11 @@ class GPT(nn.Module):
 
         return load_gpt(path, **overrides)
 
-    def save_pretrained(self, directory: str | Path) -> Path:
-        """Write config.json and model.safetensors, which ``transformers.GPT2LMHeadModel.from_pretrained`` reads."""
+    def save_pretrained(self, directory: str | Path, *, tokenizer: str | None = None) -> Path:
+        """Write config.json and model.safetensors, which ``transformers.GPT2LMHeadModel.from_pretrained`` reads.
+
+        ``tokenizer="bytes"`` or ``"ascii"`` records a tokenizer that needs no files (see ``load_tokenizer``).
+        """
         from attnlab.models.checkpoints import save_gpt
 
-        return save_gpt(self, directory)
+        return save_gpt(self, directory, tokenizer=tokenizer)

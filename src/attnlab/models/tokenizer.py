@@ -73,21 +73,38 @@ class Tokenizer:
 
 
 class ByteTokenizer:
-    """Text as its UTF-8 bytes: 256 symbols, nothing to learn, nothing unknown."""
+    """Text as its UTF-8 bytes: 256 symbols, nothing to learn, nothing unknown.
 
-    vocab_size = 256
+    ``ascii=True`` keeps the first 128 (plain ASCII), for models trained on
+    128 tokens, such as ``attnlab train induction``'s; other characters are refused by name.
+    """
+
+    def __init__(self, *, ascii: bool = False) -> None:
+        self.ascii = ascii
+        self.vocab_size = 128 if ascii else 256
+
+    @property
+    def name(self) -> str:
+        return "ascii" if self.ascii else "bytes"
 
     def encode(self, text: str) -> list[int]:
+        if self.ascii:
+            outside = sorted({c for c in text if ord(c) >= 128})
+            if outside:
+                raise ValueError(
+                    f"this model knows the 128 ASCII characters only; the text has {''.join(outside[:8])!r}: "
+                    "write it in plain ASCII"
+                )
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
-        bad = [i for i in ids if not 0 <= i < 256]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
-            raise ValueError(f"byte ids lie in [0, 256), got {bad[:8]}")
+            raise ValueError(f"byte ids lie in [0, {self.vocab_size}), got {bad[:8]}")
         return bytes(ids).decode("utf-8", errors="replace")
 
     def tokens(self, text: str) -> list[str]:
-        return [bytes([b]).decode("latin-1") if b < 128 else f"<{b:02x}>" for b in text.encode("utf-8")]
+        return [bytes([b]).decode("latin-1") if b < 128 else f"<{b:02x}>" for b in self.encode(text)]
 
 
 class Decoder:
@@ -108,9 +125,12 @@ class Decoder:
 
 
 def load_tokenizer(directory: str | Path) -> TextTokenizer:
-    """The tokenizer beside a checkpoint: ``"tokenizer": "bytes"`` in its config.json, else GPT-2's BPE files."""
-    where = Path(directory)
+    """The tokenizer beside a checkpoint: ``"tokenizer": "bytes"`` (or ``"ascii"``) in its config.json, else GPT-2's BPE files."""
+    from attnlab.models.checkpoints import locate
+
+    where = locate(directory)
     config = where / "config.json"
-    if config.is_file() and json.loads(config.read_text(encoding="utf-8")).get("tokenizer") == "bytes":
-        return ByteTokenizer()
+    named = json.loads(config.read_text(encoding="utf-8")).get("tokenizer") if config.is_file() else None
+    if named in ("bytes", "ascii"):
+        return ByteTokenizer(ascii=named == "ascii")
     return Tokenizer.from_dir(where)

@@ -42,6 +42,8 @@ def _draw(
     title: str,
     annotate: bool | None,
     axes: tuple[str, str],
+    cells: Sequence[Sequence[str]] | None = None,
+    limits: tuple[float, float] | None = None,
 ) -> None:
     m = matrix.detach().to(torch.float64).cpu().numpy()
     if m.ndim != 2:
@@ -52,7 +54,8 @@ def _draw(
         )
     masked = np.ma.masked_invalid(m)
     cmap = matplotlib.colormaps[CMAP].with_extremes(bad="#d9d9d9")  # masked (-inf) cells grey
-    image = ax.imshow(masked, cmap=cmap, aspect="auto")
+    vmin, vmax = limits if limits is not None else (None, None)
+    image = ax.imshow(masked, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
     ax.set_xticks(range(m.shape[1]), [safe_label(s) for s in col_labels], rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(m.shape[0]), [safe_label(s) for s in row_labels], fontsize=8)
     ax.set_xlabel(safe_label(axes[0]), fontsize=8)
@@ -60,14 +63,15 @@ def _draw(
     ax.set_title(safe_label(title), fontsize=9)
     if annotate is None:
         annotate = max(m.shape) <= ANNOTATE_MAX
-    if annotate and masked.count():
-        lo, hi = float(masked.min()), float(masked.max())
+    if (annotate or cells is not None) and masked.count():
+        lo, hi = limits if limits is not None else (float(masked.min()), float(masked.max()))
         mid = (lo + hi) / 2
         for i in range(m.shape[0]):
             for j in range(m.shape[1]):
                 if np.isfinite(m[i, j]):
                     color = "black" if m[i, j] > mid else "white"  # dark text on the light (yellow) end
-                    ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=7, color=color)
+                    text = f"{m[i, j]:.2f}" if cells is None else safe_label(cells[i][j])
+                    ax.text(j, i, text, ha="center", va="center", fontsize=7, color=color)
     figure = ax.get_figure()
     assert figure is not None
     figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
@@ -81,14 +85,19 @@ def heatmap(
     title: str = "",
     annotate: bool | None = None,
     axes: tuple[str, str] = AXES,
+    cells: Sequence[Sequence[str]] | None = None,
+    limits: tuple[float, float] | None = None,
 ) -> Figure:
-    """One (rows, cols) matrix as a labelled heatmap; ``axes`` names the (x, y) axes."""
+    """One (rows, cols) matrix as a labelled heatmap; ``axes`` names the (x, y) axes.
+
+    ``cells``: a text per cell instead of its value; ``limits``: the colour scale (default: the matrix's range).
+    """
     col_labels = row_labels if col_labels is None else col_labels
     size = max(3.2, 0.55 * max(len(row_labels), len(col_labels)) + 1.6)
     with fonts():  # texts keep the font they are created with
-        fig = Figure(figsize=(size + 0.8, size))
+        fig = Figure(figsize=(size + 0.8 + (1.2 if cells is not None else 0), size))
         ax = fig.subplots()
-        _draw(ax, matrix, row_labels, col_labels, title, annotate, axes)
+        _draw(ax, matrix, row_labels, col_labels, title, annotate, axes, cells, limits)
         fig.tight_layout()
     return fig
 

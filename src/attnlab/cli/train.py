@@ -1,0 +1,186 @@
+"""``attnlab train [induction|text]``: train a small GPT here, offline, and watch its heads form.
+
+Under ``torchrun --nproc-per-node N`` the same command trains data-parallel
+(DDP over gloo on CPU, nccl on GPU); only rank 0 prints and saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from attnlab.cli._common import error
+
+SHAPE_FLAGS = {"layers": "n_layers", "heads": "n_heads", "emb_dim": "emb_dim", "context": "context_length"}
+TRAIN_FLAGS = ("steps", "batch_size", "lr", "warmup", "seed", "minutes", "eval_every")
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    train = sub.add_parser(
+        "train",
+        help="train a small GPT here (induction or text task), with a checkpoint, curves and named heads",
+        description="Train a small GPT on this machine, offline: 'induction' (random tokens repeated; an induction "
+        "head forms within a minute or two) or 'text' (Python's own documentation, or --data FILE, as bytes). "
+        "Under torchrun --nproc-per-node N it trains data-parallel.",
+    )
+    train.add_argument("task", nargs="?", choices=["induction", "text"], default="induction", help="default induction")
+    train.add_argument("--data", metavar="FILE", help="text task: a local UTF-8 text file instead of Python's docs")
+    train.add_argument("--out", metavar="DIR", help="checkpoint folder (default runs/TASK)")
+    train.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    train.add_argument("--steps", type=int, help="optimizer steps (induction 1500, text 2000)")
+    train.add_argument("--batch-size", type=int, help="sequences per step, over all processes (default 32)")
+    train.add_argument("--lr", type=float, help="peak learning rate (induction 3e-3, text 1e-3)")
+    train.add_argument("--warmup", type=int, help="warm-up steps (default 100)")
+    train.add_argument("--seed", type=int, help="seed of the weights and the batches (default 0)")
+    train.add_argument("--minutes", type=float, help="stop after this many minutes (and save; --resume goes on)")
+    train.add_argument("--eval-every", type=int, help="steps between held-out losses and head scores")
+    train.add_argument("--layers", type=int, help="model layers (induction 2, text 4)")
+    train.add_argument("--heads", type=int, help="heads per layer (default 4)")
+    train.add_argument("--emb-dim", type=int, help="model width (induction 64, text 128)")
+    train.add_argument("--context", type=int, help="context length = training sequence length (induction 64, text 128)")
+
+
+def _settings(args: argparse.Namespace, out: Path) -> tuple[Any, Any, Any]:
+    """The model config, train config and task the arguments ask for; every check before any work."""
+    import torch
+
+    from attnlab.models import GPT, GPTConfig
+    from attnlab.models.tasks import TASK_MODELS, make_task
+    from attnlab.models.train import STATE_FILE, TASK_DEFAULTS, TrainConfig
+
+    given = {f: getattr(args, f) for f in TRAIN_FLAGS if getattr(args, f) is not None}
+    shape = {field: getattr(args, flag) for flag, field in SHAPE_FLAGS.items() if getattr(args, flag) is not None}
+    if args.resume:
+        state_file = out / STATE_FILE
+        if not state_file.is_file():
+            raise ValueError(f"--resume: no {STATE_FILE} in {str(out)!r}; train into it first (without --resume)")
+        if shape:
+            flags = ", ".join("--" + f.replace("_", "-") for f in SHAPE_FLAGS if getattr(args, f) is not None)
+            raise ValueError(f"--resume continues the saved model; {flags} would change its shape: drop them")
+        changed = sorted(set(given) - {"steps", "minutes"})
+        if changed:
+            raise ValueError(
+                f"--resume keeps the saved settings; only --steps and --minutes may change (got {changed})"
+            )
+        saved = torch.load(state_file, map_location="cpu", weights_only=True)
+        config = TrainConfig.from_dict({**saved["config"], "minutes": None, **given})
+        if config.steps <= int(saved["step"]):
+            raise ValueError(f"the run in {str(out)!r} already did {saved['step']} steps; pass --steps above that")
+        model_config = GPT.from_pretrained(out).config  # the saved shape: the task's sequences must fit it
+    else:
+        if (out / "config.json").exists():
+            raise ValueError(f"{str(out)!r} already holds a checkpoint: pass --resume to continue it, or another --out")
+        config = TrainConfig.from_dict({**TASK_DEFAULTS[args.task].to_dict(), **given})
+        model_config = GPTConfig.from_dict({**TASK_MODELS[args.task].to_dict(), **shape})
+    task = make_task(args.task, seq_len=model_config.context_length, data=args.data)
+    return model_config, config, task
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file; give a folder for the checkpoint")
+    parent = out if out.exists() else out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"cannot write into {str(parent)!r}: choose another --out")
+
+
+def _start_processes() -> bool:
+    """Join the process group torchrun describes in the environment; True when this process started it."""
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return False
+    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    return True
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    import torch
+
+    from attnlab.explain.heads import head_scores, watch
+    from attnlab.models import GPT
+    from attnlab.models.train import train, world
+
+    out = Path(args.out or f"runs/{args.task}")
+    try:
+        _check_out(out)
+        model_config, config, task = _settings(args, out)
+    except (ValueError, TypeError) as err:
+        return error(console, err)
+    started = _start_processes()
+    try:
+        rank, size = world()
+        if args.resume:
+            model = GPT.from_pretrained(out, backend="auto")
+        else:
+            torch.manual_seed(config.seed)
+            model = GPT(model_config)
+        loud = rank == 0
+        params = sum(p.numel() for p in model.parameters())
+        if loud:
+            c = model.config
+            where = f" on {size} processes" if size > 1 else ""
+            console.print(
+                f"training {args.task}: {c.n_layers} layers, {c.n_heads} heads, {c.emb_dim} dims, "
+                f"{params:,} parameters; {config.steps} steps of {config.batch_size} x {task.seq_len} tokens{where}",
+                markup=False,
+            )
+        with Progress(
+            TextColumn("step {task.completed:.0f}/{task.total:.0f}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            disable=not loud,
+            transient=True,
+        ) as bar:
+            job = bar.add_task("", total=config.steps)
+
+            def progress(step: int, steps: int, loss: float, tokens_per_s: float) -> None:
+                bar.update(job, completed=step, description=f"loss {loss:.3f}  {tokens_per_s:,.0f} tok/s")
+
+            tokenizer = "ascii" if args.task == "induction" else "bytes"
+            log = train(
+                model,
+                task,
+                config,
+                progress=progress,
+                on_eval=watch(),
+                checkpoint=out,
+                resume=args.resume,
+                tokenizer=tokenizer,
+            )
+        if not loud:
+            return 0
+        from attnlab.cli.heads import summary, table
+        from attnlab.explain.render.curves import training_curves
+        from attnlab.explain.render.heatmap import save
+
+        save(training_curves(log), out / "loss.png")
+        if log.stopped:
+            console.print(log.stopped + f"; attnlab train {args.task} --out {out} --resume goes on", markup=False)
+        console.print(
+            f"{log.step[-1] if log.step else 0} steps in {log.seconds:.0f} s; held-out loss "
+            f"{log.eval_loss[-1]:.3f}; saved to {out}/ (model, train_log.json, loss.png)",
+            markup=False,
+        )
+        scores = head_scores(model)
+        console.print(table(scores, title="the heads it learned"))
+        console.print(summary(scores), markup=False)
+        console.print(f'next: attnlab explain --model {out} "..." --html report.html', markup=False)
+        return 0
+    finally:
+        if started:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()

@@ -1,0 +1,167 @@
+"""Training tasks that ship with attnlab (nothing is downloaded): repeated random tokens, and text as bytes.
+
+- ``InductionTask``: each sequence is a block of random tokens repeated over
+  and over, the task of the induction-heads literature (Olsson et al., 2022).
+  The first pass of the block cannot be predicted; every later token can, by
+  looking back for the previous occurrence of the current token and copying
+  what came after it.
+- ``TextTask``: a text as UTF-8 bytes (256 symbols), in random windows; by
+  default Python's own ``pydoc_data.topics`` (about 465k characters of
+  English documentation, part of the standard library).
+
+A batch is ``(inputs, targets)``, both (B, T) token ids, targets shifted by one.
+Batches come from a ``torch.Generator`` the caller seeds, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from attnlab._checks import check_positive_int
+from attnlab.models.config import GPTConfig
+
+SPLITS = ("train", "eval")
+
+
+class Task(Protocol):
+    vocab_size: int
+    seq_len: int  # tokens per training sequence (inputs)
+
+    def batch(
+        self, batch_size: int, generator: torch.Generator, *, split: str = "train"
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+class InductionTask:
+    """A block of ``n`` distinct random tokens, repeated to fill ``seq_len + 1`` tokens.
+
+    ``n`` is drawn per row from [min_period, max_period], so the distance back
+    to the earlier copy changes from row to row: "look back a fixed number of
+    positions" does not work, and the model has to find the earlier occurrence
+    of the current token and copy what followed it, which is what an
+    induction head does. The tokens of a block are distinct, so that earlier
+    occurrence is unique. Blocks start at position 0, so the keys an induction
+    head needs (the first copy) lie at positions below ``max_period``; a block
+    after random noise made the phase change come many times later on a CPU
+    budget (docs/heads.md).
+
+    >>> InductionTask(vocab_size=10, seq_len=9, min_period=3, max_period=3).sequences(1, torch.Generator().manual_seed(0)).shape
+    torch.Size([1, 10])
+    """
+
+    def __init__(self, *, vocab_size: int = 128, seq_len: int = 64, min_period: int = 8, max_period: int = 32) -> None:
+        check_positive_int("vocab_size", vocab_size, limit=1 << 20)
+        check_positive_int("seq_len", seq_len, limit=1 << 16)
+        check_positive_int("min_period", min_period, limit=1 << 16)
+        check_positive_int("max_period", max_period, limit=1 << 16)
+        if not 2 <= min_period <= max_period:
+            raise ValueError(
+                f"need 2 <= min_period <= max_period, got min_period={min_period}, max_period={max_period}"
+            )
+        if max_period > vocab_size:
+            raise ValueError(
+                f"max_period {max_period} is more than vocab_size {vocab_size}: a block of distinct tokens "
+                f"cannot be longer than the vocabulary; use max_period <= {vocab_size}"
+            )
+        if 2 * max_period > seq_len + 1:
+            raise ValueError(
+                f"seq_len {seq_len} is too short to repeat a block of max_period={max_period} once; "
+                f"use seq_len >= {2 * max_period - 1} or a smaller max_period"
+            )
+        self.vocab_size, self.seq_len = vocab_size, seq_len
+        self.min_period, self.max_period = min_period, max_period
+
+    def sequences(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+        """(B, seq_len + 1) token ids."""
+        periods = torch.randint(self.min_period, self.max_period + 1, (batch_size,), generator=generator)
+        rows = []
+        for n in periods.tolist():
+            block = torch.randperm(self.vocab_size, generator=generator)[:n]  # (n,) distinct tokens
+            copies = math.ceil((self.seq_len + 1) / n)
+            rows.append(block.repeat(copies)[: self.seq_len + 1])  # (n * copies,) -> (seq_len + 1,)
+        return torch.stack(rows)  # (B, seq_len + 1)
+
+    def batch(
+        self, batch_size: int, generator: torch.Generator, *, split: str = "train"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_split(split)  # both splits are fresh random blocks; the caller's generator keeps them apart
+        seq = self.sequences(batch_size, generator)
+        return seq[:, :-1], seq[:, 1:]
+
+
+def stdlib_text() -> str:
+    """Python's own documentation topics: English text that every Python installation carries."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+def read_text(path: str | Path) -> str:
+    """A local text file, for ``TextTask``; a clear error if it is missing or not UTF-8."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--data {str(path)!r} is not a file; give the path of a local text file")
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--data {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+class TextTask:
+    """A text as bytes, 90% for training and 10% held out, in random windows of ``seq_len + 1`` bytes."""
+
+    vocab_size = 256
+
+    def __init__(self, text: str, *, seq_len: int = 128) -> None:
+        check_positive_int("seq_len", seq_len, limit=1 << 16)
+        data = torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
+        if data.numel() < 10 * (seq_len + 2):
+            raise ValueError(
+                f"the text has {data.numel()} bytes; training windows of {seq_len + 1} need at least "
+                f"{10 * (seq_len + 2)} (a tenth is held out): give a longer text or a shorter seq_len"
+            )
+        cut = int(0.9 * data.numel())
+        self.splits = {"train": data[:cut], "eval": data[cut:]}
+        self.seq_len = seq_len
+
+    def batch(
+        self, batch_size: int, generator: torch.Generator, *, split: str = "train"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_split(split)
+        data = self.splits[split]
+        starts = torch.randint(0, data.numel() - self.seq_len, (batch_size,), generator=generator)
+        offsets = torch.arange(self.seq_len + 1)
+        windows = data[starts[:, None] + offsets]  # (B, seq_len + 1)
+        return windows[:, :-1], windows[:, 1:]
+
+
+TASKS = ("induction", "text")
+
+# The model each built-in task trains by default: small enough for minutes on two CPU cores.
+TASK_MODELS: dict[str, GPTConfig] = {
+    "induction": GPTConfig(vocab_size=128, context_length=64, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0),
+    "text": GPTConfig(vocab_size=256, context_length=128, emb_dim=128, n_heads=4, n_layers=4, drop_rate=0.0),
+}
+
+
+def make_task(name: str, *, seq_len: int | None = None, data: str | Path | None = None) -> Task:
+    """A built-in task by name; ``data`` (text only) is a local UTF-8 file instead of Python's own docs."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; the built-in tasks are {list(TASKS)}")
+    if data is not None and name != "text":
+        raise ValueError(f"--data is text for the 'text' task; the {name!r} task makes its own sequences")
+    length = seq_len if seq_len is not None else TASK_MODELS[name].context_length
+    if name == "induction":
+        return InductionTask(
+            seq_len=length, max_period=min(32, (length + 1) // 2), min_period=min(8, (length + 1) // 2)
+        )
+    return TextTask(read_text(data) if data is not None else stdlib_text(), seq_len=length)

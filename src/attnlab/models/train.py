@@ -1,0 +1,297 @@
+"""A small, readable training loop for ``GPT``: AdamW, warm-up then cosine, clipping, held-out loss.
+
+Seeded and reproducible: the batches come from one generator seeded by
+``TrainConfig.seed``. Under ``torchrun`` (``torch.distributed`` initialized)
+the model is wrapped in DistributedDataParallel and every rank draws the same
+global batch and trains on its own rows of it, so N processes see exactly the
+batches one process would (``tests/test_train.py`` checks the loss curves
+agree). A budget in minutes stops the loop early. A checkpoint folder holds
+the model (``save_pretrained``), ``train_log.json`` (the curves) and
+``train_state.pt`` (step, optimizer, generator, config); ``resume=True``
+continues from it exactly where it stopped.
+
+Shapes: B = batch, T = tokens, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from attnlab._checks import check_positive_int, check_seed
+from attnlab.models.gpt import GPT
+from attnlab.models.tasks import Task
+
+STATE_FILE = "train_state.pt"
+LOG_FILE = "train_log.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    steps: int = 1500
+    batch_size: int = 32  # the global batch, over every process
+    lr: float = 3e-3
+    warmup: int = 100
+    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    eval_batches: int = 4
+    seed: int = 0
+    minutes: float | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int("steps", self.steps, limit=10**8)
+        check_positive_int("batch_size", self.batch_size, limit=1 << 20)
+        check_positive_int("eval_every", self.eval_every, limit=10**8)
+        check_positive_int("eval_batches", self.eval_batches, limit=10_000)
+        check_seed(self.seed)
+        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
+            raise ValueError(f"warmup must be a whole number of steps >= 0, got {self.warmup!r}")
+        for name in ("lr", "grad_clip"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if (
+            isinstance(self.weight_decay, bool)
+            or not isinstance(self.weight_decay, (int, float))
+            or not 0 <= self.weight_decay < 1
+        ):
+            raise ValueError(f"weight_decay must be in [0, 1), got {self.weight_decay!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.minutes is not None and not (isinstance(self.minutes, (int, float)) and 0 < self.minutes < math.inf):
+            raise ValueError(f"minutes must be a number > 0 (a time budget), got {self.minutes!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+# How each built-in task trains by default (attnlab train TASK); flags override any field.
+TASK_DEFAULTS: dict[str, TrainConfig] = {
+    "induction": TrainConfig(steps=1500, lr=3e-3, eval_every=50),
+    "text": TrainConfig(steps=2000, lr=1e-3, eval_every=100),
+}
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Linear warm-up to ``lr`` over ``warmup`` steps, then a cosine down to ``lr * min_lr_ratio``."""
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    progress = (step - config.warmup) / max(config.steps - config.warmup, 1)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
+
+
+@dataclass
+class TrainLog:
+    """What the loop saw: one row per step, one per evaluation, and what ``on_eval`` callbacks added."""
+
+    step: list[int] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)
+    eval_step: list[int] = field(default_factory=list)
+    eval_loss: list[float] = field(default_factory=list)
+    eval_seconds: list[float] = field(default_factory=list)  # training time when each evaluation began
+    extra: dict[str, list[Any]] = field(default_factory=dict)  # e.g. "heads": head scores at each evaluation
+    seconds: float = 0.0  # training time, evaluations included
+    stopped: str = ""  # why the loop ended before config.steps, if it did
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainLog:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def read_log(directory: str | Path) -> TrainLog | None:
+    """The training log saved beside a checkpoint, or None if it has none (or ``directory`` is a file)."""
+    file = Path(directory) / LOG_FILE
+    if not Path(directory).is_dir() or not file.is_file():
+        return None
+    return TrainLog.from_dict(json.loads(file.read_text(encoding="utf-8")))
+
+
+Progress = Callable[[int, int, float, float], None]  # (step, steps, train loss, tokens/s)
+OnEval = Callable[[int, GPT, TrainLog], None]
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size): (0, 1) unless torch.distributed is initialized."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@torch.no_grad()
+def evaluate(model: GPT, task: Task, config: TrainConfig) -> float:
+    """Mean loss on ``eval_batches`` held-out batches, the same ones at every evaluation."""
+    generator = torch.Generator().manual_seed(config.seed + 1_000_003)
+    was_training = model.training
+    model.eval()
+    losses = []
+    for _ in range(config.eval_batches):
+        inputs, targets = task.batch(config.batch_size, generator, split="eval")
+        logits = model(inputs)  # (B, T, V)
+        losses.append(F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item())
+    model.train(was_training)
+    return sum(losses) / len(losses)
+
+
+def check_fit(model: GPT, task: Task, config: TrainConfig) -> None:
+    """Refuse a task the model cannot take, and a batch the processes cannot share, before any step."""
+    c = model.config
+    if task.vocab_size > c.vocab_size:
+        raise ValueError(f"the task has {task.vocab_size} tokens but the model's vocab_size is {c.vocab_size}")
+    if task.seq_len > c.context_length:
+        raise ValueError(
+            f"the task's sequences have {task.seq_len} tokens, more than the model's context_length "
+            f"{c.context_length}; train with a shorter seq_len or a model with a longer context"
+        )
+    _, size = world()
+    if config.batch_size % size:
+        raise ValueError(
+            f"batch_size {config.batch_size} must divide evenly over {size} processes; use a multiple of {size}"
+        )
+
+
+def _resume(checkpoint: Path, optimizer: torch.optim.Optimizer, generator: torch.Generator) -> tuple[int, TrainLog]:
+    state_file = checkpoint / STATE_FILE
+    if not state_file.is_file():
+        raise ValueError(f"nothing to resume: no {STATE_FILE} in {str(checkpoint)!r}; train without --resume first")
+    state = torch.load(state_file, map_location="cpu", weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])
+    generator.set_state(state["generator"])
+    log = read_log(checkpoint) or TrainLog()
+    return int(state["step"]), log
+
+
+def save_checkpoint(
+    model: GPT,
+    directory: str | Path,
+    *,
+    step: int,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+    config: TrainConfig,
+    log: TrainLog,
+    tokenizer: str | None = None,
+) -> Path:
+    """The model, its training log and what ``resume`` needs, in one folder."""
+    target = model.save_pretrained(directory, tokenizer=tokenizer)
+    state = {"step": step, "optimizer": optimizer.state_dict(), "generator": generator.get_state()}
+    torch.save({**state, "config": config.to_dict()}, target / STATE_FILE)
+    (target / LOG_FILE).write_text(json.dumps(log.to_dict()) + "\n", encoding="utf-8")
+    return target
+
+
+def train(
+    model: GPT,
+    task: Task,
+    config: TrainConfig,
+    *,
+    progress: Progress | None = None,
+    on_eval: OnEval | None = None,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
+    tokenizer: str | None = None,
+) -> TrainLog:
+    """Train ``model`` in place on ``task``; returns the log. ``on_eval`` runs at every evaluation.
+
+    With ``checkpoint`` the result is saved there (rank 0 only); ``resume``
+    continues from the optimizer, generator and log saved there (load the
+    model from the same folder first). ``tokenizer`` is recorded in config.json.
+    """
+    check_fit(model, task, config)
+    rank, size = world()
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices decay; biases and norms do not
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr,
+        betas=(0.9, 0.95),
+    )
+    generator = torch.Generator().manual_seed(config.seed)
+    log, start = TrainLog(), 0
+    if resume:
+        if checkpoint is None:
+            raise ValueError("resume needs the checkpoint folder to continue from")
+        start, log = _resume(Path(checkpoint), optimizer, generator)
+        log.stopped = ""
+    wrapped: torch.nn.Module = model
+    if size > 1:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    rows = config.batch_size // size
+    began, before = time.perf_counter(), log.seconds
+    step = start
+    model.train()
+    while step < config.steps:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config)
+        tick = time.perf_counter()
+        inputs, targets = task.batch(config.batch_size, generator)  # the global batch, the same on every rank
+        inputs, targets = inputs[rank * rows : (rank + 1) * rows], targets[rank * rows : (rank + 1) * rows]
+        logits = wrapped(inputs)  # (B / size, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # DDP averages the gradients over the processes
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        seen = loss.detach()
+        if size > 1:
+            dist.all_reduce(seen)
+            seen /= size
+        step += 1
+        speed = config.batch_size * task.seq_len / max(time.perf_counter() - tick, 1e-9)
+        log.step.append(step)
+        log.train_loss.append(float(seen))
+        log.lr.append(lr_at(step - 1, config))
+        log.tokens_per_s.append(speed)
+        if progress:
+            progress(step, config.steps, float(seen), speed)
+        out_of_time = config.minutes is not None and time.perf_counter() - began > 60 * config.minutes
+        if size > 1:  # every rank stops at the same step, or DDP waits forever
+            flag = torch.tensor([float(out_of_time)])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            out_of_time = bool(flag.item())
+        if step % config.eval_every == 0 or step == config.steps or out_of_time:
+            log.eval_step.append(step)
+            log.eval_seconds.append(before + time.perf_counter() - began)
+            log.eval_loss.append(evaluate(model, task, config))
+            if on_eval:
+                on_eval(step, model, log)
+            model.train()
+        if out_of_time:
+            log.stopped = f"the {config.minutes} minute budget ran out after {step} of {config.steps} steps"
+            break
+    model.eval()
+    log.seconds = before + time.perf_counter() - began
+    if checkpoint is not None and rank == 0:
+        save_checkpoint(
+            model,
+            checkpoint,
+            step=step,
+            optimizer=optimizer,
+            generator=generator,
+            config=config,
+            log=log,
+            tokenizer=tokenizer,
+        )
+    return log
