@@ -13,7 +13,11 @@ import torch
 from attnlab import Attention, book, cli
 from attnlab.explain.render.heatmap import head_grid, heatmap, save
 from attnlab.explain.report import explain_report, tokenize, tour_report
+from attnlab.explain.model_report import model_report
 from attnlab.explain.tour import kv_cache_steps
+from attnlab.models import GPT, ByteTokenizer
+from attnlab.models.checkpoints import locate
+from attnlab.models.train import read_log
 from attnlab.observe import Recorder
 
 XSS = '<script>alert(1)</script> and "><img src=x onerror=alert(1)>'
@@ -142,13 +146,22 @@ def _chromium() -> str:
     pytest.skip(message)
 
 
-@pytest.mark.parametrize("kind", ["tour-zh", "explain-xss"])
+@pytest.mark.parametrize("kind", ["tour-zh", "explain-xss", "heads-en"])
 def test_report_in_headless_chromium(kind: str, tmp_path: Path) -> None:
     executable = _chromium()
     from playwright.sync_api import sync_playwright
 
     if kind == "tour-zh":
         report = tour_report("zh")
+        expected_steps = len(report.sections)
+    elif kind == "heads-en":  # the shipped trained model: every head named, the training curves, the text escaped
+        report = model_report(
+            GPT.from_pretrained("induction"),
+            ByteTokenizer(ascii=True),
+            "<b>Mr</b> & Mrs D. <b>Mr</b> & Mrs D.",
+            name="induction",
+            log=read_log(locate("induction")),
+        )
         expected_steps = len(report.sections)
     else:
         report = explain_report(XSS, heads=2, dropout=0.2)
@@ -200,6 +213,15 @@ def test_report_in_headless_chromium(kind: str, tmp_path: Path) -> None:
         if kind == "explain-xss":
             assert XSS in page.locator("h1").inner_text()  # shown as text
             assert page.locator("img:not(.heatmap):not(.enlarged)").count() == 0
+        elif kind == "heads-en":
+            assert "<b>Mr</b>" in page.locator("h1").inner_text()  # the user's markup shown, not obeyed
+            assert page.locator("h1 b").count() == 0
+            assert page.locator("section#heads img.heatmap").count() == 5  # the names and the four scores
+            assert page.locator("section#training img.heatmap").count() == 1  # the loss and scores by step
+            assert "Every head, named" in page.locator("section#heads h2").inner_text()
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)  # the README's pictures of the trained model
+            page.locator("section#heads").screenshot(path=str(SCREENSHOTS / "heads-names.png"))
+            page.locator("section#training").screenshot(path=str(SCREENSHOTS / "heads-training.png"))
         else:
             assert "注意力权重" in page.content()
             page.uncheck("#toggle-numbers")

@@ -38,11 +38,29 @@ def check_output(path: str | None, *, suffixes: tuple[str, ...]) -> None:
         raise ValueError(f"{path!r} is a folder; give a file name")
     if target.exists() and not os.access(target, os.W_OK):
         raise ValueError(f"cannot write {path!r}: permission denied")
+    _check_writable(parent, path)
+
+
+def _check_writable(folder: Path, path: str) -> None:
     try:  # os.access says yes to root everywhere; writing a scratch file is the only true answer
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".attnlab-probe-"):
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".attnlab-probe-"):
             pass
     except OSError as err:
-        raise ValueError(f"cannot write {path!r}: {err.strerror or err} in {str(parent)!r}") from None
+        raise ValueError(f"cannot write {path!r}: {err.strerror or err} in {str(folder)!r}") from None
+
+
+def check_folder(path: str) -> Path:
+    """An output folder (made later, parents included) that could be written, checked before any work."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{path!r} is a file; give a folder")
+    nearest = target
+    while not nearest.exists():  # the folder that exists now, where the new ones will be made
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        raise ValueError(f"cannot make the folder {path!r}: {str(nearest)!r} is a file")
+    _check_writable(nearest, path)
+    return target
 
 
 def model_path(model: str) -> Path:

@@ -75,7 +75,8 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         model, tokenizer = load_checkpoint(args.model, args.tokenizer)
         log = read_log(model_path(args.model))  # the training curves, when attnlab trained it
         name = Path(args.model).name
-        report = model_report(model, tokenizer, args.sentence, name=name, lang=args.lang, log=log)
+        figures = bool(args.html)
+        report = model_report(model, tokenizer, args.sentence, name=name, lang=args.lang, log=log, figures=figures)
     except (ValueError, TypeError) as err:
         return error(console, err)
     if args.html:

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from attnlab.cli._common import error
+from attnlab.cli._common import check_folder, error
 
 SHAPE_FLAGS = {"layers": "n_layers", "heads": "n_heads", "emb_dim": "emb_dim", "context": "context_length"}
 TRAIN_FLAGS = ("steps", "batch_size", "lr", "warmup", "seed", "minutes", "eval_every")
@@ -81,16 +81,6 @@ def _settings(args: argparse.Namespace, out: Path) -> tuple[Any, Any, Any]:
     return model_config, config, task
 
 
-def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a file; give a folder for the checkpoint")
-    parent = out if out.exists() else out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"cannot write into {str(parent)!r}: choose another --out")
-
-
 def _start_processes() -> bool:
     """Join the process group torchrun describes in the environment; True when this process started it."""
     import torch
@@ -109,9 +99,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from attnlab.models import GPT
     from attnlab.models.train import train, world
 
-    out = Path(args.out or f"runs/{args.task}")
     try:
-        _check_out(out)
+        out = check_folder(args.out or f"runs/{args.task}")
         model_config, config, task = _settings(args, out)
     except (ValueError, TypeError) as err:
         return error(console, err)

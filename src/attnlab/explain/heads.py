@@ -119,14 +119,21 @@ def head_scores(model: GPT, *, half: int | None = None, batch: int = 8, seed: in
     losses = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none").view(batch, -1)
     as_lists = lambda x: [[float(v) for v in row] for row in x]
     return HeadScores(
-        previous_token=as_lists(_diagonal_mean(weights, 1, 1)),
-        duplicate_token=as_lists(_diagonal_mean(weights, n, n)),
-        induction=as_lists(_diagonal_mean(weights, n - 1, n)),
-        first_token=as_lists(weights[..., 1:, 0].mean(dim=-1)),
+        **{name: as_lists(value) for name, value in scores_from_weights(weights, n).items()},
         loss_first_half=float(losses[:, : n - 1].mean()),  # targets 1..n-1: nothing to look back at
         loss_second_half=float(losses[:, n:].mean()),  # targets n+1..2n-1: a repeat of what came before
         half=n,
     )
+
+
+def scores_from_weights(weights: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
+    """The four scores from (L, H, 2n, 2n) weights on a probe of n tokens twice (the module's formulas): each (L, H)."""
+    return {
+        "previous_token": _diagonal_mean(weights, 1, 1),
+        "duplicate_token": _diagonal_mean(weights, n, n),
+        "induction": _diagonal_mean(weights, n - 1, n),
+        "first_token": weights[..., 1:, 0].mean(dim=-1),
+    }
 
 
 def watch(*, half: int | None = None, seed: int = 0) -> Any:

@@ -36,16 +36,26 @@ def model_weights(model: GPT, tokenizer: TextTokenizer, text: str) -> tuple[list
 
 
 def _layer_sections(
-    weights: torch.Tensor, labels: list[str], txt: dict[str, str], *, key: str, title: str, text: str, code: str
+    weights: torch.Tensor,
+    labels: list[str],
+    txt: dict[str, str],
+    *,
+    key: str,
+    title: str,
+    text: str,
+    code: str,
+    figures: bool,
 ) -> list[Section]:
     t = len(labels)
     upper = torch.ones(t, t, dtype=torch.bool).triu(1)
     sections = []
     for layer, w in enumerate(weights):  # w: (H, T, T)
         heading = title.format(layer=layer)
-        fig = head_grid(
-            w, labels, title=heading, axes=(txt["keys"], txt["queries"]), head_title=txt["head"], annotate=t <= 8
-        )
+        drawn = []
+        if figures:
+            axes = (txt["keys"], txt["queries"])
+            fig = head_grid(w, labels, title=heading, axes=axes, head_title=txt["head"], annotate=t <= 8)
+            drawn = [Figure(png=png_bytes(fig), alt=heading, caption=heading)]
         sections.append(
             Section(
                 key=f"{key}-{layer}",
@@ -53,7 +63,7 @@ def _layer_sections(
                 text=text.format(heads=w.shape[0]),
                 code=code.format(layer=layer),
                 value=fmt(w),
-                figures=[Figure(png=png_bytes(fig), alt=heading, caption=heading)],
+                figures=drawn,
                 checks=[
                     holds(txt["check_rows"], torch.allclose(w.sum(-1), torch.ones(w.shape[:2]), atol=1e-5)),
                     holds(txt["check_upper"], bool((w[:, upper] == 0).all())),
@@ -63,42 +73,29 @@ def _layer_sections(
     return sections
 
 
-def _names_section(scores: HeadScores, txt: dict[str, str]) -> Section:
-    layers = [str(i) for i in range(len(scores.induction))]
-    heads = [str(j) for j in range(len(scores.induction[0]))]
-    best = torch.tensor(
-        [[max(getattr(scores, s)[i][j] for s in SCORES) for j in range(len(heads))] for i in range(len(layers))]
-    )
-    cells = [
-        [
-            f"{txt['name_' + (scores.label(i, j) or 'none').replace('-', '_')]}\n{float(best[i, j]):.2f}"
-            for j in range(len(heads))
-        ]
-        for i in range(len(layers))
-    ]
+def _score_figure(grid: torch.Tensor, title: str, txt: dict[str, str], cells: list[list[str]] | None = None) -> Figure:
+    """An (L, H) grid of scores on a fixed 0..1 colour scale, so colours compare across scores and models."""
+    layers, heads = [str(i) for i in range(grid.shape[0])], [str(j) for j in range(grid.shape[1])]
     axes = (txt["heads_axis"], txt["layers_axis"])
-    figures = [
-        Figure(
-            png=png_bytes(heatmap(best, layers, heads, title=txt["names"], axes=axes, cells=cells, limits=(0, 1))),
-            alt=txt["names"],
-            caption=txt["names"],
-        )
-    ]
-    for score in SCORES:
-        title = txt["score_" + score]
-        grid = torch.tensor(getattr(scores, score))  # (L, H)
-        figures.append(
-            Figure(
-                png=png_bytes(heatmap(grid, layers, heads, title=title, axes=axes, annotate=True, limits=(0, 1))),
-                alt=title,
-                caption=title,
-            )
-        )
+    fig = heatmap(grid, layers, heads, title=title, axes=axes, annotate=True, cells=cells, limits=(0, 1))
+    return Figure(png=png_bytes(fig), alt=title, caption=title)
+
+
+def _names_section(scores: HeadScores, txt: dict[str, str], *, figures: bool) -> Section:
+    n_layers, n_heads = len(scores.induction), len(scores.induction[0])
+    table = {s: torch.tensor(getattr(scores, s)) for s in SCORES}  # each (L, H)
+    best = torch.stack(list(table.values())).amax(dim=0)  # (4, L, H) -> (L, H)
+    name = lambda i, j: txt["name_" + (scores.label(i, j) or "none").replace("-", "_")]
+    drawn = []
+    if figures:
+        cells = [[f"{name(i, j)}\n{float(best[i, j]):.2f}" for j in range(n_heads)] for i in range(n_layers)]
+        drawn = [_score_figure(best, txt["names"], txt, cells)]
+        drawn += [_score_figure(table[s], txt["score_" + s], txt) for s in SCORES]
     rows = [
         f"{txt['layers_axis']} {i} {txt['head'].format(h=j)}: {scores.label(i, j) or '-'}  "
-        + "  ".join(f"{s} {getattr(scores, s)[i][j]:.2f}" for s in SCORES)
-        for i in range(len(layers))
-        for j in range(len(heads))
+        + "  ".join(f"{s} {table[s][i, j]:.2f}" for s in SCORES)
+        for i in range(n_layers)
+        for j in range(n_heads)
     ]
     return Section(
         key="heads",
@@ -111,24 +108,28 @@ def _names_section(scores: HeadScores, txt: dict[str, str]) -> Section:
         ),
         code="attnlab.explain.heads.head_scores(model)",
         value="\n".join(rows),
-        figures=figures,
+        figures=drawn,
         checks=[],
     )
 
 
-def _training_section(log: TrainLog, txt: dict[str, str], lang: str) -> Section:
+def _training_section(log: TrainLog, txt: dict[str, str], lang: str, *, figures: bool) -> Section:
     title = txt["training"]
     formed = first_step(log)
     text = txt["training_text"]
     if formed is not None:
         text += " " + txt["formed"].format(step=formed)
+    every = max(1, len(log.eval_loss) // 10)
     return Section(
         key="training",
         title=title,
         text=text,
         code="attnlab train induction",
-        value=f"eval loss: {[round(x, 3) for x in log.eval_loss[:: max(1, len(log.eval_loss) // 10)]]}",
-        figures=[Figure(png=png_bytes(training_curves(log, lang=lang)), alt=title, caption=title)],
+        value="\n".join(
+            f"step {s:>6}: eval loss {x:.3f}"
+            for s, x in zip(log.eval_step[::every], log.eval_loss[::every], strict=True)
+        ),
+        figures=[Figure(png=png_bytes(training_curves(log, lang=lang)), alt=title, caption=title)] if figures else [],
         checks=[],
     )
 
@@ -141,14 +142,18 @@ def model_report(
     name: str,
     lang: str = "en",
     log: TrainLog | None = None,
+    figures: bool = True,
 ) -> Report:
-    """Every head named (on the probe), the training curves if ``log``, then each layer on the probe and on ``text``."""
+    """Every head named (on the probe), the training curves if ``log``, then each layer on the probe and on ``text``.
+
+    ``figures=False`` skips the heatmaps and curves (the terminal shows the numbers only).
+    """
     txt = REPORT_TEXT[lang]
     labels, weights = model_weights(model, tokenizer, text)
     scores = head_scores(model)
-    sections = [_names_section(scores, txt)]
+    sections = [_names_section(scores, txt, figures=figures)]
     if log is not None and log.eval_step:
-        sections.append(_training_section(log, txt, lang))
+        sections.append(_training_section(log, txt, lang, figures=figures))
     tokens = probe(model.config.vocab_size, half=scores.half, batch=1)  # the first sequence of the scores' probe
     probe_weights = model.attention_weights(tokens)[:, 0]  # (L, H, 2n, 2n)
     ids = [str(i) for i in tokens[0].tolist()]
@@ -160,6 +165,7 @@ def model_report(
         title=txt["probe_layer"],
         text=txt["probe_text"],
         code="model.attention_weights(probe)[{layer}]",
+        figures=figures,
     )
     sections += _layer_sections(
         weights,
@@ -169,6 +175,7 @@ def model_report(
         title=txt["layer"],
         text=txt["layer_text"],
         code="model.attention_weights(ids)[{layer}]",
+        figures=figures,
     )
     c = model.config
     return Report(
