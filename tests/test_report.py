@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from attnlab import Attention, book, cli
+from attnlab.explain.model_report import model_report
 from attnlab.explain.render.heatmap import head_grid, heatmap, save
 from attnlab.explain.report import explain_report, tokenize, tour_report
-from attnlab.explain.model_report import model_report
 from attnlab.explain.tour import kv_cache_steps
 from attnlab.models import GPT, ByteTokenizer
 from attnlab.models.checkpoints import locate
@@ -158,7 +158,7 @@ def test_report_in_headless_chromium(kind: str, tmp_path: Path) -> None:
         report = model_report(
             GPT.from_pretrained("induction"),
             ByteTokenizer(ascii=True),
-            "<b>Mr</b> & Mrs D. <b>Mr</b> & Mrs D.",
+            "<b>a</b> <b>a</b>",
             name="induction",
             log=read_log(locate("induction")),
         )
@@ -214,7 +214,7 @@ def test_report_in_headless_chromium(kind: str, tmp_path: Path) -> None:
             assert XSS in page.locator("h1").inner_text()  # shown as text
             assert page.locator("img:not(.heatmap):not(.enlarged)").count() == 0
         elif kind == "heads-en":
-            assert "<b>Mr</b>" in page.locator("h1").inner_text()  # the user's markup shown, not obeyed
+            assert "<b>a</b>" in page.locator("h1").inner_text()  # the user's markup shown, not obeyed
             assert page.locator("h1 b").count() == 0
             assert page.locator("section#heads img.heatmap").count() == 5  # the names and the four scores
             assert page.locator("section#training img.heatmap").count() == 1  # the loss and scores by step

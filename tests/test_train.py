@@ -169,9 +169,6 @@ def test_two_gloo_processes_give_the_loss_curve_of_one(tmp_path: Path) -> None:
     args = ["train", "--steps", "12", "--batch-size", "8", "--eval-every", "6", "--layers", "1", "--emb-dim", "32"]
     args += ["--context", "32"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run(
-        [BIN / "attnlab", *args, "--out", str(tmp_path / "one")], capture_output=True, text=True, timeout=120, env=env
-    )
     two = subprocess.run(
         [
             BIN / "torchrun",
@@ -189,11 +186,20 @@ def test_two_gloo_processes_give_the_loss_curve_of_one(tmp_path: Path) -> None:
         timeout=120,
         env=env,
     )
-    assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     assert "on 2 processes" in two.stdout and two.stdout.count("training induction") == 1  # rank 0 alone speaks
-    a, b = read_log(tmp_path / "one"), read_log(tmp_path / "two")
-    assert a is not None and b is not None and len(b.train_loss) == 12
+    # one process, here, the way the command builds its run: the seed, then the model, the task and the config
+    config = TrainConfig.from_dict(
+        {**TASK_DEFAULTS["induction"].to_dict(), "steps": 12, "batch_size": 8, "eval_every": 6}
+    )
+    torch.manual_seed(config.seed)
+    a = train(
+        GPT(TASK_MODELS["induction"].with_(n_layers=1, emb_dim=32, context_length=32)),
+        make_task("induction", seq_len=32),
+        config,
+    )
+    b = read_log(tmp_path / "two")
+    assert b is not None and len(b.train_loss) == 12
     # the same batches and the averaged gradient: equal up to the order of float32 sums (seen: 1e-6)
     assert b.train_loss == pytest.approx(a.train_loss, abs=1e-4)
     assert b.eval_loss == pytest.approx(a.eval_loss, abs=1e-4)
@@ -312,6 +318,41 @@ def test_train_then_heads_then_explain_then_resume_from_the_command_line(
     assert cli.main(["train", "--out", str(out), "--resume", "--steps", "20", "--lr", "1e-2"]) == 2
     assert "only --steps and --minutes may change (got ['lr'])" in capsys.readouterr().err
     assert read_log(out) == resumed  # the refused calls left the run as it was
+
+
+TRAIN_SLIPS = [
+    (["train", "--data", "{tmp}/notes.txt"], "--data is text for the 'text' task"),
+    (["train", "text", "--data", "/no/such.txt"], "--data '/no/such.txt' is not a file"),
+    (["train", "--steps", "0"], "steps must be >= 1, got 0"),
+    (["train", "--lr", "-1"], "lr must be a finite number > 0, got -1.0"),
+    (["train", "--minutes", "0"], "minutes must be a number > 0 (a time budget), got 0"),
+    (["train", "--heads", "3"], "emb_dim (64) must be divisible by n_heads (3)"),
+    (["train", "--resume", "--out", "{tmp}/none"], "--resume: no train_state.pt in"),
+    (["train", "--resume", "--out", "{tmp}/ckpt", "--layers", "3"], "--layers would change its shape: drop them"),
+    (["train", "--out", "/proc/run"], "cannot write '/proc/run'"),
+    (["train", "--out", "{tmp}/file.txt"], "is a file; give a folder"),
+    (["heads", "--model", "/no/such/model"], "--model '/no/such/model' does not exist"),
+    (["heads", "--model", "induction", "--json", "scores.txt"], "'scores.txt' should end in .json"),
+    (["heads", "--model", "induction", "--seed", "-1"], "seed must be in [0, 2**63 - 1]"),
+    (["explain", "héllo", "--model", "induction"], "this model knows the 128 ASCII characters only; the text has 'é'"),
+]
+
+
+def test_train_and_heads_slips_get_one_line_and_status_2_and_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process (the console script's own slips are in test_reader.py): one line on stderr, nothing written."""
+    monkeypatch.chdir(tmp_path)  # the default --out, runs/induction, would land here
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "train_state.pt").write_bytes(b"")
+    (tmp_path / "file.txt").write_text("x")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for argv, message in TRAIN_SLIPS:
+        assert cli.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("error: ") and err.count("\n") == 1, (argv, out, err)
+        assert message in err, (argv, err)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
 def test_the_shipped_model_explains_out_of_the_box(capsys: pytest.CaptureFixture[str]) -> None:
