@@ -187,6 +187,7 @@ def test_two_gloo_processes_give_the_loss_curve_of_one(tmp_path: Path) -> None:
         env=env,
     )
     assert two.returncode == 0, two.stderr
+    assert "Warning" not in two.stderr and "Traceback" not in two.stderr, two.stderr
     assert "on 2 processes" in two.stdout and two.stdout.count("training induction") == 1  # rank 0 alone speaks
     # one process, here, the way the command builds its run: the seed, then the model, the task and the config
     config = TrainConfig.from_dict(
