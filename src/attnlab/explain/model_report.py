@@ -157,26 +157,11 @@ def model_report(
     tokens = probe(model.config.vocab_size, half=scores.half, batch=1)  # the first sequence of the scores' probe
     probe_weights = model.attention_weights(tokens)[:, 0]  # (L, H, 2n, 2n)
     ids = [str(i) for i in tokens[0].tolist()]
-    sections += _layer_sections(
-        probe_weights,
-        ids,
-        txt,
-        key="probe",
-        title=txt["probe_layer"],
-        text=txt["probe_text"],
-        code="model.attention_weights(probe)[{layer}]",
-        figures=figures,
-    )
-    sections += _layer_sections(
-        weights,
-        labels,
-        txt,
-        key="layer",
-        title=txt["layer"],
-        text=txt["layer_text"],
-        code="model.attention_weights(ids)[{layer}]",
-        figures=figures,
-    )
+    runs = {"probe": (probe_weights, ids, "ids = probe"), "layer": (weights, labels, "ids = tokenizer.encode(text)")}
+    for key, (w, row_labels, ids_from) in runs.items():  # the probe, then the user's text
+        title, about = txt[f"{key}_title"], txt[f"{key}_text"]
+        code = ids_from + "; model.attention_weights(ids)[{layer}]"
+        sections += _layer_sections(w, row_labels, txt, key=key, title=title, text=about, code=code, figures=figures)
     c = model.config
     return Report(
         title=txt["model_title"].format(name=name, text=text),

@@ -50,7 +50,7 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "features": "feature dimensions (head.dimension)",
         "head": "head {h}",
         "enlarge": "click a heatmap to see it full size; click again or press Esc to close",
-        "layer": "Layer {layer}",
+        "layer_title": "Layer {layer}",
         "layer_text": "The attention weights of this layer's {heads} heads: row i is how much token i takes from "
         "each earlier token.",
         "names": "Every head, named",
@@ -76,7 +76,7 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "beside the checkpoint). An induction head forms in a phase change: the loss falls off a cliff while the "
         "induction score of a layer-1 head rises, right after a layer-0 head becomes a previous-token head.",
         "formed": "A head's induction score first reached 0.7 at step {step}.",
-        "probe_layer": "Layer {layer} on the probe",
+        "probe_title": "Layer {layer} on the probe",
         "probe_text": "The {heads} heads on the first sequence of the probe (token ids; the second half repeats "
         "the first). An induction head draws a diagonal one step right of the copy's position; a previous-token "
         "head, the line just below the main diagonal.",
@@ -124,7 +124,7 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "features": "特征维度 (头.维度)",
         "head": "头 {h}",
         "enlarge": "点击热力图可放大查看；再次点击或按 Esc 关闭",
-        "layer": "第 {layer} 层",
+        "layer_title": "第 {layer} 层",
         "layer_text": "这一层 {heads} 个头的注意力权重：第 i 行表示 Token i 从前面每个 Token 获取多少信息。",
         "names": "为每个注意力头命名",
         "names_text": "每个头在一个探针序列上打分：{half} 个互不相同的随机 Token，后面再重复一遍 (T = 2n)。"
@@ -147,7 +147,7 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "training_text": "训练过程中每次评估时的损失和每个头的分数 (来自检查点旁边的 train_log.json)。"
         "归纳头是在一次相变中形成的：损失突然下降，同时第 1 层某个头的归纳分数上升，紧接在第 0 层某个头变成前一个 Token 头之后。",
         "formed": "某个头的归纳分数在第 {step} 步第一次达到 0.7。",
-        "probe_layer": "第 {layer} 层在探针序列上",
+        "probe_title": "第 {layer} 层在探针序列上",
         "probe_text": "{heads} 个头在探针的第一条序列上 (标签是 Token 编号；后一半重复前一半)。"
         "归纳头画出一条在副本位置右边一格的对角线；前一个 Token 头画出紧贴主对角线下方的一条线。",
         "model_title": "attnlab：{name} 的每个注意力头，输入 {text!r}",
