@@ -17,8 +17,10 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -172,7 +174,8 @@ def run(
     """Run every case of ``config``; ``progress(done_s, total_s, label)`` is called as cases finish.
 
     Each case runs once in its own process (the check against float64 and the
-    memory); then the cases of one length and mode that passed are timed
+    memory; two processes at a time when two of the largest fit in memory
+    together, since these runs are not timed); then the cases of one length and mode that passed are timed
     together in one process, their repeats interleaved, so the ratios between
     implementations come from the same moments of the machine's load.
     """
@@ -184,11 +187,8 @@ def run(
     total, done = sum(estimates), 0.0
     free = machine_info.available_bytes
     dtype_bytes = torch.empty((), dtype=getattr(torch, config.dtype)).element_size()
-    groups: dict[tuple[str, int], list[Case]] = {}
-    for spec, estimate in zip(specs, estimates, strict=True):
-        if progress:
-            progress(done, total, f"{spec['impl']} {spec['mode']} T={spec['seq']}")
-        need = memory_model(
+    needs = [
+        memory_model(
             spec["impl"],
             batch=spec["batch"],
             seq=spec["seq"] + (spec["mode"] == "decode"),
@@ -197,20 +197,40 @@ def run(
             dtype_bytes=dtype_bytes,
             backward=spec["mode"] == "backward",
         )
-        if need > config.memory_fraction * free:
+        for spec in specs
+    ]
+    budget = config.memory_fraction * free
+    # the own-process runs only check and measure memory (the interleaved runs below time): two at a time
+    # when two of the largest fit in memory together
+    jobs = 2 if 2 * max(needs, default=0) <= budget else 1
+    lock = threading.Lock()
+
+    def own_run(item: tuple[dict[str, Any], int, float]) -> dict[str, Any]:
+        nonlocal done
+        spec, need, estimate = item
+        if need > budget:
             answer = {
                 **spec,
                 "status": f"skipped: predicted {need / 2**30:.1f} GiB > {config.memory_fraction:.0%} "
                 f"of the {free / 2**30:.1f} GiB available",
             }
         else:
-            own = {**spec, "repeats": 1, "warmup": 1, "memory_limit_bytes": int(config.memory_fraction * free)}
+            own = {**spec, "repeats": 1, "warmup": 1, "memory_limit_bytes": int(budget / jobs)}
             answer = worker(own, config.timeout_s)
+        with lock:
+            done += estimate
+            if progress:
+                progress(done, total, f"{spec['impl']} {spec['mode']} T={spec['seq']}")
+        return answer
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        answers = list(pool.map(own_run, zip(specs, needs, estimates, strict=True)))
+    groups: dict[tuple[str, int], list[Case]] = {}
+    for spec, need, answer in zip(specs, needs, answers, strict=True):
         case = Case.from_worker({**spec, **answer})
         case.predicted_bytes = need
         result.cases.append(case)
         groups.setdefault((spec["mode"], spec["seq"]), []).append(case)
-        done += estimate
     for (mode, seq), cases in groups.items():
         if progress:
             progress(done, total, f"interleaved timing, {mode} T={seq}")

@@ -13,6 +13,7 @@ key lengths, D = head_dim (Dv for values).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal, overload
 
 import torch
@@ -20,6 +21,7 @@ import torch
 from attnlab._checks import check_dropout, check_positive_int, check_scale, check_window
 from attnlab.functional.finite import apply_rule, clean
 from attnlab.functional.masks import DEFAULT_BLOCK, CausalAlign, MaskSpec, at_least_2d
+from attnlab.functional.mods import MaskMod, ScoreMod
 from attnlab.functional.registry import KERNELS, Backend, resolve
 from attnlab.observe import Recorder, is_recording, note_unobserved
 
@@ -116,6 +118,7 @@ def _prepare(
     causal_align: CausalAlign,
     block_q: int,
     block_k: int,
+    mods: Mods,
 ) -> tuple[MaskSpec, float]:
     """Check every argument, then gather the masks into one MaskSpec and resolve the scale."""
     _check_qkv(q, k, v)
@@ -132,6 +135,7 @@ def _prepare(
         raise ValueError(f"causal_align must be 'bottom_right' or 'top_left', got {causal_align!r}")
     check_positive_int("block_q", block_q)
     check_positive_int("block_k", block_k)
+    mods.check()
 
     spec = MaskSpec(
         tq=q.shape[2],
@@ -143,8 +147,34 @@ def _prepare(
         bias=mask if mask is not None and mask.dtype != torch.bool else None,
         block_q=block_q,
         block_k=block_k,
+        mask_mod=mods.mask_mod,
+        score_mod=mods.score_mod,
+        batch=q.shape[0],
+        heads=q.shape[1],
+        q_offset=mods.q_offset,
+        kv_offset=mods.kv_offset,
     )
     return spec, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+@dataclass(frozen=True)
+class Mods:
+    """attention()'s mask and score functions and the positions they see, before they join the MaskSpec."""
+
+    mask_mod: MaskMod | None = None
+    score_mod: ScoreMod | None = None
+    q_offset: int | None = None
+    kv_offset: int = 0
+
+    def check(self) -> None:
+        for name in ("mask_mod", "score_mod"):
+            mod = getattr(self, name)
+            if mod is not None and not callable(mod):
+                raise TypeError(f"{name} must be a function (see attnlab.functional.mods), got {type(mod).__name__}")
+        for name in ("q_offset", "kv_offset"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be a position, an int >= 0, got {value!r}")
 
 
 @overload
@@ -163,6 +193,10 @@ def attention(
     causal_align: CausalAlign = ...,
     block_q: int = ...,
     block_k: int = ...,
+    mask_mod: MaskMod | None = ...,
+    score_mod: ScoreMod | None = ...,
+    q_offset: int | None = ...,
+    kv_offset: int = ...,
 ) -> torch.Tensor: ...
 @overload
 def attention(
@@ -180,6 +214,10 @@ def attention(
     causal_align: CausalAlign = ...,
     block_q: int = ...,
     block_k: int = ...,
+    mask_mod: MaskMod | None = ...,
+    score_mod: ScoreMod | None = ...,
+    q_offset: int | None = ...,
+    kv_offset: int = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 def attention(
     q: torch.Tensor,
@@ -196,6 +234,10 @@ def attention(
     causal_align: CausalAlign = "bottom_right",
     block_q: int = DEFAULT_BLOCK,
     block_k: int = DEFAULT_BLOCK,
+    mask_mod: MaskMod | None = None,
+    score_mod: ScoreMod | None = None,
+    q_offset: int | None = None,
+    kv_offset: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, softmax(q k^T * scale + mask) v, over (B, H, T, D).
 
@@ -220,6 +262,15 @@ def attention(
             :class:`attnlab.observe.Recorder` takes them; eager (or auto) only.
         causal_align: "bottom_right" (default) or "top_left" (SDPA's convention).
         block_q, block_k: tile sizes of the flash backend.
+        mask_mod: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (FlexAttention's signature;
+            built-ins in :mod:`attnlab.functional.mods`), True = may attend; combined
+            with the other masks. The flash backend skips the tiles it hides entirely.
+        score_mod: ``score_mod(score, b, h, q_idx, kv_idx) -> score`` on the scaled
+            scores, before the mask; gradients flow through it on eager, flash and
+            sdpa (sdpa takes only mods that add a bias, and says so otherwise).
+        q_offset, kv_offset: absolute positions of query 0 and key 0, as the mods
+            and the causal mask see them; by default query 0 sits at
+            ``kv_offset + Tk - Tq`` (bottom-right) or ``kv_offset`` (top-left).
 
     Returns:
         The context (B, H, Tq, Dv), and the weights if ``return_weights``.
@@ -231,7 +282,8 @@ def attention(
         ValueError, TypeError: naming the bad value and the fix.
     """
     name = resolve(backend, need_weights=return_weights)
-    spec, scale_ = _prepare(q, k, v, mask, is_causal, window, dropout_p, scale, causal_align, block_q, block_k)
+    mods = Mods(mask_mod, score_mod, q_offset, kv_offset)
+    spec, scale_ = _prepare(q, k, v, mask, is_causal, window, dropout_p, scale, causal_align, block_q, block_k, mods)
     if not return_weights:
         return run_kernel(name, q, k, v, spec, scale=scale_, dropout_p=dropout_p)[0]
     with Recorder(names=["attn_weights"]) as rec:  # the shortcut takes the weights the way any Recorder does
@@ -282,13 +334,18 @@ def flash_attention(
     causal_align: CausalAlign = "bottom_right",
     block_q: int = DEFAULT_BLOCK,
     block_k: int = DEFAULT_BLOCK,
+    mask_mod: MaskMod | None = None,
+    score_mod: ScoreMod | None = None,
+    q_offset: int | None = None,
+    kv_offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The flash backend with its row log-sum-exp: (out (B, H, Tq, Dv), lse (B, H, Tq), float32 for half inputs).
 
     lse is log(sum_j exp(score_ij)) over the keys row i may see; +inf on rows
     that see none. Same arguments and checks as :func:`attention`.
     """
-    spec, scale_ = _prepare(q, k, v, mask, is_causal, window, dropout_p, scale, causal_align, block_q, block_k)
+    mods = Mods(mask_mod, score_mod, q_offset, kv_offset)
+    spec, scale_ = _prepare(q, k, v, mask, is_causal, window, dropout_p, scale, causal_align, block_q, block_k, mods)
     out, lse = run_kernel("flash", q, k, v, spec, scale=scale_, dropout_p=dropout_p)
     assert lse is not None  # the flash kernel always has it
     return out, lse

@@ -75,7 +75,10 @@ def eager_attention(
     record("attn_scores", attn_scores, source="attention")
     attn_scores.mul_(scale)  # Vaswani et al. 2017, eq. 1: QK^T / sqrt(d_k)
     record("scaled_scores", attn_scores, source="attention")
-    allowed, bias = spec.dense(q.device)
+    if spec.score_mod is not None:  # on the whole (B, H, Tq, Tk) grid; autograd reaches its learnable tensors
+        attn_scores = spec.modify(attn_scores, 0, spec.tq, 0, spec.tk)
+        record("modified_scores", attn_scores, source="attention")
+    allowed, bias = spec.dense(q.device)  # a mask_mod is evaluated here, on the whole grid
     if bias is not None:
         attn_scores = attn_scores + bias.to(compute)
     if allowed is not None:

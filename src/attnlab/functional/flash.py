@@ -8,8 +8,12 @@ log-sum-exp m + log(l) is kept for the backward pass, which recomputes each
 tile's probabilities instead of storing them. Forward and backward both use
 O(T * D) memory plus one (block_q, block_k) tile per head.
 
-Tiles that the causal or window structure hides entirely are skipped, which
-halves the work of causal attention. Dropout masks are drawn per tile from a
+Every tile is classified once per call (``MaskSpec.tile_kinds``): EMPTY
+tiles, which the causal or window structure or a ``mask_mod`` hides entirely,
+are skipped (half the work of causal attention; most of it for packed
+documents); FULL tiles get no mask work; PARTIAL ones are masked. A
+``score_mod`` runs on each tile; the backward replays it under autograd to
+carry the gradient through it, to the scores and to its learnable tensors. Dropout masks are drawn per tile from a
 generator seeded by (seed, tile), so the backward pass regenerates them.
 
 Shapes: B = batch, H = heads, Tq / Tk = query / key lengths, D / Dv = head dims,
@@ -24,7 +28,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from attnlab.functional.eager import accumulation_dtype, repeat_kv
-from attnlab.functional.masks import MaskSpec
+from attnlab.functional.masks import EMPTY, PARTIAL, MaskSpec
+from attnlab.functional.mods import learnable_tensors
 
 
 def _keep_mask(seed: int, i: int, j: int, shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
@@ -34,17 +39,22 @@ def _keep_mask(seed: int, i: int, j: int, shape: torch.Size, p: float, device: t
     return torch.rand(shape, generator=gen, device=device) >= p
 
 
-def _scores(
-    qi_scaled: torch.Tensor, kj: torch.Tensor, spec: MaskSpec, i0: int, i1: int, j0: int, j1: int
-) -> torch.Tensor:
-    """Biased, masked scores of one tile from pre-scaled queries, (B, H, bq, bk), a fresh tensor."""
-    s = qi_scaled @ kj.transpose(-2, -1)
-    allowed, bias = spec.tile(i0, i1, j0, j1, qi_scaled.device)
+def _mask(s: torch.Tensor, spec: MaskSpec, kind: int, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
+    """Bias and mask one tile of (modified) scores in place; a FULL tile needs no mask work."""
+    allowed, bias = spec.tile(i0, i1, j0, j1, s.device) if kind == PARTIAL or spec.bias is not None else (None, None)
     if bias is not None:
         s += bias.to(s.dtype)
-    if allowed is not None:
+    if allowed is not None and kind == PARTIAL:
         s.masked_fill_(~allowed, float("-inf"))
     return s
+
+
+def _scores(
+    qi_scaled: torch.Tensor, kj: torch.Tensor, spec: MaskSpec, kind: int, i0: int, i1: int, j0: int, j1: int
+) -> torch.Tensor:
+    """Modified, biased, masked scores of one tile from pre-scaled queries, (B, H, bq, bk), a fresh tensor."""
+    s = spec.modify(qi_scaled @ kj.transpose(-2, -1), i0, i1, j0, j1)
+    return _mask(s, spec, kind, i0, i1, j0, j1)
 
 
 def _blocks(n: int, size: int) -> list[tuple[int, int, int]]:
@@ -62,6 +72,7 @@ def flash_forward(
     seed: int,
     block_q: int,
     block_k: int,
+    kinds: dict[tuple[int, int], int],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, H, Tq, Dv) in q's dtype, lse (B, H, Tq)). Dead rows: out 0, lse +inf."""
     b, h, tq, _ = q.shape
@@ -75,9 +86,9 @@ def flash_forward(
         l = torch.zeros(b, h, i1 - i0, dtype=ad, device=q.device)  # running sum of exp  # noqa: E741
         acc = torch.zeros(b, h, i1 - i0, dv, dtype=ad, device=q.device)
         for bj, j0, j1 in _blocks(tk, block_k):
-            if spec.tile_skippable(i0, i1, j0, j1):
+            if kinds[bi, bj] == EMPTY:
                 continue
-            s = _scores(qi, k[:, :, j0:j1].to(ad), spec, i0, i1, j0, j1)
+            s = _scores(qi, k[:, :, j0:j1].to(ad), spec, kinds[bi, bj], i0, i1, j0, j1)
             m_new = torch.maximum(m, s.amax(dim=-1))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             p = s.sub_(m_safe[..., None]).exp_()  # (B, H, bq, bk), in place: s is not needed again
@@ -112,23 +123,35 @@ def flash_backward(
     seed: int,
     block_q: int,
     block_k: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv by recomputing each tile's probabilities from the saved lse."""
+    kinds: dict[tuple[int, int], int],
+    params: tuple[torch.Tensor, ...] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
+    """dq, dk, dv (and the gradients of the score_mod's learnable ``params``) by recomputing each tile."""
     tq, tk = q.shape[2], k.shape[2]
     ad = accumulation_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=ad, device=q.device)
     dk = torch.zeros(k.shape, dtype=ad, device=q.device)
     dv = torch.zeros(v.shape, dtype=ad, device=q.device)
+    dparams: list[torch.Tensor | None] = [None] * len(params)
     delta = (grad_out.to(ad) * out.to(ad)).sum(dim=-1)  # (B, H, Tq): rowsum(dO * O)
     for bi, i0, i1 in _blocks(tq, block_q):
         qi, doi = q[:, :, i0:i1].to(ad), grad_out[:, :, i0:i1].to(ad)
         qi_scaled = qi * scale
         lse_i, delta_i = lse[:, :, i0:i1, None], delta[:, :, i0:i1, None]
         for bj, j0, j1 in _blocks(tk, block_k):
-            if spec.tile_skippable(i0, i1, j0, j1):
+            kind = kinds[bi, bj]
+            if kind == EMPTY:
                 continue
             kj, vj = k[:, :, j0:j1].to(ad), v[:, :, j0:j1].to(ad)
-            p = _scores(qi_scaled, kj, spec, i0, i1, j0, j1).sub_(lse_i).exp_()  # (B, H, bq, bk)
+            raw = qi_scaled @ kj.transpose(-2, -1)  # (B, H, bq, bk)
+            if spec.score_mod is not None:  # keep the mod's graph: its derivative carries ds back to raw and params
+                with torch.enable_grad():
+                    raw.requires_grad_(True)
+                    modified = spec.modify(raw, i0, i1, j0, j1)
+                s = modified.detach().clone()
+            else:
+                s = raw
+            p = _mask(s, spec, kind, i0, i1, j0, j1).sub_(lse_i).exp_()  # (B, H, bq, bk)
             dp = doi @ vj.transpose(-2, -1)  # dL/d(dropped P)
             if dropout_p > 0.0:
                 keep = _keep_mask(seed, bi, bj, p.shape, dropout_p, q.device) / (1.0 - dropout_p)
@@ -136,10 +159,17 @@ def flash_backward(
                 dp = dp * keep
             else:
                 dv[:, :, j0:j1] += p.transpose(-2, -1) @ doi
-            ds = p * (dp - delta_i)  # softmax backward
+            ds = p * (dp - delta_i)  # softmax backward: d loss / d (modified score)
+            if spec.score_mod is not None:
+                grads = torch.autograd.grad(modified, (raw, *params), ds, allow_unused=True)
+                ds = grads[0]
+                for n, g in enumerate(grads[1:]):
+                    seen = dparams[n]
+                    if g is not None:
+                        dparams[n] = g if seen is None else seen + g
             dq[:, :, i0:i1] += (ds @ kj) * scale
             dk[:, :, j0:j1] += (ds.transpose(-2, -1) @ qi) * scale
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dparams
 
 
 class _FlashFunction(torch.autograd.Function):
@@ -153,23 +183,31 @@ class _FlashFunction(torch.autograd.Function):
         scale: float,
         dropout_p: float,
         seed: int,
-        block_q: int,
-        block_k: int,
+        *params: torch.Tensor,  # the score_mod's learnable tensors: inputs, so they get gradients
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        kinds = spec.tile_kinds(q.device)  # once per call: the backward walks the same tiles
         out, lse = flash_forward(
-            q, k, v, spec, scale=scale, dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k
+            q,
+            k,
+            v,
+            spec,
+            scale=scale,
+            dropout_p=dropout_p,
+            seed=seed,
+            block_q=spec.block_q,
+            block_k=spec.block_k,
+            kinds=kinds,
         )
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.spec, ctx.scale, ctx.dropout_p, ctx.seed = spec, scale, dropout_p, seed
-        ctx.block_q, ctx.block_k = block_q, block_k
+        ctx.save_for_backward(q, k, v, out, lse, *params)
+        ctx.spec, ctx.scale, ctx.dropout_p, ctx.seed, ctx.kinds = spec, scale, dropout_p, seed, kinds
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: torch.Tensor) -> tuple[Any, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(
+        q, k, v, out, lse, *params = ctx.saved_tensors
+        dq, dk, dv, dparams = flash_backward(
             grad_out,
             q,
             k,
@@ -180,10 +218,12 @@ class _FlashFunction(torch.autograd.Function):
             scale=ctx.scale,
             dropout_p=ctx.dropout_p,
             seed=ctx.seed,
-            block_q=ctx.block_q,
-            block_k=ctx.block_k,
+            block_q=ctx.spec.block_q,
+            block_k=ctx.spec.block_k,
+            kinds=ctx.kinds,
+            params=tuple(params),
         )
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, *dparams
 
 
 def flash_attention_kernel(
@@ -198,9 +238,11 @@ def flash_attention_kernel(
     """The kernel contract: (out (B, H, Tq, Dv), lse (B, H, Tq)), tiled by spec.block_q x spec.block_k.
 
     Float masks are constants here: one that requires grad is refused by ``attention()`` before this runs.
+    A score_mod's learnable tensors (``mods.learnable_tensors``) get their gradients.
     """
     groups = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, Tk, D): each query head reads its kv head
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0.0 else 0
-    out, lse = _FlashFunction.apply(q, k, v, spec, scale, dropout_p, seed, spec.block_q, spec.block_k)
+    params = learnable_tensors(spec.score_mod)
+    out, lse = _FlashFunction.apply(q, k, v, spec, scale, dropout_p, seed, *params)
     return out, lse

@@ -24,9 +24,11 @@ from typing import Literal
 import torch
 
 from attnlab._checks import check_window
+from attnlab.functional.mods import MaskMod, ScoreMod, apply_score_mod, evaluate_mask
 
 CausalAlign = Literal["bottom_right", "top_left"]
 DEFAULT_BLOCK = 256  # the flash backend's tile, queries by keys
+EMPTY, PARTIAL, FULL = 0, 1, 2  # what a tile of the score matrix is: nothing may attend, some, all
 
 
 def at_least_2d(mask: torch.Tensor) -> torch.Tensor:
@@ -40,7 +42,8 @@ def causal_mask(
     tq: int, tk: int, *, align: CausalAlign = "bottom_right", device: torch.device | None = None
 ) -> torch.Tensor:
     """(Tq, Tk) bool, True where query i may see key j (j <= i's position)."""
-    return _structural(0, tq, 0, tk, tq=tq, tk=tk, causal=True, align=align, window=None, device=device)
+    offset = tk - tq if align == "bottom_right" else 0
+    return _structural(0, tq, 0, tk, offset=offset, causal=True, window=None, device=device)
 
 
 def sliding_window_mask(
@@ -48,7 +51,8 @@ def sliding_window_mask(
 ) -> torch.Tensor:
     """(Tq, Tk) bool: causal, and at most the last ``window`` keys (the query's own included)."""
     check_window(window)
-    return _structural(0, tq, 0, tk, tq=tq, tk=tk, causal=True, align=align, window=window, device=device)
+    offset = tk - tq if align == "bottom_right" else 0
+    return _structural(0, tq, 0, tk, offset=offset, causal=True, window=window, device=device)
 
 
 def padding_mask(lengths: torch.Tensor, max_len: int, *, left: bool = False) -> torch.Tensor:
@@ -119,15 +123,12 @@ def _structural(
     j0: int,
     j1: int,
     *,
-    tq: int,
-    tk: int,
+    offset: int,
     causal: bool,
-    align: CausalAlign,
     window: int | None,
     device: torch.device | None,
 ) -> torch.Tensor:
-    """Rows i0:i1, columns j0:j1 of the causal/window mask, (i1-i0, j1-j0) bool."""
-    offset = tk - tq if align == "bottom_right" else 0
+    """Rows i0:i1, columns j0:j1 of the causal/window mask, (i1-i0, j1-j0) bool; query i sits at key i + offset."""
     rows = torch.arange(i0, i1, device=device)[:, None] + offset  # absolute query positions
     cols = torch.arange(j0, j1, device=device)[None, :]
     allowed = torch.ones(i1 - i0, j1 - j0, dtype=torch.bool, device=device)
@@ -157,6 +158,13 @@ class MaskSpec:
     bias: torch.Tensor | None = None
     block_q: int = DEFAULT_BLOCK
     block_k: int = DEFAULT_BLOCK
+    mask_mod: MaskMod | None = None  # attnlab.functional.mods: evaluated on absolute positions
+    score_mod: ScoreMod | None = None  # applied to the scaled scores before the bias and the masks
+    batch: int = 1  # B and H of the call: the range of a mod's b and h
+    heads: int = 1
+    q_offset: int | None = None  # absolute position of query 0; None: aligned by ``align`` with the keys
+    kv_offset: int = 0  # absolute position of key 0
+    skip_tiles: bool = True  # tiled kernels skip tiles nothing may attend in (off only to measure what it saves)
 
     @property
     def structural(self) -> bool:
@@ -168,11 +176,54 @@ class MaskSpec:
         return self.structural and not self.tile_full(0, self.tq, 0, self.tk)
 
     @property
+    def has_mods(self) -> bool:
+        return self.mask_mod is not None or self.score_mod is not None
+
+    @property
     def empty(self) -> bool:
-        return not self.structural_needed and self.allowed is None and self.bias is None
+        return not self.structural_needed and self.allowed is None and self.bias is None and not self.has_mods
+
+    def q_start(self) -> int:
+        """The absolute position of query 0."""
+        if self.q_offset is not None:
+            return self.q_offset
+        return self.kv_offset + (self.tk - self.tq if self.align == "bottom_right" else 0)
 
     def offset(self) -> int:
-        return self.tk - self.tq if self.align == "bottom_right" else 0
+        """Query position minus key position for query 0 and key 0: what causal and window compare."""
+        return self.q_start() - self.kv_offset
+
+    def positions(self, i0: int, i1: int, j0: int, j1: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Absolute positions of queries i0:i1 and keys j0:j1, as mods see them."""
+        q_idx = torch.arange(i0, i1, device=device) + self.q_start()
+        kv_idx = torch.arange(j0, j1, device=device) + self.kv_offset
+        return q_idx, kv_idx
+
+    def modify(self, scores: torch.Tensor, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
+        """``score_mod`` on scores of rows i0:i1 and columns j0:j1 (the scores themselves without one)."""
+        if self.score_mod is None:
+            return scores
+        q_idx, kv_idx = self.positions(i0, i1, j0, j1, scores.device)
+        return apply_score_mod(self.score_mod, scores, q_idx=q_idx, kv_idx=kv_idx)
+
+    def tile_kinds(self, device: torch.device) -> dict[tuple[int, int], int]:
+        """Every tile of block_q x block_k, classified once: EMPTY (skipped), PARTIAL (masked) or FULL (no mask work)."""
+        kinds = {}
+        for bi, i0 in enumerate(range(0, self.tq, self.block_q)):
+            i1 = min(i0 + self.block_q, self.tq)
+            for bj, j0 in enumerate(range(0, self.tk, self.block_k)):
+                j1 = min(j0 + self.block_k, self.tk)
+                if self.skip_tiles and self.structural and self.tile_skippable(i0, i1, j0, j1):
+                    kinds[bi, bj] = EMPTY
+                    continue
+                allowed, _ = self.tile(i0, i1, j0, j1, device)
+                if allowed is None or bool(allowed.all()):
+                    kinds[bi, bj] = FULL
+                elif self.skip_tiles and not bool(allowed.any()):
+                    kinds[bi, bj] = EMPTY
+                else:
+                    kinds[bi, bj] = PARTIAL
+        return kinds
 
     def dense(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(allowed, bias) for the whole (.., Tq, Tk) score matrix; either may be None."""
@@ -185,20 +236,15 @@ class MaskSpec:
         allowed = None
         if self.structural and not self.tile_full(i0, i1, j0, j1):
             allowed = _structural(
-                i0,
-                i1,
-                j0,
-                j1,
-                tq=self.tq,
-                tk=self.tk,
-                causal=self.causal,
-                align=self.align,
-                window=self.window,
-                device=device,
+                i0, i1, j0, j1, offset=self.offset(), causal=self.causal, window=self.window, device=device
             )
         if self.allowed is not None:
             a = _slice(self.allowed, i0, i1, j0, j1)
             allowed = a if allowed is None else allowed & a
+        if self.mask_mod is not None:
+            q_idx, kv_idx = self.positions(i0, i1, j0, j1, device)
+            m = evaluate_mask(self.mask_mod, batch=self.batch, heads=self.heads, q_idx=q_idx, kv_idx=kv_idx)
+            allowed = m if allowed is None else allowed & m
         bias = _slice(self.bias, i0, i1, j0, j1) if self.bias is not None else None
         return allowed, bias
 

@@ -12,7 +12,7 @@ may see nothing, or None for a backend that does not expose it. A row that
 may see nothing gets 0.
 
 >>> sorted(KERNELS)
-['eager', 'flash', 'sdpa']
+['eager', 'flash', 'flex', 'sdpa']
 >>> KERNELS["flash"].has_lse, KERNELS["sdpa"].has_lse
 (True, False)
 """
@@ -26,11 +26,12 @@ import torch
 
 from attnlab.functional.eager import eager_attention
 from attnlab.functional.flash import flash_attention_kernel
+from attnlab.functional.flex import flex_attention_kernel
 from attnlab.functional.masks import MaskSpec
 from attnlab.functional.sdpa import sdpa_attention
 from attnlab.observe import is_recording
 
-Backend = Literal["auto", "eager", "sdpa", "flash"]
+Backend = Literal["auto", "eager", "sdpa", "flash", "flex"]
 
 
 class Kernel(Protocol):
@@ -53,6 +54,7 @@ KERNELS: dict[str, KernelInfo] = {
     "eager": KernelInfo(eager_attention, forms_weights=True, has_lse=True, float_mask_grad=True),
     "sdpa": KernelInfo(sdpa_attention, forms_weights=False, has_lse=False, float_mask_grad=True),
     "flash": KernelInfo(flash_attention_kernel, forms_weights=False, has_lse=True, float_mask_grad=False),
+    "flex": KernelInfo(flex_attention_kernel, forms_weights=False, has_lse=False, float_mask_grad=False),
 }
 BACKENDS: tuple[str, ...] = ("auto", *KERNELS)
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from attnlab.functional.eager import dead_rows
 from attnlab.functional.masks import MaskSpec
+from attnlab.functional.mods import mod_name
 
 
 def sdpa_attention(
@@ -37,6 +38,7 @@ def _sdpa(
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
     if (
         spec.causal
+        and not spec.has_mods
         and spec.window is None
         and spec.allowed is None
         and spec.bias is None
@@ -46,7 +48,10 @@ def _sdpa(
             q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=enable_gqa
         )
 
-    allowed, bias = spec.dense(q.device)
+    allowed, bias = spec.dense(q.device)  # a mask_mod is materialized here, on the whole grid
+    if spec.score_mod is not None:
+        modified = score_mod_bias(spec, q)
+        bias = modified if bias is None else modified + bias.to(modified.dtype)
     dead = dead_rows(allowed, bias)  # (.., Tq, 1): rows where no key may be attended
     assert dead is not None  # spec.empty is False, so there is a mask
 
@@ -62,3 +67,28 @@ def _sdpa(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa
     )
     return out.masked_fill(dead, 0.0)
+
+
+def score_mod_bias(spec: MaskSpec, q: torch.Tensor) -> torch.Tensor:
+    """The score_mod as the additive bias SDPA can take, (B, H, Tq, Tk); refused when the mod is not a bias.
+
+    A mod is a bias when score_mod(s) - s does not depend on s: checked at s = 0
+    and at seeded random scores. The bias keeps the graph to the mod's
+    learnable tensors, so they train through SDPA's float mask.
+    """
+    assert spec.score_mod is not None
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    shape = (spec.batch, spec.heads, spec.tq, spec.tk)
+    zeros = torch.zeros(shape, dtype=compute, device=q.device)
+    bias = spec.modify(zeros, 0, spec.tq, 0, spec.tk)
+    probe = torch.randn(
+        shape, generator=torch.Generator(device=q.device).manual_seed(0), dtype=compute, device=q.device
+    )
+    again = spec.modify(probe, 0, spec.tq, 0, spec.tk) - probe
+    finite = torch.isfinite(bias)
+    if not torch.allclose(bias.detach()[finite], again.detach()[finite], atol=1e-4, rtol=1e-4):
+        raise ValueError(
+            f"score_mod {mod_name(spec.score_mod)} is not an additive bias (score_mod(s) - s changes with s), and "
+            "sdpa can only add a bias to the scores; use backend='flash' (tiled, with gradients) or 'eager'"
+        )
+    return bias.to(q.dtype)

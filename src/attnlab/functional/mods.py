@@ -1,0 +1,318 @@
+"""Mask and score functions: FlexAttention's signatures, so a function moves between the two unchanged.
+
+    mask_mod(b, h, q_idx, kv_idx) -> bool          True = may attend
+    score_mod(score, b, h, q_idx, kv_idx) -> score  applied to the scaled score, before the mask
+
+attnlab calls a mod once on broadcast index tensors: b (B, 1, 1, 1), h (1, H,
+1, 1), q_idx (1, 1, Tq, 1), kv_idx (1, 1, 1, Tk), or a tile of them, so a mod
+written with elementwise operations and indexing (``doc_ids[b, q_idx]``) works
+as it does under FlexAttention's vmap. Positions are absolute: query i of a
+call sits at ``q_offset + i`` (after a cache or in a chunk), key j at
+``kv_offset + j``, so one mod serves prefill, decoding and a shard of a ring.
+
+>>> import torch
+>>> mod = and_masks(causal(), document(torch.tensor([[0, 0, 1, 1]])))
+>>> evaluate_mask(mod, batch=1, heads=1, q_idx=torch.arange(4), kv_idx=torch.arange(4))[0, 0].int()
+tensor([[1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [0, 0, 1, 0],
+        [0, 0, 1, 1]], dtype=torch.int32)
+
+Shapes: B = batch, H = heads, Tq / Tk = query / key lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from attnlab._checks import check_positive_int, check_window
+
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def mod_name(mod: object) -> str:
+    """How errors name a mod: its repr for attnlab's own, the function's name otherwise."""
+    if isinstance(mod, _Mod):
+        return repr(mod)
+    return getattr(mod, "__qualname__", None) or getattr(mod, "__name__", None) or type(mod).__name__
+
+
+class _Mod:
+    """A built-in mod: callable with FlexAttention's signature, named in errors, its learnable tensors listed."""
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [t for t in vars(self).values() if isinstance(t, torch.Tensor) and t.requires_grad]
+
+    def __repr__(self) -> str:
+        shown = {k: (f"tensor{tuple(v.shape)}" if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
+        return f"{type(self).__name__.lstrip('_')}({', '.join(f'{k}={v}' for k, v in shown.items())})"
+
+
+# ---- mask mods ----
+
+
+class _Causal(_Mod):
+    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        return q_idx >= kv_idx
+
+
+class _SlidingWindow(_Mod):
+    def __init__(self, window: int) -> None:
+        check_window(window)
+        self.window = window
+
+    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < self.window)
+
+
+class _PrefixLM(_Mod):
+    def __init__(self, prefix_len: int | torch.Tensor) -> None:
+        if isinstance(prefix_len, torch.Tensor):
+            if prefix_len.dim() != 1 or prefix_len.is_floating_point():
+                raise ValueError(
+                    f"prefix_len must be an int or a (batch,) integer tensor, got shape {tuple(prefix_len.shape)}"
+                )
+        elif isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
+            raise ValueError(f"prefix_len must be an int >= 0 or a (batch,) tensor, got {prefix_len!r}")
+        self.prefix_len = prefix_len
+
+    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        prefix = self.prefix_len[b] if isinstance(self.prefix_len, torch.Tensor) else self.prefix_len
+        return (kv_idx < prefix) | (q_idx >= kv_idx)  # the prefix sees itself whole; the rest is causal
+
+
+class _Document(_Mod):
+    def __init__(self, doc_ids: torch.Tensor) -> None:
+        if not isinstance(doc_ids, torch.Tensor) or doc_ids.dim() != 2 or doc_ids.is_floating_point():
+            raise ValueError(
+                f"doc_ids must be a (batch, seq) integer tensor, one document id per token, got "
+                f"{tuple(doc_ids.shape) if isinstance(doc_ids, torch.Tensor) else type(doc_ids).__name__}"
+            )
+        self.doc_ids = doc_ids
+
+    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        return self.doc_ids[b, q_idx] == self.doc_ids[b, kv_idx]
+
+
+class _Padding(_Mod):
+    def __init__(self, lengths: torch.Tensor) -> None:
+        if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 or lengths.is_floating_point():
+            raise ValueError("lengths must be a (batch,) integer tensor: the real tokens of each row")
+        self.lengths = lengths
+
+    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        return kv_idx < self.lengths[b]
+
+
+class _And(_Mod):
+    def __init__(self, *mods: MaskMod) -> None:
+        self.mods = mods
+
+    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        out = self.mods[0](b, h, q_idx, kv_idx)
+        for mod in self.mods[1:]:
+            out = out & mod(b, h, q_idx, kv_idx)
+        return out
+
+    def __repr__(self) -> str:
+        return "and_masks(" + ", ".join(mod_name(m) for m in self.mods) + ")"
+
+
+class _Or(_And):
+    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        out = self.mods[0](b, h, q_idx, kv_idx)
+        for mod in self.mods[1:]:
+            out = out | mod(b, h, q_idx, kv_idx)
+        return out
+
+    def __repr__(self) -> str:
+        return "or_masks(" + ", ".join(mod_name(m) for m in self.mods) + ")"
+
+
+def causal() -> MaskMod:
+    """Each query sees itself and the keys before it: q_idx >= kv_idx."""
+    return _Causal()
+
+
+def sliding_window(window: int) -> MaskMod:
+    """Causal, and at most the last ``window`` keys, the query's own included."""
+    return _SlidingWindow(window)
+
+
+def prefix_lm(prefix_len: int | torch.Tensor) -> MaskMod:
+    """The first ``prefix_len`` keys (an int, or one per batch row) are seen by every query; the rest is causal."""
+    return _PrefixLM(prefix_len)
+
+
+def document(doc_ids: torch.Tensor) -> MaskMod:
+    """Packed sequences: a token sees only tokens of its own document; ``doc_ids`` is (B, T). Add causal() for a LM."""
+    return _Document(doc_ids)
+
+
+def padding(lengths: torch.Tensor) -> MaskMod:
+    """Right padding: row b's keys past ``lengths[b]`` are hidden."""
+    return _Padding(lengths)
+
+
+def and_masks(*mods: MaskMod) -> MaskMod:
+    """Attend where every mod allows it."""
+    if not mods:
+        raise ValueError("and_masks needs at least one mask_mod")
+    return _And(*mods)
+
+
+def or_masks(*mods: MaskMod) -> MaskMod:
+    """Attend where any mod allows it."""
+    if not mods:
+        raise ValueError("or_masks needs at least one mask_mod")
+    return _Or(*mods)
+
+
+# ---- score mods ----
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """The ALiBi paper's slopes (Press et al., 2022): 2^(-8/n), 2^(-16/n), ... for n heads a power of two;
+    otherwise those of the nearest lower power of two, then every other slope of the next one."""
+    check_positive_int("num_heads", num_heads)
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    lower = 2 ** math.floor(math.log2(num_heads))
+    slopes = power_of_two(lower)
+    if lower < num_heads:
+        slopes += power_of_two(2 * lower)[0::2][: num_heads - lower]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+class _Alibi(_Mod):
+    def __init__(self, num_heads: int, learnable: bool) -> None:
+        self.slopes = alibi_slopes(num_heads).float().requires_grad_(learnable)
+
+    def __call__(
+        self, score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
+        return score + self.slopes.to(score.dtype)[h] * (kv_idx - q_idx)
+
+
+class _Softcap(_Mod):
+    def __init__(self, cap: float) -> None:
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf:
+            raise ValueError(f"cap must be a finite number > 0, got {cap!r}")
+        self.cap = float(cap)
+
+    def __call__(
+        self, score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
+        return self.cap * torch.tanh(score / self.cap)
+
+
+class _RelativeBias(_Mod):
+    def __init__(self, table: torch.Tensor) -> None:
+        if not isinstance(table, torch.Tensor) or table.dim() != 2 or table.shape[1] % 2 == 0:
+            raise ValueError(
+                "table must be (num_heads, 2 * max_distance + 1): one learnable bias per head and distance "
+                f"kv_idx - q_idx in [-max_distance, max_distance], got "
+                f"{tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__}"
+            )
+        self.table = table
+
+    def __call__(
+        self, score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
+        reach = self.table.shape[1] // 2
+        distance = (kv_idx - q_idx).clamp(-reach, reach) + reach  # farther than the table: its last entry
+        return score + self.table.to(score.dtype)[h, distance]
+
+
+def alibi(num_heads: int, *, learnable: bool = False) -> ScoreMod:
+    """ALiBi: score + slope[h] * (kv_idx - q_idx); ``learnable=True`` lets the slopes train (``.slopes``)."""
+    return _Alibi(num_heads, learnable)
+
+
+def softcap(cap: float) -> ScoreMod:
+    """Logit soft-capping (Gemma 2): cap * tanh(score / cap)."""
+    return _Softcap(cap)
+
+
+def relative_bias(table: torch.Tensor) -> ScoreMod:
+    """A bias per head and distance: score + table[h, kv_idx - q_idx + max_distance], distances clamped."""
+    return _RelativeBias(table)
+
+
+# ---- evaluating a mod on (a tile of) the index grid ----
+
+
+def index_grid(
+    batch: int, heads: int, q_idx: torch.Tensor, kv_idx: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1, 1, Tq, 1), kv_idx (1, 1, 1, Tk): broadcast to (B, H, Tq, Tk)."""
+    device = q_idx.device
+    b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
+    h = torch.arange(heads, device=device).view(1, heads, 1, 1)
+    return b, h, q_idx.view(1, 1, -1, 1), kv_idx.view(1, 1, 1, -1)
+
+
+def evaluate_mask(
+    mask_mod: MaskMod, *, batch: int, heads: int, q_idx: torch.Tensor, kv_idx: torch.Tensor
+) -> torch.Tensor:
+    """The mod on the grid, checked: bool, broadcastable to (B, H, Tq, Tk); errors name the mod."""
+    target = (batch, heads, q_idx.numel(), kv_idx.numel())
+    try:
+        out = mask_mod(*index_grid(batch, heads, q_idx, kv_idx))
+    except Exception as err:  # a user's function: say whose error it is
+        raise ValueError(f"mask_mod {mod_name(mask_mod)} raised {type(err).__name__}: {err}") from err
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
+        got = f"dtype {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise TypeError(f"mask_mod {mod_name(mask_mod)} must return a bool tensor (True = may attend), got {got}")
+    if out.dim() > 4 or not all(m in (1, t) for m, t in zip(reversed(out.shape), reversed(target), strict=False)):
+        raise ValueError(
+            f"mask_mod {mod_name(mask_mod)} returned shape {tuple(out.shape)}, which does not broadcast to "
+            f"(batch, heads, Tq, Tk) = {target}; combine b, h, q_idx, kv_idx elementwise"
+        )
+    return out
+
+
+def apply_score_mod(
+    score_mod: ScoreMod, score: torch.Tensor, *, q_idx: torch.Tensor, kv_idx: torch.Tensor
+) -> torch.Tensor:
+    """The mod on (B, H, Tq, Tk) scores, checked: the same shape, floating point; errors name the mod."""
+    batch, heads = score.shape[0], score.shape[1]
+    try:
+        out = score_mod(score, *index_grid(batch, heads, q_idx, kv_idx))
+    except Exception as err:
+        raise ValueError(f"score_mod {mod_name(score_mod)} raised {type(err).__name__}: {err}") from err
+    if not isinstance(out, torch.Tensor) or not torch.is_floating_point(out):
+        got = f"dtype {out.dtype}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise TypeError(f"score_mod {mod_name(score_mod)} must return floating-point scores, got {got}")
+    if out.shape != score.shape:
+        raise ValueError(
+            f"score_mod {mod_name(score_mod)} returned shape {tuple(out.shape)} for scores of shape "
+            f"{tuple(score.shape)}; it must return one score per score"
+        )
+    return out
+
+
+def learnable_tensors(mod: Any) -> list[torch.Tensor]:
+    """The tensors a score_mod trains: ``mod.parameters()`` (attnlab's mods, nn.Module), else those its closure holds."""
+    if mod is None:
+        return []
+    params = getattr(mod, "parameters", None)
+    if callable(params):
+        return [p for p in params() if isinstance(p, torch.Tensor) and p.requires_grad]
+    found = []
+    for cell in getattr(mod, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            found.append(value)
+    return found
