@@ -45,23 +45,29 @@ def mod_name(mod: object) -> str:
 class _Mod:
     """A built-in mod: callable with FlexAttention's signature, named in errors, its learnable tensors listed."""
 
+    NAME = "mod"
+
     def parameters(self) -> list[torch.Tensor]:
         return [t for t in vars(self).values() if isinstance(t, torch.Tensor) and t.requires_grad]
 
     def __repr__(self) -> str:
         shown = {k: (f"tensor{tuple(v.shape)}" if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
-        return f"{type(self).__name__.lstrip('_')}({', '.join(f'{k}={v}' for k, v in shown.items())})"
+        return f"{self.NAME}({', '.join(f'{k}={v}' for k, v in shown.items())})"
 
 
 # ---- mask mods ----
 
 
 class _Causal(_Mod):
+    NAME = "causal"
+
     def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         return q_idx >= kv_idx
 
 
 class _SlidingWindow(_Mod):
+    NAME = "sliding_window"
+
     def __init__(self, window: int) -> None:
         check_window(window)
         self.window = window
@@ -71,6 +77,8 @@ class _SlidingWindow(_Mod):
 
 
 class _PrefixLM(_Mod):
+    NAME = "prefix_lm"
+
     def __init__(self, prefix_len: int | torch.Tensor) -> None:
         if isinstance(prefix_len, torch.Tensor):
             if prefix_len.dim() != 1 or prefix_len.is_floating_point():
@@ -87,6 +95,8 @@ class _PrefixLM(_Mod):
 
 
 class _Document(_Mod):
+    NAME = "document"
+
     def __init__(self, doc_ids: torch.Tensor) -> None:
         if not isinstance(doc_ids, torch.Tensor) or doc_ids.dim() != 2 or doc_ids.is_floating_point():
             raise ValueError(
@@ -100,6 +110,8 @@ class _Document(_Mod):
 
 
 class _Padding(_Mod):
+    NAME = "padding"
+
     def __init__(self, lengths: torch.Tensor) -> None:
         if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 or lengths.is_floating_point():
             raise ValueError("lengths must be a (batch,) integer tensor: the real tokens of each row")
@@ -193,6 +205,8 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 
 
 class _Alibi(_Mod):
+    NAME = "alibi"
+
     def __init__(self, num_heads: int, learnable: bool) -> None:
         self.slopes = alibi_slopes(num_heads).float().requires_grad_(learnable)
 
@@ -203,6 +217,8 @@ class _Alibi(_Mod):
 
 
 class _Softcap(_Mod):
+    NAME = "softcap"
+
     def __init__(self, cap: float) -> None:
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf:
             raise ValueError(f"cap must be a finite number > 0, got {cap!r}")
@@ -215,6 +231,8 @@ class _Softcap(_Mod):
 
 
 class _RelativeBias(_Mod):
+    NAME = "relative_bias"
+
     def __init__(self, table: torch.Tensor) -> None:
         if not isinstance(table, torch.Tensor) or table.dim() != 2 or table.shape[1] % 2 == 0:
             raise ValueError(
