@@ -309,3 +309,71 @@ def test_built_in_mods_refuse_bad_arguments_by_name() -> None:
         mods.prefix_lm(-2)
     with pytest.raises(ValueError, match=r"and_masks needs at least one mask_mod"):
         mods.and_masks()
+
+
+# ---- packed training: the module and the model ----
+
+
+def _packed(sizes: list[int]) -> torch.Tensor:
+    return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))[None]  # (1, T)
+
+
+@pytest.mark.parametrize("backend", ["flash", "sdpa"])
+def test_attention_with_rope_on_packed_documents_equals_each_document_alone(backend: str) -> None:
+    """No cross-document attention, and RoPE positions restart per document: outputs and gradients equal."""
+    from attnlab import Attention
+
+    torch.manual_seed(0)
+    attn = Attention(d_in=16, num_heads=4, num_kv_heads=2, rope=True, backend=backend).double()
+    sizes = [5, 11, 8]
+    x = torch.randn(1, sum(sizes), 16, dtype=torch.float64, requires_grad=True)
+    packed = attn(x, document_ids=_packed(sizes))
+    grad = torch.autograd.grad((packed**2).sum(), x)[0]
+    start = 0
+    for n in sizes:
+        part = x.detach()[:, start : start + n].requires_grad_()
+        alone = attn(part)
+        torch.testing.assert_close(packed[:, start : start + n], alone, atol=1e-12, rtol=0)
+        torch.testing.assert_close(
+            grad[:, start : start + n], torch.autograd.grad((alone**2).sum(), part)[0], atol=1e-12, rtol=0
+        )
+        start += n
+
+
+def test_a_gpt_trains_on_packed_documents_exactly_as_on_each_alone() -> None:
+    """Learned positions restart per document too: the logits and the loss's gradients of a packed batch equal the
+    documents run one by one."""
+    from attnlab.models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, context_length=32, emb_dim=16, n_heads=2, n_layers=2, drop_rate=0.0)).double()
+    sizes = [9, 4, 12]
+    idx = torch.randint(0, 50, (1, sum(sizes)))
+    logits = model(idx, document_ids=_packed(sizes))
+    loss = torch.nn.functional.cross_entropy(logits[0], idx[0].roll(-1), reduction="sum")
+    packed_grads = torch.autograd.grad(loss, list(model.parameters()))
+    alone_loss, start = 0.0, 0
+    for n in sizes:
+        part = idx[:, start : start + n]
+        alone = model(part)
+        torch.testing.assert_close(logits[:, start : start + n], alone, atol=1e-10, rtol=0)
+        alone_loss = alone_loss + torch.nn.functional.cross_entropy(
+            alone[0], idx[0].roll(-1)[start : start + n], reduction="sum"
+        )
+        start += n
+    for got, want in zip(packed_grads, torch.autograd.grad(alone_loss, list(model.parameters())), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+
+
+def test_document_ids_are_checked_by_name() -> None:
+    from attnlab import Attention
+
+    attn = Attention(d_in=8, num_heads=2)
+    x = torch.randn(1, 4, 8)
+    with pytest.raises(ValueError, match=r"document_ids must not decrease along a row"):
+        attn(x, document_ids=torch.tensor([[0, 1, 0, 1]]))
+    with pytest.raises(ValueError, match=r"document_ids must be \(batch, tokens\) = \(1, 4\), got shape \(4,\)"):
+        attn(x, document_ids=torch.tensor([0, 0, 1, 1]))
+    with pytest.raises(ValueError, match=r"pass one or the other"):
+        attn(x, document_ids=torch.zeros(1, 4, dtype=torch.long), cache=attn.make_cache(batch_size=1, max_len=8))
+    assert mods.document_positions(torch.tensor([[0, 0, 1, 1, 1, 4]])).tolist() == [[0, 1, 0, 1, 2, 0]]

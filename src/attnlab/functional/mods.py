@@ -334,3 +334,29 @@ def learnable_tensors(mod: Any) -> list[torch.Tensor]:
         if isinstance(value, torch.Tensor) and value.requires_grad:
             found.append(value)
     return found
+
+
+# ---- packed documents ----
+
+
+def check_document_ids(doc_ids: object, batch: int, length: int) -> None:
+    """(B, T) integer ids, non-decreasing along each row: documents packed one after another."""
+    if not isinstance(doc_ids, torch.Tensor) or doc_ids.is_floating_point() or doc_ids.dtype == torch.bool:
+        raise TypeError(f"document_ids must be an integer tensor (batch, tokens), got {doc_ids!r:.80}")
+    if tuple(doc_ids.shape) != (batch, length):
+        raise ValueError(f"document_ids must be (batch, tokens) = {(batch, length)}, got shape {tuple(doc_ids.shape)}")
+    if length > 1 and not bool((doc_ids[:, 1:] >= doc_ids[:, :-1]).all()):
+        raise ValueError(
+            "document_ids must not decrease along a row: packed documents lie one after another "
+            "(e.g. [0, 0, 0, 1, 1, 2]); give each document its own id in order"
+        )
+
+
+def document_positions(doc_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) positions that restart at 0 where each document starts: [0, 0, 1, 1, 1] -> [0, 1, 0, 1, 2]."""
+    b, t = doc_ids.shape
+    index = torch.arange(t, device=doc_ids.device).expand(b, t)  # (B, T)
+    starts = torch.ones(b, t, dtype=torch.bool, device=doc_ids.device)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values  # each token's document start
+    return index - first

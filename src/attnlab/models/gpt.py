@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from attnlab.cache import Cache
+from attnlab.functional.mods import check_document_ids, document_positions
 from attnlab.models.config import GPTConfig
 from attnlab.models.generate import check_prompt, generate, positions_and_padding, stream
 from attnlab.nn.attention import Attention
@@ -46,8 +47,15 @@ class TransformerBlock(nn.Module):
         self.norm2 = nn.LayerNorm(e, eps=config.layer_norm_eps)
         self.ff = nn.Sequential(nn.Linear(e, 4 * e), nn.GELU(approximate="tanh"), nn.Linear(4 * e, e))
 
-    def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None, cache: Cache | None) -> torch.Tensor:
-        x = x + self.drop_resid(self.att(self.norm1(x), mask=mask, cache=cache))
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        mask: torch.Tensor | None,
+        cache: Cache | None,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.drop_resid(self.att(self.norm1(x), mask=mask, cache=cache, document_ids=document_ids))
         return x + self.drop_resid(self.ff(self.norm2(x)))
 
 
@@ -84,15 +92,25 @@ class GPT(nn.Module):
         attention_mask: torch.Tensor | None = None,
         caches: list[Cache] | None = None,
         last_only: bool = False,
+        document_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, V) for token ids idx (B, T), after the tokens in ``caches`` if given.
 
         attention_mask: (B, cached + new tokens), 1 on real tokens, 0 on left padding.
         last_only: logits of the last position only, (B, 1, V): what generation needs, and the
         vocabulary projection is the largest matmul of a prefill.
+        document_ids: (B, T) ids of packed documents, non-decreasing along a row: each document
+        sees only itself and its positions start at 0, exactly as if it ran alone (not with caches
+        or an attention_mask).
         """
         check_prompt(idx, vocab_size=self.config.vocab_size)
-        positions, mask = positions_and_padding(idx, attention_mask, caches, layers=self.config.n_layers)
+        if document_ids is not None:
+            if caches is not None or attention_mask is not None:
+                raise ValueError("document_ids pack documents for training; pass them without caches or attention_mask")
+            check_document_ids(document_ids, idx.shape[0], idx.shape[1])
+            positions, mask = document_positions(document_ids), None  # (B, T): each document from 0
+        else:
+            positions, mask = positions_and_padding(idx, attention_mask, caches, layers=self.config.n_layers)
         last = int(positions.max())
         if last >= self.config.context_length:
             raise ValueError(
@@ -102,7 +120,7 @@ class GPT(nn.Module):
         x = self.tok_emb(idx) + self.pos_emb(positions)  # (B, T, E): positions (T,) or (B, T) broadcast
         x = self.drop_emb(x)
         for layer, block in enumerate(self.blocks):
-            x = block(x, mask=mask, cache=caches[layer] if caches is not None else None)
+            x = block(x, mask=mask, cache=caches[layer] if caches is not None else None, document_ids=document_ids)
         if last_only:
             x = x[:, -1:]  # (B, 1, E)
         return self.out_head(self.final_norm(x))

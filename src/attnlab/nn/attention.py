@@ -18,6 +18,7 @@ from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_po
 from attnlab.cache import Cache, KVCache, SlidingWindowCache
 from attnlab.functional.attention import attention, check_mask
 from attnlab.functional.masks import at_least_2d
+from attnlab.functional.mods import MaskMod, check_document_ids, document, document_positions
 from attnlab.functional.registry import Backend, check_backend
 from attnlab.nn.rotary import RotaryEmbedding, apply_rotary
 
@@ -139,6 +140,7 @@ class Attention(nn.Module):
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         cache: Cache | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attend over x (B, T, d_in), optionally after the tokens held in ``cache``.
 
@@ -151,6 +153,9 @@ class Attention(nn.Module):
             cache: any :class:`attnlab.cache.Cache` (``make_cache()`` gives one
                 that fits); updated in place. The new tokens see every cached
                 one, and the causal and window masks follow the cache's positions.
+            document_ids: (B, T) integer ids of packed documents, non-decreasing
+                along a row: no token sees another document, and RoPE positions
+                restart at each document (unless ``positions`` are given). Not with a cache.
 
         Returns:
             (B, T, d_out).
@@ -162,6 +167,14 @@ class Attention(nn.Module):
         self._check_input(x)
         b, t, _ = x.shape
         query_pos = None
+        if document_ids is not None:
+            if cache is not None:
+                raise ValueError(
+                    "document_ids pack documents for training or a prefill without a cache; pass one or the other"
+                )
+            check_document_ids(document_ids, b, t)
+            if positions is None:
+                positions = document_positions(document_ids)  # (B, T): each document starts at 0
         if cache is not None:
             self._check_cache(cache)
             query_pos = cache.next_positions(t)  # (T,) absolute positions
@@ -176,7 +189,8 @@ class Attention(nn.Module):
             cos, sin = self.rotary(positions, dtype=queries.dtype)
             queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
         if cache is None:
-            return self.attend(queries, keys, values, mask=mask)
+            packed = document(document_ids) if document_ids is not None else None
+            return self.attend(queries, keys, values, mask=mask, mask_mod=packed)
         assert query_pos is not None
         keys, values, key_pos = cache.update(keys, values)  # the only write; everything above is checked
         return self.attend(queries, keys, values, mask=self._cached_mask(mask, query_pos, key_pos), structural=False)
@@ -230,10 +244,12 @@ class Attention(nn.Module):
         *,
         mask: torch.Tensor | None = None,
         structural: bool = True,
+        mask_mod: MaskMod | None = None,
     ) -> torch.Tensor:
         """Attention and out_proj on projected (and rotated) q (B, H, Tq, D), k, v (B, Hkv, Tk, D).
 
-        ``structural=False`` when ``mask`` already carries the causal and window structure.
+        ``structural=False`` when ``mask`` already carries the causal and window structure;
+        ``mask_mod`` (attnlab.functional.mods) hides more, e.g. other documents.
         """
         b, _, t, _ = queries.shape
         context_vec = attention(
@@ -246,6 +262,7 @@ class Attention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             scale=self.scale,
             backend=self.backend,
+            mask_mod=mask_mod,
         )
         context_vec = context_vec.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, H*D)
         return self.out_proj(context_vec)
