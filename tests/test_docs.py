@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -47,3 +48,26 @@ def test_readme_python_examples_run() -> None:
     namespace: dict[str, object] = {}
     for block in blocks:
         exec(compile(block, "README.md", "exec"), namespace)  # our own README, run as a user would
+
+
+PICTURE_NAMES = {
+    "doc_ids": torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2]]),
+    "lengths": torch.tensor([5]),
+    "ramp": torch.arange(8)[None, :] - torch.arange(8)[:, None] + 0.0,  # scores j - i
+    "table": torch.tensor([[-1.0, -0.5, 0.0, 0.5, 1.0]]),
+}
+BUILT_INS = ("causal", "sliding_window", "prefix_lm", "document", "padding", "alibi", "softcap", "relative_bias")
+
+
+def test_every_built_in_mod_is_pictured_and_each_picture_is_what_the_code_draws() -> None:
+    from attnlab.functional import mods
+
+    page = (DOCS / "mods.md").read_text(encoding="utf-8")
+    found = re.findall(r"<!-- picture: (.+?) -->\n```\n(.*?)\n```", page, flags=re.S)
+    assert len(found) >= len(BUILT_INS)
+    names = {n: getattr(mods, n) for n in dir(mods) if not n.startswith("_")} | PICTURE_NAMES
+    for expr, drawn in found:
+        assert eval(f"picture({expr})", names) == drawn, expr  # the page's own expression, redrawn now
+    pictured = " ".join(expr for expr, _ in found)
+    for name in (*BUILT_INS, "and_masks", "or_masks"):
+        assert f"{name}(" in pictured, f"docs/mods.md has no picture of {name}"

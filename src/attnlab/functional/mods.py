@@ -360,3 +360,35 @@ def document_positions(doc_ids: torch.Tensor) -> torch.Tensor:
     starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
     first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values  # each token's document start
     return index - first
+
+
+# ---- pictures, for the docs ----
+
+
+def picture(
+    mask_mod: MaskMod | None = None,
+    score_mod: ScoreMod | None = None,
+    *,
+    size: int = 8,
+    batch: int = 0,
+    head: int = 0,
+    scores: torch.Tensor | None = None,
+) -> str:
+    """A text picture of a mod on ``size`` x ``size`` positions (row = query, column = key): '■' may attend, '·'
+    may not (as docs/backends.md draws masks); with a score_mod, its output on ``scores`` (size, size; default all 0, so a bias shows itself),
+    rounded to 2 decimals, masked cells '·'."""
+    q_idx = kv_idx = torch.arange(size)
+    keep = torch.ones(size, size, dtype=torch.bool)
+    if mask_mod is not None:
+        grid = evaluate_mask(mask_mod, batch=batch + 1, heads=head + 1, q_idx=q_idx, kv_idx=kv_idx)
+        keep = grid.expand(batch + 1, head + 1, size, size)[batch, head]
+    if score_mod is None:
+        return "\n".join(" ".join("■" if ok else "·" for ok in row) for row in keep.tolist())
+    base = torch.zeros(size, size, dtype=torch.float64) if scores is None else scores.to(torch.float64)
+    grid = base.expand(batch + 1, head + 1, size, size).clone()  # (B, H, T, T)
+    added = apply_score_mod(score_mod, grid, q_idx=q_idx, kv_idx=kv_idx)[batch, head].detach()
+    cells = [
+        [f"{v:5.2f}" if ok else "    ·" for v, ok in zip(r, k, strict=True)]
+        for r, k in zip(added.tolist(), keep.tolist(), strict=True)
+    ]
+    return "\n".join(" ".join(row) for row in cells)
