@@ -6,7 +6,8 @@ queries walks over blocks of keys keeping a running row max m, running sum l
 and an unnormalized accumulator; the result is acc / l, and the row's
 log-sum-exp m + log(l) is kept for the backward pass, which recomputes each
 tile's probabilities instead of storing them. Forward and backward both use
-O(T * D) memory plus one (block_q, block_k) tile per head.
+O(T * D) memory plus one (block_q, block_k) tile per head (the forward joins up
+to SPAN_TILES neighbouring tiles of one kind into one matmul).
 
 Every tile is classified once per call (``MaskSpec.tile_kinds``): EMPTY
 tiles, which the causal or window structure or a ``mask_mod`` hides entirely,
@@ -32,7 +33,7 @@ from attnlab.functional.masks import EMPTY, PARTIAL, MaskSpec
 from attnlab.functional.mods import learnable_tensors
 
 
-def _keep_mask(seed: int, i: int, j: int, shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
+def _keep_mask(seed: int, i: int, j: int, shape: tuple[int, ...], p: float, device: torch.device) -> torch.Tensor:
     """The dropout keep-mask of tile (i, j): the same every time it is asked for."""
     gen = torch.Generator(device=device)
     gen.manual_seed((seed * 1_000_003 + i * 65_537 + j) % (2**63))
@@ -61,6 +62,30 @@ def _blocks(n: int, size: int) -> list[tuple[int, int, int]]:
     return [(idx, start, min(start + size, n)) for idx, start in enumerate(range(0, n, size))]
 
 
+SPAN_TILES = 8  # the forward joins up to this many neighbouring key tiles of one kind into one matmul
+
+
+def _spans(
+    bi: int, key_blocks: list[tuple[int, int, int]], kinds: dict[tuple[int, int], int]
+) -> list[tuple[int, list[tuple[int, int, int]], int, int]]:
+    """Runs of neighbouring key tiles of the same kind for query block ``bi``: (kind, tiles, j0, j1), EMPTY left out.
+
+    Fewer, larger matmuls: a causal query block sees all its earlier key tiles FULL, so they go in a few
+    spans, with memory of at most SPAN_TILES tiles (still O(T) in all).
+    """
+    spans: list[tuple[int, list[tuple[int, int, int]], int, int]] = []
+    for tile in key_blocks:
+        kind = kinds[bi, tile[0]]
+        if kind == EMPTY:
+            continue
+        if spans and spans[-1][0] == kind and spans[-1][3] == tile[1] and len(spans[-1][1]) < SPAN_TILES:
+            last = spans[-1]
+            spans[-1] = (kind, [*last[1], tile], last[2], tile[2])
+        else:
+            spans.append((kind, [tile], tile[1], tile[2]))
+    return spans
+
+
 def flash_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -85,17 +110,19 @@ def flash_forward(
         m = torch.full((b, h, i1 - i0), float("-inf"), dtype=ad, device=q.device)  # running row max
         l = torch.zeros(b, h, i1 - i0, dtype=ad, device=q.device)  # running sum of exp  # noqa: E741
         acc = torch.zeros(b, h, i1 - i0, dv, dtype=ad, device=q.device)
-        for bj, j0, j1 in _blocks(tk, block_k):
-            if kinds[bi, bj] == EMPTY:
-                continue
-            s = _scores(qi, k[:, :, j0:j1].to(ad), spec, kinds[bi, bj], i0, i1, j0, j1)
+        for kind, tiles, j0, j1 in _spans(bi, _blocks(tk, block_k), kinds):
+            s = _scores(qi, k[:, :, j0:j1].to(ad), spec, kind, i0, i1, j0, j1)
             m_new = torch.maximum(m, s.amax(dim=-1))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             p = s.sub_(m_safe[..., None]).exp_()  # (B, H, bq, bk), in place: s is not needed again
             alpha = torch.exp(m - m_safe)  # rescales what was accumulated under the old max
             l = l * alpha + p.sum(dim=-1)  # noqa: E741
-            if dropout_p > 0.0:
-                p = p * _keep_mask(seed, bi, bj, p.shape, dropout_p, q.device) / (1.0 - dropout_p)
+            if dropout_p > 0.0:  # each tile's own mask, as the backward draws it tile by tile
+                keep = torch.cat(
+                    [_keep_mask(seed, bi, bj, (*p.shape[:-1], t1 - t0), dropout_p, q.device) for bj, t0, t1 in tiles],
+                    dim=-1,
+                )  # (B, H, bq, span)
+                p = p * keep / (1.0 - dropout_p)
             acc = torch.baddbmm(
                 acc.view(-1, *acc.shape[2:]) * alpha.view(-1, alpha.shape[-1], 1),
                 p.view(-1, *p.shape[2:]),

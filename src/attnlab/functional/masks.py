@@ -207,19 +207,37 @@ class MaskSpec:
         return apply_score_mod(self.score_mod, scores, q_idx=q_idx, kv_idx=kv_idx)
 
     def tile_kinds(self, device: torch.device) -> dict[tuple[int, int], int]:
-        """Every tile of block_q x block_k, classified once: EMPTY (skipped), PARTIAL (masked) or FULL (no mask work)."""
+        """Every tile of block_q x block_k, classified once: EMPTY (skipped), PARTIAL (masked) or FULL (no mask work).
+
+        The masks are evaluated one row of tiles at a time (one call of a mask_mod per query block), over the
+        key tiles that the causal or window structure does not already rule out.
+        """
         kinds = {}
+        key_blocks = [
+            (bj, j0, min(j0 + self.block_k, self.tk)) for bj, j0 in enumerate(range(0, self.tk, self.block_k))
+        ]
         for bi, i0 in enumerate(range(0, self.tq, self.block_q)):
             i1 = min(i0 + self.block_q, self.tq)
-            for bj, j0 in enumerate(range(0, self.tk, self.block_k)):
-                j1 = min(j0 + self.block_k, self.tk)
+            live = []
+            for bj, j0, j1 in key_blocks:
                 if self.skip_tiles and self.structural and self.tile_skippable(i0, i1, j0, j1):
                     kinds[bi, bj] = EMPTY
-                    continue
-                allowed, _ = self.tile(i0, i1, j0, j1, device)
-                if allowed is None or bool(allowed.all()):
+                else:
+                    live.append((bj, j0, j1))
+            if not live:
+                continue
+            lo, hi = live[0][1], live[-1][2]
+            allowed, _ = self.tile(i0, i1, lo, hi, device)  # (.., bq, hi - lo) or None
+            if allowed is None:
+                kinds.update({(bi, bj): FULL for bj, _, _ in live})
+                continue
+            allowed = allowed.expand(*allowed.shape[:-1], hi - lo)  # a key dim broadcast from 1, spelled out
+            rows = allowed.reshape(-1, hi - lo)  # (.. * bq, width): every (broadcast) query row
+            some, every = rows.any(dim=0), rows.all(dim=0)  # (width,) per key
+            for bj, j0, j1 in live:
+                if bool(every[j0 - lo : j1 - lo].all()):
                     kinds[bi, bj] = FULL
-                elif self.skip_tiles and not bool(allowed.any()):
+                elif self.skip_tiles and not bool(some[j0 - lo : j1 - lo].any()):
                     kinds[bi, bj] = EMPTY
                 else:
                     kinds[bi, bj] = PARTIAL

@@ -1,0 +1,112 @@
+"""Issue 13: what mask functions cost, as ratios in one run (forward, float32, no gradient).
+
+    .venv/bin/python benchmarks/mods_speed.py [--rounds 5] [--threads 2] [--no-flex]
+
+1. Plain causal, B=1, T=4096, 12 heads of 64 (d=768): the flash backend against SDPA.
+2. T=8192 holding 16 packed documents of 512 tokens, causal within each
+   (``and_masks(causal(), document(ids))``), B=1, 12 heads of 64: flash with
+   its tile skipping; flash with skipping turned off (every tile computed and
+   masked); SDPA given the materialized boolean mask; the 16 documents run
+   one by one (flash and SDPA, causal); and PyTorch's flex_attention compiled
+   (attnlab's backend="flex", the compile not timed).
+Rounds interleave the implementations (rotating the order); each figure is
+the median over rounds, and ratios are medians of per-round ratios, with
+their spread (over 25%: too noisy to trust).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from attnlab import attention
+from attnlab.functional import mods
+from attnlab.functional.attention import Mods, _prepare, run_kernel
+
+NOISY = 0.25
+
+
+def timed(fn: Callable[[], object]) -> float:
+    began = time.perf_counter()
+    fn()
+    return time.perf_counter() - began
+
+
+def interleave(cases: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    for fn in cases.values():
+        fn()  # warm-up (and flex's compile)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name].append(timed(cases[name]))
+    return times
+
+
+def report(times: dict[str, list[float]], base: str) -> None:
+    for name, ts in times.items():
+        ratios = [t / b for t, b in zip(ts, times[base], strict=True)]
+        ratio = statistics.median(ratios)
+        spread = (max(ratios) - min(ratios)) / ratio
+        flag = "" if spread <= NOISY else "  (too noisy to trust)"
+        print(f"  {name:<34} {statistics.median(ts) * 1e3:8.0f} ms   {ratio:5.2f}x {base}  spread {spread:4.0%}{flag}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-flex", action="store_true", help="leave out flex_attention (its compile takes a while)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} threads, float32, forward, {args.rounds} interleaved rounds")
+    g = torch.Generator().manual_seed(0)
+
+    q, k, v = (torch.randn(1, 12, 4096, 64, generator=g) for _ in range(3))
+    print("plain causal, T=4096, 12 heads x 64:")
+    with torch.no_grad():
+        report(
+            interleave(
+                {
+                    "sdpa": lambda: attention(q, k, v, is_causal=True, backend="sdpa"),
+                    "flash": lambda: attention(q, k, v, is_causal=True, backend="flash"),
+                },
+                args.rounds,
+            ),
+            "sdpa",
+        )
+
+    t, docs = 8192, 16
+    q, k, v = (torch.randn(1, 12, t, 64, generator=g) for _ in range(3))
+    ids = torch.arange(docs).repeat_interleave(t // docs)[None]  # (1, T)
+    packed = mods.and_masks(mods.causal(), mods.document(ids))
+    spec, scale = _prepare(q, k, v, None, False, None, 0.0, None, "bottom_right", 256, 256, Mods(mask_mod=packed))
+    no_skip = dataclasses.replace(spec, skip_tiles=False)
+    n = t // docs
+    cases = {
+        "flash, tiles skipped": lambda: attention(q, k, v, mask_mod=packed, backend="flash"),
+        "flash, nothing skipped": lambda: run_kernel("flash", q, k, v, no_skip, scale=scale, dropout_p=0.0),
+        "sdpa, materialized mask": lambda: attention(q, k, v, mask_mod=packed, backend="sdpa"),
+        "16 documents alone, flash": lambda: [
+            attention(q[:, :, i : i + n], k[:, :, i : i + n], v[:, :, i : i + n], is_causal=True, backend="flash")
+            for i in range(0, t, n)
+        ],
+        "16 documents alone, sdpa": lambda: [
+            attention(q[:, :, i : i + n], k[:, :, i : i + n], v[:, :, i : i + n], is_causal=True, backend="sdpa")
+            for i in range(0, t, n)
+        ],
+    }
+    if not args.no_flex:
+        cases["flex_attention, compiled"] = lambda: attention(q, k, v, mask_mod=packed, backend="flex")
+    print(f"{docs} packed documents of {n}, causal in each, T={t}, 12 heads x 64:")
+    with torch.no_grad():
+        report(interleave(cases, args.rounds), "flash, tiles skipped")
+
+
+if __name__ == "__main__":
+    main()
