@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from attnlab.functional.masks import MaskSpec
-from attnlab.functional.mods import learnable_tensors
+from attnlab.functional.mods import evaluate_mask, learnable_tensors
 
 
 @functools.cache
@@ -126,7 +126,10 @@ def flex_attention_kernel(
     # 128 block (PyTorch 2.13, seen here): pad queries and keys up to one, hide the padded keys, drop the rows.
     tq, tk = _round_up(spec.tq), _round_up(spec.tk)
     q, k, v = _pad(q, tq), _pad(k, tk), _pad(v, tk)  # (B, H, Tq', D), (B, Hkv, Tk', D)
-    block_mask = create_block_mask(_mask_mod(spec, b, h), b, h, tq, tk, device=q.device)
+    by_batch, by_head = _depends(spec, b, h, q.device)  # a mask shared by every head is built once, not once per head
+    block_mask = create_block_mask(
+        _mask_mod(spec, b, h), b if by_batch else None, h if by_head else None, tq, tk, device=q.device
+    )
     out = _flex(
         q,
         k,
@@ -140,6 +143,25 @@ def flex_attention_kernel(
 
 
 BLOCK = 128  # FlexAttention's default block
+
+
+def _depends(spec: MaskSpec, batch: int, heads: int, device: torch.device) -> tuple[bool, bool]:
+    """Whether the masks differ across the batch and across heads: read off their broadcast shapes."""
+    by_batch = by_head = False
+    if spec.allowed is not None:
+        shape = (1,) * (4 - spec.allowed.dim()) + tuple(spec.allowed.shape)  # (B|1, H|1, Tq|1, Tk|1)
+        by_batch, by_head = shape[0] > 1, shape[1] > 1
+    if spec.mask_mod is not None:  # one query and one key are enough to see which indices the mod broadcasts over
+        one = evaluate_mask(
+            spec.mask_mod,
+            batch=batch,
+            heads=heads,
+            q_idx=torch.tensor([spec.q_start()], device=device),
+            kv_idx=torch.tensor([spec.kv_offset], device=device),
+        )
+        shape = (1,) * (4 - one.dim()) + tuple(one.shape)
+        by_batch, by_head = by_batch or shape[0] > 1, by_head or shape[1] > 1
+    return by_batch, by_head
 
 
 def _round_up(n: int) -> int:
