@@ -53,7 +53,11 @@ kv2 = torch.randn(2, 2, 5, 8)
         (dict(dropout_p=1.0), ValueError, r"dropout_p must be in \[0, 1\), got 1.0"),
         (dict(dropout_p=-0.1), ValueError, r"got -0.1"),
         (dict(scale=0.0), ValueError, r"scale must be a positive finite number.*got 0.0"),
-        (dict(backend="cuda"), ValueError, r"backend must be one of \['auto', 'eager', 'sdpa', 'flash'\], got 'cuda'"),
+        (
+            dict(backend="cuda"),
+            ValueError,
+            r"backend must be one of \['auto', 'eager', 'sdpa', 'flash', 'flex'\], got 'cuda'",
+        ),
         (
             dict(backend="sdpa", return_weights=True),
             ValueError,
