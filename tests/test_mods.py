@@ -377,3 +377,20 @@ def test_document_ids_are_checked_by_name() -> None:
     with pytest.raises(ValueError, match=r"pass one or the other"):
         attn(x, document_ids=torch.zeros(1, 4, dtype=torch.long), cache=attn.make_cache(batch_size=1, max_len=8))
     assert mods.document_positions(torch.tensor([[0, 0, 1, 1, 1, 4]])).tolist() == [[0, 1, 0, 1, 2, 0]]
+
+
+@pytest.mark.parametrize("backend", ["eager", "flash", "sdpa"])
+def test_is_causal_and_window_mean_what_causal_and_sliding_window_mean(backend: str) -> None:
+    """One mask language: the arguments keep their fast paths and equal the mods, alone and combined with them."""
+    q, k, v = _inputs(grad=False)
+    kw = {"backend": backend, "block_q": 16, "block_k": 16}
+    torch.testing.assert_close(
+        attention(q, k, v, is_causal=True, **kw), attention(q, k, v, mask_mod=mods.causal(), **kw)
+    )
+    torch.testing.assert_close(
+        attention(q, k, v, window=5, **kw), attention(q, k, v, mask_mod=mods.sliding_window(5), **kw)
+    )
+    torch.testing.assert_close(
+        attention(q, k, v, is_causal=True, mask_mod=mods.document(DOCS), **kw),
+        attention(q, k, v, mask_mod=mods.and_masks(mods.causal(), mods.document(DOCS)), **kw),
+    )

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from attnlab._checks import check_positive_int, check_seed
 from attnlab.models.gpt import GPT
-from attnlab.models.train import TrainLog
+from attnlab.models.train import OnEval, TrainLog
 
 SCORES = ("previous_token", "duplicate_token", "induction", "first_token")
 NAME_THRESHOLD = 0.4  # a head is named after its highest score when that score is at least this
@@ -136,7 +136,7 @@ def scores_from_weights(weights: torch.Tensor, n: int) -> dict[str, torch.Tensor
     }
 
 
-def watch(*, half: int | None = None, seed: int = 0) -> Any:
+def watch(*, half: int | None = None, seed: int = 0) -> OnEval:
     """An ``on_eval`` callback for ``train``: the head scores at every evaluation, in ``log.extra["heads"]``."""
 
     def record(step: int, model: GPT, log: TrainLog) -> None:

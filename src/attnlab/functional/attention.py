@@ -257,7 +257,8 @@ def attention(
             whenever > 0: pass 0.0 in evaluation.
         scale: defaults to 1 / sqrt(D).
         backend: "eager" (explicit math, returns weights), "sdpa" (PyTorch's
-            fused kernel), "flash" (tiled, O(T) memory), or "auto".
+            fused kernel), "flash" (tiled, O(T) memory), "flex" (PyTorch's
+            flex_attention, compiled; inference on CPU), or "auto".
         return_weights: also return the (B, H, Tq, Tk) weights, detached, as a
             :class:`attnlab.observe.Recorder` takes them; eager (or auto) only.
         causal_align: "bottom_right" (default) or "top_left" (SDPA's convention).
