@@ -1,0 +1,107 @@
+"""Ring attention over real torch.distributed processes (gloo, CPU): equal to one process, forward and backward."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from attnlab import attention
+from attnlab.distributed import gather_sequence, ring_attention, shard_sequence
+
+TIMEOUT_S = 120  # a deadlock fails the test instead of hanging CI
+
+# (name, global length, q heads, kv heads, causal, window, layout)
+CASES = [
+    ("causal zigzag", 24, 4, 4, True, None, "zigzag"),
+    ("causal contiguous", 24, 4, 4, True, None, "contiguous"),
+    ("full zigzag", 24, 4, 4, False, None, "zigzag"),
+    ("full contiguous GQA", 24, 4, 2, False, None, "contiguous"),
+    ("window zigzag GQA", 24, 4, 1, True, 5, "zigzag"),
+    ("uneven causal zigzag", 21, 2, 2, True, None, "zigzag"),
+    ("shorter than the chunks", 3, 2, 2, True, None, "zigzag"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, size: int, port: int, results: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=size)
+        errors = {}
+        for name, t, h, hkv, causal, window, layout in CASES:
+            g = torch.Generator().manual_seed(7)  # the same global tensors on every rank
+            q = torch.randn(2, h, t, 8, generator=g, dtype=torch.float64)
+            k, v = (torch.randn(2, hkv, t, 8, generator=g, dtype=torch.float64) for _ in range(2))
+            grad = torch.randn(2, h, t, 8, generator=g, dtype=torch.float64)
+            q1, k1, v1 = (x.clone().requires_grad_() for x in (q, k, v))
+            expected = attention(q1, k1, v1, is_causal=causal, window=window, backend="eager")
+            expected.backward(grad)
+            local = [shard_sequence(x, 2, layout=layout).requires_grad_() for x in (q, k, v)]
+            out = ring_attention(*local, is_causal=causal, window=window, layout=layout, seq_len=t)
+            out.backward(shard_sequence(grad, 2, layout=layout))
+            full = gather_sequence(out.detach(), 2, length=t, layout=layout)
+            grads = [gather_sequence(x.grad, 2, length=t, layout=layout) for x in local]
+            err = max(
+                (full - expected).abs().max().item(),
+                *((a - b.grad).abs().max().item() for a, b in zip(grads, (q1, k1, v1), strict=True)),
+            )
+            errors[name] = err
+        # float32, causal zigzag: to 1e-5
+        g = torch.Generator().manual_seed(3)
+        q, k, v = (torch.randn(1, 2, 32, 16, generator=g) for _ in range(3))
+        expected = attention(q, k, v, is_causal=True, backend="eager")
+        out = ring_attention(*(shard_sequence(x, 2) for x in (q, k, v)), is_causal=True)
+        errors["float32"] = (gather_sequence(out, 2, length=32) - expected).abs().max().item()
+        # a rank with another shape: an error on every rank, not a hang
+        mismatched = torch.zeros(1, 2, 4 + (rank == 0) * 2, 8)
+        try:
+            ring_attention(mismatched, mismatched, mismatched)
+            errors["mismatch"] = "no error"
+        except ValueError as err:
+            errors["mismatch"] = str(err)
+        results.put((rank, errors))
+        dist.destroy_process_group()
+    except Exception:  # the parent reports it
+        results.put((rank, traceback.format_exc()))
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_ring_attention_equals_one_process(size: int) -> None:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, size, port, results)) for r in range(size)]
+    for p in procs:
+        p.start()
+    got = {}
+    try:
+        for _ in range(size):
+            rank, errors = results.get(timeout=TIMEOUT_S)
+            got[rank] = errors
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    for rank, errors in got.items():
+        assert isinstance(errors, dict), f"rank {rank} failed:\n{errors}"
+        for name, err in errors.items():
+            if name == "mismatch":
+                assert "needs the same q, k, v shapes on every rank" in err, err
+            elif name == "float32":
+                assert err < 1e-5, (rank, name, err)
+            else:
+                assert err < 1e-10, (rank, name, err)
