@@ -1,4 +1,4 @@
-"""The ``attnlab`` command: one module per subcommand (tour, explain, generate, train, heads, bench).
+"""The ``attnlab`` command: one module per subcommand (tour, explain, generate, train, heads, ring, bench).
 
 All printing lives here; the library returns values. Bad arguments get one
 clear line and exit code 2, never a traceback, and are checked before any
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from attnlab import __version__
-from attnlab.cli import bench, explain, generate, heads, tour, train
+from attnlab.cli import bench, explain, generate, heads, ring, tour, train
 from attnlab.cli._common import error
 
 COMMANDS = {
@@ -24,6 +24,7 @@ COMMANDS = {
     "generate": generate,
     "train": train,
     "heads": heads,
+    "ring": ring,
     "bench": bench,
 }
 

@@ -1,5 +1,5 @@
 """Attention past one process: ring attention (context parallelism) over torch.distributed."""
 
-from attnlab.distributed.ring import gather_sequence, ring_attention, sequence_positions, shard_sequence
+from attnlab.distributed.ring import RingStats, gather_sequence, ring_attention, sequence_positions, shard_sequence
 
-__all__ = ["gather_sequence", "ring_attention", "sequence_positions", "shard_sequence"]
+__all__ = ["RingStats", "gather_sequence", "ring_attention", "sequence_positions", "shard_sequence"]

@@ -20,6 +20,7 @@ Tl = local length (T / P, padded), D = head dim, P = processes.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -33,6 +34,14 @@ from attnlab.functional.masks import DEFAULT_BLOCK, MaskSpec
 
 Layout = Literal["zigzag", "contiguous"]
 LAYOUTS = ("zigzag", "contiguous")
+
+
+@dataclass
+class RingStats:
+    """What one rank sent around the ring (``ring_attention(..., stats=RingStats())`` fills it)."""
+
+    forward_bytes: int = 0
+    backward_bytes: int = 0
 
 
 def _world(group: Any) -> tuple[int, int]:
@@ -153,6 +162,7 @@ class _Ring(torch.autograd.Function):
         window: int | None,
         length: int | None,
         group: Any,
+        stats: RingStats | None,
     ) -> torch.Tensor:
         rank, size = _world(group)
         groups = q.shape[1] // k.shape[1]
@@ -162,6 +172,8 @@ class _Ring(torch.autograd.Function):
         block = [k, v, q_pos]  # the travelling block: keys, values and their global positions
         for step in range(size):
             pending = _exchange(block, rank, size, group) if step < size - 1 else None  # overlaps the compute below
+            if pending is not None and stats is not None:
+                stats.forward_bytes += sum(t.numel() * t.element_size() for t in block)
             spec = _block_spec(q_pos, block[2], causal=causal, window=window, length=length)
             part, part_lse = flash_forward(
                 q,
@@ -189,6 +201,7 @@ class _Ring(torch.autograd.Function):
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, q_pos, out, lse)
         ctx.scale, ctx.causal, ctx.window, ctx.length, ctx.group = scale, causal, window, length, group
+        ctx.stats = stats
         return out
 
     @staticmethod
@@ -230,11 +243,13 @@ class _Ring(torch.autograd.Function):
             dv = dv + dv_part.view(b, h // groups, groups, t, dv_part.shape[-1]).sum(dim=2)
             block = [kb, vb, kpos, dk, dv]
             if size > 1:  # every block moves on after each step; after the last one it is back home with its gradients
+                if ctx.stats is not None:
+                    ctx.stats.backward_bytes += sum(t.numel() * t.element_size() for t in block)
                 received, requests = _exchange(block, rank, size, ctx.group)
                 for request in requests:
                     request.wait()
                 block = received
-        return dq.to(q.dtype), block[3].to(k.dtype), block[4].to(v.dtype), None, None, None, None, None, None
+        return dq.to(q.dtype), block[3].to(k.dtype), block[4].to(v.dtype), None, None, None, None, None, None, None
 
 
 def ring_attention(
@@ -248,12 +263,14 @@ def ring_attention(
     scale: float | None = None,
     layout: Layout = "zigzag",
     seq_len: int | None = None,
+    stats: RingStats | None = None,
 ) -> torch.Tensor:
     """Attention over a sequence sharded across the processes of ``group``; returns this rank's (B, H, Tl, D) output.
 
     q (B, H, Tl, D), k and v (B, Hkv, Tl, D): this rank's shard in ``layout`` (``shard_sequence`` makes it), the same
     shapes on every rank (checked with one small collective, so a mismatch is an error everywhere, not a hang).
     ``seq_len``: the real global length when the shards were padded (the padding keys are hidden).
+    ``stats``: a :class:`RingStats` that counts the bytes this rank sends, forward and backward.
     Equal to one-process ``attention()`` on the gathered sequence, forward and backward.
     """
     rank, size = _world(group)
@@ -282,5 +299,5 @@ def ring_attention(
     scale_ = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     causal = is_causal or window is not None
     hidden = seq_len if seq_len is not None and seq_len < length else None
-    out: torch.Tensor = _Ring.apply(q, k, v, q_pos, scale_, causal, window, hidden, group)
+    out: torch.Tensor = _Ring.apply(q, k, v, q_pos, scale_, causal, window, hidden, group, stats)
     return out
