@@ -79,10 +79,9 @@ def _rank(rank: int, size: int, port: int, args: dict[str, Any], results: Any) -
         out = ring_attention(*local, is_causal=causal, layout=layout, seq_len=t)
         out.sum().backward()
         errors = [(gather_sequence(out.detach(), 2, length=t, layout=layout) - expected).abs().max().item()]
-        errors += [
-            (gather_sequence(x.grad, 2, length=t, layout=layout) - y.grad).abs().max().item()
-            for x, y in zip(local, (q, k, v), strict=True)
-        ]
+        for x, y in zip(local, (q, k, v), strict=True):
+            assert x.grad is not None and y.grad is not None
+            errors.append((gather_sequence(x.grad, 2, length=t, layout=layout) - y.grad).abs().max().item())
         n = args["seq_len"]
         per_rank = -(-n // (2 * size if layout == "zigzag" else size)) * (2 if layout == "zigzag" else 1)
         g = torch.Generator().manual_seed(rank + 1)  # the long run: each rank makes its own shard
