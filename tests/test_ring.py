@@ -105,3 +105,16 @@ def test_ring_attention_equals_one_process(size: int) -> None:
                 assert err < 1e-5, (rank, name, err)
             else:
                 assert err < 1e-10, (rank, name, err)
+
+
+def test_the_ring_command_runs_checks_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
+    from attnlab import cli
+
+    assert cli.main(["ring", "--nproc", "2", "--seq-len", "300", "--check-len", "40", "--heads", "2"]) == 0
+    said = capsys.readouterr().out
+    assert "ring attention, 300 tokens over 2 processes" in said and "sent MiB" in said
+    assert "agreement with one process at 40 tokens" in said
+    assert cli.main(["ring", "--nproc", "0"]) == 2
+    assert "--nproc must be >= 1, got 0" in capsys.readouterr().err
+    assert cli.main(["ring", "--seq-len", "999999999999"]) == 2
+    assert "--seq-len must be <=" in capsys.readouterr().err
