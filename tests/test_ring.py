@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import traceback
@@ -11,9 +12,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 
-from attnlab import attention
-from attnlab.distributed import gather_sequence, ring_attention, shard_sequence
+from attnlab import Attention, attention
+from attnlab.distributed import ContextParallelAttention, gather_sequence, ring_attention, shard_sequence
 
 TIMEOUT_S = 120  # a deadlock fails the test instead of hanging CI
 
@@ -33,6 +35,49 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _model_on_the_ring(size: int) -> dict[str, float]:
+    """A small model whose attention runs on the ring (RoPE at global positions, GQA): its output equals
+    Attention's on the whole sequence, and two SGD steps give the losses one process gives."""
+    torch.manual_seed(0)
+    t, vocab = 24, 32
+    plain = torch.nn.ModuleDict(
+        {
+            "emb": torch.nn.Embedding(vocab, 16),
+            "att": Attention(d_in=16, num_heads=4, num_kv_heads=2, rope=True),
+            "head": torch.nn.Linear(16, vocab),
+        }
+    ).double()
+    ring = copy.deepcopy(plain)
+    ring["att"] = ContextParallelAttention.from_attention(plain["att"])
+    tokens = torch.randint(0, vocab, (2, t + 1), generator=torch.Generator().manual_seed(5))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    x = plain["emb"](inputs)
+    errors = {
+        "module": (gather_sequence(ring["att"](shard_sequence(x, 1)), 1, length=t) - plain["att"](x)).abs().max().item()
+    }
+    local_in, local_tg = shard_sequence(inputs, 1), shard_sequence(targets, 1)
+    for step in range(2):
+        one = F.cross_entropy(plain["head"](plain["att"](plain["emb"](inputs))).flatten(0, 1), targets.flatten())
+        plain.zero_grad()
+        one.backward()
+        local = F.cross_entropy(
+            ring["head"](ring["att"](ring["emb"](local_in))).flatten(0, 1), local_tg.flatten(), reduction="sum"
+        ) / (2 * t)
+        ring.zero_grad()
+        local.backward()
+        total = local.detach().clone()
+        dist.all_reduce(total)  # the loss over the whole sequence
+        for p in ring.parameters():  # each rank's loss covers its shard: the gradients add up
+            assert p.grad is not None
+            dist.all_reduce(p.grad)
+        errors[f"loss step {step}"] = abs(total.item() - one.item())
+        with torch.no_grad():
+            for model in (plain, ring):
+                for p in model.parameters():
+                    p -= 0.5 * p.grad
+    return errors
 
 
 def _rank_main(rank: int, size: int, port: int, results: Any) -> None:
@@ -65,6 +110,7 @@ def _rank_main(rank: int, size: int, port: int, results: Any) -> None:
         expected = attention(q, k, v, is_causal=True, backend="eager")
         out = ring_attention(*(shard_sequence(x, 2) for x in (q, k, v)), is_causal=True)
         errors["float32"] = (gather_sequence(out, 2, length=32) - expected).abs().max().item()
+        errors.update(_model_on_the_ring(size))
         # a rank with another shape: an error on every rank, not a hang
         mismatched = torch.zeros(1, 2, 4 + (rank == 0) * 2, 8)
         try:

@@ -1,5 +1,13 @@
 """Attention past one process: ring attention (context parallelism) over torch.distributed."""
 
+from attnlab.distributed.module import ContextParallelAttention
 from attnlab.distributed.ring import RingStats, gather_sequence, ring_attention, sequence_positions, shard_sequence
 
-__all__ = ["RingStats", "gather_sequence", "ring_attention", "sequence_positions", "shard_sequence"]
+__all__ = [
+    "ContextParallelAttention",
+    "RingStats",
+    "gather_sequence",
+    "ring_attention",
+    "sequence_positions",
+    "shard_sequence",
+]

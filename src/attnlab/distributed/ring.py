@@ -137,7 +137,7 @@ def _block_spec(
 def _exchange(tensors: list[torch.Tensor], rank: int, size: int, group: Any) -> tuple[list[torch.Tensor], list[Any]]:
     """Start sending ``tensors`` to rank + 1 and receiving the same shapes from rank - 1; returns (buffers, requests)."""
     send_to, recv_from = (rank + 1) % size, (rank - 1) % size
-    received = [torch.empty_like(t) for t in tensors]
+    received = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]  # gloo needs contiguous
     ops = [
         dist.P2POp(dist.isend, t.contiguous(), dist.get_global_rank(group, send_to) if group else send_to, group)
         for t in tensors

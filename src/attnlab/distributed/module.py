@@ -1,0 +1,103 @@
+"""``ContextParallelAttention``: ``attnlab.Attention`` on a sequence sharded over a process group.
+
+The module is the same (its weights, RoPE, GQA, window); only the attention
+step becomes ``ring_attention``, and RoPE rotates each token by its global
+position, so a model built from it computes what one process computes on the
+whole sequence. Its input is this rank's shard, (B, T / P, d_in), in the
+group's layout (``shard_sequence``). A subclass rather than a flag on every
+call: the floors keep ``nn`` below ``distributed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from attnlab.cache import Cache
+from attnlab.distributed.ring import LAYOUTS, Layout, _world, ring_attention, sequence_positions
+from attnlab.functional.mods import MaskMod
+from attnlab.nn.attention import Attention
+
+
+class ContextParallelAttention(Attention):
+    """``Attention(**kwargs)`` whose sequence is split over ``group`` (default: the whole world).
+
+    ``seq_len``: the real global length, when the shards were padded to a multiple of the chunks.
+    """
+
+    def __init__(
+        self, *, group: Any = None, layout: Layout = "zigzag", seq_len: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if self.dropout > 0:
+            raise ValueError(
+                f"ring attention has no dropout on the weights; build it with dropout=0.0, got {self.dropout}"
+            )
+        self.group, self.layout, self.seq_len = group, layout, seq_len
+
+    @classmethod
+    def from_attention(cls, module: Attention, **options: Any) -> ContextParallelAttention:
+        """The same weights and settings as ``module``, attending over the ring."""
+        made = cls(
+            d_in=module.d_in,
+            num_heads=module.num_heads,
+            d_out=module.out_proj.out_features,
+            num_kv_heads=module.num_kv_heads,
+            head_dim=module.head_dim,
+            qkv_bias=module.qkv.bias is not None,
+            out_bias=module.out_proj.bias is not None,
+            is_causal=module.is_causal,
+            window=module.window,
+            rope=module.rotary is not None,
+            rope_base=module.rotary.base if module.rotary is not None else 10000.0,
+            scale=module.scale,
+            backend=module.backend,
+            **options,
+        )
+        made.load_state_dict(module.state_dict())
+        return made.to(next(module.parameters()).dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        mask: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """This rank's shard x (B, T / P, d_in) -> (B, T / P, d_out); RoPE at the shard's global positions."""
+        if mask is not None or cache is not None or document_ids is not None:
+            raise ValueError("ContextParallelAttention takes no mask, cache or document_ids (the ring has none yet)")
+        if positions is None and isinstance(x, torch.Tensor) and x.dim() == 3:
+            rank, size = _world(self.group)
+            positions = sequence_positions(x.shape[1] * size, rank, size, self.layout, x.device)  # (T / P,) global
+        return super().forward(x, positions=positions)
+
+    def attend(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        mask: torch.Tensor | None = None,
+        structural: bool = True,
+        mask_mod: MaskMod | None = None,
+    ) -> torch.Tensor:
+        b, _, t, _ = queries.shape
+        context_vec = ring_attention(
+            queries,
+            keys,
+            values,
+            group=self.group,
+            is_causal=self.is_causal,
+            window=self.window,
+            scale=self.scale,
+            layout=self.layout,
+            seq_len=self.seq_len,
+        )
+        context_vec = context_vec.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T/P, H*D)
+        return self.out_proj(context_vec)
