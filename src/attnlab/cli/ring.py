@@ -37,6 +37,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ring.add_argument("--layout", choices=["zigzag", "contiguous"], default="zigzag", help="default zigzag")
     ring.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True, help="causal (default on)")
     ring.add_argument("--check-len", type=int, default=512, help="tokens of the check against one process (512)")
+    ring.add_argument(
+        "--memory", action="store_true", help="run the long sequence again to count its peak tensor bytes (slower)"
+    )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -93,18 +96,15 @@ def _rank(rank: int, size: int, port: int, args: dict[str, Any], results: Any) -
         with torch.no_grad():
             ring_attention(q, k, v, is_causal=causal, layout=layout, seq_len=n, stats=stats)
         seconds = time.perf_counter() - began
-        results.put(
-            (
-                rank,
-                {
-                    "seconds": seconds,
-                    "rss": _rss() - before,
-                    "sent": stats.forward_bytes,
-                    "errors": errors,
-                    "local": per_rank,
-                },
-            )
-        )
+        answer = {"seconds": seconds, "rss": _rss() - before, "sent": stats.forward_bytes, "errors": errors}
+        answer["local"] = per_rank
+        if args["memory"]:  # a second run under the counter (it slows every op): tensors made during the call
+            from attnlab.bench.memory import PeakMemory
+
+            with torch.no_grad(), PeakMemory() as mem:
+                ring_attention(q, k, v, is_causal=causal, layout=layout, seq_len=n)
+            answer["peak"] = mem.peak_bytes
+        results.put((rank, answer))
         dist.destroy_process_group()
     except Exception:
         results.put((rank, traceback.format_exc()))
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         port = int(s.getsockname()[1])
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    options = {k: getattr(args, k) for k in ("heads", "head_dim", "layout", "causal", "check_len", "seq_len")}
+    options = {k: getattr(args, k) for k in ("heads", "head_dim", "layout", "causal", "check_len", "seq_len", "memory")}
     procs = [ctx.Process(target=_rank, args=(r, args.nproc, port, options, results)) for r in range(args.nproc)]
     console.print(
         f"{args.nproc} processes (gloo), {args.layout}, {'causal' if args.causal else 'full'}, {args.heads} heads x "
@@ -147,18 +147,17 @@ def run(args: argparse.Namespace, console: Console) -> int:
         rank, trace = next(iter(failed.items()))
         return error(console, f"rank {rank} failed: {trace.strip().splitlines()[-1]}")
     table = Table(title=f"ring attention, {args.seq_len} tokens over {args.nproc} processes")
-    for column in ("rank", "local tokens", "time s", "peak RSS growth MiB", "sent MiB", "max |error| at check"):
+    columns = ["rank", "local tokens", "time s", "peak RSS growth MiB", "sent MiB", "max |error| at check"]
+    if args.memory:
+        columns.insert(4, "peak tensors MiB")
+    for column in columns:
         table.add_column(column, justify="right")
     for rank in sorted(got):
         a = got[rank]
-        table.add_row(
-            str(rank),
-            str(a["local"]),
-            f"{a['seconds']:.2f}",
-            f"{a['rss'] / 2**20:.0f}",
-            f"{a['sent'] / 2**20:.1f}",
-            f"{max(a['errors']):.1e}",
-        )
+        row = [str(rank), str(a["local"]), f"{a['seconds']:.2f}", f"{a['rss'] / 2**20:.0f}"]
+        row += [f"{a['peak'] / 2**20:.1f}"] if args.memory else []
+        row += [f"{a['sent'] / 2**20:.1f}", f"{max(a['errors']):.1e}"]
+        table.add_row(*row)
     console.print(table)
     kv = 2 * got[0]["local"] * args.heads * args.head_dim * 4  # one rank's K and V, float32
     console.print(
