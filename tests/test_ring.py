@@ -156,9 +156,9 @@ def test_ring_attention_equals_one_process(size: int) -> None:
 def test_the_ring_command_runs_checks_and_reports(capsys: pytest.CaptureFixture[str]) -> None:
     from attnlab import cli
 
-    assert cli.main(["ring", "--nproc", "2", "--seq-len", "300", "--check-len", "40", "--heads", "2"]) == 0
+    assert cli.main(["ring", "--nproc", "2", "--seq-len", "300", "--check-len", "40", "--heads", "2", "--memory"]) == 0
     said = capsys.readouterr().out
-    assert "ring attention, 300 tokens over 2 processes" in said and "sent MiB" in said
+    assert "ring attention, 300 tokens over 2 processes" in said and "sent MiB" in said and "peak tensors" in said
     assert "agreement with one process at 40 tokens" in said
     assert cli.main(["ring", "--nproc", "0"]) == 2
     assert "--nproc must be >= 1, got 0" in capsys.readouterr().err

@@ -87,7 +87,6 @@ class ContextParallelAttention(Attention):
         structural: bool = True,
         mask_mod: MaskMod | None = None,
     ) -> torch.Tensor:
-        b, _, t, _ = queries.shape
         context_vec = ring_attention(
             queries,
             keys,
@@ -99,5 +98,4 @@ class ContextParallelAttention(Attention):
             layout=self.layout,
             seq_len=self.seq_len,
         )
-        context_vec = context_vec.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T/P, H*D)
-        return self.out_proj(context_vec)
+        return self.merge_heads(context_vec)

@@ -251,7 +251,6 @@ class Attention(nn.Module):
         ``structural=False`` when ``mask`` already carries the causal and window structure;
         ``mask_mod`` (attnlab.functional.mods) hides more, e.g. other documents.
         """
-        b, _, t, _ = queries.shape
         context_vec = attention(
             queries,
             keys,
@@ -264,6 +263,11 @@ class Attention(nn.Module):
             backend=self.backend,
             mask_mod=mask_mod,
         )
+        return self.merge_heads(context_vec)
+
+    def merge_heads(self, context_vec: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, D) context vectors -> heads side by side, then out_proj: (B, T, d_out)."""
+        b, _, t, _ = context_vec.shape
         context_vec = context_vec.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, H*D)
         return self.out_proj(context_vec)
 
