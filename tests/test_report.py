@@ -13,8 +13,8 @@ import torch
 from attnlab import Attention, book, cli
 from attnlab.explain.model_report import model_report
 from attnlab.explain.render.heatmap import head_grid, heatmap, save
-from attnlab.explain.report import explain_report, tokenize, tour_report
-from attnlab.explain.tour import kv_cache_steps
+from attnlab.explain.report import explain_report, tokenize
+from attnlab.explain.tour import build_tour, kv_cache_steps
 from attnlab.models import GPT, ByteTokenizer
 from attnlab.models.checkpoints import locate
 from attnlab.models.train import read_log
@@ -90,11 +90,18 @@ def _assert_self_contained(html: str) -> None:
     assert html.count("<script>") == 1 and "<script src" not in html
 
 
-def test_reports_are_self_contained_and_escape_user_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["tour", "--html", str(tmp_path / "tour.html")]) == 0
-    assert cli.main(["explain", XSS, "--html", str(tmp_path / "x.html"), "--heads", "4", "--dropout", "0.3"]) == 0
-    tour_html = (tmp_path / "tour.html").read_text(encoding="utf-8")
-    xss_html = (tmp_path / "x.html").read_text(encoding="utf-8")
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The Chinese tour and an explain report of hostile text, written once by the command, read by several tests."""
+    folder = tmp_path_factory.mktemp("reports")
+    assert cli.main(["tour", "--lang", "zh", "--html", str(folder / "tour.html")]) == 0
+    assert cli.main(["explain", XSS, "--html", str(folder / "x.html"), "--heads", "2", "--dropout", "0.2"]) == 0
+    return {"tour-zh": folder / "tour.html", "explain-xss": folder / "x.html"}
+
+
+def test_reports_are_self_contained_and_escape_user_text(written: dict[str, Path]) -> None:
+    tour_html = written["tour-zh"].read_text(encoding="utf-8")
+    xss_html = written["explain-xss"].read_text(encoding="utf-8")
     for html in (tour_html, xss_html):
         _assert_self_contained(html)
     assert "<script>alert" not in xss_html and "<img src=x" not in xss_html
@@ -131,7 +138,7 @@ def test_explain_errors_name_the_value(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_jupyter_shows_the_chinese_report_inline() -> None:
-    page = tour_report("zh")._repr_html_()
+    page = explain_report("注意力机制", lang="zh", figures=False)._repr_html_()
     assert page.startswith("<!DOCTYPE html>") and '<html lang="zh">' in page
     assert re.search(r"<h1>[^<]*[\u4e00-\u9fff]", page)  # the title itself is Chinese
 
@@ -147,13 +154,12 @@ def _chromium() -> str:
 
 
 @pytest.mark.parametrize("kind", ["tour-zh", "explain-xss", "heads-en"])
-def test_report_in_headless_chromium(kind: str, tmp_path: Path) -> None:
+def test_report_in_headless_chromium(kind: str, tmp_path: Path, written: dict[str, Path]) -> None:
     executable = _chromium()
     from playwright.sync_api import sync_playwright
 
-    if kind == "tour-zh":
-        report = tour_report("zh")
-        expected_steps = len(report.sections)
+    if kind == "tour-zh":  # one section per step of the tour, as the command wrote it
+        page_path, expected_steps = written[kind], len(build_tour("zh"))
     elif kind == "heads-en":  # the shipped trained model: every head named, the training curves, the text escaped
         report = model_report(
             GPT.from_pretrained("induction"),
@@ -162,11 +168,10 @@ def test_report_in_headless_chromium(kind: str, tmp_path: Path) -> None:
             name="induction",
             log=read_log(locate("induction")),
         )
-        expected_steps = len(report.sections)
-    else:
-        report = explain_report(XSS, heads=2, dropout=0.2)
-        expected_steps = len(report.sections)
-    page_path = report.save(tmp_path / "report.html")
+        page_path, expected_steps = report.save(tmp_path / "report.html"), len(report.sections)
+    else:  # without figures the sections are the same, and cheap to count
+        page_path = written[kind]
+        expected_steps = len(explain_report(XSS, heads=2, dropout=0.2, figures=False).sections)
     problems: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(

@@ -332,6 +332,8 @@ TRAIN_SLIPS = [
     (["train", "--resume", "--out", "{tmp}/ckpt", "--layers", "3"], "--layers would change its shape: drop them"),
     (["train", "--out", "/proc/run"], "cannot write '/proc/run'"),
     (["train", "--out", "{tmp}/file.txt"], "is a file; give a folder"),
+    (["train", "--out", "{tmp}/done"], "already holds a checkpoint: pass --resume to continue it"),
+    (["heads", "--model", "induction", "--half", "40"], "a probe of 40 tokens twice needs 80 positions"),
     (["heads", "--model", "/no/such/model"], "--model '/no/such/model' does not exist"),
     (["heads", "--model", "induction", "--json", "scores.txt"], "'scores.txt' should end in .json"),
     (["heads", "--model", "induction", "--seed", "-1"], "seed must be in [0, 2**63 - 1]"),
@@ -347,6 +349,8 @@ def test_train_and_heads_slips_get_one_line_and_status_2_and_write_nothing(
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "train_state.pt").write_bytes(b"")
     (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "config.json").write_text("{}")
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     for argv, message in TRAIN_SLIPS:
         assert cli.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2, argv

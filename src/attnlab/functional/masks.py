@@ -226,6 +226,9 @@ class MaskSpec:
                     live.append((bj, j0, j1))
             if not live:
                 continue
+            if self.allowed is None and self.mask_mod is None:  # causal/window alone: arithmetic, no mask to build
+                kinds.update({(bi, bj): FULL if self.tile_full(i0, i1, j0, j1) else PARTIAL for bj, j0, j1 in live})
+                continue
             lo, hi = live[0][1], live[-1][2]
             allowed, _ = self.tile(i0, i1, lo, hi, device)  # (.., bq, hi - lo) or None
             if allowed is None:
