@@ -148,11 +148,11 @@ def test_half_precision_accumulates_in_float32() -> None:
 
 def test_flash_dropout_is_consistent_between_forward_and_backward() -> None:
     torch.manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 16, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(1, 1, 12, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
 
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         torch.manual_seed(7)  # the same dropout masks in every evaluation gradcheck makes
-        return attention(q, k, v, is_causal=True, dropout_p=0.3, backend="flash", block_q=4, block_k=4)
+        return attention(q, k, v, is_causal=True, dropout_p=0.3, backend="flash", block_q=4, block_k=4)  # 3 x 3 tiles
 
     assert torch.autograd.gradcheck(f, (q, k, v))
     assert not torch.allclose(f(q, k, v), attention(q, k, v, is_causal=True, backend="flash"))
