@@ -67,6 +67,7 @@ def _rank(rank: int, size: int, port: int, args: dict[str, Any], results: Any) -
 
     from attnlab import attention
     from attnlab.distributed import RingStats, gather_sequence, ring_attention, shard_sequence
+    from attnlab.distributed.ring import padded_length
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -86,7 +87,7 @@ def _rank(rank: int, size: int, port: int, args: dict[str, Any], results: Any) -
             assert x.grad is not None and y.grad is not None
             errors.append((gather_sequence(x.grad, 2, length=t, layout=layout) - y.grad).abs().max().item())
         n = args["seq_len"]
-        per_rank = -(-n // (2 * size if layout == "zigzag" else size)) * (2 if layout == "zigzag" else 1)
+        per_rank = padded_length(n, size, layout) // size
         g = torch.Generator().manual_seed(rank + 1)  # the long run: each rank makes its own shard
         q, k, v = (torch.randn(1, h, per_rank, d, generator=g) for _ in range(3))
         stats = RingStats()

@@ -9,12 +9,17 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from attnlab.cli._common import check_folder, error
+
+if TYPE_CHECKING:
+    from attnlab.models import GPT
+    from attnlab.models.tasks import Task
+    from attnlab.models.train import TrainConfig
 
 SHAPE_FLAGS = {"layers": "n_layers", "heads": "n_heads", "emb_dim": "emb_dim", "context": "context_length"}
 TRAIN_FLAGS = ("steps", "batch_size", "lr", "warmup", "seed", "minutes", "eval_every")
@@ -45,8 +50,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     train.add_argument("--context", type=int, help="context length = training sequence length (induction 64, text 128)")
 
 
-def _settings(args: argparse.Namespace, out: Path) -> tuple[Any, Any, Any]:
-    """The model config, train config and task the arguments ask for; every check before any work."""
+def _settings(args: argparse.Namespace, out: Path) -> tuple[GPT, TrainConfig, Task]:
+    """The model (new and seeded, or the saved one), train config and task; every check before any training."""
     import torch
 
     from attnlab.models import GPT, GPTConfig
@@ -71,14 +76,16 @@ def _settings(args: argparse.Namespace, out: Path) -> tuple[Any, Any, Any]:
         config = TrainConfig.from_dict({**saved["config"], "minutes": None, **given})
         if config.steps <= int(saved["step"]):
             raise ValueError(f"the run in {str(out)!r} already did {saved['step']} steps; pass --steps above that")
-        model_config = GPT.from_pretrained(out).config  # the saved shape: the task's sequences must fit it
+        model = GPT.from_pretrained(out, backend="auto")  # the saved shape: the task's sequences must fit it
     else:
         if (out / "config.json").exists():
             raise ValueError(f"{str(out)!r} already holds a checkpoint: pass --resume to continue it, or another --out")
         config = TrainConfig.from_dict({**TASK_DEFAULTS[args.task].to_dict(), **given})
         model_config = GPTConfig.from_dict({**TASK_MODELS[args.task].to_dict(), **shape})
-    task = make_task(args.task, seq_len=model_config.context_length, data=args.data)
-    return model_config, config, task
+        torch.manual_seed(config.seed)  # every process builds the same weights (DDP also broadcasts rank 0's)
+        model = GPT(model_config)
+    task = make_task(args.task, seq_len=model.config.context_length, data=args.data)
+    return model, config, task
 
 
 def _start_processes() -> bool:
@@ -93,25 +100,18 @@ def _start_processes() -> bool:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    import torch
 
     from attnlab.explain.heads import head_scores, watch
-    from attnlab.models import GPT
     from attnlab.models.train import train, world
 
     try:
         out = check_folder(args.out or f"runs/{args.task}")
-        model_config, config, task = _settings(args, out)
+        model, config, task = _settings(args, out)
     except (ValueError, TypeError) as err:
         return error(console, err)
     started = _start_processes()
     try:
         rank, size = world()
-        if args.resume:
-            model = GPT.from_pretrained(out, backend="auto")
-        else:
-            torch.manual_seed(config.seed)
-            model = GPT(model_config)
         loud = rank == 0
         params = sum(p.numel() for p in model.parameters())
         if loud:

@@ -50,9 +50,15 @@ def _world(group: Any) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _chunks(length: int, size: int, layout: Layout) -> int:
-    """How many chunks a sequence is cut into."""
+def _chunks(size: int, layout: Layout) -> int:
+    """How many chunks a sequence is cut into over ``size`` ranks."""
     return 2 * size if layout == "zigzag" else size
+
+
+def padded_length(length: int, size: int, layout: Layout) -> int:
+    """``length`` rounded up to a multiple of the chunks: what ``shard_sequence`` pads to (divide by P per rank)."""
+    n = _chunks(size, layout)
+    return -(-length // n) * n
 
 
 def sequence_positions(
@@ -61,8 +67,7 @@ def sequence_positions(
     """The global positions of rank ``rank``'s shard of a sequence padded to ``length`` (a multiple of the chunks)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    n = _chunks(length, size, layout)
-    c = length // n
+    c = length // _chunks(size, layout)
     if layout == "contiguous":
         return torch.arange(rank * c, (rank + 1) * c, device=device)
     first, second = rank, 2 * size - 1 - rank
@@ -78,8 +83,7 @@ def shard_sequence(x: torch.Tensor, dim: int = 2, *, group: Any = None, layout: 
     """This rank's shard of a full tensor along ``dim``, padded with zeros to a multiple of the chunks (2P or P)."""
     rank, size = _world(group)
     length = x.shape[dim]
-    n = _chunks(length, size, layout)
-    padded = -(-length // n) * n
+    padded = padded_length(length, size, layout)
     if padded != length:
         pad = [0, 0] * (x.dim() - 1 - (dim % x.dim())) + [0, padded - length]
         x = torch.nn.functional.pad(x, pad)
@@ -288,9 +292,9 @@ def ring_attention(
     check_scale(scale)
     _check_shapes(q, k, v, group, size)
     length = q.shape[2] * size
-    if length % _chunks(length, size, layout):
+    if length % _chunks(size, layout):
         raise ValueError(
-            f"{size} ranks of {q.shape[2]} tokens cannot be cut into {_chunks(length, size, layout)} equal chunks "
+            f"{size} ranks of {q.shape[2]} tokens cannot be cut into {_chunks(size, layout)} equal chunks "
             f"({layout}); shard with shard_sequence, which pads to a multiple"
         )
     if seq_len is not None and not 0 < seq_len <= length:
