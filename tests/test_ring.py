@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
-import traceback
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from attnlab import Attention, attention
+from attnlab.bench.ring import RankReport, RingRun, rank_report
 from attnlab.distributed import ContextParallelAttention, gather_sequence, ring_attention, shard_sequence
+from attnlab.distributed.launch import RankError, launch
+from attnlab.functional import mods
 
 TIMEOUT_S = 120  # a deadlock fails the test instead of hanging CI
 
@@ -31,10 +34,64 @@ CASES = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _documents(t: int) -> torch.Tensor:
+    """(2, t) packed documents: row 0 cut in three, row 1 in two."""
+    ids = torch.zeros(2, t, dtype=torch.long)
+    ids[0, t // 4 :] = 1
+    ids[0, (2 * t) // 3 :] = 2
+    ids[1, t // 2 :] = 1
+    return ids
+
+
+# (name, global length, causal, mask_mod, score_mod factory): mods see global positions on the ring
+MOD_CASES: list[tuple[str, int, bool, Any, Any]] = [
+    ("documents, uneven", 21, True, lambda: mods.document(_documents(21)), None),
+    ("prefix_lm and softcap", 24, False, lambda: mods.prefix_lm(7), lambda: mods.softcap(2.0)),
+    ("sliding window or first token", 22, True, lambda: mods.or_masks(mods.sliding_window(4), _first), None),
+    (
+        "relative bias",
+        24,
+        True,
+        None,
+        lambda: mods.relative_bias(torch.linspace(-1, 1, 4 * 47, dtype=torch.float64).view(4, 47)),
+    ),
+]
+
+
+def _first(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    return k == 0
+
+
+def _mods_on_the_ring() -> dict[str, float]:
+    """Mask and score mods on the ring equal one process, forward and backward; a learnable ALiBi's slopes get,
+    summed over the ranks, the gradient one process gives them."""
+    errors = {}
+    for name, t, causal, mask_mod, score_mod in [*MOD_CASES, ("learnable alibi", 24, True, None, "alibi")]:
+        g = torch.Generator().manual_seed(11)
+        q, k, v, grad = (torch.randn(2, 4, t, 8, generator=g, dtype=torch.float64) for _ in range(4))
+        one_mask = mask_mod() if mask_mod else None
+        if score_mod == "alibi":
+            one_score, ring_score = (mods.alibi(4, learnable=True) for _ in range(2))
+            for m in (one_score, ring_score):
+                m.slopes.data = m.slopes.data.double()
+        else:
+            one_score = ring_score = score_mod() if score_mod else None
+        q1, k1, v1 = (x.clone().requires_grad_() for x in (q, k, v))
+        expected = attention(q1, k1, v1, is_causal=causal, mask_mod=one_mask, score_mod=one_score, backend="eager")
+        expected.backward(grad)
+        local = [shard_sequence(x, 2).requires_grad_() for x in (q, k, v)]
+        out = ring_attention(*local, is_causal=causal, seq_len=t, mask_mod=one_mask, score_mod=ring_score)
+        out.backward(shard_sequence(grad, 2))
+        err = (gather_sequence(out.detach(), 2, length=t) - expected).abs().max().item()
+        for mine, whole in zip(local, (q1, k1, v1), strict=True):
+            assert mine.grad is not None and whole.grad is not None
+            err = max(err, (gather_sequence(mine.grad, 2, length=t) - whole.grad).abs().max().item())
+        if score_mod == "alibi":
+            slopes = ring_score.slopes.grad.clone()
+            dist.all_reduce(slopes)  # each rank's share: its queries' scores
+            err = max(err, (slopes - one_score.slopes.grad).abs().max().item())
+        errors[name] = err
+    return errors
 
 
 def _model_on_the_ring(size: int) -> dict[str, float]:
@@ -57,6 +114,11 @@ def _model_on_the_ring(size: int) -> dict[str, float]:
     errors = {
         "module": (gather_sequence(ring["att"](shard_sequence(x, 1)), 1, length=t) - plain["att"](x)).abs().max().item()
     }
+    ids = _documents(t)
+    packed = ring["att"](shard_sequence(x, 1), document_ids=shard_sequence(ids, 1))
+    errors["module, documents"] = (
+        (gather_sequence(packed, 1, length=t) - plain["att"](x, document_ids=ids)).abs().max().item()
+    )
     local_in, local_tg = shard_sequence(inputs, 1), shard_sequence(targets, 1)
     for step in range(2):
         one = F.cross_entropy(plain["head"](plain["att"](plain["emb"](inputs))).flatten(0, 1), targets.flatten())
@@ -80,70 +142,49 @@ def _model_on_the_ring(size: int) -> dict[str, float]:
     return errors
 
 
-def _rank_main(rank: int, size: int, port: int, results: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+def _check_rank() -> dict[str, Any]:
+    """One rank's errors against one process, by case (run by ``launch`` in each process)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    errors: dict[str, Any] = {}
+    for name, t, h, hkv, causal, window, layout in CASES:
+        g = torch.Generator().manual_seed(7)  # the same global tensors on every rank
+        q = torch.randn(2, h, t, 8, generator=g, dtype=torch.float64)
+        k, v = (torch.randn(2, hkv, t, 8, generator=g, dtype=torch.float64) for _ in range(2))
+        grad = torch.randn(2, h, t, 8, generator=g, dtype=torch.float64)
+        q1, k1, v1 = (x.clone().requires_grad_() for x in (q, k, v))
+        expected = attention(q1, k1, v1, is_causal=causal, window=window, backend="eager")
+        expected.backward(grad)
+        local = [shard_sequence(x, 2, layout=layout).requires_grad_() for x in (q, k, v)]
+        out = ring_attention(*local, is_causal=causal, window=window, layout=layout, seq_len=t)
+        out.backward(shard_sequence(grad, 2, layout=layout))
+        full = gather_sequence(out.detach(), 2, length=t, layout=layout)
+        grads = [gather_sequence(x.grad, 2, length=t, layout=layout) for x in local]
+        errors[name] = max(
+            (full - expected).abs().max().item(),
+            *((a - b.grad).abs().max().item() for a, b in zip(grads, (q1, k1, v1), strict=True)),
+        )
+    # float32, causal zigzag: to 1e-5
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 32, 16, generator=g) for _ in range(3))
+    expected = attention(q, k, v, is_causal=True, backend="eager")
+    out = ring_attention(*(shard_sequence(x, 2) for x in (q, k, v)), is_causal=True)
+    errors["float32"] = (gather_sequence(out, 2, length=32) - expected).abs().max().item()
+    errors.update(_mods_on_the_ring())
+    errors.update(_model_on_the_ring(size))
+    # a rank with another shape: an error on every rank, not a hang
+    mismatched = torch.zeros(1, 2, 4 + (rank == 0) * 2, 8)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=size)
-        errors = {}
-        for name, t, h, hkv, causal, window, layout in CASES:
-            g = torch.Generator().manual_seed(7)  # the same global tensors on every rank
-            q = torch.randn(2, h, t, 8, generator=g, dtype=torch.float64)
-            k, v = (torch.randn(2, hkv, t, 8, generator=g, dtype=torch.float64) for _ in range(2))
-            grad = torch.randn(2, h, t, 8, generator=g, dtype=torch.float64)
-            q1, k1, v1 = (x.clone().requires_grad_() for x in (q, k, v))
-            expected = attention(q1, k1, v1, is_causal=causal, window=window, backend="eager")
-            expected.backward(grad)
-            local = [shard_sequence(x, 2, layout=layout).requires_grad_() for x in (q, k, v)]
-            out = ring_attention(*local, is_causal=causal, window=window, layout=layout, seq_len=t)
-            out.backward(shard_sequence(grad, 2, layout=layout))
-            full = gather_sequence(out.detach(), 2, length=t, layout=layout)
-            grads = [gather_sequence(x.grad, 2, length=t, layout=layout) for x in local]
-            err = max(
-                (full - expected).abs().max().item(),
-                *((a - b.grad).abs().max().item() for a, b in zip(grads, (q1, k1, v1), strict=True)),
-            )
-            errors[name] = err
-        # float32, causal zigzag: to 1e-5
-        g = torch.Generator().manual_seed(3)
-        q, k, v = (torch.randn(1, 2, 32, 16, generator=g) for _ in range(3))
-        expected = attention(q, k, v, is_causal=True, backend="eager")
-        out = ring_attention(*(shard_sequence(x, 2) for x in (q, k, v)), is_causal=True)
-        errors["float32"] = (gather_sequence(out, 2, length=32) - expected).abs().max().item()
-        errors.update(_model_on_the_ring(size))
-        # a rank with another shape: an error on every rank, not a hang
-        mismatched = torch.zeros(1, 2, 4 + (rank == 0) * 2, 8)
-        try:
-            ring_attention(mismatched, mismatched, mismatched)
-            errors["mismatch"] = "no error"
-        except ValueError as err:
-            errors["mismatch"] = str(err)
-        results.put((rank, errors))
-        dist.destroy_process_group()
-    except Exception:  # the parent reports it
-        results.put((rank, traceback.format_exc()))
+        ring_attention(mismatched, mismatched, mismatched)
+        errors["mismatch"] = "no error"
+    except ValueError as err:
+        errors["mismatch"] = str(err)
+    return errors
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_ring_attention_equals_one_process(size: int) -> None:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, size, port, results)) for r in range(size)]
-    for p in procs:
-        p.start()
-    got = {}
-    try:
-        for _ in range(size):
-            rank, errors = results.get(timeout=TIMEOUT_S)
-            got[rank] = errors
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    got = dict(enumerate(launch(_check_rank, size, timeout_s=TIMEOUT_S)))
     for rank, errors in got.items():
-        assert isinstance(errors, dict), f"rank {rank} failed:\n{errors}"
         for name, err in errors.items():
             if name == "mismatch":
                 assert "needs the same q, k, v shapes on every rank" in err, err
@@ -164,3 +205,68 @@ def test_the_ring_command_runs_checks_and_reports(capsys: pytest.CaptureFixture[
     assert "--nproc must be >= 1, got 0" in capsys.readouterr().err
     assert cli.main(["ring", "--seq-len", "999999999999"]) == 2
     assert "--seq-len must be <=" in capsys.readouterr().err
+
+
+# ---- the launcher: a failing or vanished rank ends the run at once, with its error ----
+
+
+def _one_rank_fails() -> None:
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 was told to fail")
+    dist.barrier()  # rank 0 would wait here forever
+
+
+def _one_rank_vanishes() -> None:
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.barrier()
+
+
+def _capped() -> tuple[RankReport, str]:
+    """Under a 24 MiB cap: 2048 tokens of one-process flash fit, 65536 do not (q, k, v alone are 192 MiB)."""
+    fits = rank_report(RingRun(seq_len=2048, ring=False, check_len=0, memory_limit_mib=24))
+    try:
+        rank_report(RingRun(seq_len=65536, ring=False, check_len=0, memory_limit_mib=24))
+    except MemoryError as err:
+        return fits, str(err)
+    return fits, "no error"
+
+
+def test_launch_ends_every_rank_when_one_fails_or_vanishes() -> None:
+    with pytest.raises(RankError, match="rank 1 failed: ValueError: rank 1 was told to fail") as failed:
+        launch(_one_rank_fails, 2, timeout_s=TIMEOUT_S)
+    assert "Traceback" in failed.value.trace and failed.value.kind == "ValueError"
+    with pytest.raises(RankError, match="rank 1 failed: ProcessExit: exited with code 3 before answering"):
+        launch(_one_rank_vanishes, 2, timeout_s=TIMEOUT_S)
+    with pytest.raises(ValueError, match="nproc must be a positive int, got 0"):
+        launch(_one_rank_fails, 0)
+
+
+def test_a_memory_cap_is_real_and_a_length_past_it_says_so() -> None:
+    [(fits, refused)] = launch(_capped, 1, timeout_s=TIMEOUT_S)
+    assert fits.local_tokens == 2048 and fits.seconds > 0
+    assert refused == "65536 tokens (65536 on this rank) do not fit in 24 MiB", refused
+
+
+def test_the_ring_command_under_torchrun_is_one_rank_per_process() -> None:
+    """What docs/ring.md runs across machines: torchrun starts the ranks, the command joins its group."""
+    command = ["ring", "--seq-len", "256", "--check-len", "32", "--heads", "2"]
+    done = subprocess.run(
+        [
+            Path(sys.executable).with_name("torchrun"),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "attnlab.cli",
+            *command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "Warning" not in done.stderr, done.stderr
+    assert done.stdout.count("ring attention, 256 tokens over 2 processes") == 1, done.stdout  # rank 0 alone prints
+    assert "agreement with one process at 32 tokens" in done.stdout

@@ -3,18 +3,16 @@
 Each process first checks the ring against one-process ``attention()`` on a
 short sequence (output and the gradients of q, k, v), then runs the long
 sequence forward from its own shard and reports its time, its peak memory
-(RSS growth) and the bytes it sent. For several machines, run
-``torchrun --nnodes ... -m attnlab.cli ring ...`` instead (docs/ring.md).
+growth and the bytes it sent (``attnlab.bench.ring`` measures). Under
+``torchrun`` (``WORLD_SIZE`` set) it starts nothing: each process is one rank
+of torchrun's group, on any number of machines, with nccl where there are GPUs,
+and rank 0 prints the table (docs/ring.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
-import socket
-import time
-import traceback
 from typing import Any
 
 from rich.console import Console
@@ -40,6 +38,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ring.add_argument(
         "--memory", action="store_true", help="run the long sequence again to count its peak tensor bytes (slower)"
     )
+    ring.add_argument(
+        "--memory-limit",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="cap each process's memory at its warm-up size + MIB (CPU): a length that does not fit fails for real",
+    )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -50,123 +55,95 @@ def _check(args: argparse.Namespace) -> None:
     check_positive_int("--heads", args.heads, limit=256)
     check_positive_int("--head-dim", args.head_dim, limit=1024)
     check_positive_int("--check-len", args.check_len, limit=1 << 16)
-    need = args.seq_len * args.heads * args.head_dim * 4 * 4 * 3  # q, k, v, out and a received block, float32
+    if args.memory_limit is not None:
+        check_positive_int("--memory-limit", args.memory_limit, limit=1 << 20)
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) / int(os.environ.get("WORLD_SIZE", "1"))  # torchrun: a share
+    need = here * args.seq_len * args.heads * args.head_dim * 4 * 4 * 3  # q, k, v, out, a received block; float32
     if need > 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"):
         raise ValueError(
-            f"--seq-len {args.seq_len} needs about {need / 2**30:.1f} GiB of shards: more than half this machine's memory"
+            f"--seq-len {args.seq_len} needs about {need / 2**30:.1f} GiB of shards here: "
+            "more than half this machine's memory"
         )
 
 
-def _rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+def _run(args: argparse.Namespace) -> Any:
+    from attnlab.bench.ring import RingRun
+
+    return RingRun(
+        seq_len=args.seq_len,
+        heads=args.heads,
+        head_dim=args.head_dim,
+        layout=args.layout,
+        causal=args.causal,
+        check_len=args.check_len,
+        count_tensors=args.memory,
+        memory_limit_mib=args.memory_limit,
+    )
 
 
-def _rank(rank: int, size: int, port: int, args: dict[str, Any], results: Any) -> None:
-    import torch
+def _under_torchrun(args: argparse.Namespace, console: Console) -> int:
+    """One rank of a group torchrun started (any number of machines): rank 0 prints every rank's report."""
     import torch.distributed as dist
 
-    from attnlab import attention
-    from attnlab.distributed import RingStats, gather_sequence, ring_attention, shard_sequence
-    from attnlab.distributed.ring import padded_length
+    from attnlab.bench.ring import rank_report
+    from attnlab.distributed.launch import join_from_environment
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+    started = join_from_environment()
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=size)
-        h, d, layout, causal = args["heads"], args["head_dim"], args["layout"], args["causal"]
-        g = torch.Generator().manual_seed(0)  # the same short sequence on every rank: checked against one process
-        t = args["check_len"]
-        q, k, v = (torch.randn(1, h, t, d, generator=g, requires_grad=True) for _ in range(3))
-        expected = attention(q, k, v, is_causal=causal, backend="flash")
-        expected.sum().backward()
-        local = [shard_sequence(x.detach(), 2, layout=layout).requires_grad_() for x in (q, k, v)]
-        out = ring_attention(*local, is_causal=causal, layout=layout, seq_len=t)
-        out.sum().backward()
-        errors = [(gather_sequence(out.detach(), 2, length=t, layout=layout) - expected).abs().max().item()]
-        for x, y in zip(local, (q, k, v), strict=True):
-            assert x.grad is not None and y.grad is not None
-            errors.append((gather_sequence(x.grad, 2, length=t, layout=layout) - y.grad).abs().max().item())
-        n = args["seq_len"]
-        per_rank = padded_length(n, size, layout) // size
-        g = torch.Generator().manual_seed(rank + 1)  # the long run: each rank makes its own shard
-        q, k, v = (torch.randn(1, h, per_rank, d, generator=g) for _ in range(3))
-        stats = RingStats()
-        dist.barrier()
-        before = _rss()
-        began = time.perf_counter()
-        with torch.no_grad():
-            ring_attention(q, k, v, is_causal=causal, layout=layout, seq_len=n, stats=stats)
-        seconds = time.perf_counter() - began
-        answer = {"seconds": seconds, "rss": _rss() - before, "sent": stats.forward_bytes, "errors": errors}
-        answer["local"] = per_rank
-        if args["memory"]:  # a second run under the counter (it slows every op): tensors made during the call
-            from attnlab.bench.memory import PeakMemory
-
-            with torch.no_grad(), PeakMemory() as mem:
-                ring_attention(q, k, v, is_causal=causal, layout=layout, seq_len=n)
-            answer["peak"] = mem.peak_bytes
-        results.put((rank, answer))
-        dist.destroy_process_group()
-    except Exception:
-        results.put((rank, traceback.format_exc()))
+        report = rank_report(_run(args))
+        reports: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(reports, report)
+        if dist.get_rank() == 0:
+            return _print(args, reports, dist.get_world_size(), console)
+        return 0
+    finally:
+        if started:
+            dist.destroy_process_group()
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    import torch.multiprocessing as mp
+    from attnlab.bench.ring import measure
+    from attnlab.distributed.launch import RankError
 
     try:
         _check(args)
     except (ValueError, TypeError) as err:
         return error(console, err)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    options = {k: getattr(args, k) for k in ("heads", "head_dim", "layout", "causal", "check_len", "seq_len", "memory")}
-    procs = [ctx.Process(target=_rank, args=(r, args.nproc, port, options, results)) for r in range(args.nproc)]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _under_torchrun(args, console)
     console.print(
         f"{args.nproc} processes (gloo), {args.layout}, {'causal' if args.causal else 'full'}, {args.heads} heads x "
         f"{args.head_dim}: check at {args.check_len} tokens, then {args.seq_len} tokens forward",
         markup=False,
     )
-    for p in procs:
-        p.start()
-    got: dict[int, Any] = {}
     try:
         with console.status("running the ring"):
-            for _ in procs:
-                rank, answer = results.get(timeout=3600)
-                got[rank] = answer
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    failed = {r: a for r, a in got.items() if not isinstance(a, dict)}
-    if failed:
-        rank, trace = next(iter(failed.items()))
-        return error(console, f"rank {rank} failed: {trace.strip().splitlines()[-1]}")
-    table = Table(title=f"ring attention, {args.seq_len} tokens over {args.nproc} processes")
-    columns = ["rank", "local tokens", "time s", "peak RSS growth MiB", "sent MiB", "max |error| at check"]
+            reports = measure(_run(args), args.nproc)
+    except RankError as err:
+        return error(console, f"rank {err.rank} failed: {err.kind}: {err.message}")
+    return _print(args, reports, args.nproc, console)
+
+
+def _print(args: argparse.Namespace, reports: list[Any], size: int, console: Console) -> int:
+    table = Table(title=f"ring attention, {args.seq_len} tokens over {size} processes")
+    columns = ["rank", "local tokens", "time s", "peak memory growth MiB", "sent MiB", "max |error| at check"]
     if args.memory:
         columns.insert(4, "peak tensors MiB")
     for column in columns:
         table.add_column(column, justify="right")
-    for rank in sorted(got):
-        a = got[rank]
-        row = [str(rank), str(a["local"]), f"{a['seconds']:.2f}", f"{a['rss'] / 2**20:.0f}"]
-        row += [f"{a['peak'] / 2**20:.1f}"] if args.memory else []
-        row += [f"{a['sent'] / 2**20:.1f}", f"{max(a['errors']):.1e}"]
+    for r in reports:
+        row = [str(r.rank), str(r.local_tokens), f"{r.seconds:.2f}", f"{r.peak_growth_bytes / 2**20:.0f}"]
+        row += [f"{r.peak_tensor_bytes / 2**20:.1f}"] if args.memory else []
+        row += [f"{r.sent_bytes / 2**20:.1f}", f"{r.check_error:.1e}"]
         table.add_row(*row)
     console.print(table)
-    kv = 2 * got[0]["local"] * args.heads * args.head_dim * 4  # one rank's K and V, float32
+    kv = 2 * reports[0].local_tokens * args.heads * args.head_dim * 4  # one rank's K and V, float32
     console.print(
         f"theory: each rank sends (P - 1) blocks of its K and V = 2 (P-1)/P of the whole K and V: "
-        f"{(args.nproc - 1) * kv / 2**20:.1f} MiB (plus the blocks' positions)",
+        f"{(size - 1) * kv / 2**20:.1f} MiB (plus the blocks' positions)",
         markup=False,
     )
-    worst = max(max(a["errors"]) for a in got.values())
+    worst = max(r.check_error for r in reports)
     console.print(
         f"agreement with one process at {args.check_len} tokens, output and gradients: max |error| {worst:.1e}",
         markup=False,

@@ -7,7 +7,6 @@ Under ``torchrun --nproc-per-node N`` the same command trains data-parallel
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -88,19 +87,9 @@ def _settings(args: argparse.Namespace, out: Path) -> tuple[GPT, TrainConfig, Ta
     return model, config, task
 
 
-def _start_processes() -> bool:
-    """Join the process group torchrun describes in the environment; True when this process started it."""
-    import torch
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
-        return False
-    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    return True
-
-
 def run(args: argparse.Namespace, console: Console) -> int:
 
+    from attnlab.distributed.launch import join_from_environment
     from attnlab.explain.heads import head_scores, watch
     from attnlab.models.train import train, world
 
@@ -109,7 +98,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         model, config, task = _settings(args, out)
     except (ValueError, TypeError) as err:
         return error(console, err)
-    started = _start_processes()
+    started = join_from_environment()
     try:
         rank, size = world()
         loud = rank == 0

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from attnlab.cache import Cache
-from attnlab.distributed.ring import LAYOUTS, Layout, _world, ring_attention, sequence_positions
-from attnlab.functional.mods import MaskMod
+from attnlab.distributed.ring import LAYOUTS, Layout, _world, gather_sequence, ring_attention, sequence_positions
+from attnlab.functional.mods import MaskMod, check_document_ids, document, document_positions
 from attnlab.nn.attention import Attention
+from attnlab.nn.rotary import apply_rotary
 
 
 class ContextParallelAttention(Attention):
@@ -69,13 +70,41 @@ class ContextParallelAttention(Attention):
         cache: Cache | None = None,
         document_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """This rank's shard x (B, T / P, d_in) -> (B, T / P, d_out); RoPE at the shard's global positions."""
-        if mask is not None or cache is not None or document_ids is not None:
-            raise ValueError("ContextParallelAttention takes no mask, cache or document_ids (the ring has none yet)")
-        if positions is None and isinstance(x, torch.Tensor) and x.dim() == 3:
-            rank, size = _world(self.group)
-            positions = sequence_positions(x.shape[1] * size, rank, size, self.layout, x.device)  # (T / P,) global
-        return super().forward(x, positions=positions)
+        """This rank's shard x (B, T / P, d_in) -> (B, T / P, d_out); RoPE at the shard's global positions.
+
+        ``document_ids``: this rank's shard (B, T / P) of the packed documents' ids (``shard_sequence(ids, 1)``).
+        No token sees another document, and RoPE restarts at each document, as in ``Attention``.
+        """
+        if mask is not None or cache is not None:
+            raise ValueError(
+                "ContextParallelAttention takes no mask or cache (the ring has neither): hide other documents "
+                "with document_ids, or call ring_attention(..., mask_mod=) for any other mask"
+            )
+        self._check_input(x)
+        rank, size = _world(self.group)
+        b, t, _ = x.shape
+        packed = None
+        if document_ids is not None:
+            if not isinstance(document_ids, torch.Tensor) or tuple(document_ids.shape) != (b, t):
+                raise ValueError(
+                    f"document_ids must be this rank's shard, shape (batch, local tokens) = {(b, t)}, got "
+                    f"{tuple(document_ids.shape) if isinstance(document_ids, torch.Tensor) else document_ids!r}"
+                )
+            whole = gather_sequence(document_ids, 1, length=t * size, group=self.group, layout=self.layout)
+            check_document_ids(whole[:, : self.seq_len or t * size], b, self.seq_len or t * size)  # not the padding
+            packed = document(whole)  # (B, T) ids, read at global positions
+            if positions is None:
+                local = sequence_positions(t * size, rank, size, self.layout, x.device)  # (T / P,) global
+                positions = document_positions(whole)[:, local]  # (B, T / P): each document starts at 0
+        if positions is None:
+            positions = sequence_positions(t * size, rank, size, self.layout, x.device)  # (T / P,) global
+        else:
+            self._check_positions(positions, b, t)
+        queries, keys, values = self.split_qkv(x)
+        if self.rotary is not None:
+            cos, sin = self.rotary(positions, dtype=queries.dtype)
+            queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
+        return self.attend(queries, keys, values, mask_mod=packed)
 
     def attend(
         self,
@@ -91,6 +120,7 @@ class ContextParallelAttention(Attention):
             queries,
             keys,
             values,
+            mask_mod=mask_mod,
             group=self.group,
             is_causal=self.is_causal,
             window=self.window,

@@ -31,6 +31,7 @@ from attnlab._checks import check_scale, check_window
 from attnlab.functional.eager import accumulation_dtype, repeat_kv
 from attnlab.functional.flash import flash_backward, flash_forward
 from attnlab.functional.masks import DEFAULT_BLOCK, MaskSpec
+from attnlab.functional.mods import MaskMod, ScoreMod, and_masks, learnable_tensors, mod_name
 
 Layout = Literal["zigzag", "contiguous"]
 LAYOUTS = ("zigzag", "contiguous")
@@ -107,7 +108,7 @@ def gather_sequence(
 
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, size: int) -> None:
     """Every rank must hold the same shapes: compared with one small all_gather, so a mismatch raises everywhere."""
-    mine = torch.tensor([*q.shape, *k.shape, *v.shape], dtype=torch.long)
+    mine = torch.tensor([*q.shape, *k.shape, *v.shape], dtype=torch.long, device=q.device)  # nccl: on the GPU
     every = [torch.empty_like(mine) for _ in range(size)]
     dist.all_gather(every, mine, group=group)
     shapes = {tuple(t.tolist()) for t in every}
@@ -118,39 +119,97 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any,
         )
 
 
-def _block_spec(
-    q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, window: int | None, length: int | None
-) -> MaskSpec:
-    """The mask of local queries against one block of keys, from global positions (padding keys hidden)."""
+class _OnGlobalPositions:
+    """A user's mask_mod or score_mod, called with global positions instead of this block's local indices.
 
-    def mask_mod(b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
+    Positions past the real length (the padding) are clamped to its last token, so a mod that indexes a tensor of
+    the real length stays in range; those keys are hidden and those rows dropped anyway.
+    """
+
+    def __init__(self, mod: Any, q_pos: torch.Tensor, k_pos: torch.Tensor, last: int) -> None:
+        self.mod, self.q_pos, self.k_pos = mod, q_pos.clamp(max=last), k_pos.clamp(max=last)
+
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        *score, b, h, qi, ki = args  # mask_mod(b, h, q, k) or score_mod(score, b, h, q, k)
+        out: torch.Tensor = self.mod(*score, b, h, self.q_pos[qi], self.k_pos[ki])
+        return out
+
+    def __repr__(self) -> str:
+        return mod_name(self.mod)
+
+
+def _block_spec(q_pos: torch.Tensor, k_pos: torch.Tensor, options: _Options, batch: int, heads: int) -> MaskSpec:
+    """The mask and scores of local queries against one block of keys, from global positions (padding hidden)."""
+    causal, window, length = options.causal, options.window, options.length
+
+    def structure(b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
         qp, kp = q_pos[qi], k_pos[ki]
-        ok = kp >= 0
-        if length is not None:
-            ok = ok & (kp < length)
+        ok = kp < length
         if causal:
             ok = ok & (qp >= kp)
         if window is not None:
             ok = ok & (qp - kp < window)
         return ok
 
-    needs_mask = causal or window is not None or length is not None
-    return MaskSpec(tq=len(q_pos), tk=len(k_pos), mask_mod=mask_mod if needs_mask else None, q_offset=0)
+    mask_mod: Any = structure if causal or window is not None or length < options.padded else None
+    if options.mask_mod is not None:
+        user = _OnGlobalPositions(options.mask_mod, q_pos, k_pos, length - 1)
+        mask_mod = user if mask_mod is None else and_masks(mask_mod, user)
+    score_mod = None
+    if options.score_mod is not None:
+        score_mod = _OnGlobalPositions(options.score_mod, q_pos, k_pos, length - 1)
+    return MaskSpec(
+        tq=len(q_pos), tk=len(k_pos), mask_mod=mask_mod, score_mod=score_mod, batch=batch, heads=heads, q_offset=0
+    )
 
 
-def _exchange(tensors: list[torch.Tensor], rank: int, size: int, group: Any) -> tuple[list[torch.Tensor], list[Any]]:
-    """Start sending ``tensors`` to rank + 1 and receiving the same shapes from rank - 1; returns (buffers, requests)."""
-    send_to, recv_from = (rank + 1) % size, (rank - 1) % size
-    received = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]  # gloo needs contiguous
-    ops = [
-        dist.P2POp(dist.isend, t.contiguous(), dist.get_global_rank(group, send_to) if group else send_to, group)
-        for t in tensors
-    ]
-    ops += [
-        dist.P2POp(dist.irecv, r, dist.get_global_rank(group, recv_from) if group else recv_from, group)
-        for r in received
-    ]
-    return received, dist.batch_isend_irecv(ops)
+@dataclass(frozen=True)
+class _Options:
+    """What every block of one ring call shares."""
+
+    scale: float
+    causal: bool
+    window: int | None
+    length: int  # the real global length: keys at or past it are padding
+    padded: int  # the padded global length, P x local
+    mask_mod: Any
+    score_mod: Any
+    group: Any
+    stats: RingStats | None
+
+
+QUERY_CHUNK = 4 * DEFAULT_BLOCK  # queries per kernel call: the partial output that a merge holds stays this small
+
+
+def _exchange(
+    send: list[torch.Tensor], into: list[torch.Tensor], rank: int, size: int, options: _Options, *, backward: bool
+) -> list[Any]:
+    """Start sending ``send`` to rank + 1 and receiving the same shapes from rank - 1 into ``into``; the requests.
+
+    Both sides post in the same order, and each pair of ranks delivers in order, so two exchanges in flight at
+    once (the backward's block and its gradients) never cross."""
+    to, source, group = (rank + 1) % size, (rank - 1) % size, options.group
+    if group is not None:
+        to, source = dist.get_global_rank(group, to), dist.get_global_rank(group, source)
+    ops = [dist.P2POp(dist.isend, t, to, group) for t in send]
+    ops += [dist.P2POp(dist.irecv, r, source, group) for r in into]
+    if options.stats is not None:
+        sent = sum(t.numel() * t.element_size() for t in send)
+        if backward:
+            options.stats.backward_bytes += sent
+        else:
+            options.stats.forward_bytes += sent
+    return dist.batch_isend_irecv(ops)
+
+
+def _wait(requests: list[Any] | None) -> None:
+    for request in requests or ():
+        request.wait()
+
+
+def _spare(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Two receive buffers shaped like ``tensors``: the block in hand and the one arriving take turns in them."""
+    return [[torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors] for _ in range(2)]
 
 
 class _Ring(torch.autograd.Function):
@@ -161,99 +220,108 @@ class _Ring(torch.autograd.Function):
         k: torch.Tensor,
         v: torch.Tensor,
         q_pos: torch.Tensor,
-        scale: float,
-        causal: bool,
-        window: int | None,
-        length: int | None,
-        group: Any,
-        stats: RingStats | None,
+        options: _Options,
+        *params: torch.Tensor,  # the score_mod's learnable tensors: inputs, so they get gradients
     ) -> torch.Tensor:
-        rank, size = _world(group)
-        groups = q.shape[1] // k.shape[1]
+        rank, size = _world(options.group)
+        b, h, tl, _ = q.shape
+        groups = h // k.shape[1]
         ad = accumulation_dtype(q.dtype)
-        out = torch.zeros(*q.shape[:3], v.shape[-1], dtype=ad, device=q.device)
-        lse = torch.full(q.shape[:3], float("-inf"), dtype=ad, device=q.device)
-        block = [k, v, q_pos]  # the travelling block: keys, values and their global positions
+        out = torch.zeros(b, h, tl, v.shape[-1], dtype=ad, device=q.device)
+        lse = torch.full((b, h, tl), float("-inf"), dtype=ad, device=q.device)
+        block = [k.contiguous(), v.contiguous(), q_pos]  # the travelling block: keys, values, their global positions
+        buffers = _spare(block) if size > 1 else []
         for step in range(size):
-            pending = _exchange(block, rank, size, group) if step < size - 1 else None  # overlaps the compute below
-            if pending is not None and stats is not None:
-                stats.forward_bytes += sum(t.numel() * t.element_size() for t in block)
-            spec = _block_spec(q_pos, block[2], causal=causal, window=window, length=length)
-            part, part_lse = flash_forward(
-                q,
-                repeat_kv(block[0], groups),
-                repeat_kv(block[1], groups),
-                spec,
-                scale=scale,
-                dropout_p=0.0,
-                seed=0,
-                block_q=DEFAULT_BLOCK,
-                block_k=DEFAULT_BLOCK,
-                kinds=spec.tile_kinds(q.device),
-            )
-            part_lse = part_lse.to(ad).masked_fill(torch.isposinf(part_lse), float("-inf"))  # nothing seen: no weight
-            merged = torch.logaddexp(lse, part_lse)
-            safe = merged.masked_fill(torch.isneginf(merged), 0.0)
-            out = out * torch.exp(lse - safe)[..., None] + part.to(ad) * torch.exp(part_lse - safe)[..., None]
-            lse = merged
-            if pending is not None:
-                received, requests = pending
-                for request in requests:
-                    request.wait()
-                block = received
-        lse = lse.masked_fill(torch.isneginf(lse), float("inf"))  # the kernels' contract: +inf where nothing is seen
+            requests = None
+            if step < size - 1:  # the next block arrives while this one is computed
+                requests = _exchange(block, buffers[step % 2], rank, size, options, backward=False)
+            kb, vb = repeat_kv(block[0], groups), repeat_kv(block[1], groups)  # (B, H, Tl, D)
+            for c0 in range(0, tl, QUERY_CHUNK):
+                c1 = min(c0 + QUERY_CHUNK, tl)
+                spec = _block_spec(q_pos[c0:c1], block[2], options, b, h)
+                part, part_lse = flash_forward(
+                    q[:, :, c0:c1],
+                    kb,
+                    vb,
+                    spec,
+                    scale=options.scale,
+                    dropout_p=0.0,
+                    seed=0,
+                    block_q=DEFAULT_BLOCK,
+                    block_k=DEFAULT_BLOCK,
+                    kinds=spec.tile_kinds(q.device),
+                )
+                _merge(out[:, :, c0:c1], lse[:, :, c0:c1], part, part_lse)
+            del kb, vb
+            _wait(requests)
+            if requests is not None:
+                block = buffers[step % 2]
+        lse.masked_fill_(torch.isneginf(lse), float("inf"))  # the kernels' contract: +inf where nothing is seen
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, q_pos, out, lse)
-        ctx.scale, ctx.causal, ctx.window, ctx.length, ctx.group = scale, causal, window, length, group
-        ctx.stats = stats
+        ctx.save_for_backward(q, k, v, q_pos, out, lse, *params)
+        ctx.options = options
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        q, k, v, q_pos, out, lse = ctx.saved_tensors
-        rank, size = _world(ctx.group)
-        groups = q.shape[1] // k.shape[1]
+        q, k, v, q_pos, out, lse, *params = ctx.saved_tensors
+        options: _Options = ctx.options
+        rank, size = _world(options.group)
+        b, h = q.shape[:2]
+        groups = h // k.shape[1]
         ad = accumulation_dtype(q.dtype)
         dq = torch.zeros(q.shape, dtype=ad, device=q.device)
-        block = [
-            k,
-            v,
-            q_pos,
-            torch.zeros(k.shape, dtype=ad, device=q.device),
-            torch.zeros(v.shape, dtype=ad, device=q.device),
-        ]
-        for _ in range(size):
-            kb, vb, kpos, dk, dv = block
-            spec = _block_spec(q_pos, kpos, causal=ctx.causal, window=ctx.window, length=ctx.length)
-            dq_part, dk_part, dv_part, _ = flash_backward(
+        dparams: list[torch.Tensor | None] = [None] * len(params)
+        block = [k.contiguous(), v.contiguous(), q_pos]
+        grads = [torch.zeros(k.shape, dtype=ad, device=q.device), torch.zeros(v.shape, dtype=ad, device=q.device)]
+        buffers, grad_buffers = (_spare(block), _spare(grads)) if size > 1 else ([], [])
+        for step in range(size):
+            requests = None
+            if step < size - 1:  # keys and values move on while their gradients are computed here
+                requests = _exchange(block, buffers[step % 2], rank, size, options, backward=True)
+            spec = _block_spec(q_pos, block[2], options, b, h)
+            dq_part, dk_part, dv_part, dparams_part = flash_backward(
                 grad_out,
                 q,
-                repeat_kv(kb, groups),
-                repeat_kv(vb, groups),
+                repeat_kv(block[0], groups),
+                repeat_kv(block[1], groups),
                 out,
                 lse,
                 spec,
-                scale=ctx.scale,
+                scale=options.scale,
                 dropout_p=0.0,
                 seed=0,
                 block_q=DEFAULT_BLOCK,
                 block_k=DEFAULT_BLOCK,
                 kinds=spec.tile_kinds(q.device),
+                params=tuple(params),
             )
             dq += dq_part
-            b, h, t, d = dk_part.shape
-            dk = dk + dk_part.view(b, h // groups, groups, t, d).sum(dim=2)  # (B, H, Tl, D) -> (B, Hkv, Tl, D)
-            dv = dv + dv_part.view(b, h // groups, groups, t, dv_part.shape[-1]).sum(dim=2)
-            block = [kb, vb, kpos, dk, dv]
-            if size > 1:  # every block moves on after each step; after the last one it is back home with its gradients
-                if ctx.stats is not None:
-                    ctx.stats.backward_bytes += sum(t.numel() * t.element_size() for t in block)
-                received, requests = _exchange(block, rank, size, ctx.group)
-                for request in requests:
-                    request.wait()
-                block = received
-        return dq.to(q.dtype), block[3].to(k.dtype), block[4].to(v.dtype), None, None, None, None, None, None, None
+            bk, hk, t, d = block[0].shape
+            grads[0] += dk_part.view(bk, hk, groups, t, d).sum(dim=2)  # (B, H, Tl, D) -> (B, Hkv, Tl, D)
+            grads[1] += dv_part.view(bk, hk, groups, t, dv_part.shape[-1]).sum(dim=2)
+            for n, g in enumerate(dparams_part):
+                if g is not None:
+                    seen = dparams[n]
+                    dparams[n] = g if seen is None else seen + g
+            if size > 1:  # the gradients follow their block; after the last step they are back with its owner
+                arriving = grad_buffers[step % 2]
+                _wait(_exchange(grads, arriving, rank, size, options, backward=True))
+                grads = arriving
+            _wait(requests)
+            if requests is not None:
+                block = buffers[step % 2]
+        return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype), None, None, *dparams
+
+
+def _merge(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor) -> None:
+    """Fold one block's (part, part_lse) into the running (out, lse), in place, in the stable form."""
+    part_lse = part_lse.to(lse.dtype).masked_fill(torch.isposinf(part_lse), float("-inf"))  # saw nothing: weight 0
+    merged = torch.logaddexp(lse, part_lse)
+    safe = merged.masked_fill(torch.isneginf(merged), 0.0)
+    out.mul_(torch.exp(lse - safe)[..., None]).addcmul_(part.to(out.dtype), torch.exp(part_lse - safe)[..., None])
+    lse.copy_(merged)
 
 
 def ring_attention(
@@ -267,6 +335,8 @@ def ring_attention(
     scale: float | None = None,
     layout: Layout = "zigzag",
     seq_len: int | None = None,
+    mask_mod: MaskMod | None = None,
+    score_mod: ScoreMod | None = None,
     stats: RingStats | None = None,
 ) -> torch.Tensor:
     """Attention over a sequence sharded across the processes of ``group``; returns this rank's (B, H, Tl, D) output.
@@ -274,6 +344,9 @@ def ring_attention(
     q (B, H, Tl, D), k and v (B, Hkv, Tl, D): this rank's shard in ``layout`` (``shard_sequence`` makes it), the same
     shapes on every rank (checked with one small collective, so a mismatch is an error everywhere, not a hang).
     ``seq_len``: the real global length when the shards were padded (the padding keys are hidden).
+    ``mask_mod`` / ``score_mod`` (``attnlab.functional.mods``, FlexAttention's signatures) see global positions,
+    so ``mods.document(ids)`` takes the whole sequence's (B, T) ids; a score_mod's learnable tensors get this
+    rank's share of their gradient (sum it over the ranks, as for any weight).
     ``stats``: a :class:`RingStats` that counts the bytes this rank sends, forward and backward.
     Equal to one-process ``attention()`` on the gathered sequence, forward and backward.
     """
@@ -300,8 +373,16 @@ def ring_attention(
     if seq_len is not None and not 0 < seq_len <= length:
         raise ValueError(f"seq_len must be in [1, {length}] (the padded length over {size} ranks), got {seq_len}")
     q_pos = sequence_positions(length, rank, size, layout, q.device)
-    scale_ = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    causal = is_causal or window is not None
-    hidden = seq_len if seq_len is not None and seq_len < length else None
-    out: torch.Tensor = _Ring.apply(q, k, v, q_pos, scale_, causal, window, hidden, group, stats)
+    options = _Options(
+        scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale),
+        causal=is_causal or window is not None,
+        window=window,
+        length=length if seq_len is None else seq_len,
+        padded=length,
+        mask_mod=mask_mod,
+        score_mod=score_mod,
+        group=group,
+        stats=stats,
+    )
+    out: torch.Tensor = _Ring.apply(q, k, v, q_pos, options, *learnable_tensors(score_mod))
     return out

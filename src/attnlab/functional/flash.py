@@ -129,6 +129,7 @@ def flash_forward(
                 v[:, :, j0:j1].to(ad).reshape(-1, j1 - j0, dv),
             ).view(acc.shape)  # acc * alpha + p @ v, fused; (B*H, bq, Dv) -> (B, H, bq, Dv)
             m = m_new
+            del s, p  # the next span's scores need not sit beside this one's
         dead = l == 0
         out[:, :, i0:i1] = (acc / torch.where(dead, torch.ones_like(l), l)[..., None]).to(q.dtype)
         m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
