@@ -43,7 +43,8 @@ def main() -> None:
         def said(n: int, fitted: bool, seconds: float | None, name: str = name) -> None:
             print(
                 f"  {name}: {n} tokens {'fits' if fitted else 'does not fit'}"
-                + (f" ({seconds:.1f} s)" if seconds else "")
+                + (f" ({seconds:.1f} s)" if seconds else ""),
+                flush=True,
             )
 
         result = longest(RingRun(**{**base.__dict__, "ring": ring}), nproc, on_trial=said)

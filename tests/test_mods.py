@@ -12,7 +12,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from attnlab import attention
 from attnlab.functional import mods
-from attnlab.functional.masks import EMPTY, FULL, PARTIAL, MaskSpec
+from attnlab.functional.masks import CLASSIFY_TILES, EMPTY, FULL, PARTIAL, MaskSpec
 
 B, H, T, D = 2, 4, 40, 8
 DOCS = torch.tensor([[0] * 10 + [1] * 18 + [2] * 12, [0] * 25 + [1] * 15])  # (B, T) packed documents
@@ -215,6 +215,17 @@ def test_tiles_a_mask_mod_hides_are_skipped_and_full_ones_are_not_masked() -> No
     kinds = spec.tile_kinds(torch.device("cpu"))
     counts = {kind: sum(1 for k in kinds.values() if k == kind) for kind in (EMPTY, PARTIAL, FULL)}
     assert counts == {EMPTY: 64 - 4 * 3, PARTIAL: 4 * 2, FULL: 4 * 1}
+
+
+def test_a_row_longer_than_one_classification_call_is_classified_whole() -> None:
+    """4 documents of 80 tokens in 4 x 4 tiles: 80 key tiles a row, classified CLASSIFY_TILES at a time. Per
+    document, 20 diagonal tiles are partial and the 20 * 19 / 2 below them full; the rest is empty."""
+    assert 80 > CLASSIFY_TILES
+    doc = torch.arange(4).repeat_interleave(80)[None]  # (1, 320)
+    spec = MaskSpec(tq=320, tk=320, mask_mod=mods.and_masks(mods.causal(), mods.document(doc)), block_q=4, block_k=4)
+    kinds = spec.tile_kinds(torch.device("cpu"))
+    counts = {kind: sum(1 for k in kinds.values() if k == kind) for kind in (EMPTY, PARTIAL, FULL)}
+    assert counts == {EMPTY: 80 * 80 - 4 * (20 + 190), PARTIAL: 4 * 20, FULL: 4 * 190}
 
 
 def test_packed_documents_equal_each_document_alone() -> None:

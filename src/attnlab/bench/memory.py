@@ -12,6 +12,10 @@ collected. It measures allocated bytes, not time and not RSS.
 ...     y = x * 2             # 4 KiB more
 >>> mem.peak_bytes
 8192
+>>> with PeakMemory() as mem:
+...     z = y[:10].mul_(3)    # a view of y, changed in place: nothing new
+>>> mem.peak_bytes
+0
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+
+def _key(t: torch.Tensor) -> int:
+    storage = t.untyped_storage()
+    return storage.data_ptr() if storage.data_ptr() else id(storage)
 
 
 class PeakMemory(TorchDispatchMode):
@@ -44,7 +53,7 @@ class PeakMemory(TorchDispatchMode):
 
     def _track(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
-        key = storage.data_ptr() if storage.data_ptr() else id(storage)
+        key = _key(t)
         entry = self._live.get(key)
         if entry is None:
             entry = self._live[key] = [storage.nbytes(), 0]
@@ -55,8 +64,8 @@ class PeakMemory(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        flat, _ = tree_flatten(out)
-        for t in flat:
-            if isinstance(t, torch.Tensor):
-                self._track(t)
+        given = {_key(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and (_key(t) in self._live or _key(t) not in given):
+                self._track(t)  # not a view or in-place result of a tensor made before the block: that is not new
         return out

@@ -150,21 +150,21 @@ def rank_report(run: RingRun) -> RankReport:
         before = torch.cuda.memory_allocated(device)
     else:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    began = time.perf_counter()
     try:
-        with _data_capped(run.memory_limit_mib):
+        with _data_capped(run.memory_limit_mib):  # the shard counts against the cap too
             g = torch.Generator().manual_seed(rank + 1)  # each rank makes its own shard
             q, k, v = (torch.randn(1, run.heads, per_rank, run.head_dim, generator=g).to(device) for _ in range(3))
+            began = time.perf_counter()
             _forward(run, q, k, v, stats)
+            if cuda:
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - began
     except Exception as err:
         if not _out_of_memory(err):
             raise
         room = "this process's memory" if run.memory_limit_mib is None else f"{run.memory_limit_mib} MiB"
         raise MemoryError(f"{run.seq_len} tokens ({per_rank} on this rank) do not fit in {room}") from None
-    seconds = time.perf_counter() - began
     if cuda:
-        torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - began
         growth = torch.cuda.max_memory_allocated(device) - before
     else:
         growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before

@@ -57,6 +57,8 @@ def _check(args: argparse.Namespace) -> None:
     check_positive_int("--check-len", args.check_len, limit=1 << 16)
     if args.memory_limit is not None:
         check_positive_int("--memory-limit", args.memory_limit, limit=1 << 20)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and _has_cuda():
+            raise ValueError("--memory-limit caps host memory (CPU, gloo); under torchrun with GPUs, leave it out")
     here = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) / int(os.environ.get("WORLD_SIZE", "1"))  # torchrun: a share
     need = here * args.seq_len * args.heads * args.head_dim * 4 * 4 * 3  # q, k, v, out, a received block; float32
     if need > 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"):
@@ -64,6 +66,12 @@ def _check(args: argparse.Namespace) -> None:
             f"--seq-len {args.seq_len} needs about {need / 2**30:.1f} GiB of shards here: "
             "more than half this machine's memory"
         )
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _run(args: argparse.Namespace) -> Any:
@@ -96,6 +104,9 @@ def _under_torchrun(args: argparse.Namespace, console: Console) -> int:
         if dist.get_rank() == 0:
             return _print(args, reports, dist.get_world_size(), console)
         return 0
+    except Exception as err:  # one line per rank that fails (torchrun ends the others), never a traceback
+        rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
+        return error(console, f"rank {rank} failed: {type(err).__name__}: {err}")
     finally:
         if started:
             dist.destroy_process_group()

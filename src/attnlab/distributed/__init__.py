@@ -1,12 +1,15 @@
 """Attention past one process: ring attention (context parallelism) over torch.distributed."""
 
+from attnlab.distributed.launch import RankError, launch
 from attnlab.distributed.module import ContextParallelAttention
 from attnlab.distributed.ring import RingStats, gather_sequence, ring_attention, sequence_positions, shard_sequence
 
 __all__ = [
     "ContextParallelAttention",
+    "RankError",
     "RingStats",
     "gather_sequence",
+    "launch",
     "ring_attention",
     "sequence_positions",
     "shard_sequence",

@@ -207,9 +207,11 @@ def _wait(requests: list[Any] | None) -> None:
         request.wait()
 
 
-def _spare(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Two receive buffers shaped like ``tensors``: the block in hand and the one arriving take turns in them."""
-    return [[torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors] for _ in range(2)]
+def _spare(tensors: list[torch.Tensor], exchanges: int) -> list[list[torch.Tensor]]:
+    """Receive buffers shaped like ``tensors``: two, which the block in hand and the one arriving take turns in,
+    or one when there is a single exchange."""
+    count = min(2, exchanges)
+    return [[torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors] for _ in range(count)]
 
 
 class _Ring(torch.autograd.Function):
@@ -230,7 +232,7 @@ class _Ring(torch.autograd.Function):
         out = torch.zeros(b, h, tl, v.shape[-1], dtype=ad, device=q.device)
         lse = torch.full((b, h, tl), float("-inf"), dtype=ad, device=q.device)
         block = [k.contiguous(), v.contiguous(), q_pos]  # the travelling block: keys, values, their global positions
-        buffers = _spare(block) if size > 1 else []
+        buffers = _spare(block, size - 1)
         for step in range(size):
             requests = None
             if step < size - 1:  # the next block arrives while this one is computed
@@ -275,7 +277,7 @@ class _Ring(torch.autograd.Function):
         dparams: list[torch.Tensor | None] = [None] * len(params)
         block = [k.contiguous(), v.contiguous(), q_pos]
         grads = [torch.zeros(k.shape, dtype=ad, device=q.device), torch.zeros(v.shape, dtype=ad, device=q.device)]
-        buffers, grad_buffers = (_spare(block), _spare(grads)) if size > 1 else ([], [])
+        buffers, grad_buffers = _spare(block, size - 1), _spare(grads, size if size > 1 else 0)
         for step in range(size):
             requests = None
             if step < size - 1:  # keys and values move on while their gradients are computed here

@@ -27,6 +27,7 @@ from attnlab._checks import check_window
 from attnlab.functional.mods import MaskMod, ScoreMod, apply_score_mod, evaluate_mask
 
 CausalAlign = Literal["bottom_right", "top_left"]
+CLASSIFY_TILES = 16  # tile_kinds evaluates the masks over at most this many key tiles at a time
 DEFAULT_BLOCK = 256  # the flash backend's tile, queries by keys
 EMPTY, PARTIAL, FULL = 0, 1, 2  # what a tile of the score matrix is: nothing may attend, some, all
 
@@ -209,8 +210,8 @@ class MaskSpec:
     def tile_kinds(self, device: torch.device) -> dict[tuple[int, int], int]:
         """Every tile of block_q x block_k, classified once: EMPTY (skipped), PARTIAL (masked) or FULL (no mask work).
 
-        The masks are evaluated one row of tiles at a time (one call of a mask_mod per query block), over the
-        key tiles that the causal or window structure does not already rule out.
+        The masks are evaluated one row of tiles at a time, over at most CLASSIFY_TILES key tiles per call of
+        a mask_mod, and only over the key tiles that the causal or window structure does not already rule out.
         """
         kinds = {}
         key_blocks = [
@@ -229,21 +230,29 @@ class MaskSpec:
             if self.allowed is None and self.mask_mod is None:  # causal/window alone: arithmetic, no mask to build
                 kinds.update({(bi, bj): FULL if self.tile_full(i0, i1, j0, j1) else PARTIAL for bj, j0, j1 in live})
                 continue
-            lo, hi = live[0][1], live[-1][2]
-            allowed, _ = self.tile(i0, i1, lo, hi, device)  # (.., bq, hi - lo) or None
-            if allowed is None:
-                kinds.update({(bi, bj): FULL for bj, _, _ in live})
-                continue
-            allowed = allowed.expand(*allowed.shape[:-1], hi - lo)  # a key dim broadcast from 1, spelled out
-            rows = allowed.reshape(-1, hi - lo)  # (.. * bq, width): every (broadcast) query row
-            some, every = rows.any(dim=0), rows.all(dim=0)  # (width,) per key
-            for bj, j0, j1 in live:
-                if bool(every[j0 - lo : j1 - lo].all()):
-                    kinds[bi, bj] = FULL
-                elif self.skip_tiles and not bool(some[j0 - lo : j1 - lo].any()):
-                    kinds[bi, bj] = EMPTY
-                else:
-                    kinds[bi, bj] = PARTIAL
+            for g in range(0, len(live), CLASSIFY_TILES):  # a bounded width: the mask of a long row is not built
+                kinds.update(self._classify(bi, i0, i1, live[g : g + CLASSIFY_TILES], device))
+        return kinds
+
+    def _classify(
+        self, bi: int, i0: int, i1: int, live: list[tuple[int, int, int]], device: torch.device
+    ) -> dict[tuple[int, int], int]:
+        """Kinds of the tiles ``live`` (neighbours in one row of tiles), from the masks evaluated on their span."""
+        kinds = {}
+        lo, hi = live[0][1], live[-1][2]
+        allowed, _ = self.tile(i0, i1, lo, hi, device)  # (.., bq, hi - lo) or None
+        if allowed is None:
+            return {(bi, bj): FULL for bj, _, _ in live}
+        allowed = allowed.expand(*allowed.shape[:-1], hi - lo)  # a key dim broadcast from 1, spelled out
+        rows = allowed.reshape(-1, hi - lo)  # (.. * bq, width): every (broadcast) query row
+        some, every = rows.any(dim=0), rows.all(dim=0)  # (width,) per key
+        for bj, j0, j1 in live:
+            if bool(every[j0 - lo : j1 - lo].all()):
+                kinds[bi, bj] = FULL
+            elif self.skip_tiles and not bool(some[j0 - lo : j1 - lo].any()):
+                kinds[bi, bj] = EMPTY
+            else:
+                kinds[bi, bj] = PARTIAL
         return kinds
 
     def dense(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
