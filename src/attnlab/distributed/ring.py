@@ -176,6 +176,7 @@ class _Options:
     score_mod: Any
     group: Any
     stats: RingStats | None
+    device: torch.device
 
 
 QUERY_CHUNK = 4 * DEFAULT_BLOCK  # queries per kernel call: the partial output that a merge holds stays this small
@@ -200,6 +201,18 @@ def _exchange(
         else:
             options.stats.forward_bytes += sent
     return dist.batch_isend_irecv(ops)
+
+
+def _kernel_options(spec: MaskSpec, options: _Options) -> dict[str, Any]:
+    """The flash kernel's settings for one block, forward and backward alike (its tiles classified once)."""
+    return {
+        "scale": options.scale,
+        "dropout_p": 0.0,
+        "seed": 0,
+        "block_q": spec.block_q,
+        "block_k": spec.block_k,
+        "kinds": spec.tile_kinds(options.device),
+    }
 
 
 def _wait(requests: list[Any] | None) -> None:
@@ -241,18 +254,7 @@ class _Ring(torch.autograd.Function):
             for c0 in range(0, tl, QUERY_CHUNK):
                 c1 = min(c0 + QUERY_CHUNK, tl)
                 spec = _block_spec(q_pos[c0:c1], block[2], options, b, h)
-                part, part_lse = flash_forward(
-                    q[:, :, c0:c1],
-                    kb,
-                    vb,
-                    spec,
-                    scale=options.scale,
-                    dropout_p=0.0,
-                    seed=0,
-                    block_q=DEFAULT_BLOCK,
-                    block_k=DEFAULT_BLOCK,
-                    kinds=spec.tile_kinds(q.device),
-                )
+                part, part_lse = flash_forward(q[:, :, c0:c1], kb, vb, spec, **_kernel_options(spec, options))
                 _merge(out[:, :, c0:c1], lse[:, :, c0:c1], part, part_lse)
             del kb, vb
             _wait(requests)
@@ -291,12 +293,7 @@ class _Ring(torch.autograd.Function):
                 out,
                 lse,
                 spec,
-                scale=options.scale,
-                dropout_p=0.0,
-                seed=0,
-                block_q=DEFAULT_BLOCK,
-                block_k=DEFAULT_BLOCK,
-                kinds=spec.tile_kinds(q.device),
+                **_kernel_options(spec, options),
                 params=tuple(params),
             )
             dq += dq_part
@@ -385,6 +382,7 @@ def ring_attention(
         score_mod=score_mod,
         group=group,
         stats=stats,
+        device=q.device,
     )
     out: torch.Tensor = _Ring.apply(q, k, v, q_pos, options, *learnable_tensors(score_mod))
     return out
