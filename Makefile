@@ -52,7 +52,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
+# The suite starts many Python processes (ranks, workers, torchrun): byte-compile the sources once, since
+# where PYTHONDONTWRITEBYTECODE is set no process would write its own cache and each would compile again.
 test: setup browser lint
+	$(PY) -m compileall -q src tests benchmarks
 	$(PY) -m pytest -q
 
 clean:

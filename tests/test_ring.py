@@ -77,10 +77,10 @@ def _mods_on_the_ring() -> dict[str, float]:
             one_score = ring_score = score_mod() if score_mod else None
         q1, k1, v1 = (x.clone().requires_grad_() for x in (q, k, v))
         expected = attention(q1, k1, v1, is_causal=causal, mask_mod=one_mask, score_mod=one_score, backend="eager")
-        expected.backward(grad)
+        (expected * grad).sum().backward()  # the gradient grad, from a scalar (no sympy import in the rank)
         local = [shard_sequence(x, 2).requires_grad_() for x in (q, k, v)]
         out = ring_attention(*local, is_causal=causal, seq_len=t, mask_mod=one_mask, score_mod=ring_score)
-        out.backward(shard_sequence(grad, 2))
+        (out * shard_sequence(grad, 2)).sum().backward()
         err = (gather_sequence(out.detach(), 2, length=t) - expected).abs().max().item()
         for mine, whole in zip(local, (q1, k1, v1), strict=True):
             assert mine.grad is not None and whole.grad is not None
@@ -152,10 +152,10 @@ def _check_rank() -> dict[str, Any]:
         grad = torch.randn(2, h, t, 8, generator=g, dtype=torch.float64)
         q1, k1, v1 = (x.clone().requires_grad_() for x in (q, k, v))
         expected = attention(q1, k1, v1, is_causal=causal, window=window, backend="eager")
-        expected.backward(grad)
+        (expected * grad).sum().backward()  # the gradient grad, from a scalar (no sympy import in the rank)
         local = [shard_sequence(x, 2, layout=layout).requires_grad_() for x in (q, k, v)]
         out = ring_attention(*local, is_causal=causal, window=window, layout=layout, seq_len=t)
-        out.backward(shard_sequence(grad, 2, layout=layout))
+        (out * shard_sequence(grad, 2, layout=layout)).sum().backward()
         full = gather_sequence(out.detach(), 2, length=t, layout=layout)
         grads = [gather_sequence(x.grad, 2, length=t, layout=layout) for x in local]
         errors[name] = max(

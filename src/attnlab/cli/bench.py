@@ -17,7 +17,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from attnlab.bench.impls import IMPLEMENTATIONS
+from attnlab.bench.catalog import IMPLEMENTATIONS
 from attnlab.cli._common import check_output, error
 
 MODE_TITLES = {"forward": "forward", "backward": "forward + backward", "decode": "decode: one new token"}

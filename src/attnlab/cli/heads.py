@@ -5,18 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from attnlab.cli._common import check_output, error, model_path
-from attnlab.explain.heads import NAME_THRESHOLD, SCORES, HeadScores
+
+if TYPE_CHECKING:
+    from attnlab.explain.heads import HeadScores
 
 SHORT = {"previous_token": "prev", "duplicate_token": "dup", "induction": "ind", "first_token": "first"}
-LEGEND = (
-    f"each head's highest score: prev = previous-token, dup = duplicate-token, ind = induction, "
-    f"first = first-token (attention sink); bold = named (score >= {NAME_THRESHOLD})"
-)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,8 +33,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def table(scores: HeadScores, *, title: str) -> Table:
     """Layer x head: each cell the pattern the head follows most and its score, bold when it names the head."""
+    from attnlab.explain.heads import NAME_THRESHOLD, SCORES
+
+    legend = (
+        f"each head's highest score: prev = previous-token, dup = duplicate-token, ind = induction, "
+        f"first = first-token (attention sink); bold = named (score >= {NAME_THRESHOLD})"
+    )
     n_heads = len(scores.induction[0])
-    grid = Table(title=title, caption=LEGEND)
+    grid = Table(title=title, caption=legend)
     grid.add_column("layer", justify="right")
     for head in range(n_heads):
         grid.add_column(f"head {head}", justify="right")

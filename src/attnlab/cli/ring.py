@@ -101,6 +101,7 @@ def _under_torchrun(args: argparse.Namespace, console: Console) -> int:
         report = rank_report(_run(args))
         reports: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(reports, report)
+        dist.barrier()  # every rank done with the group before any tears it down
         if dist.get_rank() == 0:
             return _print(args, reports, dist.get_world_size(), console)
         return 0
@@ -113,13 +114,13 @@ def _under_torchrun(args: argparse.Namespace, console: Console) -> int:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from attnlab.bench.ring import measure
-    from attnlab.distributed.launch import RankError
-
     try:
         _check(args)
     except (ValueError, TypeError) as err:
         return error(console, err)
+    from attnlab.bench.ring import measure
+    from attnlab.distributed.launch import RankError
+
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return _under_torchrun(args, console)
     console.print(

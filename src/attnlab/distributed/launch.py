@@ -49,6 +49,7 @@ def _rank_main(
         dist.init_process_group(backend, rank=rank, world_size=size, timeout=datetime.timedelta(minutes=30))
         result = fn(*args)
         out.put((rank, True, result))
+        dist.barrier()  # every rank done with the group before any tears it down (a failed rank: killed here)
         dist.destroy_process_group()
     except BaseException as err:  # sent to the parent, which ends every rank and raises it
         out.put((rank, False, (type(err).__name__, str(err), traceback.format_exc())))

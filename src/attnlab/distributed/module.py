@@ -15,7 +15,15 @@ from typing import Any
 import torch
 
 from attnlab.cache import Cache
-from attnlab.distributed.ring import LAYOUTS, Layout, _world, gather_sequence, ring_attention, sequence_positions
+from attnlab.distributed.ring import (
+    LAYOUTS,
+    Layout,
+    _world,
+    every_rank,
+    gather_sequence,
+    ring_attention,
+    sequence_positions,
+)
 from attnlab.functional.mods import MaskMod, check_document_ids, document, document_positions
 from attnlab.nn.attention import Attention
 from attnlab.nn.rotary import apply_rotary
@@ -85,10 +93,15 @@ class ContextParallelAttention(Attention):
         b, t, _ = x.shape
         packed = None
         if document_ids is not None:
-            if not isinstance(document_ids, torch.Tensor) or tuple(document_ids.shape) != (b, t):
+            fits = isinstance(document_ids, torch.Tensor) and tuple(document_ids.shape) == (b, t)
+            wrong = [
+                r for r, ok in enumerate(every_rank(fits, self.group, x.device)) if not ok
+            ]  # all raise, none waits
+            if wrong:
+                got = tuple(document_ids.shape) if isinstance(document_ids, torch.Tensor) else document_ids
                 raise ValueError(
-                    f"document_ids must be this rank's shard, shape (batch, local tokens) = {(b, t)}, got "
-                    f"{tuple(document_ids.shape) if isinstance(document_ids, torch.Tensor) else document_ids!r}"
+                    f"document_ids must be each rank's shard, shape (batch, local tokens) = {(b, t)} here; "
+                    f"ranks {wrong} gave another (this rank: {got!r:.60})"
                 )
             whole = gather_sequence(document_ids, 1, length=t * size, group=self.group, layout=self.layout)
             check_document_ids(whole[:, : self.seq_len or t * size], b, self.seq_len or t * size)  # not the padding

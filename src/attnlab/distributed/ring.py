@@ -106,6 +106,15 @@ def gather_sequence(
     return full.narrow(dim, 0, length)
 
 
+def every_rank(flag: bool, group: Any = None, device: torch.device | None = None) -> list[bool]:
+    """Each rank's ``flag``, by rank (one small all_gather): a check that fails on one rank can fail on all."""
+    _, size = _world(group)
+    mine = torch.tensor([int(flag)], device=device)
+    every = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(every, mine, group=group)
+    return [bool(t.item()) for t in every]
+
+
 def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, size: int) -> None:
     """Every rank must hold the same shapes: compared with one small all_gather, so a mismatch raises everywhere."""
     mine = torch.tensor([*q.shape, *k.shape, *v.shape], dtype=torch.long, device=q.device)  # nccl: on the GPU

@@ -189,7 +189,11 @@ def flash_backward(
                 dv[:, :, j0:j1] += p.transpose(-2, -1) @ doi
             ds = p * (dp - delta_i)  # softmax backward: d loss / d (modified score)
             if spec.score_mod is not None:
-                grads = torch.autograd.grad(modified, (raw, *params), ds, allow_unused=True)
+                # the vector-Jacobian product with ds, as the gradient of a sum: the same numbers, and torch does
+                # not load its symbolic-shape machinery (sympy, about 2 s) for a scalar root
+                with torch.enable_grad():
+                    root = (modified * ds).sum()
+                grads = torch.autograd.grad(root, (raw, *params), allow_unused=True)
                 ds = grads[0]
                 for n, g in enumerate(grads[1:]):
                     seen = dparams[n]
