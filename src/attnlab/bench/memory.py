@@ -36,6 +36,13 @@ def _key(t: torch.Tensor) -> int:
 class PeakMemory(TorchDispatchMode):
     """Track live and peak storage bytes of tensors created inside the block."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: leave ``__torch_dispatch__`` unwrapped. PyTorch wraps a mode's handler so that torch.compile
+        never traces it, and the wrapper imports all of torch._dynamo (about 2 s) on the first operation. A
+        counter of bytes is not compiled, and every bench worker pays that import otherwise."""
+        return False
+
     def __init__(self) -> None:
         super().__init__()
         self._live: dict[int, list[int]] = {}  # storage id -> [bytes, number of live tensors]
