@@ -24,6 +24,7 @@ import ctypes
 import ctypes.util
 import gc
 import resource
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -83,6 +84,10 @@ def _check_against_one_process(run: RingRun, device: torch.device) -> float:
     return max(errors)
 
 
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"))
+
+
 def _data_segment_bytes() -> int:
     with open("/proc/self/status") as status:
         for line in status:
@@ -98,9 +103,8 @@ def _data_capped(limit_mib: int | None) -> Iterator[None]:
     if limit_mib is None:
         yield
         return
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
     gc.collect()
-    libc.malloc_trim(0)
+    _libc().malloc_trim(0)
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     resource.setrlimit(resource.RLIMIT_DATA, (_data_segment_bytes() + limit_mib * 2**20, hard))
     try:
@@ -136,8 +140,9 @@ def rank_report(run: RingRun) -> RankReport:
     if run.memory_limit_mib is not None:
         if cuda:
             raise ValueError("memory_limit_mib caps host memory; it applies to CPU runs (gloo), not nccl")
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        libc.mallopt(M_MMAP_THRESHOLD, 128 * 1024)  # tensors in their own mappings: freed means returned
+        if not sys.platform.startswith("linux"):
+            raise ValueError(f"memory_limit_mib needs Linux (RLIMIT_DATA, /proc, glibc), not {sys.platform}")
+        _libc().mallopt(M_MMAP_THRESHOLD, 128 * 1024)  # tensors in their own mappings: freed means returned
     check_error = _check_against_one_process(run, device) if run.check_len > 0 and run.ring else None
     per_rank = padded_length(run.seq_len, size, run.layout) // size if run.ring else run.seq_len
     warm = torch.zeros(1, 1, 2 * size, 8, device=device)

@@ -55,6 +55,10 @@ def _rank_main(
         out.put((rank, False, (type(err).__name__, str(err), traceback.format_exc())))
 
 
+def _vanished(rank: int, p: Any) -> RankError:
+    return RankError(rank, "ProcessExit", f"exited with code {p.exitcode} before answering", "")
+
+
 def _check_alive(procs: list[Any], got: dict[int, Any], results: Any) -> None:
     """A rank that died without an answer (killed, crashed in C) is an error now, not a wait until the timeout."""
     for rank, p in enumerate(procs):
@@ -69,7 +73,7 @@ def _check_alive(procs: list[Any], got: dict[int, Any], results: Any) -> None:
         except queue.Empty:
             pass
         if rank not in got:
-            raise RankError(rank, "ProcessExit", f"exited with code {p.exitcode} before answering", "")
+            raise _vanished(rank, p)
 
 
 def _raise_first_cause(procs: list[Any], got: dict[int, Any], rank: int, error: RankError) -> None:
@@ -79,7 +83,7 @@ def _raise_first_cause(procs: list[Any], got: dict[int, Any], rank: int, error: 
     while time.monotonic() < deadline:
         for other, p in enumerate(procs):
             if other != rank and other not in got and p.exitcode not in (None, 0):
-                raise RankError(other, "ProcessExit", f"exited with code {p.exitcode} before answering", "") from error
+                raise _vanished(other, p) from error
         time.sleep(0.05)
     raise error
 

@@ -150,17 +150,18 @@ class _OnGlobalPositions:
 def _block_spec(q_pos: torch.Tensor, k_pos: torch.Tensor, options: _Options, batch: int, heads: int) -> MaskSpec:
     """The mask and scores of local queries against one block of keys, from global positions (padding hidden)."""
     causal, window, length = options.causal, options.window, options.length
+    padding = length < options.padded
 
     def structure(b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
         qp, kp = q_pos[qi], k_pos[ki]
-        ok = kp < length
-        if causal:
-            ok = ok & (qp >= kp)
+        ok = qp >= kp if causal else kp < length  # window implies causal; one of the two holds here
+        if causal and padding:
+            ok = ok & (kp < length)
         if window is not None:
             ok = ok & (qp - kp < window)
         return ok
 
-    mask_mod: Any = structure if causal or window is not None or length < options.padded else None
+    mask_mod: Any = structure if causal or padding else None  # window sets causal
     if options.mask_mod is not None:
         user = _OnGlobalPositions(options.mask_mod, q_pos, k_pos, length - 1)
         mask_mod = user if mask_mod is None else and_masks(mask_mod, user)
