@@ -19,3 +19,19 @@ def seed_text() -> str:
             pytest.fail(message)  # in CI a missing prerequisite is a failure, never a silent skip
         pytest.skip(message)
     return "\n".join(f.read_text(encoding="utf-8") for f in files)
+
+
+def tiles(backend: str, block_q: int, block_k: int) -> object:
+    """``backend``, with small flash tiles when it is flash (tile sizes belong to the flash backend alone)."""
+    from attnlab.functional import Flash
+
+    return Flash(block_q=block_q, block_k=block_k) if backend == "flash" else backend
+
+
+def small(**overrides: object) -> object:
+    """A small random-weight decoder config with what modern models use: RoPE, grouped-query heads (4 on 2)."""
+    from attnlab.models import GPTConfig
+
+    values: dict = dict(vocab_size=256, context_length=64, emb_dim=64, n_heads=4, n_kv_heads=2, n_layers=2)
+    values |= dict(rope=True, drop_rate=0.0)
+    return GPTConfig(**{**values, **overrides})

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attnlab import Attention, attention
+from attnlab.functional import Visibility
 from attnlab.models import from_hf_gpt2
 from attnlab.nn import RotaryEmbedding
 
@@ -56,7 +57,8 @@ kv2 = torch.randn(2, 2, 5, 8)
         (
             dict(backend="cuda"),
             ValueError,
-            r"backend must be one of \['auto', 'eager', 'sdpa', 'flash', 'flex'\], got 'cuda'",
+            r"backend must be one of \['auto', 'eager', 'sdpa', 'flash', 'flex'\] or a configured Flash\(\.\.\.\), "
+            r"got 'cuda'",
         ),
         (
             dict(backend="sdpa", return_weights=True),
@@ -64,8 +66,12 @@ kv2 = torch.randn(2, 2, 5, 8)
             r"return_weights=True needs the eager backend; backend='sdpa'",
         ),
         (dict(backend="flash", return_weights=True), ValueError, r"backend='flash' never forms the weights"),
-        (dict(causal_align="middle"), ValueError, r"causal_align must be 'bottom_right' or 'top_left', got 'middle'"),
-        (dict(block_q=0), ValueError, r"block_q must be >= 1, got 0"),
+        (
+            dict(is_causal=True, visibility=Visibility.from_lengths(4, 4)),
+            ValueError,
+            r"pass either visibility= or is_causal, not both",
+        ),
+        (dict(visibility="causal"), TypeError, r"visibility must be an attnlab.functional.Visibility, got str"),
     ],
 )
 def test_functional_errors(kwargs: dict, error: type, pattern: str) -> None:

@@ -8,7 +8,8 @@ import torch.nn as nn
 
 from attnlab import Attention
 from attnlab.functional import attention, from_torch_mha_masks
-from attnlab.models import DecoderConfig, TinyDecoder, from_hf_gpt2, from_hf_llama, from_torch_mha
+from attnlab.models import GPT, from_hf_gpt2, from_hf_llama, from_torch_mha
+from conftest import small, tiles
 
 BACKENDS = ["eager", "sdpa", "flash"]
 
@@ -126,7 +127,7 @@ def test_a_hidden_nan_never_reaches_a_visible_output(backend: str, blocks: tuple
     q, k, v = qkv(t=8)
     v[:, :, 5] = float("nan")  # key 5: hidden from queries 0..4 by the causal mask
     k[:, :, 6] = float("inf")
-    out = attention(q, k, v, is_causal=True, backend=backend, block_q=blocks[0], block_k=blocks[1])
+    out = attention(q, k, v, is_causal=True, backend=tiles(backend, blocks[0], blocks[1]))
     assert out[:, :, :5].isfinite().all()  # queries that cannot see 5 or 6 are untouched
     assert out[:, :, 5:].isnan().all()  # queries that see them are NaN, in every backend
     clean = attention(q[:, :, :5], k[:, :, :5], v[:, :, :5], is_causal=True, backend="eager")
@@ -218,9 +219,9 @@ def test_torch_mha_three_dimensional_mask_is_reshaped_per_head() -> None:
 
 # -- generate ------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def model() -> TinyDecoder:
+def model() -> GPT:
     torch.manual_seed(0)
-    return TinyDecoder(DecoderConfig()).eval()
+    return GPT(small()).eval()
 
 
 @pytest.mark.parametrize(
@@ -235,14 +236,14 @@ def model() -> TinyDecoder:
         (dict(max_new_tokens=0), ValueError, r"max_new_tokens must be >= 1, got 0"),
     ],
 )
-def test_generate_refuses_by_name(model: TinyDecoder, kwargs: dict, error: type, pattern: str) -> None:
+def test_generate_refuses_by_name(model: GPT, kwargs: dict, error: type, pattern: str) -> None:
     args = {"idx": torch.tensor([[1, 2, 3]]), "max_new_tokens": 4, **kwargs}
     idx, n = args.pop("idx"), args.pop("max_new_tokens")
     with pytest.raises(error, match=pattern):
         model.generate(idx, n, **args)
 
 
-def test_a_tiny_temperature_samples_the_greedy_token(model: TinyDecoder) -> None:
+def test_a_tiny_temperature_samples_the_greedy_token(model: GPT) -> None:
     idx = torch.tensor([[5, 6, 7, 8]])
     greedy = model.generate(idx, 6)
     cold = model.generate(idx, 6, temperature=1e-30, generator=torch.Generator().manual_seed(0))

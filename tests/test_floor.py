@@ -12,9 +12,8 @@ import torch
 import torch.nn as nn
 
 from attnlab import Attention, attention
-from attnlab.functional import KERNELS
-from attnlab.functional.masks import MaskSpec
-from attnlab.models import DecoderConfig, TinyDecoder
+from attnlab.functional import KERNELS, Visibility
+from attnlab.models import GPT, GPTConfig
 from attnlab.observe import Recorder
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "attnlab"
@@ -67,8 +66,8 @@ def test_imports_point_down_the_floors() -> None:
 def test_every_backend_keeps_one_contract() -> None:
     q, k, v = (torch.randn(1, 4, 5, 8, dtype=torch.float64) for _ in range(3))
     k, v = k[:, :2], v[:, :2]  # grouped-query: 4 query heads, 2 kv heads
-    spec = MaskSpec(tq=5, tk=5, causal=True)
-    results = {name: info.kernel(q, k, v, spec, scale=8**-0.5, dropout_p=0.0) for name, info in KERNELS.items()}
+    vis = Visibility.from_lengths(5, 5, causal=True, batch=1, heads=4)
+    results = {name: info.kernel(q, k, v, vis, scale=8**-0.5, dropout_p=0.0) for name, info in KERNELS.items()}
     for name, (out, lse) in results.items():
         assert out.shape == (1, 4, 5, 8) and out.dtype == q.dtype, name
         assert (lse is not None) == KERNELS[name].has_lse, name
@@ -81,19 +80,19 @@ def test_every_backend_keeps_one_contract() -> None:
 
 def test_recorder_keys_each_layer_by_its_dotted_name() -> None:
     torch.manual_seed(0)
-    model = TinyDecoder(DecoderConfig(num_layers=3)).eval()
+    model = GPT(GPTConfig(vocab_size=256, context_length=16, emb_dim=32, n_heads=4, n_layers=3)).eval()
     idx = torch.randint(0, 256, (1, 7))
     with Recorder(names=["attn_weights"]) as rec:
         model(idx)
-    assert rec.modules("attn_weights") == ["blocks.0.attn", "blocks.1.attn", "blocks.2.attn"]
+    assert rec.modules("attn_weights") == ["trf_blocks.0.att", "trf_blocks.1.att", "trf_blocks.2.att"]
     maps = rec.all("attn_weights")
-    assert not torch.equal(maps["blocks.0.attn"], maps["blocks.1.attn"])  # three layers, three different maps
+    assert not torch.equal(maps["trf_blocks.0.att"], maps["trf_blocks.1.att"])  # three layers, three maps
     assert rec.names() == ["attn_weights"] * 3  # told which names to keep: nothing else
     with pytest.raises(KeyError, match=r"this recorder keeps only names matching \['attn_weights'\]"):
         rec.get("attn_scores")
-    with Recorder(modules=["blocks.1.*"]) as only_one:
+    with Recorder(modules=["trf_blocks.1.*"]) as only_one:
         model(idx)
-    assert only_one.modules() == ["blocks.1.attn"]
+    assert only_one.modules() == ["trf_blocks.1.att"]
 
 
 def test_a_recorder_that_caught_nothing_says_why() -> None:

@@ -7,7 +7,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnlab.functional import attention, flash_attention, padding_mask
+from attnlab.functional import Flash, attention, flash_attention, padding_mask
+from conftest import tiles
 
 FAST = ("sdpa", "flash")
 
@@ -74,9 +75,7 @@ def run(
         mask=mask,
         is_causal=p["is_causal"],
         window=p["window"],
-        backend=backend,
-        block_q=p["blocks"][0],
-        block_k=p["blocks"][1],
+        backend=tiles(backend, *p["blocks"]),
     )
     weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
     grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
@@ -114,7 +113,7 @@ def test_gradcheck_float64(backend: str, case: str) -> None:
     inputs = tuple(t.double().requires_grad_() for t in (q, k, v))
 
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attention(q, k, v, backend=backend, block_q=3, block_k=4, **kw)
+        return attention(q, k, v, backend=tiles(backend, 3, 4), **kw)
 
     assert torch.autograd.gradcheck(f, inputs)
 
@@ -152,7 +151,7 @@ def test_flash_dropout_is_consistent_between_forward_and_backward() -> None:
 
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         torch.manual_seed(7)  # the same dropout masks in every evaluation gradcheck makes
-        return attention(q, k, v, is_causal=True, dropout_p=0.3, backend="flash", block_q=4, block_k=4)  # 3 x 3 tiles
+        return attention(q, k, v, is_causal=True, dropout_p=0.3, backend=Flash(block_q=4, block_k=4))  # 3 x 3 tiles
 
     assert torch.autograd.gradcheck(f, (q, k, v))
     assert not torch.allclose(f(q, k, v), attention(q, k, v, is_causal=True, backend="flash"))

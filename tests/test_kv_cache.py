@@ -7,7 +7,8 @@ import torch
 
 from attnlab import Attention
 from attnlab.cache import KVCache, SlidingWindowCache
-from attnlab.models import DecoderConfig, TinyDecoder
+from attnlab.models import GPT
+from conftest import small
 
 BACKENDS = ["eager", "sdpa", "flash"]
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -69,7 +70,7 @@ def test_sliding_window_cache_ring_positions() -> None:
 @pytest.mark.parametrize("window", [None, 6])
 def test_generate_same_tokens_with_and_without_cache(backend: str, window: int | None) -> None:
     torch.manual_seed(1)
-    model = TinyDecoder(DecoderConfig(backend=backend, window=window)).eval()
+    model = GPT(small(backend=backend, window=window)).eval()
     idx = torch.randint(0, 256, (3, 9))
     greedy = model.generate(idx, 24, use_cache=True)
     assert torch.equal(greedy, model.generate(idx, 24, use_cache=False))
@@ -84,7 +85,7 @@ def test_generate_same_tokens_with_and_without_cache(backend: str, window: int |
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_left_padded_batch_generates_what_each_sequence_generates_alone(backend: str) -> None:
     torch.manual_seed(2)
-    model = TinyDecoder(DecoderConfig(backend=backend)).eval()
+    model = GPT(small(backend=backend)).eval()
     long, short = torch.randint(1, 256, (1, 8)), torch.randint(1, 256, (1, 5))
     batch = torch.cat([long, torch.cat([torch.zeros(1, 3, dtype=torch.long), short], dim=1)])  # left padding
     mask = torch.ones(2, 8, dtype=torch.long)
@@ -153,7 +154,7 @@ def test_bad_positions_and_sizes() -> None:
         attn(torch.randn(1, 3, 32), positions=torch.tensor([-1, 0, 1]))
     with pytest.raises(ValueError, match=r"max_len must be >= 1, got 0"):
         KVCache(batch_size=1, num_kv_heads=1, head_dim=2, max_len=0)
-    model = TinyDecoder(DecoderConfig())
+    model = GPT(small())
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 256\), got \[0, 300\]"):
         model(torch.tensor([[0, 300]]))
     with pytest.raises(

@@ -7,12 +7,14 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.functional import (
+    Visibility,
     attention,
     causal_mask,
     from_torch_mha_masks,
     padding_mask,
     sliding_window_mask,
 )
+from conftest import tiles
 
 BACKENDS = ["eager", "sdpa", "flash"]
 
@@ -21,7 +23,8 @@ def test_causal_mask_is_bottom_right_and_matches_sdpa_when_square() -> None:
     assert torch.equal(causal_mask(4, 4), torch.ones(4, 4, dtype=torch.bool).tril())
     # Two queries over five keys: the last query sees all five keys.
     assert causal_mask(2, 5).tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
-    assert causal_mask(2, 5, align="top_left").tolist() == [
+    top_left = Visibility.from_lengths(2, 5, q_start=0, causal=True).tile(0, 2, 0, 5)[0]
+    assert top_left is not None and top_left[0, 0].tolist() == [
         [True, False, False, False, False],
         [True, True, False, False, False],
     ]
@@ -37,7 +40,8 @@ def test_top_left_on_request_equals_sdpa_is_causal(backend: str) -> None:
     torch.manual_seed(0)
     q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
     expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    got = attention(q, k, v, is_causal=True, causal_align="top_left", backend=backend)
+    top_left = Visibility.from_lengths(3, 7, q_start=0, causal=True)  # queries at 0, 1, 2: SDPA's convention
+    got = attention(q, k, v, visibility=top_left, backend=backend)
     torch.testing.assert_close(got, expected)
 
 
@@ -118,7 +122,7 @@ def test_row_with_nothing_to_attend_gives_zero_without_nan(backend: str, kind: s
         kw["mask"], dead[1] = padding_mask(torch.tensor([4, 0]), tk), True
     else:  # bottom-right: queries 0 and 1 sit before the first key
         kw["is_causal"], dead[:, :, :2] = True, True
-    out = attention(q, k, v, backend=backend, block_q=2, block_k=2, **kw)
+    out = attention(q, k, v, backend=tiles(backend, 2, 2), **kw)
     assert torch.isfinite(out).all()
     assert (out[dead] == 0).all()
     assert (out[~dead] != 0).any()
@@ -146,7 +150,7 @@ def test_row_emptied_only_by_combining_masks_gives_zero(backend: str) -> None:
     q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))
     bias = torch.zeros(4, 4)
     bias[3, 3] = float("-inf")
-    out = attention(q, k, v, mask=bias, window=1, backend=backend, block_q=2, block_k=2)
+    out = attention(q, k, v, mask=bias, window=1, backend=tiles(backend, 2, 2))
     assert torch.isfinite(out).all()
     assert (out[:, :, 3] == 0).all() and (out[:, :, :3] != 0).any()
     out.sum().backward()

@@ -11,8 +11,9 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from attnlab import attention
-from attnlab.functional import mods
-from attnlab.functional.masks import CLASSIFY_TILES, EMPTY, FULL, PARTIAL, MaskSpec
+from attnlab.functional import Flash, Visibility, mods
+from attnlab.functional.visibility import CLASSIFY_TILES, EMPTY, FULL, PARTIAL
+from conftest import tiles
 
 B, H, T, D = 2, 4, 40, 8
 DOCS = torch.tensor([[0] * 10 + [1] * 18 + [2] * 12, [0] * 25 + [1] * 15])  # (B, T) packed documents
@@ -120,7 +121,7 @@ def test_every_mod_equals_its_definition_forward_and_backward_in_float64(
     mask: str, score: str, backend: str, references: dict
 ) -> None:
     q, k, v = _inputs()
-    out = attention(q, k, v, mask_mod=MASKS[mask](), score_mod=SCORES[score](), backend=backend, block_q=16, block_k=16)
+    out = attention(q, k, v, mask_mod=MASKS[mask](), score_mod=SCORES[score](), backend=tiles(backend, 16, 16))
     expected, grads = references[mask, score]
     torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
     got = torch.autograd.grad((out * out).sum(), (q, k, v))
@@ -143,7 +144,7 @@ def test_every_mod_moves_to_pytorchs_flex_attention_unchanged(mask: str, score: 
     q, k, v = _inputs(torch.float32, grad=False)
     mask_mod, score_mod = MASKS[mask](), SCORES[score]()
     theirs = _flex_uncompiled(q, k, v, mask_mod, score_mod)
-    ours = attention(q, k, v, mask_mod=mask_mod, score_mod=score_mod, backend="flash", block_q=16, block_k=16)
+    ours = attention(q, k, v, mask_mod=mask_mod, score_mod=score_mod, backend=Flash(block_q=16, block_k=16))
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
@@ -167,18 +168,17 @@ def test_the_flex_backend_hands_the_same_functions_to_flex_attention() -> None:
 
 
 def test_learnable_score_mods_train_through_flash_gradcheck() -> None:
+    """Slopes read by a user's function and a relative-bias table: gradients through two flash calls, checked
+    against finite differences."""
     q, k, v = (x.detach()[:1, :2, :8, :4].requires_grad_() for x in _inputs())
-    slopes = mods.alibi(2, learnable=True)
     table = torch.randn(2, 7, dtype=torch.float64, requires_grad=True)
-    bias = mods.relative_bias(table)
 
     def both(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        slopes.slopes = s
-        bias.table = t
-        first = attention(q, k, v, is_causal=True, score_mod=slopes, backend="flash", block_q=4, block_k=4)
-        return attention(first, k, v, score_mod=bias, backend="flash", block_q=4, block_k=4)
+        slopes = lambda score, b, h, q_idx, kv_idx: score + s[h] * (kv_idx - q_idx)  # reads s, declares nothing
+        first = attention(q, k, v, is_causal=True, score_mod=slopes, backend=Flash(block_q=4, block_k=4))
+        return attention(first, k, v, score_mod=mods.relative_bias(t), backend=Flash(block_q=4, block_k=4))
 
-    s = slopes.slopes.detach().double().requires_grad_()
+    s = mods.alibi_slopes(2).requires_grad_()
     assert torch.autograd.gradcheck(both, (q, k, v, s, table))
 
 
@@ -194,7 +194,7 @@ def test_a_closure_that_captures_a_tensor_trains_it_too() -> None:
 
     grads = {}
     for backend in ("eager", "flash"):
-        out = attention(q, k, v, is_causal=True, score_mod=temperature, backend=backend, block_q=16, block_k=16)
+        out = attention(q, k, v, is_causal=True, score_mod=temperature, backend=tiles(backend, 16, 16))
         grads[backend] = torch.autograd.grad(out.sum(), scale_per_head)[0]
     assert grads["eager"].abs().sum() > 0
     torch.testing.assert_close(grads["flash"], grads["eager"], atol=1e-10, rtol=0)
@@ -211,8 +211,8 @@ def test_alibi_slopes_are_the_papers() -> None:
 def test_tiles_a_mask_mod_hides_are_skipped_and_full_ones_are_not_masked() -> None:
     """4 documents of 32 tokens, causal, 16 x 16 tiles: per document 2 diagonal (partial) and 1 full tile below."""
     doc = torch.arange(4).repeat_interleave(32)[None]  # (1, 128)
-    spec = MaskSpec(tq=128, tk=128, mask_mod=mods.and_masks(mods.causal(), mods.document(doc)), block_q=16, block_k=16)
-    kinds = spec.tile_kinds(torch.device("cpu"))
+    vis = Visibility.from_lengths(128, 128, mask_mod=mods.and_masks(mods.causal(), mods.document(doc)))
+    kinds = vis.tile_kinds(16, 16)
     counts = {kind: sum(1 for k in kinds.values() if k == kind) for kind in (EMPTY, PARTIAL, FULL)}
     assert counts == {EMPTY: 64 - 4 * 3, PARTIAL: 4 * 2, FULL: 4 * 1}
 
@@ -222,8 +222,8 @@ def test_a_row_longer_than_one_classification_call_is_classified_whole() -> None
     document, 20 diagonal tiles are partial and the 20 * 19 / 2 below them full; the rest is empty."""
     assert 80 > CLASSIFY_TILES
     doc = torch.arange(4).repeat_interleave(80)[None]  # (1, 320)
-    spec = MaskSpec(tq=320, tk=320, mask_mod=mods.and_masks(mods.causal(), mods.document(doc)), block_q=4, block_k=4)
-    kinds = spec.tile_kinds(torch.device("cpu"))
+    vis = Visibility.from_lengths(320, 320, mask_mod=mods.and_masks(mods.causal(), mods.document(doc)))
+    kinds = vis.tile_kinds(4, 4)
     counts = {kind: sum(1 for k in kinds.values() if k == kind) for kind in (EMPTY, PARTIAL, FULL)}
     assert counts == {EMPTY: 80 * 80 - 4 * (20 + 190), PARTIAL: 4 * 20, FULL: 4 * 190}
 
@@ -236,7 +236,7 @@ def test_packed_documents_equal_each_document_alone() -> None:
     doc = torch.repeat_interleave(torch.arange(3), torch.tensor(sizes))[None]
     for backend in ("flash", "eager"):
         packed = attention(
-            q, k, v, mask_mod=mods.and_masks(mods.causal(), mods.document(doc)), backend=backend, block_q=8, block_k=8
+            q, k, v, mask_mod=mods.and_masks(mods.causal(), mods.document(doc)), backend=tiles(backend, 8, 8)
         )
         grads = torch.autograd.grad((packed**2).sum(), (q, k, v))
         start = 0
@@ -254,12 +254,12 @@ def test_positions_are_absolute_so_one_mod_serves_prefill_and_decoding() -> None
     mod = mods.and_masks(mods.causal(), mods.document(DOCS))
     full = attention(q, k, v, mask_mod=mod, score_mod=mods.alibi(H), backend="eager")
     for backend in ("eager", "flash", "sdpa"):  # the last 3 queries alone, at their positions 37..39
-        tail = attention(q[:, :, -3:], k, v, mask_mod=mod, score_mod=mods.alibi(H), backend=backend, q_offset=37)
+        at_37 = Visibility.from_lengths(3, T, q_start=37, mask_mod=mod, score_mod=mods.alibi(H))
+        tail = attention(q[:, :, -3:], k, v, visibility=at_37, backend=backend)
         torch.testing.assert_close(tail, full[:, :, -3:], atol=1e-12, rtol=0)
     # a chunk of keys at its offset: the queries 20..29 against keys 10..29 equal those rows where they see nothing older
-    part = attention(
-        q[:, :, 20:30], k[:, :, 10:30], v[:, :, 10:30], mask_mod=mods.sliding_window(5), q_offset=20, kv_offset=10
-    )
+    chunk = Visibility.from_lengths(10, 20, q_start=20, k_start=10, mask_mod=mods.sliding_window(5))
+    part = attention(q[:, :, 20:30], k[:, :, 10:30], v[:, :, 10:30], visibility=chunk)
     torch.testing.assert_close(part, attention(q, k, v, window=5)[:, :, 20:30], atol=1e-12, rtol=0)
 
 
@@ -267,7 +267,7 @@ def test_positions_are_absolute_so_one_mod_serves_prefill_and_decoding() -> None
 def test_a_fully_masked_row_gives_zero_and_finite_gradients(backend: str) -> None:
     q, k, v = _inputs()
     hide_row_3 = lambda b, h, q_idx, kv_idx: q_idx != 3  # query 3 sees nothing
-    out = attention(q, k, v, mask_mod=hide_row_3, score_mod=mods.alibi(H), backend=backend, block_q=16, block_k=16)
+    out = attention(q, k, v, mask_mod=hide_row_3, score_mod=mods.alibi(H), backend=tiles(backend, 16, 16))
     assert out[:, :, 3].abs().max() == 0
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     assert all(torch.isfinite(g).all() for g in grads)
@@ -303,11 +303,11 @@ def _raises(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch
             r"score_mod <lambda> must return floating-point scores, got dtype torch.bool",
         ),
         ({"score_mod": "alibi"}, TypeError, r"score_mod must be a function \(see attnlab.functional.mods\), got str"),
-        ({"q_offset": -1}, ValueError, r"q_offset must be a position, an int >= 0, got -1"),
         (
             {"score_mod": mods.softcap(3.0), "backend": "sdpa"},
             ValueError,
-            r"score_mod softcap\(cap=3.0\) is not an additive bias .* use backend='flash'",
+            r"score_mod softcap\(cap=3.0\) is not declared an additive bias, and sdpa can only add a bias .* "
+            r"use backend='flash'",
         ),
         ({"backend": "flex"}, ValueError, r"flex_attention has no backward on CPU: run it under torch.no_grad\(\)"),
         ({"backend": "flex", "dropout_p": 0.1}, ValueError, r"backend='flex' has no dropout"),
@@ -404,7 +404,7 @@ def test_document_ids_are_checked_by_name() -> None:
 def test_is_causal_and_window_mean_what_causal_and_sliding_window_mean(backend: str) -> None:
     """One mask language: the arguments keep their fast paths and equal the mods, alone and combined with them."""
     q, k, v = _inputs(grad=False)
-    kw = {"backend": backend, "block_q": 16, "block_k": 16}
+    kw = {"backend": tiles(backend, 16, 16)}
     torch.testing.assert_close(
         attention(q, k, v, is_causal=True, **kw), attention(q, k, v, mask_mod=mods.causal(), **kw)
     )

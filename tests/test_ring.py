@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from attnlab import Attention, attention
 from attnlab.distributed import ContextParallelAttention, gather_sequence, ring_attention, shard_sequence
 from attnlab.distributed.launch import RankError, launch
+from attnlab.distributed.ring import padded_length
 from attnlab.functional import mods
 
 TIMEOUT_S = 120  # a deadlock fails the test instead of hanging CI
@@ -59,6 +60,51 @@ MOD_CASES: list[tuple[str, int, bool, Any, Any]] = [
 
 def _first(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return k == 0
+
+
+# The README's first form of a learnable score_mod, as users write it: a plain function reading a module-level
+# tensor it does not declare. On the ring it trains as on one process (it was given no gradient at all).
+TEMPERATURE = torch.tensor([1.0, 0.5, 2.0, 1.5], dtype=torch.float64, requires_grad=True)
+
+
+def per_head_temperature(
+    score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+) -> torch.Tensor:
+    return score * TEMPERATURE[h]
+
+
+def _a_global_trains_on_the_ring() -> float:
+    t = 21  # uneven: the zigzag pads it to 24 on 2 and 4 ranks
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 4, t, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    expected = attention(q, k, v, is_causal=True, score_mod=per_head_temperature, backend="eager")
+    one = torch.autograd.grad(expected.sum(), TEMPERATURE)[0]
+    out = ring_attention(
+        *(shard_sequence(x, 2) for x in (q, k, v)), is_causal=True, seq_len=t, score_mod=per_head_temperature
+    )
+    share = torch.autograd.grad(out.sum(), TEMPERATURE)[0].clone()  # all ones upstream: the padding included
+    dist.all_reduce(share)
+    assert one.abs().sum() > 0
+    return (share - one).abs().max().item()
+
+
+def _uneven_with_all_ones_upstream() -> float:
+    """A length that is not a multiple of the chunks, the gradient of out.sum(): the padded query rows output 0
+    and add nothing to dk and dv (they gave mean(v) and dv off by 1.2 before)."""
+    t = 21
+    g = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(2, 2, t, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    q1, k1, v1 = (x.clone().requires_grad_() for x in (q, k, v))
+    attention(q1, k1, v1, is_causal=True, backend="eager").sum().backward()
+    local = [shard_sequence(x, 2).requires_grad_() for x in (q, k, v)]
+    out = ring_attention(*local, is_causal=True, seq_len=t)
+    out.sum().backward()
+    full = gather_sequence(out.detach(), 2, length=padded_length(t, dist.get_world_size(), "zigzag"))
+    err = full[:, :, t:].abs().max().item() if full.shape[2] > t else 0.0  # the padded rows themselves: zeros
+    for mine, whole in zip(local, (q1, k1, v1), strict=True):
+        assert mine.grad is not None and whole.grad is not None
+        err = max(err, (gather_sequence(mine.grad, 2, length=t) - whole.grad).abs().max().item())
+    return err
 
 
 def _mods_on_the_ring() -> dict[str, float]:
@@ -170,6 +216,8 @@ def _check_rank() -> dict[str, Any]:
     errors["float32"] = (gather_sequence(out, 2, length=32) - expected).abs().max().item()
     errors.update(_mods_on_the_ring())
     errors.update(_model_on_the_ring(size))
+    errors["a global score_mod tensor trains"] = _a_global_trains_on_the_ring()
+    errors["uneven, all-ones upstream gradient"] = _uneven_with_all_ones_upstream()
     # a rank with another shape: an error on every rank, not a hang
     mismatched = torch.zeros(1, 2, 4 + (rank == 0) * 2, 8)
     try:

@@ -24,7 +24,8 @@ from attnlab.distributed.ring import (
     ring_attention,
     sequence_positions,
 )
-from attnlab.functional.mods import MaskMod, check_document_ids, document, document_positions
+from attnlab.functional.mods import MaskMod, ScoreMod, and_masks, check_document_ids, document, document_positions
+from attnlab.functional.visibility import Visibility
 from attnlab.nn.attention import Attention
 from attnlab.nn.rotary import apply_rotary
 
@@ -49,23 +50,8 @@ class ContextParallelAttention(Attention):
 
     @classmethod
     def from_attention(cls, module: Attention, **options: Any) -> ContextParallelAttention:
-        """The same weights and settings as ``module``, attending over the ring."""
-        made = cls(
-            d_in=module.d_in,
-            num_heads=module.num_heads,
-            d_out=module.out_proj.out_features,
-            num_kv_heads=module.num_kv_heads,
-            head_dim=module.head_dim,
-            qkv_bias=module.qkv.bias is not None,
-            out_bias=module.out_proj.bias is not None,
-            is_causal=module.is_causal,
-            window=module.window,
-            rope=module.rotary is not None,
-            rope_base=module.rotary.base if module.rotary is not None else 10000.0,
-            scale=module.scale,
-            backend=module.backend,
-            **options,
-        )
+        """The same weights and settings as ``module`` (whatever it was built with), attending over the ring."""
+        made = cls(**{**module.settings, **options})
         made.load_state_dict(module.state_dict())
         return made.to(next(module.parameters()).dtype)
 
@@ -77,15 +63,20 @@ class ContextParallelAttention(Attention):
         positions: torch.Tensor | None = None,
         cache: Cache | None = None,
         document_ids: torch.Tensor | None = None,
+        mask_mod: MaskMod | None = None,
+        score_mod: ScoreMod | None = None,
+        visibility: Visibility | None = None,
     ) -> torch.Tensor:
         """This rank's shard x (B, T / P, d_in) -> (B, T / P, d_out); RoPE at the shard's global positions.
 
         ``document_ids``: this rank's shard (B, T / P) of the packed documents' ids (``shard_sequence(ids, 1)``).
         No token sees another document, and RoPE restarts at each document, as in ``Attention``.
+        ``mask_mod`` / ``score_mod`` see global positions, as in ``ring_attention``.
         """
-        if mask is not None or cache is not None:
+        if mask is not None or cache is not None or visibility is not None:
             raise ValueError(
-                "ContextParallelAttention takes no mask or cache (the ring has neither): hide other documents "
+                "ContextParallelAttention takes no mask, cache or visibility (the ring builds its own per block): "
+                "hide other documents "
                 "with document_ids, or call ring_attention(..., mask_mod=) for any other mask"
             )
         self._check_input(x)
@@ -117,23 +108,13 @@ class ContextParallelAttention(Attention):
         if self.rotary is not None:
             cos, sin = self.rotary(positions, dtype=queries.dtype)
             queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
-        return self.attend(queries, keys, values, mask_mod=packed)
-
-    def attend(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        *,
-        mask: torch.Tensor | None = None,
-        structural: bool = True,
-        mask_mod: MaskMod | None = None,
-    ) -> torch.Tensor:
-        context_vec = ring_attention(
+        user = mask_mod if packed is None else packed if mask_mod is None else and_masks(packed, mask_mod)
+        context_vec = ring_attention(  # (B, H, T / P, D): who may attend is worked out per block on the ring
             queries,
             keys,
             values,
-            mask_mod=mask_mod,
+            mask_mod=user,
+            score_mod=score_mod,
             group=self.group,
             is_causal=self.is_causal,
             window=self.window,

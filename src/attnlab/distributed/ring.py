@@ -9,7 +9,7 @@ merge by their log-sum-exp in the stable form
 The backward pass walks the ring again: each block carries its own key and
 value gradients, which arrive back at their owner after the last step.
 
-Causal and window masks use global positions. ``layout="zigzag"`` cuts the
+Who may attend is a :class:`Visibility` per block, on global positions, the padding at -1. ``layout="zigzag"`` cuts the
 sequence into 2P chunks and gives rank r chunks r and 2P-1-r, so every rank
 does the same causal work; ``"contiguous"`` gives rank r the r-th P-th.
 
@@ -29,9 +29,9 @@ from torch.autograd.function import once_differentiable
 
 from attnlab._checks import check_scale, check_window
 from attnlab.functional.eager import accumulation_dtype, repeat_kv
-from attnlab.functional.flash import flash_backward, flash_forward
-from attnlab.functional.masks import DEFAULT_BLOCK, MaskSpec
-from attnlab.functional.mods import MaskMod, ScoreMod, and_masks, learnable_tensors, mod_name
+from attnlab.functional.flash import DEFAULT_BLOCK, flash_backward, flash_forward
+from attnlab.functional.mods import MaskMod, ScoreMod
+from attnlab.functional.visibility import Visibility
 
 Layout = Literal["zigzag", "contiguous"]
 LAYOUTS = ("zigzag", "contiguous")
@@ -128,48 +128,20 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any,
         )
 
 
-class _OnGlobalPositions:
-    """A user's mask_mod or score_mod, called with global positions instead of this block's local indices.
-
-    Positions past the real length (the padding) are clamped to its last token, so a mod that indexes a tensor of
-    the real length stays in range; those keys are hidden and those rows dropped anyway.
-    """
-
-    def __init__(self, mod: Any, q_pos: torch.Tensor, k_pos: torch.Tensor, last: int) -> None:
-        self.mod, self.q_pos, self.k_pos = mod, q_pos.clamp(max=last), k_pos.clamp(max=last)
-
-    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
-        *score, b, h, qi, ki = args  # mask_mod(b, h, q, k) or score_mod(score, b, h, q, k)
-        out: torch.Tensor = self.mod(*score, b, h, self.q_pos[qi], self.k_pos[ki])
-        return out
-
-    def __repr__(self) -> str:
-        return mod_name(self.mod)
-
-
-def _block_spec(q_pos: torch.Tensor, k_pos: torch.Tensor, options: _Options, batch: int, heads: int) -> MaskSpec:
-    """The mask and scores of local queries against one block of keys, from global positions (padding hidden)."""
-    causal, window, length = options.causal, options.window, options.length
-    padding = length < options.padded
-
-    def structure(b: torch.Tensor, h: torch.Tensor, qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
-        qp, kp = q_pos[qi], k_pos[ki]
-        ok = qp >= kp if causal else kp < length  # window implies causal; one of the two holds here
-        if causal and padding:
-            ok = ok & (kp < length)
-        if window is not None:
-            ok = ok & (qp - kp < window)
-        return ok
-
-    mask_mod: Any = structure if causal or padding else None  # window sets causal
-    if options.mask_mod is not None:
-        user = _OnGlobalPositions(options.mask_mod, q_pos, k_pos, length - 1)
-        mask_mod = user if mask_mod is None else and_masks(mask_mod, user)
-    score_mod = None
-    if options.score_mod is not None:
-        score_mod = _OnGlobalPositions(options.score_mod, q_pos, k_pos, length - 1)
-    return MaskSpec(
-        tq=len(q_pos), tk=len(k_pos), mask_mod=mask_mod, score_mod=score_mod, batch=batch, heads=heads, q_offset=0
+def _block_visibility(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, options: _Options, batch: int, heads: int
+) -> Visibility:
+    """Local queries against one block of keys, at global positions; the padding sits at -1, so it sees nothing
+    and is seen by nobody: it adds nothing to any output or gradient."""
+    return Visibility(
+        q_pos=q_pos,
+        k_pos=k_pos,
+        causal=options.causal,
+        window=options.window,
+        mask_mod=options.mask_mod,
+        score_mod=options.score_mod,
+        batch=batch,
+        heads=heads,
     )
 
 
@@ -180,8 +152,6 @@ class _Options:
     scale: float
     causal: bool
     window: int | None
-    length: int  # the real global length: keys at or past it are padding
-    padded: int  # the padded global length, P x local
     mask_mod: Any
     score_mod: Any
     group: Any
@@ -213,15 +183,15 @@ def _exchange(
     return dist.batch_isend_irecv(ops)
 
 
-def _kernel_options(spec: MaskSpec, options: _Options) -> dict[str, Any]:
+def _kernel_options(vis: Visibility, options: _Options) -> dict[str, Any]:
     """The flash kernel's settings for one block, forward and backward alike (its tiles classified once)."""
     return {
         "scale": options.scale,
         "dropout_p": 0.0,
         "seed": 0,
-        "block_q": spec.block_q,
-        "block_k": spec.block_k,
-        "kinds": spec.tile_kinds(options.device),
+        "block_q": DEFAULT_BLOCK,
+        "block_k": DEFAULT_BLOCK,
+        "kinds": vis.tile_kinds(DEFAULT_BLOCK, DEFAULT_BLOCK),
     }
 
 
@@ -263,8 +233,8 @@ class _Ring(torch.autograd.Function):
             kb, vb = repeat_kv(block[0], groups), repeat_kv(block[1], groups)  # (B, H, Tl, D)
             for c0 in range(0, tl, QUERY_CHUNK):
                 c1 = min(c0 + QUERY_CHUNK, tl)
-                spec = _block_spec(q_pos[c0:c1], block[2], options, b, h)
-                part, part_lse = flash_forward(q[:, :, c0:c1], kb, vb, spec, **_kernel_options(spec, options))
+                vis = _block_visibility(q_pos[c0:c1], block[2], options, b, h)
+                part, part_lse = flash_forward(q[:, :, c0:c1], kb, vb, vis, **_kernel_options(vis, options))
                 _merge(out[:, :, c0:c1], lse[:, :, c0:c1], part, part_lse)
             del kb, vb
             _wait(requests)
@@ -294,7 +264,7 @@ class _Ring(torch.autograd.Function):
             requests = None
             if step < size - 1:  # keys and values move on while their gradients are computed here
                 requests = _exchange(block, buffers[step % 2], rank, size, options, backward=True)
-            spec = _block_spec(q_pos, block[2], options, b, h)
+            vis = _block_visibility(q_pos, block[2], options, b, h)
             dq_part, dk_part, dv_part, dparams_part = flash_backward(
                 grad_out,
                 q,
@@ -302,8 +272,8 @@ class _Ring(torch.autograd.Function):
                 repeat_kv(block[1], groups),
                 out,
                 lse,
-                spec,
-                **_kernel_options(spec, options),
+                vis,
+                **_kernel_options(vis, options),
                 params=tuple(params),
             )
             dq += dq_part
@@ -382,17 +352,19 @@ def ring_attention(
     if seq_len is not None and not 0 < seq_len <= length:
         raise ValueError(f"seq_len must be in [1, {length}] (the padded length over {size} ranks), got {seq_len}")
     q_pos = sequence_positions(length, rank, size, layout, q.device)
+    if seq_len is not None:  # the padding past the real length: -1, an empty slot that sees and is seen by nothing
+        q_pos = torch.where(q_pos < seq_len, q_pos, -1)
     options = _Options(
         scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale),
         causal=is_causal or window is not None,
         window=window,
-        length=length if seq_len is None else seq_len,
-        padded=length,
         mask_mod=mask_mod,
         score_mod=score_mod,
         group=group,
         stats=stats,
         device=q.device,
     )
-    out: torch.Tensor = _Ring.apply(q, k, v, q_pos, options, *learnable_tensors(score_mod))
+    # every tensor the score_mod declares or reads gets its share of the gradient (a global's too)
+    trained = Visibility(q_pos=q_pos, k_pos=q_pos, score_mod=score_mod).trained_tensors()
+    out: torch.Tensor = _Ring.apply(q, k, v, q_pos, options, *trained)
     return out

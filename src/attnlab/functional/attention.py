@@ -13,16 +13,16 @@ key lengths, D = head_dim (Dv for values).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 
-from attnlab._checks import check_dropout, check_positive_int, check_scale, check_window
+from attnlab._checks import check_dropout, check_scale
 from attnlab.functional.finite import apply_rule, clean
-from attnlab.functional.masks import DEFAULT_BLOCK, CausalAlign, MaskSpec, at_least_2d
+from attnlab.functional.flash import DEFAULT_BLOCK, Flash
 from attnlab.functional.mods import MaskMod, ScoreMod
-from attnlab.functional.registry import KERNELS, Backend, resolve
+from attnlab.functional.registry import KERNELS, Backend, Kernel, check_backend, resolve
+from attnlab.functional.visibility import Visibility
 from attnlab.observe import Recorder, is_recording, note_unobserved
 
 
@@ -93,88 +93,73 @@ def check_mask(mask: object, target: tuple[int, int, int, int], device: torch.de
 
 
 def _normalize_mask(mask: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """One form for every backend: at least 2-D, and a float mask in q's dtype.
+    """One form for every backend: a float mask in q's dtype.
 
-    A 0-D or 1-D mask broadcasts as SDPA broadcasts it: (Tk,) becomes (1, Tk).
     A float mask is cast once, up front, to q's dtype, as SDPA casts it: values
     beyond that dtype's range become -inf there, so every backend then sees the
     same mask, and a row left with only -inf attends to nothing and gives 0.
     """
-    mask = at_least_2d(mask)
-    if mask.dtype == torch.bool:
-        return mask
-    return mask.to(q.dtype)
+    return mask if mask.dtype == torch.bool else mask.to(q.dtype)
+
+
+_SUGAR = ("mask", "is_causal", "window", "mask_mod", "score_mod")
 
 
 def _prepare(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: torch.Tensor | None,
-    is_causal: bool,
-    window: int | None,
+    visibility: Visibility | None,
+    sugar: dict[str, Any],
     dropout_p: float,
     scale: float | None,
-    causal_align: CausalAlign,
-    block_q: int,
-    block_k: int,
-    mods: Mods,
-) -> tuple[MaskSpec, float]:
-    """Check every argument, then gather the masks into one MaskSpec and resolve the scale."""
+) -> tuple[Visibility, float]:
+    """Check every argument, then the call's one Visibility (given, or built from the sugar) and the scale."""
     _check_qkv(q, k, v)
-    if mask is not None:
-        check_mask(mask, (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), q.device)
-        mask = _normalize_mask(mask, q)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
-    if window is not None:
-        check_window(window)
     check_dropout(dropout_p, name="dropout_p")
     check_scale(scale)
-    if causal_align not in ("bottom_right", "top_left"):
-        raise ValueError(f"causal_align must be 'bottom_right' or 'top_left', got {causal_align!r}")
-    check_positive_int("block_q", block_q)
-    check_positive_int("block_k", block_k)
-    mods.check()
-
-    spec = MaskSpec(
-        tq=q.shape[2],
-        tk=k.shape[2],
-        causal=is_causal or window is not None,
-        align=causal_align,
-        window=window,
-        allowed=mask if mask is not None and mask.dtype == torch.bool else None,
-        bias=mask if mask is not None and mask.dtype != torch.bool else None,
-        block_q=block_q,
-        block_k=block_k,
-        mask_mod=mods.mask_mod,
-        score_mod=mods.score_mod,
-        batch=q.shape[0],
-        heads=q.shape[1],
-        q_offset=mods.q_offset,
-        kv_offset=mods.kv_offset,
+    b, h, tq, tk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if visibility is not None:
+        given = [name for name in _SUGAR if sugar[name] not in (None, False)]
+        if not isinstance(visibility, Visibility):
+            raise TypeError(f"visibility must be an attnlab.functional.Visibility, got {type(visibility).__name__}")
+        if given:
+            raise ValueError(
+                f"pass either visibility= or {', '.join(given)}, not both: add them to the Visibility with "
+                "visibility.restrict(mask=..., mask_mod=..., score_mod=...)"
+            )
+        if visibility.k_pos is None or (visibility.tq, visibility.tk) != (tq, tk):
+            keys = visibility.tk if visibility.k_pos is not None else "unbound"
+            raise ValueError(
+                f"the Visibility is for {visibility.tq} queries and {keys} keys, but q has {tq} and k has {tk}"
+            )
+        for part in (visibility.allowed, visibility.bias):
+            if part is not None:
+                check_mask(part, (b, h, tq, tk), part.device)
+        return visibility.bound_to(b, h, q.device), _scale(q, scale)
+    mask = sugar["mask"]
+    if mask is not None:
+        check_mask(mask, (b, h, tq, tk), q.device)
+        mask = _normalize_mask(mask, q)
+    if not isinstance(sugar["is_causal"], bool):
+        raise TypeError(f"is_causal must be a bool, got {sugar['is_causal']!r}")
+    vis = Visibility.from_lengths(
+        tq,
+        tk,
+        device=q.device,
+        causal=sugar["is_causal"],
+        window=sugar["window"],
+        mask=mask,
+        mask_mod=sugar["mask_mod"],
+        score_mod=sugar["score_mod"],
+        batch=b,
+        heads=h,
     )
-    return spec, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return vis, _scale(q, scale)
 
 
-@dataclass(frozen=True)
-class Mods:
-    """attention()'s mask and score functions and the positions they see, before they join the MaskSpec."""
-
-    mask_mod: MaskMod | None = None
-    score_mod: ScoreMod | None = None
-    q_offset: int | None = None
-    kv_offset: int = 0
-
-    def check(self) -> None:
-        for name in ("mask_mod", "score_mod"):
-            mod = getattr(self, name)
-            if mod is not None and not callable(mod):
-                raise TypeError(f"{name} must be a function (see attnlab.functional.mods), got {type(mod).__name__}")
-        for name in ("q_offset", "kv_offset"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"{name} must be a position, an int >= 0, got {value!r}")
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
 @overload
@@ -183,20 +168,16 @@ def attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
+    visibility: Visibility | None = ...,
     mask: torch.Tensor | None = ...,
     is_causal: bool = ...,
     window: int | None = ...,
-    dropout_p: float = ...,
-    scale: float | None = ...,
-    backend: Backend = ...,
-    return_weights: Literal[False] = ...,
-    causal_align: CausalAlign = ...,
-    block_q: int = ...,
-    block_k: int = ...,
     mask_mod: MaskMod | None = ...,
     score_mod: ScoreMod | None = ...,
-    q_offset: int | None = ...,
-    kv_offset: int = ...,
+    scale: float | None = ...,
+    dropout_p: float = ...,
+    backend: Backend = ...,
+    return_weights: Literal[False] = ...,
 ) -> torch.Tensor: ...
 @overload
 def attention(
@@ -204,47 +185,43 @@ def attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
+    visibility: Visibility | None = ...,
     mask: torch.Tensor | None = ...,
     is_causal: bool = ...,
     window: int | None = ...,
-    dropout_p: float = ...,
-    scale: float | None = ...,
-    backend: Backend = ...,
-    return_weights: Literal[True],
-    causal_align: CausalAlign = ...,
-    block_q: int = ...,
-    block_k: int = ...,
     mask_mod: MaskMod | None = ...,
     score_mod: ScoreMod | None = ...,
-    q_offset: int | None = ...,
-    kv_offset: int = ...,
+    scale: float | None = ...,
+    dropout_p: float = ...,
+    backend: Backend = ...,
+    return_weights: Literal[True],
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
+    visibility: Visibility | None = None,
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
     window: int | None = None,
-    dropout_p: float = 0.0,
-    scale: float | None = None,
-    backend: Backend = "auto",
-    return_weights: bool = False,
-    causal_align: CausalAlign = "bottom_right",
-    block_q: int = DEFAULT_BLOCK,
-    block_k: int = DEFAULT_BLOCK,
     mask_mod: MaskMod | None = None,
     score_mod: ScoreMod | None = None,
-    q_offset: int | None = None,
-    kv_offset: int = 0,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    backend: Backend = "auto",
+    return_weights: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Scaled dot-product attention, softmax(q k^T * scale + mask) v, over (B, H, T, D).
+    """Scaled dot-product attention, softmax(score_mod(q k^T * scale) + mask) v, over (B, H, T, D).
 
     Args:
         q: queries (B, H, Tq, D).
         k, v: keys (B, Hkv, Tk, D) and values (B, Hkv, Tk, Dv); H must be a
             multiple of Hkv (grouped-query or multi-query attention).
+        visibility: who may attend and what each score becomes, built once
+            (:class:`attnlab.functional.Visibility`, from positions): what a
+            model shares between its layers. Or say it with the sugar below,
+            which builds one for this call (queries ending where the keys end).
         mask: bool, True = may attend, or float, added to the scaled scores;
             broadcastable to (B, H, Tq, Tk), as SDPA broadcasts (a (Tk,)
             mask too). A float mask is cast to q's dtype first (values beyond
@@ -253,58 +230,66 @@ def attention(
         is_causal: hide the future; aligned bottom-right when Tq < Tk.
         window: sliding window: each query sees at most its last ``window``
             keys, itself included. Implies causal.
+        mask_mod: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (FlexAttention's
+            signature; built-ins in :mod:`attnlab.functional.mods`), True = may
+            attend, at absolute positions; combined with the other masks.
+        score_mod: ``score_mod(score, b, h, q_idx, kv_idx) -> score`` on the scaled
+            scores, before the mask. Every tensor it declares or reads gets its
+            gradient (eager, flash, the ring); sdpa takes only a declared bias
+            (``mods.alibi``, ``mods.relative_bias``, ``mods.bias(fn)``) and says so
+            otherwise, and ``backend="auto"`` then picks flash.
+        scale: defaults to 1 / sqrt(D).
         dropout_p: dropout on the attention weights, in [0, 1). Applied
             whenever > 0: pass 0.0 in evaluation.
-        scale: defaults to 1 / sqrt(D).
         backend: "eager" (explicit math, returns weights), "sdpa" (PyTorch's
-            fused kernel), "flash" (tiled, O(T) memory), "flex" (PyTorch's
-            flex_attention, compiled; inference on CPU), or "auto".
+            fused kernel), "flash" (tiled, O(T) memory; ``Flash(block_q=,
+            block_k=)`` sets its tiles), "flex" (PyTorch's flex_attention,
+            compiled; inference on CPU), or "auto".
         return_weights: also return the (B, H, Tq, Tk) weights, detached, as a
             :class:`attnlab.observe.Recorder` takes them; eager (or auto) only.
-        causal_align: "bottom_right" (default) or "top_left" (SDPA's convention).
-        block_q, block_k: tile sizes of the flash backend.
-        mask_mod: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (FlexAttention's signature;
-            built-ins in :mod:`attnlab.functional.mods`), True = may attend; combined
-            with the other masks. The flash backend skips the tiles it hides entirely.
-        score_mod: ``score_mod(score, b, h, q_idx, kv_idx) -> score`` on the scaled
-            scores, before the mask; gradients flow through it on eager, flash and
-            sdpa (sdpa takes only mods that add a bias, and says so otherwise).
-        q_offset, kv_offset: absolute positions of query 0 and key 0, as the mods
-            and the causal mask see them; by default query 0 sits at
-            ``kv_offset + Tk - Tq`` (bottom-right) or ``kv_offset`` (top-left).
 
     Returns:
         The context (B, H, Tq, Dv), and the weights if ``return_weights``.
-        A query with nothing to attend to gets a zero context vector. A NaN or
-        inf reaches exactly the outputs of the queries that may see it
-        (``attnlab.functional.finite``).
+        A query with nothing to attend to (by a mask, or by a score_mod that
+        makes its every score -inf) gets a zero context vector and zero
+        gradients. A NaN or inf reaches exactly the outputs of the queries that
+        may see it (``attnlab.functional.finite``).
 
     Raises:
         ValueError, TypeError: naming the bad value and the fix.
     """
-    name = resolve(backend, need_weights=return_weights)
-    mods = Mods(mask_mod, score_mod, q_offset, kv_offset)
-    spec, scale_ = _prepare(q, k, v, mask, is_causal, window, dropout_p, scale, causal_align, block_q, block_k, mods)
+    sugar = {"mask": mask, "is_causal": is_causal, "window": window, "mask_mod": mask_mod, "score_mod": score_mod}
+    check_backend(backend)
+    vis, scale_ = _prepare(q, k, v, visibility, sugar, dropout_p, scale)
+    name, kernel = resolve(backend, need_weights=return_weights, vis=vis)
     if not return_weights:
-        return run_kernel(name, q, k, v, spec, scale=scale_, dropout_p=dropout_p)[0]
+        return run_kernel(name, kernel, q, k, v, vis, scale=scale_, dropout_p=dropout_p)[0]
     with Recorder(names=["attn_weights"]) as rec:  # the shortcut takes the weights the way any Recorder does
-        out, _ = run_kernel(name, q, k, v, spec, scale=scale_, dropout_p=dropout_p)
+        out, _ = run_kernel(name, kernel, q, k, v, vis, scale=scale_, dropout_p=dropout_p)
     # no step when run_kernel answered an empty input without a kernel: its weights are all 0 too
     weights = rec.get("attn_weights") if rec.steps else q.new_zeros(*q.shape[:3], k.shape[2])
     return out, weights.to(q.dtype)
 
 
 def run_kernel(
-    name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, *, scale: float, dropout_p: float
+    name: str,
+    kernel: Kernel,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    vis: Visibility,
+    *,
+    scale: float,
+    dropout_p: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run the registered kernel ``name`` on checked arguments, with the rules every backend shares.
+    """Run ``kernel`` (registered as ``name``) on checked arguments, with the rules every backend shares.
 
     Empty inputs (no batch, no query, no key) give zeros without a kernel call;
     non-finite inputs follow ``attnlab.functional.finite``; a float mask that
     requires grad is refused by a kernel that treats it as a constant.
     """
     info = KERNELS[name]
-    if spec.bias is not None and spec.bias.requires_grad and not info.float_mask_grad:
+    if vis.bias is not None and vis.bias.requires_grad and not info.float_mask_grad:
         raise ValueError(
             f"the {name} backend treats float masks as constants; for a mask that needs gradients "
             "use backend='eager' or 'sdpa'"
@@ -312,13 +297,13 @@ def run_kernel(
     if is_recording() and not info.forms_weights:
         note_unobserved(f"backend {name!r} never forms the attention weights; use backend='eager' or 'auto'")
     b, h, tq, _ = q.shape
-    if b == 0 or tq == 0 or spec.tk == 0:  # nothing to attend to (or nobody asking): zeros, as for a dead row
+    if b == 0 or tq == 0 or vis.tk == 0:  # nothing to attend to (or nobody asking): zeros, as for a dead row
         empty_lse = torch.full((b, h, tq), float("inf"), dtype=torch.float32, device=q.device)
         return q.new_zeros(b, h, tq, v.shape[-1]), empty_lse if info.has_lse else None
     q, k, v, bad = clean(q, k, v)
-    out, lse = info.kernel(q, k, v, spec, scale=scale, dropout_p=dropout_p)
+    out, lse = kernel(q, k, v, vis, scale=scale, dropout_p=dropout_p)
     if bad is not None:
-        out = apply_rule(out, spec, bad)
+        out = apply_rule(out, vis, bad)
     return out, lse
 
 
@@ -327,26 +312,22 @@ def flash_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
+    visibility: Visibility | None = None,
     mask: torch.Tensor | None = None,
     is_causal: bool = False,
     window: int | None = None,
-    dropout_p: float = 0.0,
-    scale: float | None = None,
-    causal_align: CausalAlign = "bottom_right",
-    block_q: int = DEFAULT_BLOCK,
-    block_k: int = DEFAULT_BLOCK,
     mask_mod: MaskMod | None = None,
     score_mod: ScoreMod | None = None,
-    q_offset: int | None = None,
-    kv_offset: int = 0,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    block_q: int = DEFAULT_BLOCK,
+    block_k: int = DEFAULT_BLOCK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The flash backend with its row log-sum-exp: (out (B, H, Tq, Dv), lse (B, H, Tq), float32 for half inputs).
-
-    lse is log(sum_j exp(score_ij)) over the keys row i may see; +inf on rows
-    that see none. Same arguments and checks as :func:`attention`.
-    """
-    mods = Mods(mask_mod, score_mod, q_offset, kv_offset)
-    spec, scale_ = _prepare(q, k, v, mask, is_causal, window, dropout_p, scale, causal_align, block_q, block_k, mods)
-    out, lse = run_kernel("flash", q, k, v, spec, scale=scale_, dropout_p=dropout_p)
+    """The flash backend with its row log-sum-exp: (out (B, H, Tq, Dv), lse (B, H, Tq)), +inf on a row that sees
+    nothing. What the ring merges by. Same arguments and checks as :func:`attention`, and the tile sizes."""
+    sugar = {"mask": mask, "is_causal": is_causal, "window": window, "mask_mod": mask_mod, "score_mod": score_mod}
+    flash = Flash(block_q=block_q, block_k=block_k)
+    vis, scale_ = _prepare(q, k, v, visibility, sugar, dropout_p, scale)
+    out, lse = run_kernel("flash", flash, q, k, v, vis, scale=scale_, dropout_p=dropout_p)
     assert lse is not None  # the flash kernel always has it
     return out, lse

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnlab.functional.masks import MaskSpec
+from attnlab.functional.visibility import Visibility
 from attnlab.observe import record
 
 
@@ -53,7 +53,7 @@ def eager_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    spec: MaskSpec,
+    vis: Visibility,
     *,
     scale: float,
     dropout_p: float = 0.0,
@@ -64,7 +64,8 @@ def eager_attention(
     that may see nothing), in the accumulation dtype, as the flash backend
     returns it. The weights go to the Recorder. The (B, H, Tq, Tk) scores are
     scaled and masked in place, as the book masks them, so the path holds two
-    score-sized tensors, not five.
+    score-sized tensors, not five. A row left with nothing, by the masks or by
+    a score_mod that made its every score -inf, gets weights of 0.
     """
     groups = q.shape[1] // k.shape[1]
     k = repeat_kv(k, groups)  # (B, H, Tk, D)
@@ -75,20 +76,23 @@ def eager_attention(
     record("attn_scores", attn_scores, source="attention")
     attn_scores.mul_(scale)  # Vaswani et al. 2017, eq. 1: QK^T / sqrt(d_k)
     record("scaled_scores", attn_scores, source="attention")
-    if spec.score_mod is not None:  # on the whole (B, H, Tq, Tk) grid; autograd reaches its learnable tensors
-        attn_scores = spec.modify(attn_scores, 0, spec.tq, 0, spec.tk)
+    if vis.score_mod is not None:  # on the whole (B, H, Tq, Tk) grid; autograd reaches its learnable tensors
+        attn_scores = vis.modify(attn_scores, 0, vis.tq, 0, vis.tk)
         record("modified_scores", attn_scores, source="attention")
-    allowed, bias = spec.dense(q.device)  # a mask_mod is evaluated here, on the whole grid
+    allowed, bias = vis.dense()  # built once per Visibility: every layer that shares it reads the same masks
+    # In place where the scores are ours alone; a score_mod's backward may need the tensor it returned.
+    fill = torch.Tensor.masked_fill if vis.score_mod is not None else torch.Tensor.masked_fill_
     if bias is not None:
         attn_scores = attn_scores + bias.to(compute)
     if allowed is not None:
-        attn_scores.masked_fill_(~allowed, float("-inf"))
+        attn_scores = fill(attn_scores, ~allowed, float("-inf"))
     record("masked_scores", attn_scores, source="attention")
-    dead = dead_rows(allowed, bias)
-    lse = torch.logsumexp(attn_scores, dim=-1)  # (B, H, Tq); -inf on dead rows
-    if dead is not None:  # a row with nothing to attend to: softmax of zeros, then weights of zero
+    lse = torch.logsumexp(attn_scores, dim=-1)  # (B, H, Tq); -inf on a row with nothing to see
+    dead = None
+    if allowed is not None or bias is not None or vis.score_mod is not None:
+        dead = torch.isneginf(lse)[..., None]  # (B, H, Tq, 1): by mask or by a score_mod's -inf alike
         lse = lse.masked_fill(dead[..., 0], float("inf"))
-        attn_scores.masked_fill_(dead, 0.0)
+        attn_scores = fill(attn_scores, dead, 0.0)  # softmax of zeros, then weights of zero: no NaN
     attn_weights = torch.softmax(attn_scores, dim=-1)
     if dead is not None:
         attn_weights = attn_weights.masked_fill(dead, 0.0)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnlab.functional.masks import MaskSpec
+from attnlab.functional.visibility import Visibility
 
 _ROWS = 512  # queries per block when finding who sees a bad position: memory O(512 * Tk), not O(Tq * Tk)
 
@@ -60,7 +60,7 @@ def clean(
     return zero(q, fin_q), zero(k, fin_k), zero(v, fin_v), bad
 
 
-def apply_rule(out: torch.Tensor, spec: MaskSpec, bad: NonFinite) -> torch.Tensor:
+def apply_rule(out: torch.Tensor, vis: Visibility, bad: NonFinite) -> torch.Tensor:
     """Set to NaN the rows of out (B, H, Tq, Dv) that the rule names; dead rows stay 0."""
     b, h, tq, _ = out.shape
     groups = h // bad.bad_kv.shape[1]
@@ -68,8 +68,8 @@ def apply_rule(out: torch.Tensor, spec: MaskSpec, bad: NonFinite) -> torch.Tenso
     nan_rows = torch.zeros(b, h, tq, dtype=torch.bool, device=out.device)
     for i0 in range(0, tq, _ROWS):
         i1 = min(i0 + _ROWS, tq)
-        allowed, bias = spec.tile(i0, i1, 0, spec.tk, out.device)
-        visible = torch.ones(1, 1, i1 - i0, spec.tk, dtype=torch.bool, device=out.device)
+        allowed, bias = vis.tile(i0, i1, 0, vis.tk)
+        visible = torch.ones(1, 1, i1 - i0, vis.tk, dtype=torch.bool, device=out.device)
         if allowed is not None:
             visible = visible & allowed
         if bias is not None:

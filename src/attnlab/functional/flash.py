@@ -9,7 +9,7 @@ tile's probabilities instead of storing them. Forward and backward both use
 O(T * D) memory plus one (block_q, block_k) tile per head (the forward joins up
 to SPAN_TILES neighbouring tiles of one kind into one matmul).
 
-Every tile is classified once per call (``MaskSpec.tile_kinds``): EMPTY
+Every tile is classified once per Visibility (``Visibility.tile_kinds``, kept on it): EMPTY
 tiles, which the causal or window structure or a ``mask_mod`` hides entirely,
 are skipped (half the work of causal attention; most of it for packed
 documents); FULL tiles get no mask work; PARTIAL ones are masked. A
@@ -23,14 +23,17 @@ bq / bk = block sizes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from attnlab._checks import check_positive_int
 from attnlab.functional.eager import accumulation_dtype, repeat_kv
-from attnlab.functional.masks import EMPTY, PARTIAL, MaskSpec
-from attnlab.functional.mods import learnable_tensors
+from attnlab.functional.visibility import EMPTY, PARTIAL, Visibility
+
+DEFAULT_BLOCK = 256  # the tile, queries by keys
 
 
 def _keep_mask(seed: int, i: int, j: int, shape: tuple[int, ...], p: float, device: torch.device) -> torch.Tensor:
@@ -40,9 +43,9 @@ def _keep_mask(seed: int, i: int, j: int, shape: tuple[int, ...], p: float, devi
     return torch.rand(shape, generator=gen, device=device) >= p
 
 
-def _mask(s: torch.Tensor, spec: MaskSpec, kind: int, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
+def _mask(s: torch.Tensor, vis: Visibility, kind: int, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
     """Bias and mask one tile of (modified) scores in place; a FULL tile needs no mask work."""
-    allowed, bias = spec.tile(i0, i1, j0, j1, s.device) if kind == PARTIAL or spec.bias is not None else (None, None)
+    allowed, bias = vis.tile(i0, i1, j0, j1) if kind == PARTIAL or vis.bias is not None else (None, None)
     if bias is not None:
         s += bias.to(s.dtype)
     if allowed is not None and kind == PARTIAL:
@@ -51,11 +54,11 @@ def _mask(s: torch.Tensor, spec: MaskSpec, kind: int, i0: int, i1: int, j0: int,
 
 
 def _scores(
-    qi_scaled: torch.Tensor, kj: torch.Tensor, spec: MaskSpec, kind: int, i0: int, i1: int, j0: int, j1: int
+    qi_scaled: torch.Tensor, kj: torch.Tensor, vis: Visibility, kind: int, i0: int, i1: int, j0: int, j1: int
 ) -> torch.Tensor:
     """Modified, biased, masked scores of one tile from pre-scaled queries, (B, H, bq, bk), a fresh tensor."""
-    s = spec.modify(qi_scaled @ kj.transpose(-2, -1), i0, i1, j0, j1)
-    return _mask(s, spec, kind, i0, i1, j0, j1)
+    s = vis.modify(qi_scaled @ kj.transpose(-2, -1), i0, i1, j0, j1)
+    return _mask(s, vis, kind, i0, i1, j0, j1)
 
 
 def _blocks(n: int, size: int) -> list[tuple[int, int, int]]:
@@ -90,7 +93,7 @@ def flash_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    spec: MaskSpec,
+    vis: Visibility,
     *,
     scale: float,
     dropout_p: float,
@@ -111,7 +114,7 @@ def flash_forward(
         l = torch.zeros(b, h, i1 - i0, dtype=ad, device=q.device)  # running sum of exp  # noqa: E741
         acc = torch.zeros(b, h, i1 - i0, dv, dtype=ad, device=q.device)
         for kind, tiles, j0, j1 in _spans(bi, _blocks(tk, block_k), kinds):
-            s = _scores(qi, k[:, :, j0:j1].to(ad), spec, kind, i0, i1, j0, j1)
+            s = _scores(qi, k[:, :, j0:j1].to(ad), vis, kind, i0, i1, j0, j1)
             m_new = torch.maximum(m, s.amax(dim=-1))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             p = s.sub_(m_safe[..., None]).exp_()  # (B, H, bq, bk), in place: s is not needed again
@@ -144,7 +147,7 @@ def flash_backward(
     v: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
-    spec: MaskSpec,
+    vis: Visibility,
     *,
     scale: float,
     dropout_p: float,
@@ -172,14 +175,14 @@ def flash_backward(
                 continue
             kj, vj = k[:, :, j0:j1].to(ad), v[:, :, j0:j1].to(ad)
             raw = qi_scaled @ kj.transpose(-2, -1)  # (B, H, bq, bk)
-            if spec.score_mod is not None:  # keep the mod's graph: its derivative carries ds back to raw and params
+            if vis.score_mod is not None:  # keep the mod's graph: its derivative carries ds back to raw and params
                 with torch.enable_grad():
                     raw.requires_grad_(True)
-                    modified = spec.modify(raw, i0, i1, j0, j1)
+                    modified = vis.modify(raw, i0, i1, j0, j1)
                 s = modified.detach().clone()
             else:
                 s = raw
-            p = _mask(s, spec, kind, i0, i1, j0, j1).sub_(lse_i).exp_()  # (B, H, bq, bk)
+            p = _mask(s, vis, kind, i0, i1, j0, j1).sub_(lse_i).exp_()  # (B, H, bq, bk)
             dp = doi @ vj.transpose(-2, -1)  # dL/d(dropped P)
             if dropout_p > 0.0:
                 keep = _keep_mask(seed, bi, bj, p.shape, dropout_p, q.device) / (1.0 - dropout_p)
@@ -188,12 +191,14 @@ def flash_backward(
             else:
                 dv[:, :, j0:j1] += p.transpose(-2, -1) @ doi
             ds = p * (dp - delta_i)  # softmax backward: d loss / d (modified score)
-            if spec.score_mod is not None:
+            if vis.score_mod is not None:
                 # the vector-Jacobian product with ds, as the gradient of a sum: the same numbers, and torch does
                 # not load its symbolic-shape machinery (sympy, about 2 s) for a scalar root
                 with torch.enable_grad():
                     root = (modified * ds).sum()
-                grads = torch.autograd.grad(root, (raw, *params), allow_unused=True)
+                # retain_graph: a tensor the mod reads may hang on a graph of the caller's (temperature = w * 2),
+                # which every tile and every layer passes through again
+                grads = torch.autograd.grad(root, (raw, *params), allow_unused=True, retain_graph=bool(params))
                 ds = grads[0]
                 for n, g in enumerate(grads[1:]):
                     seen = dparams[n]
@@ -211,27 +216,19 @@ class _FlashFunction(torch.autograd.Function):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        spec: MaskSpec,
+        vis: Visibility,
         scale: float,
         dropout_p: float,
         seed: int,
+        blocks: tuple[int, int],
         *params: torch.Tensor,  # the score_mod's learnable tensors: inputs, so they get gradients
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        kinds = spec.tile_kinds(q.device)  # once per call: the backward walks the same tiles
+        kinds = vis.tile_kinds(*blocks)  # kept on the Visibility: the backward and the next layer walk the same tiles
         out, lse = flash_forward(
-            q,
-            k,
-            v,
-            spec,
-            scale=scale,
-            dropout_p=dropout_p,
-            seed=seed,
-            block_q=spec.block_q,
-            block_k=spec.block_k,
-            kinds=kinds,
+            q, k, v, vis, scale=scale, dropout_p=dropout_p, seed=seed, block_q=blocks[0], block_k=blocks[1], kinds=kinds
         )
         ctx.save_for_backward(q, k, v, out, lse, *params)
-        ctx.spec, ctx.scale, ctx.dropout_p, ctx.seed, ctx.kinds = spec, scale, dropout_p, seed, kinds
+        ctx.vis, ctx.scale, ctx.dropout_p, ctx.seed, ctx.kinds, ctx.blocks = vis, scale, dropout_p, seed, kinds, blocks
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -246,35 +243,59 @@ class _FlashFunction(torch.autograd.Function):
             v,
             out,
             lse,
-            ctx.spec,
+            ctx.vis,
             scale=ctx.scale,
             dropout_p=ctx.dropout_p,
             seed=ctx.seed,
-            block_q=ctx.spec.block_q,
-            block_k=ctx.spec.block_k,
+            block_q=ctx.blocks[0],
+            block_k=ctx.blocks[1],
             kinds=ctx.kinds,
             params=tuple(params),
         )
-        return dq, dk, dv, None, None, None, None, *dparams
+        return dq, dk, dv, None, None, None, None, None, *dparams
 
 
 def flash_attention_kernel(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    spec: MaskSpec,
+    vis: Visibility,
     *,
     scale: float,
     dropout_p: float = 0.0,
+    block_q: int = DEFAULT_BLOCK,
+    block_k: int = DEFAULT_BLOCK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel contract: (out (B, H, Tq, Dv), lse (B, H, Tq)), tiled by spec.block_q x spec.block_k.
+    """The kernel contract: (out (B, H, Tq, Dv), lse (B, H, Tq)), tiled by block_q x block_k.
 
     Float masks are constants here: one that requires grad is refused by ``attention()`` before this runs.
-    A score_mod's learnable tensors (``mods.learnable_tensors``) get their gradients.
+    Every tensor the score_mod declares or reads (``Visibility.trained_tensors``) gets its gradient.
     """
     groups = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (B, H, Tk, D): each query head reads its kv head
     seed = int(torch.randint(0, 2**62, ()).item()) if dropout_p > 0.0 else 0
-    params = learnable_tensors(spec.score_mod)
-    out, lse = _FlashFunction.apply(q, k, v, spec, scale, dropout_p, seed, *params)
+    params = vis.trained_tensors()
+    out, lse = _FlashFunction.apply(q, k, v, vis, scale, dropout_p, seed, (block_q, block_k), *params)
     return out, lse
+
+
+@dataclass(frozen=True)
+class Flash:
+    """The flash backend with its own tile sizes: ``attention(..., backend=Flash(block_q=16, block_k=16))``.
+
+    Tile sizes belong to this backend alone; ``backend="flash"`` uses 256 x 256.
+    """
+
+    block_q: int = DEFAULT_BLOCK
+    block_k: int = DEFAULT_BLOCK
+
+    def __post_init__(self) -> None:
+        check_positive_int("block_q", self.block_q)
+        check_positive_int("block_k", self.block_k)
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, vis: Visibility, *, scale: float, dropout_p: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return flash_attention_kernel(
+            q, k, v, vis, scale=scale, dropout_p=dropout_p, block_q=self.block_q, block_k=self.block_k
+        )

@@ -23,11 +23,13 @@ Shapes: B = batch, H = heads, Tq / Tk = query / key lengths.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from attnlab._checks import check_positive_int, check_window
 
@@ -42,16 +44,24 @@ def mod_name(mod: object) -> str:
     return getattr(mod, "__qualname__", None) or getattr(mod, "__name__", None) or type(mod).__name__
 
 
-class _Mod:
-    """A built-in mod: callable with FlexAttention's signature, named in errors, its learnable tensors listed."""
+class _Mod(nn.Module):
+    """A built-in mod: an ``nn.Module`` with FlexAttention's signature, named in errors. Its learnable tensors are
+    parameters, so a model that holds it (``model.score_mod = mods.alibi(12, learnable=True)``) trains them."""
 
     NAME = "mod"
+    is_bias = False  # score + something that does not depend on the score: sdpa can take it as a float mask
 
-    def parameters(self) -> list[torch.Tensor]:
-        return [t for t in vars(self).values() if isinstance(t, torch.Tensor) and t.requires_grad]
+    def __init__(self, **shown: object) -> None:
+        super().__init__()
+        self._shown = shown  # what repr() says
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """forward's: FlexAttention tells a mask_mod from a score_mod by counting the arguments."""
+        return inspect.signature(self.forward)
 
     def __repr__(self) -> str:
-        shown = {k: (f"tensor{tuple(v.shape)}" if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
+        shown = {k: (f"tensor{tuple(v.shape)}" if isinstance(v, torch.Tensor) else v) for k, v in self._shown.items()}
         return f"{self.NAME}({', '.join(f'{k}={v}' for k, v in shown.items())})"
 
 
@@ -61,7 +71,10 @@ class _Mod:
 class _Causal(_Mod):
     NAME = "causal"
 
-    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         return q_idx >= kv_idx
 
 
@@ -70,9 +83,10 @@ class _SlidingWindow(_Mod):
 
     def __init__(self, window: int) -> None:
         check_window(window)
+        super().__init__(window=window)
         self.window = window
 
-    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         return (q_idx >= kv_idx) & (q_idx - kv_idx < self.window)
 
 
@@ -87,9 +101,10 @@ class _PrefixLM(_Mod):
                 )
         elif isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or prefix_len < 0:
             raise ValueError(f"prefix_len must be an int >= 0 or a (batch,) tensor, got {prefix_len!r}")
+        super().__init__(prefix_len=prefix_len)
         self.prefix_len = prefix_len
 
-    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         prefix = self.prefix_len[b] if isinstance(self.prefix_len, torch.Tensor) else self.prefix_len
         return (kv_idx < prefix) | (q_idx >= kv_idx)  # the prefix sees itself whole; the rest is causal
 
@@ -103,9 +118,10 @@ class _Document(_Mod):
                 f"doc_ids must be a (batch, seq) integer tensor, one document id per token, got "
                 f"{tuple(doc_ids.shape) if isinstance(doc_ids, torch.Tensor) else type(doc_ids).__name__}"
             )
+        super().__init__(doc_ids=doc_ids)
         self.doc_ids = doc_ids
 
-    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         return self.doc_ids[b, q_idx] == self.doc_ids[b, kv_idx]
 
 
@@ -115,17 +131,20 @@ class _Padding(_Mod):
     def __init__(self, lengths: torch.Tensor) -> None:
         if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 or lengths.is_floating_point():
             raise ValueError("lengths must be a (batch,) integer tensor: the real tokens of each row")
+        super().__init__(lengths=lengths)
         self.lengths = lengths
 
-    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         return kv_idx < self.lengths[b]
 
 
 class _And(_Mod):
     def __init__(self, *mods: MaskMod) -> None:
+        super().__init__()
         self.mods = mods
+        self.held = nn.ModuleList([m for m in mods if isinstance(m, nn.Module)])  # their parameters are ours
 
-    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         out = self.mods[0](b, h, q_idx, kv_idx)
         for mod in self.mods[1:]:
             out = out & mod(b, h, q_idx, kv_idx)
@@ -136,7 +155,7 @@ class _And(_Mod):
 
 
 class _Or(_And):
-    def __call__(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         out = self.mods[0](b, h, q_idx, kv_idx)
         for mod in self.mods[1:]:
             out = out | mod(b, h, q_idx, kv_idx)
@@ -206,11 +225,17 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 
 class _Alibi(_Mod):
     NAME = "alibi"
+    is_bias = True
 
     def __init__(self, num_heads: int, learnable: bool) -> None:
-        self.slopes = alibi_slopes(num_heads).float().requires_grad_(learnable)
+        super().__init__(num_heads=num_heads, learnable=learnable)
+        slopes = alibi_slopes(num_heads).float()
+        if learnable:
+            self.slopes = nn.Parameter(slopes)
+        else:
+            self.register_buffer("slopes", slopes, persistent=False)  # follows .to(device); derived, not saved
 
-    def __call__(
+    def forward(
         self, score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
     ) -> torch.Tensor:
         return score + self.slopes.to(score.dtype)[h] * (kv_idx - q_idx)
@@ -222,9 +247,10 @@ class _Softcap(_Mod):
     def __init__(self, cap: float) -> None:
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf:
             raise ValueError(f"cap must be a finite number > 0, got {cap!r}")
+        super().__init__(cap=float(cap))
         self.cap = float(cap)
 
-    def __call__(
+    def forward(
         self, score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
     ) -> torch.Tensor:
         return self.cap * torch.tanh(score / self.cap)
@@ -232,6 +258,7 @@ class _Softcap(_Mod):
 
 class _RelativeBias(_Mod):
     NAME = "relative_bias"
+    is_bias = True
 
     def __init__(self, table: torch.Tensor) -> None:
         if not isinstance(table, torch.Tensor) or table.dim() != 2 or table.shape[1] % 2 == 0:
@@ -240,14 +267,70 @@ class _RelativeBias(_Mod):
                 f"kv_idx - q_idx in [-max_distance, max_distance], got "
                 f"{tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__}"
             )
-        self.table = table
+        super().__init__(table=table)
+        self.table = table  # an nn.Parameter registers itself; another tensor that requires grad is found by its use
 
-    def __call__(
+    def forward(
         self, score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
     ) -> torch.Tensor:
         reach = self.table.shape[1] // 2
         distance = (kv_idx - q_idx).clamp(-reach, reach) + reach  # farther than the table: its last entry
         return score + self.table.to(score.dtype)[h, distance]
+
+
+class _Bias(_Mod):
+    NAME = "bias"
+    is_bias = True
+
+    def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn  # an nn.Module registers itself, so its parameters are ours
+
+    def forward(
+        self, score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
+        return score + self.fn(b, h, q_idx, kv_idx).to(score.dtype)
+
+    def __repr__(self) -> str:
+        return f"bias({mod_name(self.fn)})"
+
+
+class _Chain(_Mod):
+    def __init__(self, *mods: ScoreMod) -> None:
+        super().__init__()
+        self.mods = mods
+        self.held = nn.ModuleList([m for m in mods if isinstance(m, nn.Module)])  # their parameters are ours
+        self.is_bias = all(is_bias(m) for m in mods)
+
+    def forward(
+        self, score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
+        for mod in self.mods:
+            score = mod(score, b, h, q_idx, kv_idx)
+        return score
+
+    def __repr__(self) -> str:
+        return "chain_scores(" + ", ".join(mod_name(m) for m in self.mods) + ")"
+
+
+def bias(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> ScoreMod:
+    """A score_mod that adds ``fn(b, h, q_idx, kv_idx)`` to the score, declared a bias: the sdpa backend takes it
+    as a float mask (a score_mod that is not declared one could change with the score, which sdpa cannot do)."""
+    if not callable(fn):
+        raise TypeError(f"bias(fn) needs a function fn(b, h, q_idx, kv_idx) -> bias, got {type(fn).__name__}")
+    return _Bias(fn)
+
+
+def chain_scores(*mods: ScoreMod) -> ScoreMod:
+    """Apply each score_mod in turn; a bias when every one is."""
+    if not mods:
+        raise ValueError("chain_scores needs at least one score_mod")
+    return _Chain(*mods)
+
+
+def is_bias(mod: object) -> bool:
+    """Whether a score_mod declares itself an additive bias (alibi, relative_bias, ``bias(fn)``)."""
+    return getattr(mod, "is_bias", False) is True
 
 
 def alibi(num_heads: int, *, learnable: bool = False) -> ScoreMod:
@@ -271,20 +354,26 @@ def relative_bias(table: torch.Tensor) -> ScoreMod:
 def index_grid(
     batch: int, heads: int, q_idx: torch.Tensor, kv_idx: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1, 1, Tq, 1), kv_idx (1, 1, 1, Tk): broadcast to (B, H, Tq, Tk)."""
+    """b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1 or B, 1, Tq, 1), kv_idx (1 or B, 1, 1, Tk): broadcast to (B, H, Tq, Tk).
+
+    Positions come as (T,) or already on the grid, (1 or B, 1, Tq, 1) and (1 or B, 1, 1, Tk).
+    """
     device = q_idx.device
     b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
     h = torch.arange(heads, device=device).view(1, heads, 1, 1)
-    return b, h, q_idx.view(1, 1, -1, 1), kv_idx.view(1, 1, 1, -1)
+    q = q_idx if q_idx.dim() == 4 else q_idx.view(1, 1, -1, 1)  # (T,) -> (1, 1, Tq, 1)
+    kv = kv_idx if kv_idx.dim() == 4 else kv_idx.view(1, 1, 1, -1)  # (T,) -> (1, 1, 1, Tk)
+    return b, h, q, kv
 
 
 def evaluate_mask(
     mask_mod: MaskMod, *, batch: int, heads: int, q_idx: torch.Tensor, kv_idx: torch.Tensor
 ) -> torch.Tensor:
     """The mod on the grid, checked: bool, broadcastable to (B, H, Tq, Tk); errors name the mod."""
-    target = (batch, heads, q_idx.numel(), kv_idx.numel())
+    grid = index_grid(batch, heads, q_idx, kv_idx)
+    target = (batch, heads, grid[2].shape[2], grid[3].shape[3])
     try:
-        out = mask_mod(*index_grid(batch, heads, q_idx, kv_idx))
+        out = mask_mod(*grid)
     except Exception as err:  # a user's function: say whose error it is
         raise ValueError(f"mask_mod {mod_name(mask_mod)} raised {type(err).__name__}: {err}") from err
     if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
@@ -301,10 +390,14 @@ def evaluate_mask(
 def apply_score_mod(
     score_mod: ScoreMod, score: torch.Tensor, *, q_idx: torch.Tensor, kv_idx: torch.Tensor
 ) -> torch.Tensor:
-    """The mod on (B, H, Tq, Tk) scores, checked: the same shape, floating point; errors name the mod."""
+    """The mod on (B, H, Tq, Tk) scores, checked: the same shape, floating point; errors name the mod.
+
+    The mod gets a tensor of its own: one that writes in place (``score.mul_(2)``) gives what its
+    out-of-place form gives, and never changes the caller's scores.
+    """
     batch, heads = score.shape[0], score.shape[1]
     try:
-        out = score_mod(score, *index_grid(batch, heads, q_idx, kv_idx))
+        out = score_mod(score.clone(), *index_grid(batch, heads, q_idx, kv_idx))
     except Exception as err:
         raise ValueError(f"score_mod {mod_name(score_mod)} raised {type(err).__name__}: {err}") from err
     if not isinstance(out, torch.Tensor) or not torch.is_floating_point(out):
@@ -318,22 +411,40 @@ def apply_score_mod(
     return out
 
 
-def learnable_tensors(mod: Any) -> list[torch.Tensor]:
-    """The tensors a score_mod trains: ``mod.parameters()`` (attnlab's mods, nn.Module), else those its closure holds."""
+def score_mod_tensors(
+    mod: Any, q_pos: int = 0, k_pos: int = 0, device: torch.device | None = None
+) -> list[torch.Tensor]:
+    """Every tensor that needs a gradient through ``mod``: those it declares (``parameters()``, as an nn.Module or
+    attnlab's mods have) and those it reads however it reaches them (a closure, a global, a dict, an attribute,
+    ``functools.partial``), found by calling it once on one score and walking the graph to its leaves.
+
+    This is how every backend and the ring give a score_mod's tensors their gradient: none is left with a
+    silent ``None``.
+    """
     if mod is None:
         return []
+    found: dict[int, torch.Tensor] = {}
     params = getattr(mod, "parameters", None)
     if callable(params):
-        return [p for p in params() if isinstance(p, torch.Tensor) and p.requires_grad]
-    found = []
-    for cell in getattr(mod, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
+        found.update({id(p): p for p in params() if isinstance(p, torch.Tensor) and p.requires_grad})
+    try:
+        with torch.enable_grad():
+            grid = index_grid(1, 1, torch.tensor([q_pos], device=device), torch.tensor([k_pos], device=device))
+            out = mod(torch.zeros(1, 1, 1, 1, device=device), *grid)
+    except Exception:  # the real call raises, naming the mod; the probe says nothing more
+        return list(found.values())
+    stack = [out.grad_fn] if isinstance(out, torch.Tensor) else []
+    seen: set[Any] = set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
             continue
-        if isinstance(value, torch.Tensor) and value.requires_grad:
-            found.append(value)
-    return found
+        seen.add(fn)
+        leaf = getattr(fn, "variable", None)  # an AccumulateGrad node: a tensor that receives .grad
+        if isinstance(leaf, torch.Tensor):
+            found.setdefault(id(leaf), leaf)
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return list(found.values())
 
 
 # ---- packed documents ----

@@ -1,10 +1,16 @@
 """The sdpa backend: torch.nn.functional.scaled_dot_product_attention.
 
-PyTorch picks its kernel (on CPU, a fused flash kernel where it applies). Two
-things differ from attnlab's contract and are fixed here: SDPA aligns a
-causal mask top-left when Tq != Tk (we pass an explicit bottom-right mask
-then), and a row with nothing to attend to gives NaN (we let such rows attend
-everywhere, then zero their output, which also zeroes their gradient).
+PyTorch picks its kernel (on CPU, a fused flash kernel where it applies).
+What it is handed comes from the call's :class:`Visibility`: nothing when
+nothing is hidden, ``is_causal=True`` when that is exactly the mask (queries
+and keys starting at one position), and otherwise one dense mask, built once
+per Visibility and kept, so the layers of a model that share it build it once.
+A row with nothing to attend to gives NaN in SDPA: such rows attend everywhere
+and their output is zeroed, which also zeroes their gradient.
+
+A score_mod reaches SDPA only as an additive float mask, so only a score_mod
+declared a bias (``mods.alibi``, ``mods.relative_bias``, ``mods.bias(fn)``) is
+taken; any other is refused with the way out, never guessed at.
 """
 
 from __future__ import annotations
@@ -13,82 +19,61 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.functional.eager import dead_rows
-from attnlab.functional.masks import MaskSpec
-from attnlab.functional.mods import mod_name
+from attnlab.functional.mods import is_bias, mod_name
+from attnlab.functional.visibility import Visibility
+
+
+def check_sdpa(vis: Visibility) -> None:
+    """Refuse a score_mod that is not declared an additive bias: SDPA can add a bias, nothing else."""
+    if vis.score_mod is not None and not is_bias(vis.score_mod):
+        raise ValueError(
+            f"score_mod {mod_name(vis.score_mod)} is not declared an additive bias, and sdpa can only add a bias "
+            "to the scores; use backend='flash' (tiled, with gradients) or 'eager', or, if it only adds a term, "
+            "write it as mods.bias(fn) with fn(b, h, q_idx, kv_idx) -> bias"
+        )
 
 
 def sdpa_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    spec: MaskSpec,
+    vis: Visibility,
     *,
     scale: float,
     dropout_p: float = 0.0,
 ) -> tuple[torch.Tensor, None]:
     """The kernel contract: (context (B, H, Tq, Dv), None); SDPA does not expose its log-sum-exp."""
-    return _sdpa(q, k, v, spec, scale=scale, dropout_p=dropout_p), None
-
-
-def _sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: MaskSpec, *, scale: float, dropout_p: float
-) -> torch.Tensor:
+    check_sdpa(vis)
     enable_gqa = q.shape[1] != k.shape[1]
-    if spec.empty:  # nothing hidden, e.g. one decoding query that sees the whole cache
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
-    if (
-        spec.causal
-        and not spec.has_mods
-        and spec.window is None
-        and spec.allowed is None
-        and spec.bias is None
-        and (spec.tq == spec.tk or spec.align == "top_left")
-    ):
-        return F.scaled_dot_product_attention(
+    if vis.hides_nothing():  # e.g. one decoding query that sees the whole cache
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+        return out, None
+    if vis.is_plain_causal():
+        out = F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=True, scale=scale, enable_gqa=enable_gqa
         )
-
-    allowed, bias = spec.dense(q.device)  # a mask_mod is materialized here, on the whole grid
-    if spec.score_mod is not None:
-        modified = score_mod_bias(spec, q)
-        bias = modified if bias is None else modified + bias.to(modified.dtype)
-    dead = dead_rows(allowed, bias)  # (.., Tq, 1): rows where no key may be attended
-    assert dead is not None  # spec.empty is False, so there is a mask
-
-    if bias is None:
-        assert allowed is not None
-        attn_mask = allowed | dead
-    else:
-        attn_mask = bias.to(q.dtype)
-        if allowed is not None:
-            attn_mask = attn_mask.masked_fill(~allowed, float("-inf"))
-        attn_mask = attn_mask.masked_fill(dead, 0.0)
+        return out, None
+    attn_mask, dead = vis.keep(("sdpa", q.dtype), lambda: _mask(vis, q))
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa
     )
-    return out.masked_fill(dead, 0.0)
+    return out.masked_fill(dead, 0.0), None
 
 
-def score_mod_bias(spec: MaskSpec, q: torch.Tensor) -> torch.Tensor:
-    """The score_mod as the additive bias SDPA can take, (B, H, Tq, Tk); refused when the mod is not a bias.
-
-    A mod is a bias when score_mod(s) - s does not depend on s: checked at s = 0
-    and at seeded random scores. The bias keeps the graph to the mod's
-    learnable tensors, so they train through SDPA's float mask.
-    """
-    assert spec.score_mod is not None
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    shape = (spec.batch, spec.heads, spec.tq, spec.tk)
-    zeros = torch.zeros(shape, dtype=compute, device=q.device)
-    bias = spec.modify(zeros, 0, spec.tq, 0, spec.tk)
-    probe = torch.randn(
-        shape, generator=torch.Generator(device=q.device).manual_seed(0), dtype=compute, device=q.device
-    )
-    again = spec.modify(probe, 0, spec.tq, 0, spec.tk) - probe
-    finite = torch.isfinite(bias)
-    if not torch.allclose(bias.detach()[finite], again.detach()[finite], atol=1e-4, rtol=1e-4):
-        raise ValueError(
-            f"score_mod {mod_name(spec.score_mod)} is not an additive bias (score_mod(s) - s changes with s), and "
-            "sdpa can only add a bias to the scores; use backend='flash' (tiled, with gradients) or 'eager'"
-        )
-    return bias.to(q.dtype)
+def _mask(vis: Visibility, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA's attn_mask (bool, or float in q's dtype with the score bias in it) and the dead rows (.., Tq, 1)."""
+    allowed, bias = vis.dense()
+    if vis.score_mod is not None:  # a declared bias: the mod on zero scores is the bias, its graph kept
+        shape = (vis.batch or 1, vis.heads or 1, vis.tq, vis.tk)
+        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        added = vis.modify(torch.zeros(shape, dtype=compute, device=q.device), 0, vis.tq, 0, vis.tk)
+        bias = added if bias is None else added + bias.to(added.dtype)
+    dead = dead_rows(allowed, bias)  # (.., Tq, 1): rows where no key may be attended
+    assert dead is not None  # something restricts the call, or hides_nothing() would have said so
+    if bias is None:
+        assert allowed is not None
+        return allowed | dead, dead
+    attn_mask = bias.to(q.dtype)
+    if allowed is not None:
+        attn_mask = attn_mask.masked_fill(~allowed, float("-inf"))
+    return attn_mask.masked_fill(dead, 0.0), dead

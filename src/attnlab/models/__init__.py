@@ -1,8 +1,8 @@
-"""Whole models on attnlab's attention: GPT (the book's GPTModel) with checkpoints and generation,
-TinyDecoder, the loaders of peers' attention weights, and offline tokenizers."""
+"""Whole models on attnlab's attention: GPT (the book's GPTModel, and with GQA, RoPE, windows and score mods
+the decoders after it) with checkpoints and generation, the loaders of peers' attention weights, and offline
+tokenizers."""
 
 from attnlab.models.config import PRESETS, GPTConfig
-from attnlab.models.decoder import DecoderConfig, TinyDecoder
 from attnlab.models.generate import generate, stream
 from attnlab.models.gpt import GPT
 from attnlab.models.loaders import from_book, from_hf_gpt2, from_hf_llama, from_torch_mha
@@ -12,9 +12,7 @@ __all__ = [
     "GPT",
     "PRESETS",
     "ByteTokenizer",
-    "DecoderConfig",
     "GPTConfig",
-    "TinyDecoder",
     "Tokenizer",
     "from_book",
     "from_hf_gpt2",

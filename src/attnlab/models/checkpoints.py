@@ -12,7 +12,13 @@ mis-shaped tensor by its name in the file.
 
 Writing: ``config.json`` + ``model.safetensors`` in Hugging Face's GPT-2
 layout, which ``transformers.GPT2LMHeadModel.from_pretrained`` reads; the
-config also carries attnlab's own ``GPTConfig`` under ``"attnlab"``.
+config also carries attnlab's own ``GPTConfig`` under ``"attnlab"``. A model
+GPT-2 cannot hold (RoPE, grouped-query heads, a window, a score_mod) is
+written under attnlab's own names, with ``"format": "attnlab"`` and no
+``model_type``, so no GPT-2 reader mistakes it for one.
+
+This module knows configs and tensors, not the model class: ``GPT`` calls
+:func:`read_checkpoint` and :func:`fit` (no import circle).
 """
 
 from __future__ import annotations
@@ -20,15 +26,16 @@ from __future__ import annotations
 import json
 import pickle
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn as nn
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from attnlab.models.config import PRESETS, GPTConfig
-from attnlab.models.gpt import GPT
 
 Tensors = dict[str, torch.Tensor]
 # (name in the file, name in attnlab, stored transposed): GPT-2 keeps its Conv1D weights as (in, out).
@@ -208,10 +215,15 @@ def _from_book(tensors: Tensors, config: GPTConfig) -> tuple[Tensors, dict[str, 
     return out, origin
 
 
-def _fit(model: GPT, tensors: Tensors, origin: dict[str, str], source: str) -> GPT:
+def fit(model: nn.Module, checkpoint: Checkpoint) -> None:
+    """Copy a checkpoint's tensors into ``model`` (a GPT of ``checkpoint.config``) after one check."""
+    _fit(model, checkpoint.config, checkpoint.tensors, checkpoint.origin, checkpoint.source)
+
+
+def _fit(model: nn.Module, config: GPTConfig, tensors: Tensors, origin: dict[str, str], source: str) -> None:
     """Copy tensors into the model after one check that lists every problem by its name in the file."""
     expected = model.state_dict()
-    if model.config.tie_weights:
+    if config.tie_weights:
         expected.pop("out_head.weight", None)
     missing = [f"{origin.get(k, k)} {tuple(v.shape)}" for k, v in expected.items() if k not in tensors]
     unexpected = [origin.get(k, k.removeprefix("<unexpected>")) for k in tensors if k not in expected]
@@ -221,7 +233,7 @@ def _fit(model: GPT, tensors: Tensors, origin: dict[str, str], source: str) -> G
         if k in expected and tuple(v.shape) != tuple(expected[k].shape)
     ]
     if missing or unexpected or wrong:
-        c = model.config
+        c = config
         problems = [
             ("mis-shaped", wrong),
             ("missing", missing),
@@ -236,7 +248,6 @@ def _fit(model: GPT, tensors: Tensors, origin: dict[str, str], source: str) -> G
     with torch.no_grad():
         for key, tensor in tensors.items():
             expected[key].copy_(tensor)
-    return model
 
 
 SHIPPED = ("induction",)  # checkpoints in the package: attnlab/data/<name>/ (docs/heads.md tells how each was made)
@@ -250,12 +261,21 @@ def locate(path: str | Path) -> Path:
     return where
 
 
-def load_gpt(path: str | Path, **overrides: Any) -> GPT:
-    """A GPT from a Hugging Face GPT-2 directory, an attnlab directory, or the book's ``.pth`` state dict.
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint holds, in attnlab's names: the config, the tensors, each one's name in the file."""
+
+    config: GPTConfig
+    tensors: Tensors
+    origin: dict[str, str]
+    source: str
+
+
+def read_checkpoint(path: str | Path, **overrides: Any) -> Checkpoint:
+    """A Hugging Face GPT-2 directory, an attnlab directory, or the book's ``.pth`` state dict, read.
 
     ``overrides`` set GPTConfig fields the checkpoint does not fix (``backend``,
     ``drop_rate``; ``n_heads`` for a book state dict of a size that is not GPT-2's).
-    The model comes back in eval() mode, as Hugging Face's does.
     """
     where = locate(path)
     if where.is_dir():
@@ -265,11 +285,14 @@ def load_gpt(path: str | Path, **overrides: Any) -> GPT:
         raw = json.loads(config_file.read_text(encoding="utf-8"))
         ours = raw.get("attnlab")
         config = GPTConfig.from_dict({**ours, **overrides}) if ours else _config_from_hf(raw, where).with_(**overrides)
+        if raw.get("format") == "attnlab":  # attnlab's own names: a model GPT-2 cannot hold
+            tensors = _read_safetensors(where / "model.safetensors")
+            return Checkpoint(config, tensors, {k: k for k in tensors}, str(where))
         tensors, origin = _from_hf(_hf_weights(where), config)
         if ours and not config.qkv_bias:  # attnlab wrote zero biases for Hugging Face; they are not part of this model
             tensors = {k: v for k, v in tensors.items() if not k.endswith("att.qkv.bias")}
-        source = str(where)
-    elif where.is_file():
+        return Checkpoint(config, tensors, origin, str(where))
+    if where.is_file():
         raw_state = _read_pickle(where) if where.suffix != ".safetensors" else _read_safetensors(where)
         if isinstance(raw_state, dict) and "model_state_dict" in raw_state:  # the book's chapter 5 checkpoints
             raw_state = raw_state["model_state_dict"]
@@ -277,12 +300,10 @@ def load_gpt(path: str | Path, **overrides: Any) -> GPT:
             raise ValueError(f"{str(where)!r} holds a {type(raw_state).__name__}, not a state dict")
         config = _book_config(raw_state, overrides)
         tensors, origin = _from_book(raw_state, config)
-        source = str(where)
-    else:
-        raise ValueError(
-            f"no checkpoint at {str(where)!r}: give a Hugging Face GPT-2 or attnlab directory, or the book's .pth file"
-        )
-    return _fit(GPT(config), tensors, origin, source).eval()
+        return Checkpoint(config, tensors, origin, str(where))
+    raise ValueError(
+        f"no checkpoint at {str(where)!r}: give a Hugging Face GPT-2 or attnlab directory, or the book's .pth file"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -314,25 +335,26 @@ def hf_config(config: GPTConfig) -> dict[str, Any]:
     return values
 
 
-def hf_state_dict(model: GPT) -> Tensors:
+def hf_state_dict(model: nn.Module, config: GPTConfig) -> Tensors:
     """The model's tensors under GPT-2's names and layout (Conv1D weights transposed, zero q/k/v biases if none)."""
     ours = model.state_dict()
     out: Tensors = {}
-    for hf, name, transposed in _hf_names(model.config):
+    for hf, name, transposed in _hf_names(config):
         if name not in ours:  # no q/k/v bias in this model: GPT-2 always has one, so write zeros
-            out[hf] = torch.zeros(3 * model.config.emb_dim, dtype=model.tok_emb.weight.dtype)
+            out[hf] = torch.zeros(3 * config.emb_dim, dtype=ours["tok_emb.weight"].dtype)
             continue
         tensor = ours[name].detach()
         out[hf] = (tensor.T if transposed else tensor).contiguous().clone()
     return out
 
 
-def save_gpt(model: GPT, directory: str | Path, *, tokenizer: str | None = None) -> Path:
+def save_gpt(model: nn.Module, directory: str | Path, *, tokenizer: str | None = None) -> Path:
     """Write ``config.json`` and ``model.safetensors``; the folder is created, and nothing is half-written on error.
 
     ``tokenizer="bytes"`` (or ``"ascii"``) records that the model reads bytes, so ``load_tokenizer`` needs no files.
     """
-    if not isinstance(model, GPT):
+    config = getattr(model, "config", None)
+    if not isinstance(config, GPTConfig):
         raise TypeError(f"save_gpt saves an attnlab GPT, got {type(model).__name__}")
     if tokenizer not in (None, "bytes", "ascii"):
         raise ValueError(
@@ -341,17 +363,26 @@ def save_gpt(model: GPT, directory: str | Path, *, tokenizer: str | None = None)
     target = Path(directory)
     if target.exists() and not target.is_dir():
         raise ValueError(f"{str(target)!r} is a file; give a folder to write config.json and model.safetensors into")
-    tensors = hf_state_dict(model)  # everything that can fail runs before the first write
-    config = json.dumps({**hf_config(model.config), **({"tokenizer": tokenizer} if tokenizer else {})}, indent=2)
+    # everything that can fail runs before the first write
+    if config.is_gpt2:
+        tensors, described = hf_state_dict(model, config), hf_config(config)
+    else:  # attnlab's own names: GPT-2's layout has no place for RoPE, kv heads, a window or a score_mod
+        tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+        if config.tie_weights:
+            tensors.pop("out_head.weight", None)  # the same tensor as tok_emb.weight
+        described = {"format": "attnlab", "attnlab": config.to_dict()}
+    text = json.dumps({**described, **({"tokenizer": tokenizer} if tokenizer else {})}, indent=2)
     target.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
-    (target / "config.json").write_text(config + "\n", encoding="utf-8")
+    (target / "config.json").write_text(text + "\n", encoding="utf-8")
     return target
 
 
-def book_state_dict(model: GPT) -> Tensors:
+def book_state_dict(model: nn.Module) -> Tensors:
     """The model's tensors under the book's GPTModel names, ready for ``GPTModel.load_state_dict``."""
-    c = model.config
+    c = getattr(model, "config", None)
+    if not isinstance(c, GPTConfig) or not c.is_gpt2:
+        raise ValueError("the book's GPTModel holds GPT-2's layout only: learned positions, full heads, no window")
     ours = model.state_dict()
     out: Tensors = {"tok_emb.weight": ours["tok_emb.weight"], "pos_emb.weight": ours["pos_emb.weight"]}
     mask = torch.triu(torch.ones(c.context_length, c.context_length), diagonal=1)  # the book's buffer

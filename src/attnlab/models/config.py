@@ -9,8 +9,27 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from attnlab._checks import check_dropout, check_heads, check_positive_int
+from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_positive_int, check_window
+from attnlab.functional.mods import ScoreMod, alibi, softcap
 from attnlab.functional.registry import BACKENDS, Backend
+
+SCORE_MODS = ("alibi", "learned-alibi", "softcap:<cap>")  # what GPTConfig(score_mod=...) can name
+
+
+def score_mod_from_name(name: object, n_heads: int) -> ScoreMod:
+    """The built-in score_mod that ``GPTConfig.score_mod`` names, made for ``n_heads`` heads."""
+    if name == "alibi":
+        return alibi(n_heads)
+    if name == "learned-alibi":
+        return alibi(n_heads, learnable=True)
+    if isinstance(name, str) and name.startswith("softcap:"):
+        try:
+            cap = float(name.split(":", 1)[1])
+        except ValueError:
+            cap = float("nan")
+        return softcap(cap)
+    raise ValueError(f"score_mod must name a built-in, one of {list(SCORE_MODS)} (e.g. 'softcap:50'), got {name!r}")
+
 
 # The book's table of GPT-2 sizes (chapter 4): embedding size, layers, heads.
 PRESETS: dict[str, dict[str, int]] = {
@@ -35,6 +54,13 @@ class GPTConfig:
     tie_weights: bool = False
     layer_norm_eps: float = 1e-5
     backend: Backend = "auto"
+    # Beyond GPT-2, in the book's naming style: grouped-query heads, rotary positions instead of learned ones,
+    # a sliding window, and a built-in score_mod for every layer ("alibi", "learned-alibi", "softcap:<cap>").
+    n_kv_heads: int | None = None
+    rope: bool = False
+    rope_base: float = 10000.0
+    window: int | None = None
+    score_mod: str | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -47,6 +73,23 @@ class GPTConfig:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
         if not isinstance(self.layer_norm_eps, float) or not 0 < self.layer_norm_eps < 1:
             raise ValueError(f"layer_norm_eps must be a float in (0, 1), got {self.layer_norm_eps!r}")
+        if self.n_kv_heads is not None:
+            check_kv_heads(self.n_heads, self.n_kv_heads)
+        if not isinstance(self.rope, bool):
+            raise TypeError(f"rope must be a bool, got {self.rope!r}")
+        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) or self.rope_base <= 1:
+            raise ValueError(
+                f"rope_base must be a number > 1 (RoPE's theta, 10000 in the paper), got {self.rope_base!r}"
+            )
+        if self.window is not None:
+            check_window(self.window)
+        if self.score_mod is not None:
+            score_mod_from_name(self.score_mod, self.n_heads)  # names the known ones when it is not one of them
+
+    @property
+    def is_gpt2(self) -> bool:
+        """Whether Hugging Face's GPT2LMHeadModel holds this model (learned positions, full heads, no window or mod)."""
+        return not self.rope and self.n_kv_heads in (None, self.n_heads) and self.window is None and not self.score_mod
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> GPTConfig:

@@ -1,6 +1,6 @@
 """Generation for any attnlab decoder: greedy or sampled (temperature, top-k, top-p), with the KV cache.
 
-One loop serves every model here (``GPT``, ``TinyDecoder``): a model is
+One loop serves every model here (``GPT`` and any decoder like it): a model is
 called as ``model(idx, attention_mask=..., caches=...)`` and makes its caches
 with ``make_caches(batch_size=..., max_len=...)``. :func:`stream` yields each
 new token as it is chosen (the CLI prints them as they come); :func:`generate`

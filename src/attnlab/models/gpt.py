@@ -21,8 +21,10 @@ import torch
 import torch.nn as nn
 
 from attnlab.cache import Cache
-from attnlab.functional.mods import check_document_ids, document_positions
-from attnlab.models.config import GPTConfig
+from attnlab.functional.mods import MaskMod, ScoreMod, chain_scores, check_document_ids, document_positions
+from attnlab.functional.visibility import Visibility
+from attnlab.models.checkpoints import fit, read_checkpoint, save_gpt
+from attnlab.models.config import GPTConfig, score_mod_from_name
 from attnlab.models.generate import check_prompt, generate, positions_and_padding, stream
 from attnlab.nn.attention import Attention
 from attnlab.observe import Recorder
@@ -38,9 +40,13 @@ class TransformerBlock(nn.Module):
         self.att = Attention(
             d_in=e,
             num_heads=config.n_heads,
+            num_kv_heads=config.n_kv_heads,
             qkv_bias=config.qkv_bias,
             dropout=config.drop_rate,
             is_causal=True,
+            window=config.window,
+            rope=config.rope,
+            rope_base=float(config.rope_base),
             backend=config.backend,
         )
         self.drop_resid = nn.Dropout(config.drop_rate)
@@ -48,20 +54,16 @@ class TransformerBlock(nn.Module):
         self.ff = nn.Sequential(nn.Linear(e, 4 * e), nn.GELU(approximate="tanh"), nn.Linear(4 * e, e))
 
     def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        mask: torch.Tensor | None,
-        cache: Cache | None,
-        document_ids: torch.Tensor | None = None,
+        self, x: torch.Tensor, *, visibility: Visibility, positions: torch.Tensor | None, cache: Cache | None
     ) -> torch.Tensor:
-        x = x + self.drop_resid(self.att(self.norm1(x), mask=mask, cache=cache, document_ids=document_ids))
+        x = x + self.drop_resid(self.att(self.norm1(x), visibility=visibility, positions=positions, cache=cache))
         return x + self.drop_resid(self.ff(self.norm2(x)))
 
 
 class GPT(nn.Module):
     """A GPT-2-style model. ``GPT(GPTConfig.preset("gpt2-small"))`` has the book's 163,009,536 parameters
-    (124,412,160 with ``tie_weights=True``)."""
+    (124,412,160 with ``tie_weights=True``). ``GPTConfig(n_kv_heads=, rope=True, window=, score_mod=)`` makes
+    the same decoder with grouped-query heads, rotary positions (then no ``pos_emb``), a sliding window, ALiBi."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -69,13 +71,15 @@ class GPT(nn.Module):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.emb_dim)
-        self.pos_emb = nn.Embedding(config.context_length, config.emb_dim)
+        self.pos_emb = None if config.rope else nn.Embedding(config.context_length, config.emb_dim)
         self.drop_emb = nn.Dropout(config.drop_rate)
         self.trf_blocks = nn.ModuleList([TransformerBlock(config) for _ in range(config.n_layers)])
         self.final_norm = nn.LayerNorm(config.emb_dim, eps=config.layer_norm_eps)
         self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False)
         if config.tie_weights:
             self.out_head.weight = self.tok_emb.weight
+        # every layer's score_mod; a module, so a learned one's parameters are the model's (and its checkpoint's)
+        self.score_mod = score_mod_from_name(config.score_mod, config.n_heads) if config.score_mod else None
 
     @property
     def blocks(self) -> list[TransformerBlock]:
@@ -93,6 +97,8 @@ class GPT(nn.Module):
         caches: list[Cache] | None = None,
         last_only: bool = False,
         document_ids: torch.Tensor | None = None,
+        mask_mod: MaskMod | None = None,
+        score_mod: ScoreMod | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, V) for token ids idx (B, T), after the tokens in ``caches`` if given.
 
@@ -102,6 +108,9 @@ class GPT(nn.Module):
         document_ids: (B, T) ids of packed documents, non-decreasing along a row: each document
         sees only itself and its positions start at 0, exactly as if it ran alone (not with caches
         or an attention_mask).
+        mask_mod, score_mod: for every layer (FlexAttention's signatures, ``attnlab.functional.mods``),
+        at absolute positions; the score_mod runs after the config's. Who may attend is worked out
+        once per call and shared by every layer: a mask_mod is not called more often in a deeper model.
         """
         check_prompt(idx, vocab_size=self.config.vocab_size)
         if document_ids is not None:
@@ -111,16 +120,30 @@ class GPT(nn.Module):
             positions, mask = document_positions(document_ids), None  # (B, T): each document from 0
         else:
             positions, mask = positions_and_padding(idx, attention_mask, caches, layers=self.config.n_layers)
-        last = int(positions.max())
-        if last >= self.config.context_length:
-            raise ValueError(
-                f"position {last} is past the model's context_length {self.config.context_length}; "
-                "GPT-2's learned position embeddings end there: shorten the input"
-            )
-        x = self.tok_emb(idx) + self.pos_emb(positions)  # (B, T, E): positions (T,) or (B, T) broadcast
+        x = self.tok_emb(idx)  # (B, T, E)
+        if self.pos_emb is not None:
+            last = int(positions.max())
+            if last >= self.config.context_length:
+                raise ValueError(
+                    f"position {last} is past the model's context_length {self.config.context_length}; "
+                    "GPT-2's learned position embeddings end there: shorten the input"
+                )
+            x = x + self.pos_emb(positions)  # positions (T,) or (B, T) broadcast
+        if self.score_mod is not None:
+            score_mod = self.score_mod if score_mod is None else chain_scores(self.score_mod, score_mod)
+        visibility = self.blocks[0].att.visibility_for(  # once per call, for every layer
+            x,
+            mask=mask,
+            cache=caches[0] if caches is not None else None,
+            document_ids=document_ids,
+            mask_mod=mask_mod,
+            score_mod=score_mod,
+        )
         x = self.drop_emb(x)
+        rotary_positions = positions if self.config.rope else None
         for layer, block in enumerate(self.blocks):
-            x = block(x, mask=mask, cache=caches[layer] if caches is not None else None, document_ids=document_ids)
+            cache = caches[layer] if caches is not None else None
+            x = block(x, visibility=visibility, positions=rotary_positions, cache=cache)
         if last_only:
             x = x[:, -1:]  # (B, 1, E)
         return self.out_head(self.final_norm(x))
@@ -199,16 +222,21 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **overrides: object) -> GPT:
-        """Load a Hugging Face GPT-2 directory, a book GPTModel state dict (.pth) or an attnlab directory."""
-        from attnlab.models.checkpoints import load_gpt
+        """Load a Hugging Face GPT-2 directory, a book GPTModel state dict (.pth) or an attnlab directory.
 
-        return load_gpt(path, **overrides)
+        ``overrides`` set GPTConfig fields the checkpoint does not fix (``backend``, ``drop_rate``; ``n_heads``
+        for a book state dict of a size that is not GPT-2's). The model comes back in eval() mode, as Hugging
+        Face's does.
+        """
+        checkpoint = read_checkpoint(path, **overrides)
+        model = cls(checkpoint.config)
+        fit(model, checkpoint)
+        return model.eval()
 
     def save_pretrained(self, directory: str | Path, *, tokenizer: str | None = None) -> Path:
-        """Write config.json and model.safetensors, which ``transformers.GPT2LMHeadModel.from_pretrained`` reads.
+        """Write config.json and model.safetensors, which ``transformers.GPT2LMHeadModel.from_pretrained`` reads
+        (for a model GPT-2 can hold; attnlab's own names otherwise).
 
         ``tokenizer="bytes"`` or ``"ascii"`` records a tokenizer that needs no files (see ``load_tokenizer``).
         """
-        from attnlab.models.checkpoints import save_gpt
-
         return save_gpt(self, directory, tokenizer=tokenizer)

@@ -17,9 +17,9 @@ import torch.nn as nn
 from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_positive_int, check_scale, check_window
 from attnlab.cache import Cache, KVCache, SlidingWindowCache
 from attnlab.functional.attention import attention, check_mask
-from attnlab.functional.masks import at_least_2d
-from attnlab.functional.mods import MaskMod, check_document_ids, document, document_positions
+from attnlab.functional.mods import MaskMod, ScoreMod, and_masks, check_document_ids, document, document_positions
 from attnlab.functional.registry import Backend, check_backend
+from attnlab.functional.visibility import Visibility
 from attnlab.nn.rotary import RotaryEmbedding, apply_rotary
 
 
@@ -86,6 +86,23 @@ class Attention(nn.Module):
         check_scale(scale)
         check_backend(backend)
 
+        # what it was built with, so a copy (ContextParallelAttention.from_attention) follows the module
+        self.settings = dict(
+            d_in=d_in,
+            num_heads=num_heads,
+            d_out=d_out,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            qkv_bias=qkv_bias,
+            out_bias=out_bias,
+            dropout=dropout,
+            is_causal=is_causal,
+            window=window,
+            rope=rope,
+            rope_base=rope_base,
+            scale=scale,
+            backend=backend,
+        )
         self.d_in, self.d_out = d_in, d_out
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.dropout = float(dropout)
@@ -141,6 +158,9 @@ class Attention(nn.Module):
         positions: torch.Tensor | None = None,
         cache: Cache | None = None,
         document_ids: torch.Tensor | None = None,
+        mask_mod: MaskMod | None = None,
+        score_mod: ScoreMod | None = None,
+        visibility: Visibility | None = None,
     ) -> torch.Tensor:
         """Attend over x (B, T, d_in), optionally after the tokens held in ``cache``.
 
@@ -156,6 +176,10 @@ class Attention(nn.Module):
             document_ids: (B, T) integer ids of packed documents, non-decreasing
                 along a row: no token sees another document, and RoPE positions
                 restart at each document (unless ``positions`` are given). Not with a cache.
+            mask_mod, score_mod: FlexAttention's signatures (``attnlab.functional.mods``),
+                at absolute positions; a score_mod's tensors get their gradients.
+            visibility: one built by :meth:`visibility_for` (a model builds it once and
+                every layer shares it), instead of mask, document_ids and the mods.
 
         Returns:
             (B, T, d_out).
@@ -166,34 +190,81 @@ class Attention(nn.Module):
         """
         self._check_input(x)
         b, t, _ = x.shape
-        query_pos = None
+        if cache is not None:
+            self._check_cache(cache)
+        if visibility is None:
+            visibility = self.visibility_for(
+                x, mask=mask, cache=cache, document_ids=document_ids, mask_mod=mask_mod, score_mod=score_mod
+            )
+        elif mask is not None or document_ids is not None or mask_mod is not None or score_mod is not None:
+            raise ValueError("pass visibility= or mask, document_ids, mask_mod and score_mod, not both")
+        if positions is None and document_ids is not None:
+            positions = document_positions(document_ids)  # (B, T): each document starts at 0
+        if positions is not None:
+            self._check_positions(positions, b, t)
+        queries, keys, values = self.split_qkv(x)
+        if self.rotary is not None:
+            if positions is None:
+                positions = visibility.q_pos  # the next T positions: 0..T-1, or after the cache
+            cos, sin = self.rotary(positions, dtype=queries.dtype)
+            queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
+        if cache is not None:
+            keys, values, key_pos = cache.update(keys, values)  # the only write; everything above is checked
+            visibility = visibility.for_keys(key_pos)  # the next layer's cache returns the same positions: kept
+        return self.attend(queries, keys, values, visibility=visibility)
+
+    def visibility_for(
+        self,
+        x: torch.Tensor,
+        *,
+        mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        document_ids: torch.Tensor | None = None,
+        mask_mod: MaskMod | None = None,
+        score_mod: ScoreMod | None = None,
+    ) -> Visibility:
+        """Who may attend in a call on x (B, T, ..): this module's causal and window, and everything given.
+
+        Without a cache: queries and keys at 0..T-1. With one: queries at ``cache.next_positions(T)`` and the
+        keys bound later to what ``cache.update`` returns (``Visibility.for_keys``); a mask's columns are
+        positions. Checked here, before anything is written.
+        """
+        b, t = x.shape[0], x.shape[1]
         if document_ids is not None:
             if cache is not None:
                 raise ValueError(
                     "document_ids pack documents for training or a prefill without a cache; pass one or the other"
                 )
             check_document_ids(document_ids, b, t)
-            if positions is None:
-                positions = document_positions(document_ids)  # (B, T): each document starts at 0
-        if cache is not None:
-            self._check_cache(cache)
-            query_pos = cache.next_positions(t)  # (T,) absolute positions
-            if mask is not None:  # before the cache is written; without a cache, attention() checks it
-                check_mask(mask, (b, self.num_heads, t, self._keys_seen(query_pos, mask)), x.device)
-        if positions is not None:
-            self._check_positions(positions, b, t)
-        queries, keys, values = self.split_qkv(x)
-        if self.rotary is not None:
-            if positions is None:
-                positions = query_pos if query_pos is not None else torch.arange(t, device=x.device)
-            cos, sin = self.rotary(positions, dtype=queries.dtype)
-            queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
+            packed = document(document_ids)
+            mask_mod = packed if mask_mod is None else and_masks(packed, mask_mod)
+        if mask is not None:
+            keys = t if cache is None else self._keys_seen(cache.next_positions(t), mask)
+            check_mask(mask, (b, self.num_heads, t, keys), x.device)
+            mask = mask if mask.dtype == torch.bool else mask.to(x.dtype)
         if cache is None:
-            packed = document(document_ids) if document_ids is not None else None
-            return self.attend(queries, keys, values, mask=mask, mask_mod=packed)
-        assert query_pos is not None
-        keys, values, key_pos = cache.update(keys, values)  # the only write; everything above is checked
-        return self.attend(queries, keys, values, mask=self._cached_mask(mask, query_pos, key_pos), structural=False)
+            return Visibility.from_lengths(
+                t,
+                t,
+                device=x.device,
+                causal=self.is_causal,
+                window=self.window,
+                mask=mask,
+                mask_mod=mask_mod,
+                score_mod=score_mod,
+                batch=b,
+                heads=self.num_heads,
+            )
+        return Visibility(
+            q_pos=cache.next_positions(t),  # (T,) absolute positions; the keys are bound to what update returns
+            causal=self.is_causal,
+            window=self.window,
+            mask=mask,
+            mask_mod=mask_mod,
+            score_mod=score_mod,
+            batch=b,
+            heads=self.num_heads,
+        )
 
     @staticmethod
     def _keys_seen(query_pos: torch.Tensor, mask: object) -> int:
@@ -218,50 +289,18 @@ class Attention(nn.Module):
                 "needs more; use make_cache() to get the matching cache"
             )
 
-    def _cached_mask(self, mask: torch.Tensor | None, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
-        """Causal/window structure from positions, and the user's mask moved from positions to cache slots."""
-        k = key_pos[None, :]  # (1, S)
-        q = query_pos[:, None]  # (T, 1)
-        allowed = k >= 0  # (1, S): a filled slot
-        if self.is_causal or self.window is not None:
-            allowed = allowed & (k <= q)  # (T, S)
-        if self.window is not None:
-            allowed = allowed & (k > q - self.window)
-        if mask is None:
-            return allowed
-        mask = at_least_2d(mask)
-        if mask.shape[-1] != 1:  # columns are positions 0..L+T-1; pick those of the slots
-            mask = mask[..., key_pos.clamp(min=0)]  # (.., T or 1, S)
-        if mask.dtype == torch.bool:
-            return mask & allowed
-        return mask.masked_fill(~allowed, float("-inf"))
-
     def attend(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        *,
-        mask: torch.Tensor | None = None,
-        structural: bool = True,
-        mask_mod: MaskMod | None = None,
+        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, visibility: Visibility
     ) -> torch.Tensor:
-        """Attention and out_proj on projected (and rotated) q (B, H, Tq, D), k, v (B, Hkv, Tk, D).
-
-        ``structural=False`` when ``mask`` already carries the causal and window structure;
-        ``mask_mod`` (attnlab.functional.mods) hides more, e.g. other documents.
-        """
+        """Attention and out_proj on projected (and rotated) q (B, H, Tq, D), k, v (B, Hkv, Tk, D)."""
         context_vec = attention(
             queries,
             keys,
             values,
-            mask=mask,
-            is_causal=self.is_causal and structural,
-            window=self.window if structural else None,
+            visibility=visibility,
             dropout_p=self.dropout if self.training else 0.0,
             scale=self.scale,
             backend=self.backend,
-            mask_mod=mask_mod,
         )
         return self.merge_heads(context_vec)
 
