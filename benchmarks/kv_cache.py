@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/kv_cache.py [--new-tokens 512] [--repeats 15]
 
-1. Tokens/s generating ``--new-tokens`` tokens with TinyDecoder (greedy),
+1. Tokens/s generating ``--new-tokens`` tokens with a RoPE GPT (greedy),
    with attnlab's KVCache, with a concatenating cache like the book's
    reference code (torch.cat every step), and with no cache at all.
 2. The attention layer's time for one decode step at growing positions
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from attnlab import Attention
 from attnlab.cache import KVCache
-from attnlab.models import DecoderConfig, TinyDecoder
+from attnlab.models import GPT, GPTConfig
 
 
 class ConcatCache:
@@ -51,8 +51,10 @@ class ConcatCache:
 
 def generation(new_tokens: int, d_model: int, layers: int, heads: int) -> None:
     torch.manual_seed(0)
-    config = DecoderConfig(vocab_size=512, d_model=d_model, num_layers=layers, num_heads=heads, num_kv_heads=heads)
-    model = TinyDecoder(config).eval()
+    config = GPTConfig(
+        vocab_size=512, context_length=16 + new_tokens, emb_dim=d_model, n_layers=layers, n_heads=heads, rope=True
+    )
+    model = GPT(config).eval()
     prompt = torch.randint(0, 512, (1, 16))
     results = {}
     with torch.no_grad():
@@ -74,7 +76,7 @@ def generation(new_tokens: int, d_model: int, layers: int, heads: int) -> None:
             results[name] = (new_tokens / elapsed, out)
     base = results["no cache"][0]
     print(
-        f"\ngenerate {new_tokens} new tokens, TinyDecoder d={d_model}, {layers} layers, {heads} heads, prompt 16, greedy"
+        f"\ngenerate {new_tokens} new tokens, GPT (RoPE) d={d_model}, {layers} layers, {heads} heads, prompt 16, greedy"
     )
     for name, (rate, out) in results.items():
         same = torch.equal(out, results["no cache"][1])

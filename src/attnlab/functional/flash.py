@@ -45,7 +45,10 @@ def _keep_mask(seed: int, i: int, j: int, shape: tuple[int, ...], p: float, devi
 
 def _mask(s: torch.Tensor, vis: Visibility, kind: int, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
     """Bias and mask one tile of (modified) scores in place; a FULL tile needs no mask work."""
-    allowed, bias = vis.tile(i0, i1, j0, j1) if kind == PARTIAL or vis.bias is not None else (None, None)
+    if kind == PARTIAL:
+        allowed, bias = vis.tile(i0, i1, j0, j1)
+    else:  # a FULL tile: nothing hidden, at most a float mask to add
+        allowed, bias = None, vis.tile_bias(i0, i1, j0, j1)
     if bias is not None:
         s += bias.to(s.dtype)
     if allowed is not None and kind == PARTIAL:

@@ -369,7 +369,7 @@ class Visibility:
         A tile's mask is kept (up to KEEP_TILE_BYTES in all), so the layers that share this object, and the
         backward pass, evaluate a mask_mod once per tile, not once per layer.
         """
-        bias = _slice(self.bias, i0, i1, j0, j1) if self.bias is not None else None
+        bias = self.tile_bias(i0, i1, j0, j1)
         key = ("tile", i0, i1, j0, j1, structure)
         if key in self._kept:
             return self._kept[key], bias
@@ -379,6 +379,10 @@ class Visibility:
             self._kept[key] = allowed
             self._kept["tile_bytes"] = self._kept.get("tile_bytes", 0) + size
         return allowed, bias
+
+    def tile_bias(self, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor | None:
+        """The float mask of a tile alone (a FULL tile needs nothing else), or None."""
+        return _slice(self.bias, i0, i1, j0, j1) if self.bias is not None else None
 
     def _tile_mask(self, i0: int, i1: int, j0: int, j1: int, structure: bool) -> torch.Tensor | None:
         allowed = None

@@ -22,6 +22,8 @@ from attnlab.functional.registry import Backend, check_backend
 from attnlab.functional.visibility import Visibility
 from attnlab.nn.rotary import RotaryEmbedding, apply_rotary
 
+_CACHE_CLASSES: set[type] = set()  # classes that passed the Cache protocol check
+
 
 class Attention(nn.Module):
     """Multi-head self-attention with GQA, RoPE and pluggable backends.
@@ -277,7 +279,8 @@ class Attention(nn.Module):
         return int(query_pos[-1]) + 1
 
     def _check_cache(self, cache: object) -> None:
-        if not isinstance(cache, Cache):
+        # a runtime Protocol check inspects the class each time (~40 us): a class that passed once is known
+        if type(cache) not in _CACHE_CLASSES and not isinstance(cache, Cache):
             raise TypeError(
                 f"cache must provide next_positions(t) and update(k, v) (attnlab.cache.Cache), "
                 f"got {type(cache).__name__}; make one with make_cache()"
@@ -288,6 +291,7 @@ class Attention(nn.Module):
                 f"this cache keeps only the last {held} positions, but Attention(window={self.window}) "
                 "needs more; use make_cache() to get the matching cache"
             )
+        _CACHE_CLASSES.add(type(cache))
 
     def attend(
         self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, visibility: Visibility

@@ -1,0 +1,106 @@
+"""Issue 20: what a gpt2-small decode step spends outside the matmuls, from a torch.profiler trace.
+
+    .venv/bin/python benchmarks/decode_profile.py [--steps 20] [--rounds 3] [--threads 2] [--json out.json]
+
+A GPT of gpt2-small's shape (random weights, float32, batch 1) prefills a
+128-token prompt into its KV caches, then decodes ``--steps`` tokens greedily
+under ``torch.profiler``, ``--rounds`` times. Each op's *self* CPU time is
+counted once: the matmuls (``mm``, ``addmm``, ``bmm``, ``baddbmm``) and SDPA's
+attention kernel are the work any implementation does; the rest of the step's
+wall time (timed without the profiler, whose own cost per op would inflate it)
+is what attnlab adds around them: layer norms, GELU and residual adds, and the
+shapes, masks, cache writes, checks and Python of attnlab's code. It prints the median step, its parts, and the ops that cost most
+outside the kernels, as a markdown table for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from attnlab.models import GPT, GPTConfig
+
+KERNELS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu"}
+
+
+def one_round(model: GPT, prompt: torch.Tensor, steps: int) -> tuple[float, float, dict[str, float]]:
+    """(wall ms per step, without the profiler; kernel ms per step and every other op's self ms, with it)."""
+
+    def decode(profiled: bool) -> tuple[float, Any]:
+        caches = model.make_caches(batch_size=1, max_len=prompt.shape[1] + steps + 1)
+        with torch.no_grad():
+            token = model(prompt, caches=caches, last_only=True)[:, -1].argmax(-1, keepdim=True)
+            with profile(activities=[ProfilerActivity.CPU]) if profiled else contextlib.nullcontext() as prof:
+                began = time.perf_counter()
+                for _ in range(steps):
+                    token = model(token, caches=caches, last_only=True)[:, -1].argmax(-1, keepdim=True)
+                wall = (time.perf_counter() - began) / steps
+        return wall * 1e3, prof
+
+    wall, _ = decode(profiled=False)  # the profiler's own cost per op stays out of the wall time
+    _, prof = decode(profiled=True)
+    kernel, other = 0.0, defaultdict(float)
+    for event in prof.key_averages():
+        ms = event.self_cpu_time_total / 1e3 / steps
+        if event.key in KERNELS:
+            kernel += ms
+        else:
+            other[event.key] += ms
+    return wall, kernel, dict(other)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("gpt2-small", drop_rate=0.0)).eval()
+    prompt = torch.randint(0, 50257, (1, 128), generator=torch.Generator().manual_seed(1))
+    rounds = [one_round(model, prompt, args.steps) for _ in range(args.rounds)]
+    walls, kernels = [r[0] for r in rounds], [r[1] for r in rounds]
+    ours = [w - k for w, k in zip(walls, kernels, strict=True)]
+    spread = (max(ours) - min(ours)) / statistics.median(ours)
+    others: dict[str, list[float]] = defaultdict(list)
+    for _, _, other in rounds:
+        for key, ms in other.items():
+            others[key].append(ms)
+    top = sorted(((statistics.median(v), k) for k, v in others.items()), reverse=True)[:8]
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, gpt2-small shape, float32, batch 1, prompt 128, "
+        f"{args.steps} decode steps x {args.rounds} rounds (medians)"
+    )
+    print()
+    print("| per decode step | ms |")
+    print("|---|---|")
+    print(f"| wall time | {statistics.median(walls):.1f} |")
+    print(f"| matmuls and SDPA's kernel (self time) | {statistics.median(kernels):.1f} |")
+    flag = "" if spread <= 0.25 else f" (rounds spread {spread:.0%}: too noisy to trust)"
+    print(f"| **everything else: attnlab's part** | **{statistics.median(ours):.1f}**{flag} |")
+    print()
+    print("| op outside the kernels (self time) | ms per step |")
+    print("|---|---|")
+    for ms, key in top:
+        print(f"| `{key}` | {ms:.2f} |")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"wall_ms": walls, "kernel_ms": kernels, "ours_ms": ours, "top": [[k, ms] for ms, k in top]}, indent=2
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
