@@ -11,6 +11,8 @@ Shapes: B = batch, T = tokens, H = query heads, Hkv = kv heads, D = head_dim.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 
@@ -244,21 +246,7 @@ class Attention(nn.Module):
             keys = t if cache is None else self._keys_seen(cache.next_positions(t), mask)
             check_mask(mask, (b, self.num_heads, t, keys), x.device)
             mask = mask if mask.dtype == torch.bool else mask.to(x.dtype)
-        if cache is None:
-            return Visibility.from_lengths(
-                t,
-                t,
-                device=x.device,
-                causal=self.is_causal,
-                window=self.window,
-                mask=mask,
-                mask_mod=mask_mod,
-                score_mod=score_mod,
-                batch=b,
-                heads=self.num_heads,
-            )
-        return Visibility(
-            q_pos=cache.next_positions(t),  # (T,) absolute positions; the keys are bound to what update returns
+        restrictions: dict[str, Any] = dict(
             causal=self.is_causal,
             window=self.window,
             mask=mask,
@@ -267,6 +255,10 @@ class Attention(nn.Module):
             batch=b,
             heads=self.num_heads,
         )
+        if cache is None:
+            return Visibility.from_lengths(t, t, device=x.device, **restrictions)
+        # queries at the cache's next positions; the keys are bound to the positions update() returns
+        return Visibility(q_pos=cache.next_positions(t), **restrictions)
 
     @staticmethod
     def _keys_seen(query_pos: torch.Tensor, mask: object) -> int:
