@@ -330,6 +330,7 @@ TRAIN_SLIPS = [
     (["train", "--heads", "3"], "emb_dim (64) must be divisible by n_heads (3)"),
     (["train", "--resume", "--out", "{tmp}/none"], "--resume: no train_state.pt in"),
     (["train", "--resume", "--out", "{tmp}/ckpt", "--layers", "3"], "--layers would change its shape: drop them"),
+    (["train", "--resume", "--out", "{tmp}/ckpt"], "train_state.pt' cannot be read as a training state (EOFError)"),
     (["train", "--out", "/proc/run"], "cannot write '/proc/run'"),
     (["train", "--out", "{tmp}/file.txt"], "is a file; give a folder"),
     (["train", "--out", "{tmp}/done"], "already holds a checkpoint: pass --resume to continue it"),

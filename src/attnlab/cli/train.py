@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -32,7 +32,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "head forms within a minute or two) or 'text' (Python's own documentation, or --data FILE, as bytes). "
         "Under torchrun --nproc-per-node N it trains data-parallel.",
     )
-    train.add_argument("task", nargs="?", choices=["induction", "text"], default="induction", help="default induction")
+    train.add_argument(
+        "task",
+        nargs="?",
+        choices=["induction", "text"],
+        default=None,
+        help="default induction; --resume: the run's own",
+    )
     train.add_argument("--data", metavar="FILE", help="text task: a local UTF-8 text file instead of Python's docs")
     train.add_argument("--out", metavar="DIR", help="checkpoint folder (default runs/TASK)")
     train.add_argument("--resume", action="store_true", help="continue the run saved in --out")
@@ -49,13 +55,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     train.add_argument("--context", type=int, help="context length = training sequence length (induction 64, text 128)")
 
 
-def _settings(args: argparse.Namespace, out: Path) -> tuple[GPT, TrainConfig, Task]:
-    """The model (new and seeded, or the saved one), train config and task; every check before any training."""
+def _settings(args: argparse.Namespace, out: Path) -> tuple[GPT, TrainConfig, Task, dict[str, Any]]:
+    """The model (new and seeded, or the saved one), train config, task and what the run trains on (task, data:
+    path and content digest); every check before any training. A resume takes its task and data from its own
+    state, and refuses a flag that contradicts them, naming both."""
     import torch
 
     from attnlab.models import GPT, GPTConfig
     from attnlab.models.tasks import TASK_MODELS, make_task
-    from attnlab.models.train import STATE_FILE, TASK_DEFAULTS, TrainConfig
+    from attnlab.models.train import STATE_FILE, TASK_DEFAULTS, TrainConfig, check_memory, read_state
 
     given = {f: getattr(args, f) for f in TRAIN_FLAGS if getattr(args, f) is not None}
     shape = {field: getattr(args, flag) for flag, field in SHAPE_FLAGS.items() if getattr(args, flag) is not None}
@@ -71,7 +79,8 @@ def _settings(args: argparse.Namespace, out: Path) -> tuple[GPT, TrainConfig, Ta
             raise ValueError(
                 f"--resume keeps the saved settings; only --steps and --minutes may change (got {changed})"
             )
-        saved = torch.load(state_file, map_location="cpu", weights_only=True)
+        saved = read_state(out)  # every key, and weights that are the ones it was saved with
+        run_info = _resumed_run(args, saved.get("run") or {}, out)
         config = TrainConfig.from_dict({**saved["config"], "minutes": None, **given})
         if config.steps <= int(saved["step"]):
             raise ValueError(f"the run in {str(out)!r} already did {saved['step']} steps; pass --steps above that")
@@ -79,12 +88,52 @@ def _settings(args: argparse.Namespace, out: Path) -> tuple[GPT, TrainConfig, Ta
     else:
         if (out / "config.json").exists():
             raise ValueError(f"{str(out)!r} already holds a checkpoint: pass --resume to continue it, or another --out")
-        config = TrainConfig.from_dict({**TASK_DEFAULTS[args.task].to_dict(), **given})
-        model_config = GPTConfig.from_dict({**TASK_MODELS[args.task].to_dict(), **shape})
+        name = args.task or "induction"
+        run_info = {"task": name, "data": args.data}  # checked by make_task below, then recorded with its digest
+        config = TrainConfig.from_dict({**TASK_DEFAULTS[name].to_dict(), **given})
+        model_config = GPTConfig.from_dict({**TASK_MODELS[name].to_dict(), **shape})
+        check_memory(model_config, config.batch_size)  # before a weight is allocated
         torch.manual_seed(config.seed)  # every process builds the same weights (DDP also broadcasts rank 0's)
         model = GPT(model_config)
-    task = make_task(args.task, seq_len=model.config.context_length, data=args.data)
-    return model, config, task
+    task = make_task(run_info["task"], seq_len=model.config.context_length, data=run_info.get("data"))
+    if not args.resume:
+        run_info |= _data_info(args.data)
+    return model, config, task, run_info
+
+
+def _data_info(data: str | None) -> dict[str, Any]:
+    """The text file a run trains on, by absolute path and content digest (None: the built-in text)."""
+    if data is None:
+        return {"data": None, "data_sha256": None}
+    from attnlab.models.checkpoints import file_digest
+
+    path = Path(data).resolve()
+    if not path.is_file():
+        raise ValueError(f"--data {data!r} is not a file; give a UTF-8 text file")
+    return {"data": str(path), "data_sha256": file_digest(path)}
+
+
+def _resumed_run(args: argparse.Namespace, run: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The saved run's task and data; a flag that says otherwise, or data that changed since, is refused."""
+    saved_task = run.get("task")
+    if saved_task is None:  # a state saved before runs recorded their task
+        if args.task is None:
+            raise ValueError(f"the run in {str(out)!r} does not record its task: name it (attnlab train TASK --resume)")
+        return {"task": args.task, **_data_info(args.data)}
+    if args.task is not None and args.task != saved_task:
+        raise ValueError(
+            f"the run in {str(out)!r} trains on {saved_task!r}, not {args.task!r}: drop the task or use another --out"
+        )
+    data = run.get("data")
+    if args.data is not None and (data is None or Path(args.data).resolve() != Path(data)):
+        raise ValueError(
+            f"the run in {str(out)!r} trains on {data or 'the built-in text'!r}, not --data {args.data!r}: drop --data"
+        )
+    if data is not None:
+        now = _data_info(data)
+        if now["data_sha256"] != run.get("data_sha256"):
+            raise ValueError(f"{data!r} changed since the run in {str(out)!r} began (its content differs): restore it")
+    return {"task": saved_task, "data": data, "data_sha256": run.get("data_sha256")}
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -94,10 +143,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from attnlab.models.train import train, world
 
     try:
-        out = check_folder(args.out or f"runs/{args.task}")
-        model, config, task = _settings(args, out)
+        out = check_folder(args.out or f"runs/{args.task or 'induction'}")
+        model, config, task, run_info = _settings(args, out)
     except (ValueError, TypeError) as err:
         return error(console, err)
+    name = run_info["task"]
     started = join_from_environment()
     try:
         rank, size = world()
@@ -107,7 +157,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             c = model.config
             where = f" on {size} processes" if size > 1 else ""
             console.print(
-                f"training {args.task}: {c.n_layers} layers, {c.n_heads} heads, {c.emb_dim} dims, "
+                f"training {name}: {c.n_layers} layers, {c.n_heads} heads, {c.emb_dim} dims, "
                 f"{params:,} parameters; {config.steps} steps of {config.batch_size} x {task.seq_len} tokens{where}",
                 markup=False,
             )
@@ -127,7 +177,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             def progress(step: int, steps: int, loss: float, tokens_per_s: float) -> None:
                 bar.update(job, completed=step, description=f"loss {loss:.3f}  {tokens_per_s:,.0f} tok/s")
 
-            tokenizer = "ascii" if args.task == "induction" else "bytes"
+            tokenizer = "ascii" if name == "induction" else "bytes"
             log = train(
                 model,
                 task,
@@ -137,16 +187,21 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 checkpoint=out,
                 resume=args.resume,
                 tokenizer=tokenizer,
+                run=run_info,
             )
         if not loud:
-            return 0
+            return 130 if log.interrupted else 0
+        if log.interrupted:
+            line = f"{log.stopped}; saved to {out}/; attnlab train --out {out} --resume goes on"
+            console.print(line, markup=False, soft_wrap=True)  # one line, whole
+            return 130
         from attnlab.cli.heads import summary, table
         from attnlab.explain.render.curves import training_curves
         from attnlab.explain.render.heatmap import save
 
         save(training_curves(log), out / "loss.png")
         if log.stopped:
-            console.print(log.stopped + f"; attnlab train {args.task} --out {out} --resume goes on", markup=False)
+            console.print(log.stopped + f"; attnlab train --out {out} --resume goes on", markup=False)
         console.print(
             f"{log.step[-1] if log.step else 0} steps in {log.seconds:.0f} s; held-out loss "
             f"{log.eval_loss[-1]:.3f}; saved to {out}/ (model, train_log.json, loss.png)",

@@ -23,9 +23,12 @@ This module knows configs and tensors, not the model class: ``GPT`` calls
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import pickle
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -309,6 +312,26 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> Checkpoint:
 # ---------------------------------------------------------------------------------------------- writing
 
 
+def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
+    """``write(tmp)`` into a temporary file beside ``path``, then rename it over ``path``: a reader, or a
+    run stopped halfway, sees the old file or the new one, never a part of one."""
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes: what ties a training state to the weights it was saved with."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def hf_config(config: GPTConfig) -> dict[str, Any]:
     """config.json for ``transformers.GPT2LMHeadModel``, with attnlab's own config alongside."""
     values: dict[str, Any] = {
@@ -373,8 +396,8 @@ def save_gpt(model: nn.Module, directory: str | Path, *, tokenizer: str | None =
         described = {"format": "attnlab", "attnlab": config.to_dict()}
     text = json.dumps({**described, **({"tokenizer": tokenizer} if tokenizer else {})}, indent=2)
     target.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
-    (target / "config.json").write_text(text + "\n", encoding="utf-8")
+    write_atomic(target / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    write_atomic(target / "config.json", lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
     return target
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -28,11 +30,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from attnlab._checks import check_positive_int, check_seed
+from attnlab.models.checkpoints import file_digest, write_atomic
+from attnlab.models.config import GPTConfig
 from attnlab.models.gpt import GPT
 from attnlab.models.tasks import Task
 
 STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.json"
+STATE_KEYS = ("step", "optimizer", "generator", "config")  # what a training state must hold to resume
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +116,7 @@ class TrainLog:
     extra: dict[str, list[Any]] = field(default_factory=dict)  # e.g. "heads": head scores at each evaluation
     seconds: float = 0.0  # training time, evaluations included
     stopped: str = ""  # why the loop ended before config.steps, if it did
+    interrupted: bool = False  # stopped by Ctrl-C (SIGINT) or SIGTERM, after a whole step, and saved
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,7 +132,13 @@ def read_log(directory: str | Path) -> TrainLog | None:
     file = Path(directory) / LOG_FILE
     if not Path(directory).is_dir() or not file.is_file():
         return None
-    return TrainLog.from_dict(json.loads(file.read_text(encoding="utf-8")))
+    try:
+        values = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{str(file)!r} is not a training log (JSON): {err}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{str(file)!r} is not a training log: it holds a JSON {type(values).__name__}, not an object")
+    return TrainLog.from_dict(values)
 
 
 Progress = Callable[[int, int, float, float], None]  # (step, steps, train loss, tokens/s)
@@ -172,11 +184,60 @@ def check_fit(model: GPT, task: Task, config: TrainConfig) -> None:
         )
 
 
-def _resume(checkpoint: Path, optimizer: torch.optim.Optimizer, generator: torch.Generator) -> tuple[int, TrainLog]:
-    state_file = checkpoint / STATE_FILE
+def read_state(checkpoint: str | Path) -> dict[str, Any]:
+    """The training state saved in ``checkpoint``, checked: every key it needs, and the weights beside it
+    the very ones it was saved with (a run stopped between two writes left a folder whose files disagree)."""
+    folder = Path(checkpoint)
+    state_file = folder / STATE_FILE
     if not state_file.is_file():
-        raise ValueError(f"nothing to resume: no {STATE_FILE} in {str(checkpoint)!r}; train without --resume first")
-    state = torch.load(state_file, map_location="cpu", weights_only=True)
+        raise ValueError(f"nothing to resume: no {STATE_FILE} in {str(folder)!r}; train without --resume first")
+    try:
+        state = torch.load(state_file, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, corrupt, or not a torch file at all: say which file
+        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{str(state_file)!r} cannot be read as a training state ({first}); it is damaged") from None
+    missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"{str(state_file)!r} is not a complete training state: it lacks {missing}")
+    weights = folder / "model.safetensors"
+    saved_with = state.get("weights_sha256")
+    if saved_with is not None and (not weights.is_file() or file_digest(weights) != saved_with):
+        raise ValueError(
+            f"the files in {str(folder)!r} disagree: model.safetensors is not the one {STATE_FILE} was saved with "
+            f"at step {state['step']} (a run stopped between two writes); resume from a consistent copy or start again"
+        )
+    return dict(state)
+
+
+def check_memory(config: GPTConfig, batch_size: int) -> None:
+    """Refuse a shape whose training would not fit in the memory available now, with the figures."""
+    with torch.device("meta"):  # counts the parameters without allocating one
+        params = sum(p.numel() for p in GPT(config).parameters())
+    c = config
+    activations = 4 * batch_size * c.context_length * (c.n_layers * (16 * c.emb_dim + 2 * c.n_heads * c.context_length))
+    need = 16 * params + activations  # float32 weights, gradients and AdamW's two moments; the forward's tensors
+    free = available_memory()
+    if free is not None and need > free:
+        raise ValueError(
+            f"this model would need about {need / 2**30:.1f} GiB to train ({params:,} parameters, batch {batch_size} "
+            f"x {c.context_length} tokens) and {free / 2**30:.1f} GiB is available; choose fewer --layers, a "
+            "smaller --emb-dim or --context, or a smaller --batch-size"
+        )
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux's MemAvailable), or None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _resume(checkpoint: Path, optimizer: torch.optim.Optimizer, generator: torch.Generator) -> tuple[int, TrainLog]:
+    state = read_state(checkpoint)
     optimizer.load_state_dict(state["optimizer"])
     generator.set_state(state["generator"])
     log = read_log(checkpoint) or TrainLog()
@@ -193,12 +254,19 @@ def save_checkpoint(
     config: TrainConfig,
     log: TrainLog,
     tokenizer: str | None = None,
+    run: dict[str, Any] | None = None,
 ) -> Path:
-    """The model, its training log and what ``resume`` needs, in one folder."""
+    """The model, its training log and what ``resume`` needs, in one folder.
+
+    Each file is written whole and renamed into place, the state last, with the digest of the weights it
+    belongs to: a run stopped anywhere in here leaves files that are each whole, and ``read_state`` refuses
+    a folder whose weights and state are from different steps.
+    """
     target = model.save_pretrained(directory, tokenizer=tokenizer)
+    write_atomic(target / LOG_FILE, lambda tmp: tmp.write_text(json.dumps(log.to_dict()) + "\n", encoding="utf-8"))
     state = {"step": step, "optimizer": optimizer.state_dict(), "generator": generator.get_state()}
-    torch.save({**state, "config": config.to_dict()}, target / STATE_FILE)
-    (target / LOG_FILE).write_text(json.dumps(log.to_dict()) + "\n", encoding="utf-8")
+    state |= {"config": config.to_dict(), "run": run or {}, "weights_sha256": file_digest(target / "model.safetensors")}
+    write_atomic(target / STATE_FILE, lambda tmp: torch.save(state, tmp))
     return target
 
 
@@ -212,12 +280,18 @@ def train(
     checkpoint: str | Path | None = None,
     resume: bool = False,
     tokenizer: str | None = None,
+    run: dict[str, Any] | None = None,
 ) -> TrainLog:
     """Train ``model`` in place on ``task``; returns the log. ``on_eval`` runs at every evaluation.
 
     With ``checkpoint`` the result is saved there (rank 0 only); ``resume``
     continues from the optimizer, generator and log saved there (load the
-    model from the same folder first). ``tokenizer`` is recorded in config.json.
+    model from the same folder first). ``tokenizer`` is recorded in config.json,
+    ``run`` (what the run trains on: task, data) in the state, for a resume to check.
+
+    A first Ctrl-C (SIGINT) or a SIGTERM lets the step in progress finish, then the loop stops, saves and
+    returns a log with ``interrupted`` set; a second Ctrl-C interrupts at once. Resumed, an interrupted run
+    ends with the weights of one never interrupted.
     """
     check_fit(model, task, config)
     rank, size = world()
@@ -238,10 +312,72 @@ def train(
     wrapped: torch.nn.Module = model
     if size > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
-    rows = config.batch_size // size
     began, before = time.perf_counter(), log.seconds
     step = start
     model.train()
+    with _StopRequest() as stop:
+        step = _loop(
+            model, wrapped, task, config, optimizer, generator, log, step, began, before, stop, progress, on_eval
+        )
+    model.eval()
+    log.seconds = before + time.perf_counter() - began
+    if checkpoint is not None and rank == 0:
+        save_checkpoint(
+            model,
+            checkpoint,
+            step=step,
+            optimizer=optimizer,
+            generator=generator,
+            config=config,
+            log=log,
+            tokenizer=tokenizer,
+            run=run,
+        )
+    return log
+
+
+class _StopRequest:
+    """While active (main thread only), the first SIGINT or SIGTERM asks the loop to stop after the step in
+    progress; a second SIGINT raises KeyboardInterrupt at once. The previous handlers come back after."""
+
+    def __init__(self) -> None:
+        self.asked = ""
+        self._before: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._before[sig] = signal.signal(sig, self._ask)
+        return self
+
+    def _ask(self, signum: int, frame: Any) -> None:
+        if self.asked and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.asked = signal.Signals(signum).name
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._before.items():
+            signal.signal(sig, handler)
+
+
+def _loop(
+    model: GPT,
+    wrapped: torch.nn.Module,
+    task: Task,
+    config: TrainConfig,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+    log: TrainLog,
+    step: int,
+    began: float,
+    before: float,
+    stop: _StopRequest,
+    progress: Progress | None,
+    on_eval: OnEval | None,
+) -> int:
+    """The steps from ``step`` on; returns the step it ended after."""
+    rank, size = world()
+    rows = config.batch_size // size
     while step < config.steps:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
@@ -267,10 +403,15 @@ def train(
         if progress:
             progress(step, config.steps, float(seen), speed)
         out_of_time = config.minutes is not None and time.perf_counter() - began > 60 * config.minutes
+        interrupted = bool(stop.asked)
         if size > 1:  # every rank stops at the same step, or DDP waits forever
-            flag = torch.tensor([float(out_of_time)])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            out_of_time = bool(flag.item())
+            flags = torch.tensor([float(out_of_time), float(interrupted)])
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            out_of_time, interrupted = bool(flags[0]), bool(flags[1])
+        if interrupted:  # saved as it stands after this whole step; resume goes on from here
+            log.interrupted = True
+            log.stopped = f"interrupted ({stop.asked or 'on another rank'}) after {step} of {config.steps} steps"
+            break
         if step % config.eval_every == 0 or step == config.steps or out_of_time:
             log.eval_step.append(step)
             log.eval_seconds.append(before + time.perf_counter() - began)
@@ -281,17 +422,4 @@ def train(
         if out_of_time:
             log.stopped = f"the {config.minutes} minute budget ran out after {step} of {config.steps} steps"
             break
-    model.eval()
-    log.seconds = before + time.perf_counter() - began
-    if checkpoint is not None and rank == 0:
-        save_checkpoint(
-            model,
-            checkpoint,
-            step=step,
-            optimizer=optimizer,
-            generator=generator,
-            config=config,
-            log=log,
-            tokenizer=tokenizer,
-        )
-    return log
+    return step
