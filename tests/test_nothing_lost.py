@@ -133,3 +133,150 @@ def test_ctrl_c_in_attnlab_train_saves_and_exits_130_with_one_line(
     said = capsys.readouterr().out.strip().splitlines()
     assert said[-1].startswith("interrupted (SIGINT) after 3 of 50 steps; saved to") and "--resume goes on" in said[-1]
     assert read_log(out).step == [1, 2, 3] and (out / STATE_FILE).is_file()
+
+
+# ---- the file's tensors are the truth; memory is not spent before the file is checked ----
+
+
+def test_a_bias_trained_in_hugging_face_survives_the_round_trip(tmp_path: Path) -> None:
+    """attnlab GPT without q/k/v biases -> GPT2LMHeadModel -> biases changed (as fine-tuning does) -> saved by HF
+    (carrying attnlab's config block along) -> GPT.from_pretrained: the trained biases are kept."""
+    from transformers import GPT2LMHeadModel
+
+    config = GPTConfig(vocab_size=64, context_length=16, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0)
+    tiny = GPT(config)
+    tiny.save_pretrained(tmp_path / "ours")
+    theirs = GPT2LMHeadModel.from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        for block in theirs.transformer.h:
+            block.attn.c_attn.bias.normal_(0, 0.5, generator=torch.Generator().manual_seed(3))
+    theirs.save_pretrained(tmp_path / "tuned")
+    back = GPT.from_pretrained(tmp_path / "tuned")
+    assert back.config.qkv_bias  # corrected from the tensors, not the config block HF carried over
+    idx = torch.randint(0, 64, (1, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx), theirs(idx).logits, atol=1e-4, rtol=1e-4)
+
+
+def _peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def test_a_config_that_claims_a_huge_model_beside_small_weights_allocates_nothing(tmp_path: Path) -> None:
+    GPT(GPTConfig(vocab_size=64, context_length=16, emb_dim=32, n_heads=2, n_layers=1)).save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    del raw["attnlab"]  # only Hugging Face's sizes, and they are wrong: 64 layers of 4096 (tens of GB)
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "n_embd": 4096, "n_layer": 64, "n_head": 32}))
+    before = _peak_rss_mib()
+    with pytest.raises(ValueError, match=r"config.json says emb_dim=4096 but the tensors hold 32"):
+        GPT.from_pretrained(tmp_path)
+    assert _peak_rss_mib() - before < 256  # refused from the file's headers, not after allocating the model
+
+
+def test_tensors_that_are_not_float_weights_are_refused_not_cast(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    GPT(GPTConfig(vocab_size=64, context_length=16, emb_dim=32, n_heads=2, n_layers=1)).save_pretrained(tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    tensors["transformer.ln_f.weight"] = torch.ones(32, dtype=torch.int32)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"transformer.ln_f.weight: dtype torch.int32 is not a float weight"):
+        GPT.from_pretrained(tmp_path)
+
+
+# ---- never a traceback: damaged files and odd flags through the command ----
+
+
+def _saved(where: Path) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    GPT(GPTConfig(vocab_size=256, context_length=32, emb_dim=32, n_heads=2, n_layers=1)).save_pretrained(
+        where, tokenizer="bytes"
+    )
+    return where
+
+
+def _damage(tmp_path: Path) -> list[tuple[list[str], str]]:
+    cases: list[tuple[list[str], str]] = []
+
+    def model(name: str) -> Path:
+        return _saved(tmp_path / name)
+
+    m = model("list")
+    (m / "config.json").write_text("[]")
+    cases.append((["heads", "--model", str(m)], "holds a JSON list; expected an object"))
+    m = model("novocab")
+    raw = json.loads((m / "config.json").read_text())
+    del raw["attnlab"], raw["vocab_size"]
+    (m / "config.json").write_text(json.dumps(raw))
+    cases.append((["heads", "--model", str(m)], "has no 'vocab_size'; a GPT-2 config needs it"))
+    m = model("tie")
+    raw = json.loads((m / "config.json").read_text())
+    del raw["attnlab"]
+    (m / "config.json").write_text(json.dumps({**raw, "tie_word_embeddings": "false"}))
+    cases.append((["heads", "--model", str(m)], "tie_word_embeddings must be true or false, got 'false'"))
+    for name, index in (("noweightmap", {}), ("escape", {"weight_map": {"a": "../outside.safetensors"}})):
+        m = model(name)
+        (m / "model.safetensors").replace(m / "shard.safetensors")
+        (m / "model.safetensors.index.json").write_text(json.dumps(index))
+        said = "has no weight_map" if not index else "names the shard '../outside.safetensors', outside its folder"
+        cases.append((["heads", "--model", str(m)], said))
+    pth = tmp_path / "intkey.pth"
+    torch.save({1: torch.zeros(2)}, pth)
+    cases.append((["heads", "--model", str(pth)], "is not a state dict of named tensors: it holds the key 1"))
+    m = model("tokenizer")
+    raw = json.loads((m / "config.json").read_text())
+    (m / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if k != "tokenizer"}))
+    (m / "tokenizer.json").write_text("{not json")
+    cases.append((["generate", "--model", str(m), "hi"], "tokenizer.json' cannot be read as a tokenizer"))
+    m = model("log")
+    (m / "train_log.json").write_text("[1, 2]")
+    cases.append((["explain", "hi", "--model", str(m)], "is not a training log: it holds a JSON list"))
+    for name, state in (("truncated", b"PK\x03\x04 truncated"), ("noconfig", None)):
+        m = model(name)
+        if state is None:
+            torch.save({"step": 1, "optimizer": {}, "generator": torch.Generator().get_state()}, m / STATE_FILE)
+            said = "is not a complete training state: it lacks ['config']"
+        else:
+            (m / STATE_FILE).write_bytes(state)
+            said = "cannot be read as a training state"
+        cases.append((["train", "--out", str(m), "--resume", "--steps", "5"], said))
+    return cases
+
+
+def test_damaged_files_get_one_line_naming_the_file_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, said in _damage(tmp_path):
+        assert cli.main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in out + err, (argv, err)
+        assert said in err, (argv, err)
+
+
+def test_a_temperature_that_underflows_float32_is_greedy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from attnlab.models.generate import pick
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    for t in (1e-46, 1e-300):
+        assert torch.equal(pick(logits, temperature=t), logits.argmax(-1, keepdim=True))
+    m = _saved(tmp_path / "m")
+    assert cli.main(["generate", "--model", str(m), "ab", "--temperature", "1e-300", "--max-new-tokens", "3"]) == 0
+    greedy = capsys.readouterr().out
+    assert cli.main(["generate", "--model", str(m), "ab", "--max-new-tokens", "3"]) == 0
+    assert capsys.readouterr().out == greedy
+
+
+def test_argparse_slips_are_one_line_and_a_typo_gets_the_nearest_command(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, said in (
+        (["tuor"], "unknown command 'tuor': did you mean 'tour'?"),
+        (["train", "--steps", "x"], "argument --steps: invalid int value: 'x'; see attnlab train --help"),
+        (["generate"], "the following arguments are required: prompt, --model"),
+        (["train", "bogus"], "argument task: invalid choice: 'bogus'"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(argv)
+        assert stop.value.code == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and said in err, (argv, err)

@@ -8,9 +8,12 @@ long work starts.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
+import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from rich.console import Console
 
@@ -29,8 +32,22 @@ COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a slip said in one line (not the usage block), and the nearest command for a typo."""
+
+    def error(self, message: str) -> NoReturn:
+        chosen = re.search(r"invalid choice: '([^']*)'", message)
+        if chosen and self.prog == "attnlab":
+            near = difflib.get_close_matches(chosen.group(1), list(COMMANDS), n=1)
+            message = f"unknown command {chosen.group(1)!r}" + (f": did you mean {near[0]!r}?" if near else "")
+            message += f" (commands: {', '.join(COMMANDS)})"
+        else:
+            message += f"; see {self.prog} --help"
+        self.exit(2, f"error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="attnlab",
         description="Learn, verify and use attention: chapter 3 of 'Build a Large Language Model (From Scratch)' "
         "step by step, any sentence explained, every implementation measured.",
@@ -52,8 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(highlight=False)
     try:
         return int(COMMANDS[args.command].run(args, console))
+    except KeyboardInterrupt:  # Ctrl-C outside a loop that saves: one line, the shell's code for SIGINT
+        error(console, "interrupted")
+        return 130
     except (ValueError, TypeError, OSError) as err:  # a slip the checks did not foresee: still one line
         return error(console, err)
+    except Exception as err:  # never a traceback: what went wrong, in one line, with its kind
+        return error(console, f"{type(err).__name__}: {err}")
 
 
 if __name__ == "__main__":

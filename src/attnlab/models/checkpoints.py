@@ -108,7 +108,13 @@ def _hf_weights(directory: Path) -> Tensors:
     if (directory / "model.safetensors").is_file():
         return _read_safetensors(directory / "model.safetensors")
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        listed = _read_json(index).get("weight_map")
+        if not isinstance(listed, dict) or not all(isinstance(v, str) for v in listed.values()):
+            raise ValueError(f"{str(index)!r} has no weight_map of tensor names to shard files")
+        shards = sorted(set(listed.values()))
+        for shard in shards:  # a shard is a file in this folder, never a path that leaves it
+            if Path(shard).name != shard or shard in ("", ".", ".."):
+                raise ValueError(f"{str(index)!r} names the shard {shard!r}, outside its folder; refused")
         return {k: v for shard in shards for k, v in _read_safetensors(directory / shard).items()}
     if (directory / "pytorch_model.bin").is_file():
         loaded = _read_pickle(directory / "pytorch_model.bin")
@@ -119,6 +125,54 @@ def _hf_weights(directory: Path) -> Tensors:
         f"{str(directory)!r} has a config.json but no weights: expected model.safetensors, "
         "model.safetensors.index.json with its shards, or pytorch_model.bin"
     )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``, or an error that names the file."""
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{str(path)!r} is not valid JSON: {err}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{str(path)!r} holds a JSON {type(values).__name__}; expected an object of settings")
+    return values
+
+
+def _need(raw: dict[str, Any], key: str, where: Path) -> Any:
+    if key not in raw:
+        raise ValueError(f"{str(where / 'config.json')!r} has no {key!r}; a GPT-2 config needs it")
+    return raw[key]
+
+
+def _flag(raw: dict[str, Any], key: str, default: bool, where: Path) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):  # "false" is a string, and bool("false") is True
+        raise ValueError(f"{str(where / 'config.json')!r}: {key} must be true or false, got {value!r}")
+    return value
+
+
+def _reconcile(config: GPTConfig, tensors: Tensors, where: Path) -> GPTConfig:
+    """The file's tensors are the truth. Sizes they fix (vocabulary, width, context, layers) that the config
+    contradicts are refused, naming both; q/k/v biases the file holds are kept (a config that said there
+    were none, carried over by another tool after fine-tuning, is corrected); so is an untied head."""
+    found: dict[str, int] = {}
+    if "tok_emb.weight" in tensors and tensors["tok_emb.weight"].dim() == 2:
+        found["vocab_size"], found["emb_dim"] = tensors["tok_emb.weight"].shape
+    if "pos_emb.weight" in tensors and tensors["pos_emb.weight"].dim() == 2:
+        found["context_length"] = tensors["pos_emb.weight"].shape[0]
+    layers = {k.split(".")[1] for k in tensors if k.startswith("trf_blocks.")}
+    if layers:
+        found["n_layers"] = len(layers)
+    wrong = [f"{k}={getattr(config, k)} but the tensors hold {v}" for k, v in found.items() if getattr(config, k) != v]
+    if wrong:
+        raise ValueError(f"{str(where)!r}: config.json says {'; '.join(wrong)}; the file's tensors are the truth")
+    biases = [v for k, v in tensors.items() if k.endswith("att.qkv.bias")]
+    if not config.qkv_bias and any(bool(b.any()) for b in biases):
+        config = config.with_(qkv_bias=True)  # trained biases: kept, not dropped
+    head, embedding = tensors.get("out_head.weight"), tensors.get("tok_emb.weight")
+    if config.tie_weights and head is not None and embedding is not None and not torch.equal(head, embedding):
+        config = config.with_(tie_weights=False)  # a head of its own: kept
+    return config
 
 
 def _config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
@@ -135,14 +189,14 @@ def _config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
         if value not in allowed:
             raise ValueError(f"{str(where)!r}: {key}={value!r} is not supported by attnlab's GPT (it needs {allowed})")
     return GPTConfig(
-        vocab_size=raw["vocab_size"],
+        vocab_size=_need(raw, "vocab_size", where),
         context_length=raw.get("n_positions", 1024),
         emb_dim=raw.get("n_embd", 768),
         n_heads=raw.get("n_head", 12),
         n_layers=raw.get("n_layer", 12),
         drop_rate=float(raw.get("resid_pdrop", 0.1)),
         qkv_bias=True,
-        tie_weights=bool(raw.get("tie_word_embeddings", True)),
+        tie_weights=_flag(raw, "tie_word_embeddings", True, where),
         layer_norm_eps=float(raw.get("layer_norm_epsilon", 1e-5)),
     )
 
@@ -218,12 +272,18 @@ def _from_book(tensors: Tensors, config: GPTConfig) -> tuple[Tensors, dict[str, 
     return out, origin
 
 
-def fit(model: nn.Module, checkpoint: Checkpoint) -> None:
-    """Copy a checkpoint's tensors into ``model`` (a GPT of ``checkpoint.config``) after one check."""
-    _fit(model, checkpoint.config, checkpoint.tensors, checkpoint.origin, checkpoint.source)
+def fit(model: nn.Module, checkpoint: Checkpoint, *, check_only: bool = False) -> None:
+    """Copy a checkpoint's tensors into ``model`` (a GPT of ``checkpoint.config``) after one check.
+
+    ``check_only``: the check alone, e.g. on a model built on the meta device, so that a config that
+    does not fit its file is refused before a single weight is allocated.
+    """
+    _fit(model, checkpoint.config, checkpoint.tensors, checkpoint.origin, checkpoint.source, check_only)
 
 
-def _fit(model: nn.Module, config: GPTConfig, tensors: Tensors, origin: dict[str, str], source: str) -> None:
+def _fit(
+    model: nn.Module, config: GPTConfig, tensors: Tensors, origin: dict[str, str], source: str, check_only: bool
+) -> None:
     """Copy tensors into the model after one check that lists every problem by its name in the file."""
     expected = model.state_dict()
     if config.tie_weights:
@@ -234,6 +294,11 @@ def _fit(model: nn.Module, config: GPTConfig, tensors: Tensors, origin: dict[str
         f"{origin.get(k, k)}: expected {tuple(expected[k].shape)}, found {tuple(v.shape)}"
         for k, v in tensors.items()
         if k in expected and tuple(v.shape) != tuple(expected[k].shape)
+    ]
+    wrong += [  # an int, bool or float8 tensor is not a weight: casting it would make one up
+        f"{origin.get(k, k)}: dtype {v.dtype} is not a float weight"
+        for k, v in tensors.items()
+        if k in expected and (not v.is_floating_point() or v.element_size() < 2)
     ]
     if missing or unexpected or wrong:
         c = config
@@ -248,6 +313,8 @@ def _fit(model: nn.Module, config: GPTConfig, tensors: Tensors, origin: dict[str
             f"{c.context_length}, emb_dim={c.emb_dim}, n_heads={c.n_heads}, n_layers={c.n_layers}, "
             f"qkv_bias={c.qkv_bias}, tie_weights={c.tie_weights}): {detail}"
         )
+    if check_only:
+        return
     with torch.no_grad():
         for key, tensor in tensors.items():
             expected[key].copy_(tensor)
@@ -285,14 +352,17 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> Checkpoint:
         config_file = where / "config.json"
         if not config_file.is_file():
             raise ValueError(f"{str(where)!r} has no config.json: expected a Hugging Face GPT-2 or attnlab directory")
-        raw = json.loads(config_file.read_text(encoding="utf-8"))
+        raw = _read_json(config_file)
         ours = raw.get("attnlab")
+        if ours is not None and not isinstance(ours, dict):
+            raise ValueError(f"{str(config_file)!r}: 'attnlab' must be an object of GPTConfig fields, got {ours!r:.60}")
         config = GPTConfig.from_dict({**ours, **overrides}) if ours else _config_from_hf(raw, where).with_(**overrides)
         if raw.get("format") == "attnlab":  # attnlab's own names: a model GPT-2 cannot hold
             tensors = _read_safetensors(where / "model.safetensors")
-            return Checkpoint(config, tensors, {k: k for k in tensors}, str(where))
+            return Checkpoint(_reconcile(config, tensors, where), tensors, {k: k for k in tensors}, str(where))
         tensors, origin = _from_hf(_hf_weights(where), config)
-        if ours and not config.qkv_bias:  # attnlab wrote zero biases for Hugging Face; they are not part of this model
+        config = _reconcile(config, tensors, where)
+        if not config.qkv_bias:  # all-zero q/k/v biases (attnlab writes them for Hugging Face): not part of this model
             tensors = {k: v for k, v in tensors.items() if not k.endswith("att.qkv.bias")}
         return Checkpoint(config, tensors, origin, str(where))
     if where.is_file():
@@ -301,6 +371,9 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> Checkpoint:
             raw_state = raw_state["model_state_dict"]
         if not isinstance(raw_state, dict):
             raise ValueError(f"{str(where)!r} holds a {type(raw_state).__name__}, not a state dict")
+        odd = [k for k, v in raw_state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)]
+        if odd:
+            raise ValueError(f"{str(where)!r} is not a state dict of named tensors: it holds the key {odd[0]!r}")
         config = _book_config(raw_state, overrides)
         tensors, origin = _from_book(raw_state, config)
         return Checkpoint(config, tensors, origin, str(where))

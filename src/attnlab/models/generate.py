@@ -99,8 +99,8 @@ def pick(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """The next token (B, 1) from the last position's logits (B, V)."""
-    if temperature == 0.0:
-        return logits.argmax(dim=-1, keepdim=True)
+    if temperature == 0.0 or temperature < torch.finfo(torch.float32).smallest_normal * 2**-23:
+        return logits.argmax(dim=-1, keepdim=True)  # 0, or so small float32 holds it as 0: the limit is greedy
     # Subtract the max before dividing: a tiny temperature then gives -inf (never NaN) to all but the best.
     logits = (logits.float() - logits.float().amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:

@@ -229,6 +229,8 @@ class GPT(nn.Module):
         Face's does.
         """
         checkpoint = read_checkpoint(path, **overrides)
+        with torch.device("meta"):  # shapes first, on no memory: a config that does not fit its file allocates nothing
+            fit(cls(checkpoint.config), checkpoint, check_only=True)
         model = cls(checkpoint.config)
         fit(model, checkpoint)
         return model.eval()

@@ -38,9 +38,15 @@ class Tokenizer:
     def from_dir(cls, directory: str | Path) -> Tokenizer:
         where = Path(directory)
         if (where / "tokenizer.json").is_file():
-            return cls(HFTokenizer.from_file(str(where / "tokenizer.json")))
+            try:
+                return cls(HFTokenizer.from_file(str(where / "tokenizer.json")))
+            except Exception as err:  # the tokenizers library raises its own Exception on a damaged file
+                raise ValueError(f"{str(where / 'tokenizer.json')!r} cannot be read as a tokenizer: {err}") from None
         if (where / "vocab.json").is_file() and (where / "merges.txt").is_file():
-            bpe = HFTokenizer(models.BPE.from_file(str(where / "vocab.json"), str(where / "merges.txt")))
+            try:
+                bpe = HFTokenizer(models.BPE.from_file(str(where / "vocab.json"), str(where / "merges.txt")))
+            except Exception as err:
+                raise ValueError(f"vocab.json and merges.txt in {str(where)!r} cannot be read: {err}") from None
             bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
             bpe.decoder = decoders.ByteLevel()
             return cls(bpe)
@@ -130,7 +136,13 @@ def load_tokenizer(directory: str | Path) -> TextTokenizer:
 
     where = locate(directory)
     config = where / "config.json"
-    named = json.loads(config.read_text(encoding="utf-8")).get("tokenizer") if config.is_file() else None
+    named = None
+    if config.is_file():
+        try:
+            values = json.loads(config.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{str(config)!r} is not valid JSON: {err}") from None
+        named = values.get("tokenizer") if isinstance(values, dict) else None
     if named in ("bytes", "ascii"):
         return ByteTokenizer(ascii=named == "ascii")
     return Tokenizer.from_dir(where)
