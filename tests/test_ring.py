@@ -225,7 +225,32 @@ def _check_rank() -> dict[str, Any]:
         errors["mismatch"] = "no error"
     except ValueError as err:
         errors["mismatch"] = str(err)
+    errors.update(_disagreements(rank))
     return errors
+
+
+def _disagreements(rank: int) -> dict[str, str]:
+    """Settings that differ across ranks: each a ValueError on every rank (they ran silently, or aborted in C++)."""
+    x = torch.randn(1, 2, 8, 4)
+    first = rank == 0
+    calls = {
+        "disagree is_causal": lambda: ring_attention(x, x, x, is_causal=first),
+        "disagree layout": lambda: ring_attention(x, x, x, layout="zigzag" if first else "contiguous"),
+        "disagree seq_len": lambda: ring_attention(x, x, x, seq_len=7 if first else None),
+        "disagree dtype": lambda: ring_attention(*(x.double() if first else x for _ in range(3))),
+        "disagree gather": lambda: gather_sequence(torch.zeros(1, 2, 3 + first, 4), 2, length=4),
+        "disagree document_ids": lambda: ContextParallelAttention(d_in=8, num_heads=2)(
+            torch.randn(1, 4, 8), document_ids=torch.zeros(1, 4, dtype=torch.long) if first else None
+        ),
+    }
+    said = {}
+    for name, call in calls.items():
+        try:
+            call()
+            said[name] = "no error"
+        except ValueError as err:
+            said[name] = str(err)
+    return said
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
@@ -234,7 +259,17 @@ def test_ring_attention_equals_one_process(size: int) -> None:
     for rank, errors in got.items():
         for name, err in errors.items():
             if name == "mismatch":
-                assert "needs the same q, k, v shapes on every rank" in err, err
+                assert "ring attention needs the same q shape[2], k shape[2], v shape[2] on every rank" in err, err
+            elif name.startswith("disagree"):
+                expected = {
+                    "disagree is_causal": "needs the same is_causal on every rank; got rank 0: is_causal=1",
+                    "disagree layout": "needs the same layout on every rank; got rank 0: layout='zigzag'",
+                    "disagree seq_len": "needs the same seq_len on every rank; got rank 0: seq_len=7; rank 1: seq_len=None",
+                    "disagree dtype": "needs the same dtype on every rank; got rank 0: dtype=torch.float64",
+                    "disagree gather": "gather_sequence needs the same shape[2] on every rank",
+                    "disagree document_ids": "document_ids must be given on every rank or on none",
+                }[name]
+                assert expected in err, (rank, name, err)
             elif name == "float32":
                 assert err < 1e-5, (rank, name, err)
             else:

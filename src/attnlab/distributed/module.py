@@ -83,6 +83,12 @@ class ContextParallelAttention(Attention):
         rank, size = _world(self.group)
         b, t, _ = x.shape
         packed = None
+        given = every_rank(document_ids is not None, self.group, x.device)  # all agree, or all raise
+        if any(given) and not all(given):
+            raise ValueError(
+                "document_ids must be given on every rank or on none; ranks "
+                f"{[r for r, g in enumerate(given) if not g]} gave None and ranks {[r for r, g in enumerate(given) if g]} did not"
+            )
         if document_ids is not None:
             fits = isinstance(document_ids, torch.Tensor) and tuple(document_ids.shape) == (b, t)
             wrong = [

@@ -97,6 +97,9 @@ def gather_sequence(
 ) -> torch.Tensor:
     """The full tensor back from every rank's shard (all_gather), in sequence order, cut to ``length``."""
     rank, size = _world(group)
+    dims = list(x.shape)[:8] + [-1] * (8 - min(x.dim(), 8))  # a fixed-size record on every rank, whatever x is
+    shape = {"dims": x.dim(), **{f"shape[{i}]": n for i, n in enumerate(dims)}, "length": length}
+    _agree({**shape, "dtype": _DTYPES.index(x.dtype) if x.dtype in _DTYPES else 9}, group, x.device, "gather_sequence")
     parts = [torch.empty_like(x) for _ in range(size)]
     dist.all_gather(parts, x.contiguous(), group=group)
     padded = x.shape[dim] * size
@@ -115,17 +118,43 @@ def every_rank(flag: bool, group: Any = None, device: torch.device | None = None
     return [bool(t.item()) for t in every]
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, size: int) -> None:
-    """Every rank must hold the same shapes: compared with one small all_gather, so a mismatch raises everywhere."""
-    mine = torch.tensor([*q.shape, *k.shape, *v.shape], dtype=torch.long, device=q.device)  # nccl: on the GPU
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _agree(values: dict[str, int], group: Any, device: torch.device, what: str) -> None:
+    """Every rank must hold the same ``values``: compared with one small all_gather, so that a disagreement is a
+    ValueError on every rank, naming each rank's values, never a hang, a C++ abort or a silent wrong answer."""
+    _, size = _world(group)
+    mine = torch.tensor(list(values.values()), dtype=torch.long, device=device)  # nccl: on the GPU
     every = [torch.empty_like(mine) for _ in range(size)]
     dist.all_gather(every, mine, group=group)
-    shapes = {tuple(t.tolist()) for t in every}
-    if len(shapes) > 1:
-        raise ValueError(
-            "ring attention needs the same q, k, v shapes on every rank; got "
-            + "; ".join(f"rank {r}: q {tuple(t[:4].tolist())}, k {tuple(t[4:8].tolist())}" for r, t in enumerate(every))
+    if len({tuple(t.tolist()) for t in every}) > 1:
+        names = list(values)
+        differ = [n for i, n in enumerate(names) if len({int(t[i]) for t in every}) > 1]
+        shown = "; ".join(
+            f"rank {r}: " + ", ".join(f"{n}={_shown(n, int(t[names.index(n)]))}" for n in differ)
+            for r, t in enumerate(every)
         )
+        raise ValueError(f"{what} needs the same {', '.join(differ)} on every rank; got {shown}")
+
+
+def _shown(name: str, value: int) -> str:
+    if name == "dtype":
+        return str(_DTYPES[value]) if 0 <= value < len(_DTYPES) else "another dtype"
+    if name == "layout":
+        return repr(LAYOUTS[value])
+    if value == -1 and name in ("window", "seq_len"):
+        return "None"
+    return str(value)
+
+
+def _check_shapes(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any, settings: dict[str, int] | None = None
+) -> None:
+    """Every rank must hold the same shapes, dtype and settings (``settings``), checked by one collective."""
+    values = {f"{name} shape[{i}]": n for name, t in (("q", q), ("k", k), ("v", v)) for i, n in enumerate(t.shape)}
+    values["dtype"] = _DTYPES.index(q.dtype) if q.dtype in _DTYPES else len(_DTYPES)
+    _agree({**values, **(settings or {})}, group, q.device, "ring attention")
 
 
 def _block_visibility(
@@ -342,7 +371,17 @@ def ring_attention(
     if window is not None:
         check_window(window)
     check_scale(scale)
-    _check_shapes(q, k, v, group, size)
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)):
+        raise ValueError(f"seq_len must be an int number of tokens (the real global length), got {seq_len!r}")
+    settings = {
+        "is_causal": int(is_causal),
+        "window": -1 if window is None else window,
+        "layout": LAYOUTS.index(layout),
+        "seq_len": -1 if seq_len is None else int(seq_len),
+        "mask_mod": int(mask_mod is not None),
+        "score_mod": int(score_mod is not None),
+    }
+    _check_shapes(q, k, v, group, settings)
     length = q.shape[2] * size
     if length % _chunks(size, layout):
         raise ValueError(
