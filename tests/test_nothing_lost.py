@@ -280,3 +280,34 @@ def test_argparse_slips_are_one_line_and_a_typo_gets_the_nearest_command(capsys:
         assert stop.value.code == 2
         out, err = capsys.readouterr()
         assert out == "" and err.count("\n") == 1 and said in err, (argv, err)
+
+
+# ---- heads: scores only on a probe that can tell them apart ----
+
+
+def test_short_contexts_get_a_probe_that_tells_previous_token_from_induction() -> None:
+    from attnlab.explain.heads import default_half, head_scores, scores_from_weights
+
+    for context in range(6, 12):
+        model = GPT(GPTConfig(vocab_size=64, context_length=context, emb_dim=16, n_heads=2, n_layers=1))
+        n = default_half(model)
+        assert 3 <= n and 2 * n <= context
+        previous = torch.zeros(1, 1, 2 * n, 2 * n)
+        previous[..., 0, 0] = 1
+        previous[..., torch.arange(1, 2 * n), torch.arange(0, 2 * n - 1)] = 1  # a pure previous-token head
+        scores = scores_from_weights(previous, n)
+        assert scores["previous_token"].item() == 1.0 and scores["induction"].item() == 0.0
+        head_scores(model)  # runs
+    for context in range(1, 6):
+        model = GPT(GPTConfig(vocab_size=64, context_length=context, emb_dim=16, n_heads=2, n_layers=1))
+        with pytest.raises(ValueError, match=r"need a probe of at least 3 tokens twice .* this model's context is"):
+            head_scores(model)
+
+
+def test_a_context_too_short_to_score_is_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    assert cli.main(["train", "--out", str(out), "--context", "3", "--steps", "2"]) == 2
+    assert "this model's context is 3" in capsys.readouterr().err
+    assert not out.exists()  # nothing trained, nothing written

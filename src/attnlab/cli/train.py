@@ -95,6 +95,9 @@ def _settings(args: argparse.Namespace, out: Path) -> tuple[GPT, TrainConfig, Ta
         check_memory(model_config, config.batch_size)  # before a weight is allocated
         torch.manual_seed(config.seed)  # every process builds the same weights (DDP also broadcasts rank 0's)
         model = GPT(model_config)
+    from attnlab.explain.heads import check_probe, default_half
+
+    check_probe(model, default_half(model), 8, 0)  # the heads are scored at every evaluation: before, not after
     task = make_task(run_info["task"], seq_len=model.config.context_length, data=run_info.get("data"))
     if not args.resume:
         run_info |= _data_info(args.data)

@@ -69,9 +69,14 @@ class HeadScores:
         return layer, head, table[layer][head]
 
 
+MIN_HALF = 3  # below it the induction diagonal (offset half - 1) is the previous-token one (offset 1)
+
+
 def default_half(model: GPT) -> int:
-    """24 tokens twice, as long as that fills at most half of the model's context (``context // 4`` otherwise)."""
-    return max(2, min(24, model.config.context_length // 4))
+    """24 tokens twice, as long as that fills at most half of the model's context (``context // 4`` otherwise),
+    and never fewer than MIN_HALF: a context too short for that is refused (``check_probe``)."""
+    context = model.config.context_length
+    return min(max(MIN_HALF, min(24, context // 4)), max(context // 2, 1))
 
 
 def probe(vocab_size: int, *, half: int = 24, batch: int = 8, seed: int = 0) -> torch.Tensor:
@@ -99,12 +104,22 @@ def check_probe(model: GPT, half: int, batch: int, seed: int) -> None:
     check_positive_int("half", half, limit=1 << 20)
     check_positive_int("batch", batch, limit=4096)
     check_seed(seed)
-    if half < 2:
-        raise ValueError(f"half must be >= 2 (a block to repeat), got {half}")
-    if 2 * half > model.config.context_length:
+    context = model.config.context_length
+    if context < 2 * MIN_HALF:
+        raise ValueError(
+            f"head scores need a probe of at least {MIN_HALF} tokens twice ({2 * MIN_HALF} positions), so that "
+            f"previous-token, induction and duplicate-token heads can be told apart; this model's context is "
+            f"{context}: train or load one with a context of {2 * MIN_HALF} or more"
+        )
+    if half < MIN_HALF:
+        raise ValueError(
+            f"half must be >= {MIN_HALF}: with fewer tokens the induction and previous-token scores read the "
+            f"same diagonal; got {half}"
+        )
+    if 2 * half > context:
         raise ValueError(
             f"a probe of {half} tokens twice needs {2 * half} positions; the model's context is "
-            f"{model.config.context_length}: use half <= {model.config.context_length // 2}"
+            f"{context}: use half <= {context // 2}"
         )
 
 
