@@ -311,3 +311,180 @@ def test_a_context_too_short_to_score_is_refused_before_training(
     assert cli.main(["train", "--out", str(out), "--context", "3", "--steps", "2"]) == 2
     assert "this model's context is 3" in capsys.readouterr().err
     assert not out.exists()  # nothing trained, nothing written
+
+
+# ---- smaller, each a test ----
+
+
+def _model(context: int = 16) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=64, context_length=context, emb_dim=16, n_heads=2, n_layers=1)).eval()
+
+
+def test_generation_edges() -> None:
+    model = _model()
+    full = torch.randint(0, 64, (1, 16))
+    assert model.generate(full, 1).shape == (1, 17)  # a prompt of exactly context_length: one new token fits
+    with pytest.raises(ValueError, match=r"17 positions to run, more than the model's context_length 16"):
+        model.generate(full, 2)
+    with pytest.raises(ValueError, match=r"eos_id must be a token id, an int >= 0, got -1"):
+        model.generate(full[:, :4], 2, eos_id=-1)
+    with pytest.raises(ValueError, match=r"eos_id 64 is not a token of this model: its ids are 0..63"):
+        model.generate(full[:, :4], 2, eos_id=64)
+    right = torch.tensor([[1, 1, 1, 0]])  # right padding: generation appends after the pad
+    with pytest.raises(ValueError, match=r"attention_mask must pad on the left"):
+        model.generate(full[:, :4], 2, attention_mask=right)
+    with pytest.raises(ValueError, match=r"max_new_tokens must be >= 1, got 0"):
+        model.stream(full[:, :4], 0)  # at the call, not at the first next()
+
+
+def test_the_shipped_model_continues_the_readmes_prompt_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    prompt = "the cat sat on the mat. the cat"  # 31 tokens of 64: the default 50 new ones would not fit
+    assert cli.main(["generate", "--model", "induction", prompt]) == 0
+    assert capsys.readouterr().out.startswith(prompt)
+
+
+def test_the_streaming_decoder_flushes_a_trailing_partial_character() -> None:
+    from attnlab.models.tokenizer import ByteTokenizer, Decoder
+
+    decoder = Decoder(ByteTokenizer())
+    shown = "".join(decoder.add(b) for b in "é".encode()[:1])  # the first byte of two
+    assert shown == "" and decoder.flush() == "\ufffd"  # held back, then given out at the end, not lost
+
+
+def test_end_of_text_is_one_token_from_vocab_and_merges_as_from_tokenizer_json(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from attnlab.models.tokenizer import Tokenizer
+
+    bpe = HFTokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=280, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|endoftext|>"]
+    )
+    bpe.train_from_iterator(["the cat sat on the mat"] * 20, trainer)
+    (tmp_path / "files").mkdir()
+    bpe.model.save(str(tmp_path / "files"))
+    (tmp_path / "json").mkdir()
+    bpe.save(str(tmp_path / "json" / "tokenizer.json"))
+    text = "the cat<|endoftext|>sat"
+    from_files = Tokenizer.from_dir(tmp_path / "files").encode(text)
+    assert from_files == Tokenizer.from_dir(tmp_path / "json").encode(text)
+    assert from_files.count(bpe.token_to_id("<|endoftext|>")) == 1
+
+
+def test_bad_sizes_and_positions_are_refused_by_name() -> None:
+    from attnlab import Attention
+    from attnlab.functional import Visibility
+
+    with pytest.raises(
+        ValueError, match=r"q_start must be a position, an int in \[0, 2\*\*40\), got 9223372036854775807"
+    ):
+        Visibility.from_lengths(2, 4, q_start=2**63 - 1)
+    with pytest.raises(TypeError, match=r"max_len must be an int, got 'x'"):
+        Attention(d_in=8, num_heads=2, window=4).make_cache(batch_size=1, max_len="x")  # type: ignore[arg-type]
+
+
+def test_flash_refuses_a_double_backward_instead_of_a_silent_none() -> None:
+    from attnlab import attention
+
+    q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = attention(q, k, v, is_causal=True, backend="flash")
+    with pytest.raises(RuntimeError, match=r"the flash backend has no double backward.*use backend='eager'"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
+
+
+def test_a_nul_from_the_users_text_never_reaches_the_html_raw() -> None:
+    from attnlab.explain.render.html import Report, Section
+
+    page = Report(title="a\x00b", intro="c\x01d", lang="en", sections=[Section(key="s", title="t\x00", text="x")])
+    text = page.to_html()
+    assert "\x00" not in text and "\x01" not in text and "a\ufffdb" in text
+
+
+def test_a_new_run_refuses_an_out_folder_that_holds_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "loss.png").write_bytes(b"a figure of mine")
+    assert cli.main(["train", "--out", str(out), "--steps", "2"]) == 2
+    assert "already holds ['loss.png']; give an empty or new --out" in capsys.readouterr().err
+    assert (out / "loss.png").read_bytes() == b"a figure of mine"
+
+
+def test_training_takes_the_free_cores_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnlab.cli.train import free_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.5, 7.0, 7.0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    torch.set_num_threads(8)
+    try:
+        assert free_threads(1) == "8 cores, load 7.5: training on 1 thread per process"
+        assert torch.get_num_threads() == 1
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+        torch.set_num_threads(4)
+        assert free_threads(2) is None and torch.get_num_threads() == 4  # 4 free per process: nothing to change
+    finally:
+        torch.set_num_threads(before)
+
+
+# ---- through the real console script: signals and a damaged file ----
+
+
+def _attnlab() -> str:
+    import shutil
+    import sys
+
+    found = Path(sys.executable).parent / "attnlab"
+    return str(found) if found.exists() else str(shutil.which("attnlab"))
+
+
+def test_ctrl_c_to_the_console_script_saves_the_run_and_exits_130(tmp_path: Path) -> None:
+    import subprocess
+    import time
+
+    out = tmp_path / "run"
+    argv = [_attnlab(), "train", "--out", str(out), "--steps", "100000", "--layers", "1", "--emb-dim", "32"]
+    proc = subprocess.Popen(
+        [*argv, "--context", "32", "--batch-size", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # "training induction: ...": the loop is about to start
+    assert first.startswith(("training induction", "2 cores")) or "training" in first, first
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (rest, err)
+    assert "Traceback" not in rest + err
+    last = rest.strip().splitlines()[-1]
+    assert last.startswith("interrupted (SIGINT) after ") and "--resume goes on" in last, last
+    assert (out / STATE_FILE).is_file() and read_log(out).step  # the steps it took are kept
+
+
+def test_sigterm_to_bench_model_removes_its_temporary_folder_and_its_worker(tmp_path: Path) -> None:
+    import subprocess
+    import time
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [_attnlab(), "bench", "--model", "gpt2-small", "--quick"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("attnlab-bench-model-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    folders = list(tmp_path.glob("attnlab-bench-model-*"))
+    assert folders, "the bench never made its folder"
+    time.sleep(1.0)  # its first worker is running
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip() == "error: interrupted", err
+    assert not folders[0].exists()  # the weights it wrote are gone
+    time.sleep(0.5)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(folders[0]) not in ps  # no worker left running on them

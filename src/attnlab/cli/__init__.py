@@ -11,9 +11,11 @@ import argparse
 import difflib
 import logging
 import re
+import signal
 import sys
+import threading
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rich.console import Console
 
@@ -67,15 +69,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)  # font fallback chatter
     console = Console(highlight=False)
+    before = _sigterm_interrupts()
     try:
         return int(COMMANDS[args.command].run(args, console))
-    except KeyboardInterrupt:  # Ctrl-C outside a loop that saves: one line, the shell's code for SIGINT
+    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) outside a loop that saves: one line, the shell's code for SIGINT
         error(console, "interrupted")
         return 130
     except (ValueError, TypeError, OSError) as err:  # a slip the checks did not foresee: still one line
         return error(console, err)
     except Exception as err:  # never a traceback: what went wrong, in one line, with its kind
         return error(console, f"{type(err).__name__}: {err}")
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _sigterm_interrupts() -> Any:
+    """SIGTERM unwinds like Ctrl-C while a command runs: temporary folders are removed and a worker process is
+    killed by the code that started it, instead of the command dying on the spot and leaving both behind.
+    Returns the handler it replaced (None off the main thread, where signals cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _interrupt)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     gen.add_argument("prompt", help="the text to continue")
     gen.add_argument("--model", required=True, metavar="PATH", help="a GPT-2 or attnlab directory, or a book .pth")
     gen.add_argument("--tokenizer", metavar="DIR", help="where tokenizer.json (or vocab.json + merges.txt) is")
-    gen.add_argument("--max-new-tokens", type=int, default=50, help="tokens to add (default 50)")
+    gen.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="tokens to add (default 50, or as many as the context has room for)",
+    )
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default); higher is more random")
     gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     gen.add_argument("--top-p", type=float, help="sample among the most likely tokens that make up p")
@@ -37,7 +42,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from attnlab.models.tokenizer import Decoder
 
     try:  # every argument before the model is read
-        check_positive_int("--max-new-tokens", args.max_new_tokens, limit=1_000_000)
+        if args.max_new_tokens is not None:
+            check_positive_int("--max-new-tokens", args.max_new_tokens, limit=1_000_000)
         check_sampling(args.temperature, args.top_k, args.top_p)
         check_seed(args.seed, name="--seed")
         model, tokenizer = load_checkpoint(args.model, args.tokenizer, backend=args.backend)
@@ -45,9 +51,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return error(console, err)
     ids = tokenizer.encode(args.prompt)
     context = model.config.context_length
-    room = context - args.max_new_tokens
     if not ids:
         return error(console, f"the prompt {args.prompt!r} has no tokens; give some text to continue")
+    if args.max_new_tokens is None:  # 50, or what fits: the last new token is never fed back, so t + n - 1 <= context
+        args.max_new_tokens = max(1, min(50, context + 1 - len(ids)))
+    room = context + 1 - args.max_new_tokens
     if len(ids) > room:
         if args.truncate != "left" or room < 1:
             return error(
@@ -75,5 +83,5 @@ def run(args: argparse.Namespace, console: Console) -> int:
     ):
         out.write(decoder.add(int(token)))
         out.flush()
-    out.write("\n")
+    out.write(decoder.flush() + "\n")
     return 0

@@ -7,6 +7,7 @@ Under ``torchrun --nproc-per-node N`` the same command trains data-parallel
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,9 @@ def _settings(args: argparse.Namespace, out: Path) -> tuple[GPT, TrainConfig, Ta
     else:
         if (out / "config.json").exists():
             raise ValueError(f"{str(out)!r} already holds a checkpoint: pass --resume to continue it, or another --out")
+        if out.is_dir() and any(out.iterdir()):  # a new run would overwrite what is there (a loss.png, say)
+            held = sorted(p.name for p in out.iterdir())
+            raise ValueError(f"{str(out)!r} already holds {held[:5]}; give an empty or new --out")
         name = args.task or "induction"
         run_info = {"task": name, "data": args.data}  # checked by make_task below, then recorded with its digest
         config = TrainConfig.from_dict({**TASK_DEFAULTS[name].to_dict(), **given})
@@ -151,10 +155,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
     except (ValueError, TypeError) as err:
         return error(console, err)
     name = run_info["task"]
+    import torch
+
+    threads_before = torch.get_num_threads()  # given back at the end (the command may run inside a process)
     started = join_from_environment()
     try:
         rank, size = world()
         loud = rank == 0
+        threads = free_threads(size)
+        if threads is not None and loud:
+            console.print(threads, markup=False, soft_wrap=True)
         params = sum(p.numel() for p in model.parameters())
         if loud:
             c = model.config
@@ -216,7 +226,24 @@ def run(args: argparse.Namespace, console: Console) -> int:
         console.print(f'next: attnlab explain --model {out} "..." --html report.html', markup=False)
         return 0
     finally:
+        torch.set_num_threads(threads_before)
         if started:
             import torch.distributed as dist
 
             dist.destroy_process_group()
+
+
+def free_threads(processes: int) -> str | None:
+    """Train on the cores that are free: with other work on the machine, one thread per core oversubscribes it
+    (a run went 30x slower). Sets torch's thread count from the cores this process may use, less the load
+    (1-minute average) and shared by the local processes; returns what it did, when it changed anything."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    share = max(1, round(cores - load) // processes)  # whole cores free, shared by the local processes
+    share = min(share, max(1, cores // processes))
+    if share >= torch.get_num_threads():
+        return None
+    torch.set_num_threads(share)
+    return f"{cores} cores, load {load:.1f}: training on {share} thread{'s' if share > 1 else ''} per process"

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from attnlab._checks import check_positive_int
 from attnlab.functional.eager import accumulation_dtype, repeat_kv
@@ -236,26 +235,35 @@ class _FlashFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: torch.Tensor) -> tuple[Any, ...]:
-        q, k, v, out, lse, *params = ctx.saved_tensors
-        dq, dk, dv, dparams = flash_backward(
-            grad_out,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            ctx.vis,
-            scale=ctx.scale,
-            dropout_p=ctx.dropout_p,
-            seed=ctx.seed,
-            block_q=ctx.blocks[0],
-            block_k=ctx.blocks[1],
-            kinds=ctx.kinds,
-            params=tuple(params),
-        )
-        return dq, dk, dv, None, None, None, None, None, *dparams
+        if torch.is_grad_enabled():  # create_graph=True: a gradient of this gradient is asked for
+            raise RuntimeError(
+                "the flash backend has no double backward (its backward recomputes tiles outside autograd); "
+                "for gradients of gradients use backend='eager'"
+            )
+        return _flash_backward(ctx, grad_out)
+
+
+def _flash_backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+    """dq, dk, dv and the score_mod tensors' gradients, recomputed tile by tile (grad mode is off here)."""
+    q, k, v, out, lse, *params = ctx.saved_tensors
+    dq, dk, dv, dparams = flash_backward(
+        grad_out,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        ctx.vis,
+        scale=ctx.scale,
+        dropout_p=ctx.dropout_p,
+        seed=ctx.seed,
+        block_q=ctx.blocks[0],
+        block_k=ctx.blocks[1],
+        kinds=ctx.kinds,
+        params=tuple(params),
+    )
+    return dq, dk, dv, None, None, None, None, None, *dparams
 
 
 def flash_attention_kernel(

@@ -149,8 +149,8 @@ class Visibility:
         """Queries and keys at consecutive positions: keys ``k_start ..``, queries ending where the keys end
         (bottom-right, as after a cache) unless ``q_start`` says where they start."""
         for name, value in (("q_start", q_start), ("k_start", k_start)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"{name} must be a position, an int >= 0, got {value!r}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**40):
+                raise ValueError(f"{name} must be a position, an int in [0, 2**40), got {value!r}")
         q0 = k_start + tk - tq if q_start is None else q_start
         causal = bool(restrictions.get("causal")) or restrictions.get("window") is not None
         q_pos = torch.arange(q0, q0 + tq, device=device)

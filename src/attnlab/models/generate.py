@@ -116,7 +116,6 @@ def pick(
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 
-@torch.no_grad()
 def stream(
     model: Decoder,
     idx: torch.Tensor,
@@ -131,18 +130,47 @@ def stream(
     use_cache: bool = True,
     max_positions: int | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Yield each new token (B, 1) as it is chosen; stops after ``max_new_tokens`` or when every row hit ``eos_id``."""
+    """Yield each new token (B, 1) as it is chosen; stops after ``max_new_tokens`` or when every row hit ``eos_id``.
+
+    Every argument is checked here, when it is called, not at the first ``next()``.
+    """
     check_prompt(idx)
     check_positive_int("max_new_tokens", max_new_tokens)
     check_sampling(temperature, top_k, top_p)
     b, t = idx.shape
     if attention_mask is not None and tuple(attention_mask.shape) != (b, t):
         raise ValueError(f"attention_mask must match the prompt's shape {(b, t)}, got {tuple(attention_mask.shape)}")
-    if max_positions is not None and t + max_new_tokens > max_positions:
+    if max_positions is not None and t + max_new_tokens - 1 > max_positions:  # the last new token is not fed back
         raise ValueError(
-            f"the prompt has {t} tokens and max_new_tokens is {max_new_tokens}: {t + max_new_tokens} positions, "
-            f"more than the model's context_length {max_positions}; shorten the prompt or ask for fewer tokens"
+            f"the prompt has {t} tokens and max_new_tokens is {max_new_tokens}: {t + max_new_tokens - 1} positions "
+            f"to run, more than the model's context_length {max_positions}; shorten the prompt or ask for fewer tokens"
         )
+    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int) or eos_id < 0):
+        raise ValueError(f"eos_id must be a token id, an int >= 0, got {eos_id!r}")
+    if attention_mask is not None:
+        real = attention_mask.bool()
+        if t > 1 and bool((real[:, 1:] < real[:, :-1]).any()):
+            raise ValueError(
+                "attention_mask must pad on the left (zeros first, then ones), as generation appends on the right; "
+                "a row has a 0 after a 1: left-pad the batch"
+            )
+    return _stream(model, idx, max_new_tokens, attention_mask, temperature, top_k, top_p, eos_id, generator, use_cache)
+
+
+@torch.no_grad()
+def _stream(
+    model: Decoder,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    attention_mask: torch.Tensor | None,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    eos_id: int | None,
+    generator: torch.Generator | None,
+    use_cache: bool,
+) -> Iterator[torch.Tensor]:
+    b, t = idx.shape
     caches = model.make_caches(batch_size=b, max_len=t + max_new_tokens) if use_cache else None
     mask = attention_mask
     out = idx

@@ -162,6 +162,7 @@ class GPT(nn.Module):
         use_cache: bool = True,
     ) -> Iterator[torch.Tensor]:
         """Each new token (B, 1) as it is chosen: see :func:`attnlab.models.generate.stream`."""
+        self._check_eos(eos_id)
         return stream(
             self,
             idx,
@@ -190,6 +191,7 @@ class GPT(nn.Module):
         use_cache: bool = True,
     ) -> torch.Tensor:
         """Greedy by default (temperature 0); returns (B, T + n). Call ``model.eval()`` first: dropout stays as set."""
+        self._check_eos(eos_id)
         return generate(
             self,
             idx,
@@ -203,6 +205,12 @@ class GPT(nn.Module):
             use_cache=use_cache,
             max_positions=self.config.context_length,
         )
+
+    def _check_eos(self, eos_id: object) -> None:
+        if isinstance(eos_id, int) and not isinstance(eos_id, bool) and eos_id >= self.config.vocab_size:
+            raise ValueError(
+                f"eos_id {eos_id} is not a token of this model: its ids are 0..{self.config.vocab_size - 1}"
+            )
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -49,6 +49,8 @@ class Tokenizer:
                 raise ValueError(f"vocab.json and merges.txt in {str(where)!r} cannot be read: {err}") from None
             bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
             bpe.decoder = decoders.ByteLevel()
+            if bpe.token_to_id(END_OF_TEXT) is not None:  # one token, as tokenizer.json and transformers have it
+                bpe.add_special_tokens([END_OF_TEXT])
             return cls(bpe)
         raise ValueError(
             f"no tokenizer in {str(where)!r}: it needs tokenizer.json, or vocab.json and merges.txt "
@@ -113,6 +115,9 @@ class ByteTokenizer:
         return [bytes([b]).decode("latin-1") if b < 128 else f"<{b:02x}>" for b in self.encode(text)]
 
 
+END_OF_TEXT = "<|endoftext|>"  # GPT-2's one special token
+
+
 class Decoder:
     """Turns ids arriving one at a time into text, holding back a character until all its bytes are in."""
 
@@ -128,6 +133,12 @@ class Decoder:
             return ""
         new, self.shown = text[self.shown :], len(text)
         return new
+
+    def flush(self) -> str:
+        """What is still held back at the end (an incomplete character, shown as U+FFFD): never lost."""
+        text = self.tokenizer.decode(self.ids)
+        rest, self.shown = text[self.shown :], len(text)
+        return rest
 
 
 def load_tokenizer(directory: str | Path) -> TextTokenizer:

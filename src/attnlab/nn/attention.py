@@ -135,6 +135,7 @@ class Attention(nn.Module):
         With a sliding window, a ring buffer of ``window`` positions (it never
         fills, so ``max_len`` is not used); else a static cache of ``max_len`` positions.
         """
+        check_positive_int("max_len", max_len, limit=2**27)  # checked even where a window cache does not use it
         dtype, device = self.qkv.weight.dtype, self.qkv.weight.device
         if self.window is not None:
             return SlidingWindowCache(

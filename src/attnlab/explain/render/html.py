@@ -85,6 +85,11 @@ _SCRIPT = """
 """
 
 
+# C0 controls other than tab, newline and carriage return are not allowed in HTML (a NUL from a user's text
+# would reach the page raw): each becomes U+FFFD, as a browser shows an unreadable character.
+_NOT_IN_HTML = {c: "\ufffd" for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F]}
+
+
 @dataclass
 class Figure:
     """A heatmap as PNG bytes, with alternative text and a caption."""
@@ -136,7 +141,7 @@ class Report:
             f" · {e(lab['enlarge'])}</div>\n"
             f'<main>{body}</main>\n<div id="lightbox" role="dialog"><img class="enlarged" alt=""></div>\n'
             f"<script>{_SCRIPT}</script></body></html>\n"
-        )
+        ).translate(_NOT_IN_HTML)
 
     @staticmethod
     def _section(n: int, s: Section) -> str:
