@@ -225,7 +225,7 @@ def test_generation_stops_at_eos_and_refuses_bad_requests() -> None:
     idx = torch.tensor([[3, 4]])
     first = int(model.generate(idx, 1)[0, -1])
     assert model.generate(idx, 8, eos_id=first).tolist() == [[3, 4, first]]
-    with pytest.raises(ValueError, match=r"2 tokens and max_new_tokens is 20: 22 positions, more than .* 16"):
+    with pytest.raises(ValueError, match=r"2 tokens and max_new_tokens is 20: 21 positions to run, more than .* 16"):
         model.generate(idx, 20)
     with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\] \(1 keeps every token\), got 1.5"):
         model.generate(idx, 2, temperature=1.0, top_p=1.5)

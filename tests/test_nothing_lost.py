@@ -488,3 +488,28 @@ def test_sigterm_to_bench_model_removes_its_temporary_folder_and_its_worker(tmp_
     time.sleep(0.5)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(folders[0]) not in ps  # no worker left running on them
+
+
+def test_a_shape_too_big_to_train_is_refused_with_the_figures_before_anything_is_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    before = _peak_rss_mib()
+    assert cli.main(["train", "--out", str(out), "--layers", "4096", "--emb-dim", "4096", "--heads", "32"]) == 2
+    said = capsys.readouterr().err
+    assert "this model would need about" in said and "GiB to train (" in said and "GiB is available" in said
+    assert _peak_rss_mib() - before < 256 and not out.exists()
+
+
+def test_slips_through_the_console_script_are_one_line(tmp_path: Path) -> None:
+    import subprocess
+
+    bad = _saved(tmp_path / "list")
+    (bad / "config.json").write_text("[]")
+    for argv, said in (
+        (["tuor"], "error: unknown command 'tuor': did you mean 'tour'?"),
+        (["heads", "--model", str(bad)], "holds a JSON list; expected an object of settings"),
+    ):
+        done = subprocess.run([_attnlab(), *argv], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done
+        assert said in done.stderr and "Traceback" not in done.stderr

@@ -239,6 +239,7 @@ def _disagreements(rank: int) -> dict[str, str]:
         "disagree seq_len": lambda: ring_attention(x, x, x, seq_len=7 if first else None),
         "disagree dtype": lambda: ring_attention(*(x.double() if first else x for _ in range(3))),
         "disagree gather": lambda: gather_sequence(torch.zeros(1, 2, 3 + first, 4), 2, length=4),
+        "disagree bool seq_len": lambda: ring_attention(x, x, x, seq_len=True),  # type: ignore[arg-type]
         "disagree document_ids": lambda: ContextParallelAttention(d_in=8, num_heads=2)(
             torch.randn(1, 4, 8), document_ids=torch.zeros(1, 4, dtype=torch.long) if first else None
         ),
@@ -268,6 +269,7 @@ def test_ring_attention_equals_one_process(size: int) -> None:
                     "disagree dtype": "needs the same dtype on every rank; got rank 0: dtype=torch.float64",
                     "disagree gather": "gather_sequence needs the same shape[2] on every rank",
                     "disagree document_ids": "document_ids must be given on every rank or on none",
+                    "disagree bool seq_len": "seq_len must be an int number of tokens (the real global length), got True",
                 }[name]
                 assert expected in err, (rank, name, err)
             elif name == "float32":

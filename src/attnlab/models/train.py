@@ -211,8 +211,9 @@ def read_state(checkpoint: str | Path) -> dict[str, Any]:
 
 def check_memory(config: GPTConfig, batch_size: int) -> None:
     """Refuse a shape whose training would not fit in the memory available now, with the figures."""
-    with torch.device("meta"):  # counts the parameters without allocating one
-        params = sum(p.numel() for p in GPT(config).parameters())
+    with torch.device("meta"):  # counts the parameters without allocating one; one and two layers, then a line
+        one, two = (sum(p.numel() for p in GPT(config.with_(n_layers=n)).parameters()) for n in (1, 2))
+    params = one + (two - one) * (config.n_layers - 1)
     c = config
     activations = 4 * batch_size * c.context_length * (c.n_layers * (16 * c.emb_dim + 2 * c.n_heads * c.context_length))
     need = 16 * params + activations  # float32 weights, gradients and AdamW's two moments; the forward's tensors
