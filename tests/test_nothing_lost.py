@@ -232,7 +232,7 @@ def _damage(tmp_path: Path) -> list[tuple[list[str], str]]:
     cases.append((["generate", "--model", str(m), "hi"], "tokenizer.json' cannot be read as a tokenizer"))
     m = model("log")
     (m / "train_log.json").write_text("[1, 2]")
-    cases.append((["explain", "hi", "--model", str(m)], "is not a training log: it holds a JSON list"))
+    cases.append((["explain", "hi", "--model", str(m)], "train_log.json' holds a JSON list; expected an object"))
     for name, state in (("truncated", b"PK\x03\x04 truncated"), ("noconfig", None)):
         m = model(name)
         if state is None:

@@ -108,7 +108,7 @@ def _hf_weights(directory: Path) -> Tensors:
     if (directory / "model.safetensors").is_file():
         return _read_safetensors(directory / "model.safetensors")
     if index.is_file():
-        listed = _read_json(index).get("weight_map")
+        listed = read_json(index).get("weight_map")
         if not isinstance(listed, dict) or not all(isinstance(v, str) for v in listed.values()):
             raise ValueError(f"{str(index)!r} has no weight_map of tensor names to shard files")
         shards = sorted(set(listed.values()))
@@ -127,7 +127,7 @@ def _hf_weights(directory: Path) -> Tensors:
     )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from ``path``, or an error that names the file."""
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
@@ -352,7 +352,7 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> Checkpoint:
         config_file = where / "config.json"
         if not config_file.is_file():
             raise ValueError(f"{str(where)!r} has no config.json: expected a Hugging Face GPT-2 or attnlab directory")
-        raw = _read_json(config_file)
+        raw = read_json(config_file)
         ours = raw.get("attnlab")
         if ours is not None and not isinstance(ours, dict):
             raise ValueError(f"{str(config_file)!r}: 'attnlab' must be an object of GPTConfig fields, got {ours!r:.60}")

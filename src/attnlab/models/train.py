@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from attnlab._checks import check_positive_int, check_seed
-from attnlab.models.checkpoints import file_digest, write_atomic
+from attnlab.models.checkpoints import file_digest, read_json, write_atomic
 from attnlab.models.config import GPTConfig
 from attnlab.models.gpt import GPT
 from attnlab.models.tasks import Task
@@ -132,13 +132,7 @@ def read_log(directory: str | Path) -> TrainLog | None:
     file = Path(directory) / LOG_FILE
     if not Path(directory).is_dir() or not file.is_file():
         return None
-    try:
-        values = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{str(file)!r} is not a training log (JSON): {err}") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{str(file)!r} is not a training log: it holds a JSON {type(values).__name__}, not an object")
-    return TrainLog.from_dict(values)
+    return TrainLog.from_dict(read_json(file))
 
 
 Progress = Callable[[int, int, float, float], None]  # (step, steps, train loss, tokens/s)
