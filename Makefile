@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnlab-installed
 
-.PHONY: demo test setup fonts browser lint clean
+.PHONY: demo test setup fonts browser lint smoke clean
 
 setup: $(STAMP) fonts
 
@@ -57,6 +57,13 @@ lint: $(STAMP)
 test: setup browser lint
 	$(PY) -m compileall -q src tests benchmarks
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory smoke
+
+# Every benchmark script on tiny sizes: each runs its checks and timing end to end (seconds each), so a script
+# that no longer runs fails `make test`. Outside pytest, whose budget is the suite's.
+SCRIPTS := $(wildcard benchmarks/*.py)
+smoke: $(STAMP)
+	@for s in $(SCRIPTS); do echo "smoke: $$s"; $(PY) $$s --smoke > /dev/null || { echo "smoke failed: $$s"; exit 1; }; done
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis

@@ -21,6 +21,7 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ def one_round(model: GPT, prompt: torch.Tensor, steps: int) -> tuple[float, floa
 
     wall, _ = decode(profiled=False)  # the profiler's own cost per op stays out of the wall time
     _, prof = decode(profiled=True)
-    kernel, other = 0.0, defaultdict(float)
+    kernel, other = 0.0, defaultdict[str, float](float)
     for event in prof.key_averages():
         ms = event.self_cpu_time_total / 1e3 / steps
         if event.key in KERNELS:
@@ -58,17 +59,21 @@ def one_round(model: GPT, prompt: torch.Tensor, steps: int) -> tuple[float, floa
     return wall, kernel, dict(other)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="a 1-layer model, 2 steps, 1 round: that it runs")
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = GPT(GPTConfig.preset("gpt2-small", drop_rate=0.0)).eval()
-    prompt = torch.randint(0, 50257, (1, 128), generator=torch.Generator().manual_seed(1))
+    config = GPTConfig.preset("gpt2-small", drop_rate=0.0)
+    if args.smoke:
+        config, args.steps, args.rounds = config.with_(n_layers=1, emb_dim=48, n_heads=4, vocab_size=256), 2, 1
+    model = GPT(config).eval()
+    prompt = torch.randint(0, config.vocab_size, (1, 128), generator=torch.Generator().manual_seed(1))
     rounds = [one_round(model, prompt, args.steps) for _ in range(args.rounds)]
     walls, kernels = [r[0] for r in rounds], [r[1] for r in rounds]
     ours = [w - k for w, k in zip(walls, kernels, strict=True)]

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from attnlab.explain.heads import first_step, seconds_to
@@ -26,11 +27,16 @@ from attnlab.models.train import read_log
 ATTNLAB = Path(sys.executable).with_name("attnlab")
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=2, help="torch threads (OMP_NUM_THREADS); default 2")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="one seed, a tiny model, 4 steps: that it runs")
+    args = parser.parse_args(argv)
+    extra = ["--steps", "4", "--eval-every", "2", "--layers", "1", "--emb-dim", "32", "--context", "32"]
+    extra = extra if args.smoke else []
+    if args.smoke:
+        args.seeds = [0]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     times, failed = [], []
     print(f"attnlab train induction, {args.threads} threads; the first evaluation with an induction score >= 0.7")
@@ -42,7 +48,7 @@ def main() -> None:
             out = Path(tmp) / f"seed{seed}"
             began = time.perf_counter()
             subprocess.run(
-                [str(ATTNLAB), "train", "induction", "--seed", str(seed), "--out", str(out)],
+                [str(ATTNLAB), "train", "induction", "--seed", str(seed), "--out", str(out), *extra],
                 check=True,
                 capture_output=True,
                 env=env,

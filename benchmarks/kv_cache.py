@@ -1,6 +1,6 @@
 """Issue 4: what the KV cache buys, measured as ratios in one run.
 
-    .venv/bin/python benchmarks/kv_cache.py [--new-tokens 512] [--repeats 15]
+    .venv/bin/python benchmarks/kv_cache.py [--new-tokens 512] [--repeats 25] [--rounds 3] [--smoke]
 
 1. Tokens/s generating ``--new-tokens`` tokens with a RoPE GPT (greedy),
    with attnlab's KVCache, with a concatenating cache like the book's
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -49,38 +49,49 @@ class ConcatCache:
         self.k_all, self.v_all = self.k_all[:, :, :n], self.v_all[:, :, :n]
 
 
-def generation(new_tokens: int, d_model: int, layers: int, heads: int) -> None:
+def generation(new_tokens: int, d_model: int, layers: int, heads: int, rounds: int) -> None:
+    """Each way generates once to check its tokens against no cache (and to warm up), then ``rounds`` interleaved
+    timed runs; medians."""
     torch.manual_seed(0)
     config = GPTConfig(
         vocab_size=512, context_length=16 + new_tokens, emb_dim=d_model, n_layers=layers, n_heads=heads, rope=True
     )
     model = GPT(config).eval()
     prompt = torch.randint(0, 512, (1, 16))
-    results = {}
+
+    def concatenating() -> torch.Tensor:
+        caches = [ConcatCache() for _ in range(layers)]
+        logits = model(prompt, caches=caches)[:, -1]
+        out = prompt
+        for _ in range(new_tokens):
+            token = logits.argmax(-1, keepdim=True)
+            out = torch.cat([out, token], dim=1)
+            logits = model(token, caches=caches)[:, -1]
+        return out
+
+    ways: dict[str, Callable[[], torch.Tensor]] = {
+        "KVCache": lambda: model.generate(prompt, new_tokens, use_cache=True),
+        "concatenating cache": concatenating,
+        "no cache": lambda: model.generate(prompt, new_tokens, use_cache=False),
+    }
     with torch.no_grad():
-        for name in ("KVCache", "concatenating cache", "no cache"):
-            start = time.perf_counter()
-            if name == "KVCache":
-                out = model.generate(prompt, new_tokens, use_cache=True)
-            elif name == "no cache":
-                out = model.generate(prompt, new_tokens, use_cache=False)
-            else:
-                caches = [ConcatCache() for _ in range(layers)]
-                logits = model(prompt, caches=caches)[:, -1]
-                out = prompt
-                for _ in range(new_tokens):
-                    token = logits.argmax(-1, keepdim=True)
-                    out = torch.cat([out, token], dim=1)
-                    logits = model(token, caches=caches)[:, -1]
-            elapsed = time.perf_counter() - start
-            results[name] = (new_tokens / elapsed, out)
-    base = results["no cache"][0]
+        reference = ways["no cache"]()
+        for name, way in ways.items():  # checked first: the same tokens, or it is not timed
+            assert torch.equal(way(), reference), f"{name} generates other tokens than no cache"
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        names = list(ways)
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                start = time.perf_counter()
+                ways[name]()
+                times[name].append(time.perf_counter() - start)
+    rates = {name: new_tokens / statistics.median(ts) for name, ts in times.items()}
     print(
-        f"\ngenerate {new_tokens} new tokens, GPT (RoPE) d={d_model}, {layers} layers, {heads} heads, prompt 16, greedy"
+        f"\ngenerate {new_tokens} new tokens, GPT (RoPE) d={d_model}, {layers} layers, {heads} heads, prompt 16, greedy; "
+        f"tokens checked equal, median of {rounds} interleaved rounds"
     )
-    for name, (rate, out) in results.items():
-        same = torch.equal(out, results["no cache"][1])
-        print(f"  {name:22s} {rate:8.1f} tokens/s   {rate / base:6.1f}x no cache   same tokens: {same}")
+    for name, rate in rates.items():
+        print(f"  {name:22s} {rate:8.1f} tokens/s   {rate / rates['no cache']:6.1f}x no cache")
 
 
 def _median_step(step: Callable[[], object], reset: Callable[[], None], repeats: int) -> float:
@@ -93,14 +104,13 @@ def _median_step(step: Callable[[], object], reset: Callable[[], None], repeats:
     return statistics.median(samples[3:])  # the first 3 are warm-up
 
 
-def step_latency(repeats: int) -> None:
+def step_latency(repeats: int, positions: tuple[int, ...]) -> None:
     """One decode step at growing positions, three ways, for MHA (12 kv heads) and GQA (4 kv heads).
 
     "raw floor" does the same work with bare torch calls on a preallocated
     cache (QKV linear, SDPA over the cache, out linear) and no attnlab at all:
     the cost any implementation that reads the cache pays.
     """
-    positions = (128, 512, 1024, 2048)
     for kv_heads in (12, 4):
         torch.manual_seed(0)
         attn = Attention(d_in=768, num_heads=12, num_kv_heads=kv_heads).eval()
@@ -125,9 +135,16 @@ def step_latency(repeats: int) -> None:
                         times[name][pos] = _median_step(raw, lambda: None, repeats)
                         continue
                     cache: KVCache | ConcatCache = (
-                        attn.make_cache(batch_size=1, max_len=pos + 1) if name == "KVCache" else ConcatCache()
+                        KVCache(batch_size=1, num_kv_heads=kv_heads, head_dim=64, max_len=pos + 1)
+                        if name == "KVCache"
+                        else ConcatCache()
                     )
-                    attn(torch.randn(1, pos, 768), cache=cache)
+                    past = torch.randn(1, pos, 768, generator=torch.Generator().manual_seed(pos))
+                    attn(past, cache=cache)
+                    step = attn(x, cache=cache)
+                    whole = attn(torch.cat([past, x], dim=1))[:, -1:]  # checked: the step equals no cache
+                    assert torch.allclose(step, whole, atol=1e-5), f"{name} step at {pos} differs from no cache"
+                    cache.crop(pos)
                     times[name][pos] = _median_step(lambda: attn(x, cache=cache), lambda: cache.crop(pos), repeats)
         for name, row in times.items():
             cells = "  ".join(f"{p}: {t * 1e6:6.0f} us" for p, t in row.items())
@@ -135,18 +152,22 @@ def step_latency(repeats: int) -> None:
             print(f"  {name:20s} {cells}   {positions[-1]}/{positions[0]} = {ratio:.2f}")
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timed generations per way (default 3)")
     parser.add_argument("--d-model", type=int, default=768)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=12)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one round: that every step runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.new_tokens, args.repeats, args.rounds, args.d_model, args.layers, args.heads = 8, 1, 1, 48, 1, 12
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     if args.new_tokens:
-        generation(args.new_tokens, args.d_model, args.layers, args.heads)
-    step_latency(args.repeats)
+        generation(args.new_tokens, args.d_model, args.layers, args.heads, args.rounds)
+    step_latency(args.repeats, positions=(8, 16) if args.smoke else (128, 512, 1024, 2048))
 
 
 if __name__ == "__main__":

@@ -23,9 +23,10 @@ import argparse
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from attnlab import attention
 from attnlab.functional import PARTIAL, Visibility, mods
@@ -60,18 +61,22 @@ def report(times: dict[str, list[float]], base: str) -> None:
         print(f"  {name:<34} {statistics.median(ts) * 1e3:8.0f} ms   {ratio:5.2f}x {base}  spread {spread:4.0%}{flag}")
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-flex", action="store_true", help="leave out flex_attention (its compile takes a while)")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="small sizes, one round, no flex: that every case runs")
+    args = parser.parse_args(argv)
+    long, t, docs = (256, 512, 4) if args.smoke else (4096, 8192, 16)
+    if args.smoke:
+        args.rounds, args.no_flex = 1, True
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads, float32, forward, {args.rounds} interleaved rounds")
     g = torch.Generator().manual_seed(0)
 
-    q, k, v = (torch.randn(1, 12, 4096, 64, generator=g) for _ in range(3))
-    print("plain causal, T=4096, 12 heads x 64:")
+    q, k, v = (torch.randn(1, 12, long, 64, generator=g) for _ in range(3))
+    print(f"plain causal, T={long}, 12 heads x 64:")
     with torch.no_grad():
         report(
             interleave(
@@ -84,11 +89,11 @@ def main() -> None:
             "sdpa",
         )
 
-    t, docs = 8192, 16
     q, k, v = (torch.randn(1, 12, t, 64, generator=g) for _ in range(3))
     ids = torch.arange(docs).repeat_interleave(t // docs)[None]  # (1, T)
     packed = mods.and_masks(mods.causal(), mods.document(ids))
     vis = Visibility.from_lengths(t, t, mask_mod=packed, batch=1, heads=12)  # built once, as a model shares it
+    precomputed = vis.dense()[0]  # the (T, T) boolean mask, built once: plain SDPA with nothing to evaluate
     every_tile = {tile: PARTIAL for tile in vis.tile_kinds(DEFAULT_BLOCK, DEFAULT_BLOCK)}  # nothing skipped
     n = t // docs
     scale = 1 / math.sqrt(64)
@@ -112,6 +117,7 @@ def main() -> None:
         "flash, nothing skipped": nothing_skipped,
         "flash, one Visibility reused": lambda: attention(q, k, v, visibility=vis, backend="flash"),
         "sdpa, materialized mask": lambda: attention(q, k, v, mask_mod=packed, backend="sdpa"),
+        "sdpa, mask precomputed": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=precomputed),
         "16 documents alone, flash": lambda: [
             attention(q[:, :, i : i + n], k[:, :, i : i + n], v[:, :, i : i + n], is_causal=True, backend="flash")
             for i in range(0, t, n)
@@ -131,14 +137,20 @@ def main() -> None:
         cases["flex_attention, block mask reused"] = lambda: compiled(q, k, v, block_mask=block_mask)
     print(f"{docs} packed documents of {n}, causal in each, T={t}, 12 heads x 64:")
     with torch.no_grad():
-        reference = cases["flash, tiles skipped"]()
-        contenders = ("flash, nothing skipped", "flash, one Visibility reused", "sdpa, materialized mask")
-        for name in (*contenders, "attnlab backend='flex'", "attnlab flex, one Visibility reused"):
-            if name in cases:  # every contender computes the same thing, or it is not timed
-                got = cases[name]()
-                out = got[0] if isinstance(got, tuple) else got
-                assert torch.allclose(out, reference, atol=1e-4), f"{name} disagrees with flash"
+        reference = as_tensor(cases["flash, tiles skipped"]())
+        for name, case in cases.items():  # every contender computes the same thing, or it is not timed
+            assert torch.allclose(as_tensor(case()), reference, atol=1e-4), f"{name} disagrees with flash"
         report(interleave(cases, args.rounds), "flash, tiles skipped")
+
+
+def as_tensor(got: object) -> torch.Tensor:
+    """A case's output as one (B, H, T, D) tensor: flash_forward's (out, lse), or the documents one by one."""
+    if isinstance(got, tuple):
+        got = got[0]
+    if isinstance(got, list):
+        got = torch.cat(got, dim=2)
+    assert isinstance(got, torch.Tensor)
+    return got
 
 
 if __name__ == "__main__":

@@ -1,82 +1,125 @@
 """Issue 3's performance targets, as ratios measured in one run on one machine.
 
-    .venv/bin/python benchmarks/module_vs_peers.py [--repeats 5]
+    .venv/bin/python benchmarks/module_vs_peers.py [--repeats 5] [--smoke]
 
 1. attnlab.Attention (default backend) vs a plain module around SDPA and the
-   book's MultiHeadAttention: batch 8, 1024 tokens, 768 dims, 12 heads,
-   float32, causal; forward, and forward + backward. Median wall time.
-2. The flash backend vs SDPA at 4096 tokens (batch 1, 12 heads, head_dim 64).
+   book's MultiHeadAttention, all three with the book module's weights:
+   batch 8, 1024 tokens, 768 dims, 12 heads, float32, causal; forward, and
+   forward + backward. Each is first checked against the book module in
+   float64 (outputs, and the input gradient of the same loss), then timed,
+   the implementations interleaved round by round; medians, and the spread of
+   the per-round ratios (over 25%: too noisy to trust).
+2. The flash backend vs SDPA at 4096 tokens (batch 1, 12 heads, head_dim 64),
+   the kernel alone (no projections), checked against each other first.
 3. The flash backend's peak allocated bytes against sequence length.
+
+``--smoke`` runs every step on tiny sizes (the test suite runs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from attnlab import Attention, attention, book
-from attnlab.bench.impls import PlainSDPA
+from attnlab import attention
+from attnlab.bench.impls import build, reference_weights
 from attnlab.bench.memory import PeakMemory
 
+NOISY = 0.25
+IMPLS = {"plain SDPA module": "plain-sdpa", "attnlab.Attention": "attnlab-auto", "book MultiHeadAttention": "book-mha"}
 
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+def interleaved(cases: Mapping[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Each case warmed up, then timed ``repeats`` rounds, the order rotated every round."""
+    for fn in cases.values():
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            began = time.perf_counter()
+            cases[name]()
+            times[name].append(time.perf_counter() - began)
+    return times
 
 
-def main() -> None:
+def report(times: dict[str, list[float]], base: str) -> None:
+    for name, ts in times.items():
+        ratios = [b / t for t, b in zip(ts, times[base], strict=True)]
+        ratio = statistics.median(ratios)
+        spread = (max(ratios) - min(ratios)) / ratio
+        flag = "" if spread <= NOISY else "  (too noisy to trust)"
+        print(
+            f"  {name:26s} {statistics.median(ts) * 1e3:8.1f} ms   {base} / this = {ratio:.2f}  spread {spread:4.0%}{flag}"
+        )
+
+
+def backward(module: torch.nn.Module, x: torch.Tensor) -> None:
+    module(x).sum().backward()
+
+
+def check(b: int, t: int, d: int, h: int) -> None:
+    """Every module, in float64 with the book module's weights, against the book module: output and dL/dx."""
+    ref = reference_weights(d, h, t).double()
+    x = torch.randn(b, t, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    weight = torch.randn(b, t, d, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    want = ref(x)
+    (want_grad,) = torch.autograd.grad((want * weight).sum(), x)
+    for name, impl in IMPLS.items():
+        got = build(impl, ref).double()(x)
+        (got_grad,) = torch.autograd.grad((got * weight).sum(), x)
+        err = max((got - want).abs().max().item(), (got_grad - want_grad).abs().max().item())
+        assert err < 1e-8, f"{name} disagrees with the book module: {err:.1e}"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
-    torch.manual_seed(0)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat: that every step runs")
+    args = parser.parse_args(argv)
+    b, t, d, h = (1, 16, 32, 4) if args.smoke else (8, 1024, 768, 12)
+    repeats = 1 if args.smoke else args.repeats
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    check(min(b, 2), min(t, 64), d, h)
+    print("checked: every module equals the book's in float64, output and input gradient")
 
-    b, t, d, h = 8, 1024, 768, 12
+    ref = reference_weights(d, h, t)
+    mods = {name: build(impl, ref) for name, impl in IMPLS.items()}  # one set of weights for all three
     x = torch.randn(b, t, d)
-    mods = {
-        "plain SDPA module": PlainSDPA(d, h),
-        "attnlab.Attention": Attention(d_in=d, num_heads=h),
-        "book MultiHeadAttention": book.MultiHeadAttention(d, d, t, 0.0, h),
-    }
+    xg = x.clone().requires_grad_()
     for mode in ("forward", "forward+backward"):
-        res = {}
-        for name, m in mods.items():
-            if mode == "forward":
-                with torch.no_grad():
-                    res[name] = median_time(lambda: m(x), args.repeats)
-            else:
-                xg = x.clone().requires_grad_()
-                res[name] = median_time(lambda: m(xg).sum().backward(), args.repeats)
-        ours = res["attnlab.Attention"]
-        print(f"\n{mode}, B={b} T={t} d={d} H={h}")
-        for name, s in res.items():
-            print(f"  {name:26s} {s * 1e3:8.1f} ms   attnlab / this = {ours / s:.2f}")
+        if mode == "forward":
+            with torch.no_grad():
+                times = interleaved({name: functools.partial(m, x) for name, m in mods.items()}, repeats)
+        else:
+            times = interleaved({name: functools.partial(backward, m, xg) for name, m in mods.items()}, repeats)
+        print(f"\n{mode}, B={b} T={t} d={d} H={h}, {repeats} interleaved rounds")
+        report(times, "attnlab.Attention")
 
-    q, k, v = (torch.randn(1, 12, 4096, 64) for _ in range(3))
+    seq = 128 if args.smoke else 4096
+    q, k, v = (torch.randn(1, 12, seq, 64) for _ in range(3))
     with torch.no_grad():
-        sdpa = median_time(lambda: attention(q, k, v, is_causal=True, backend="sdpa"), args.repeats)
-        flash = median_time(lambda: attention(q, k, v, is_causal=True, backend="flash"), args.repeats)
-    print(
-        f"\nT=4096, B=1, H=12, D=64 causal forward: sdpa {sdpa * 1e3:.1f} ms, flash {flash * 1e3:.1f} ms, "
-        f"flash / sdpa = {flash / sdpa:.2f}"
-    )
+        flash_out = attention(q, k, v, is_causal=True, backend="flash")
+        assert torch.allclose(flash_out, attention(q, k, v, is_causal=True, backend="sdpa"), atol=1e-5)
+        kernels = {
+            "sdpa": lambda: attention(q, k, v, is_causal=True, backend="sdpa"),
+            "flash": lambda: attention(q, k, v, is_causal=True, backend="flash"),
+        }
+        print(f"\nthe kernel alone, T={seq}, B=1, H=12, D=64 causal forward (checked equal first):")
+        report(interleaved(kernels, repeats), "sdpa")
 
     print("\nflash peak allocated bytes (forward + backward, B=1, H=12, D=64):")
-    for seq in (1024, 2048, 4096, 8192):
-        q, k, v = (torch.randn(1, 12, seq, 64, requires_grad=True) for _ in range(3))
+    for n in (64, 128) if args.smoke else (1024, 2048, 4096, 8192):
+        q, k, v = (torch.randn(1, 12, n, 64, requires_grad=True) for _ in range(3))
         with PeakMemory() as mem:
             attention(q, k, v, is_causal=True, backend="flash").sum().backward()
-        scores = 12 * seq * seq * 4
-        print(f"  T={seq:5d}: {mem.peak_bytes / 2**20:7.1f} MiB  (one float32 score matrix: {scores / 2**20:7.1f} MiB)")
+        scores = 12 * n * n * 4
+        print(f"  T={n:5d}: {mem.peak_bytes / 2**20:7.1f} MiB  (one float32 score matrix: {scores / 2**20:7.1f} MiB)")
 
 
 if __name__ == "__main__":

@@ -19,17 +19,23 @@ process, less what the constant (the flash tiles, the processes) takes.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import Any
 
 from attnlab.bench.ring import Longest, RingRun, longest
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory-limit", type=int, default=128, help="MiB per process above its warm-up (128)")
     parser.add_argument("--nproc", type=int, nargs="+", default=[4], help="ring sizes to try (default 4)")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=64)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="2 processes, a coarse search from 256 tokens")
+    args = parser.parse_args(argv)
+    search: dict[str, Any] = {"start": 256, "resolution": 0.5} if args.smoke else {}
+    if args.smoke:
+        args.nproc, args.heads, args.head_dim, args.memory_limit = [2], 1, 8, 4
     base = RingRun(heads=args.heads, head_dim=args.head_dim, memory_limit_mib=args.memory_limit, check_len=0)
     print(
         f"cap: each process's data segment at its warm-up size + {args.memory_limit} MiB; "
@@ -47,9 +53,9 @@ def main() -> None:
                 flush=True,
             )
 
-        result = longest(RingRun(**{**base.__dict__, "ring": ring}), nproc, on_trial=said)
+        result = longest(RingRun(**{**base.__dict__, "ring": ring}), nproc, on_trial=said, **search)
         found.append((name, result))
-    one = found[0][1].fits
+    one = max(found[0][1].fits, 1)
     print(f"\n{'run':<22} {'longest that fits':>18} {'shortest that fails':>20} {'x one process':>14}")
     for name, result in found:
         print(f"{name:<22} {result.fits:>18} {result.fails or 0:>20} {result.fits / one:>14.2f}")

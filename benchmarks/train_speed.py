@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -53,6 +54,7 @@ class PlainGPT(nn.Module):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(c.vocab_size, c.emb_dim), nn.Embedding(c.context_length, c.emb_dim)
         self.h = nn.ModuleList(PlainBlock(c) for _ in range(c.n_layers))
+        self.blocks: list[PlainBlock] = [b for b in self.h if isinstance(b, PlainBlock)]  # typed ModuleList items
         self.ln_f = nn.LayerNorm(c.emb_dim)
         self.lm_head = nn.Linear(c.emb_dim, c.vocab_size, bias=False)
 
@@ -65,10 +67,11 @@ class PlainGPT(nn.Module):
 
 def copy_weights(ours: GPT, plain: PlainGPT) -> None:
     """The same numbers in both, so both do the same arithmetic (checked: equal logits)."""
+    assert ours.pos_emb is not None, "the plain GPT has learned positions"
     with torch.no_grad():
         plain.wte.weight.copy_(ours.tok_emb.weight)
         plain.wpe.weight.copy_(ours.pos_emb.weight)
-        for mine, theirs in zip(ours.blocks, plain.h, strict=True):
+        for mine, theirs in zip(ours.blocks, plain.blocks, strict=True):
             theirs.ln_1.load_state_dict(mine.norm1.state_dict())
             theirs.ln_2.load_state_dict(mine.norm2.state_dict())
             theirs.c_attn.load_state_dict(mine.att.qkv.state_dict())
@@ -78,13 +81,21 @@ def copy_weights(ours: GPT, plain: PlainGPT) -> None:
         plain.lm_head.load_state_dict(ours.out_head.state_dict())
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10, help="training steps per model per round")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="a tiny shape, one round of one step: that it runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.steps = 1, 1
+        SHAPES["smoke"] = (
+            GPTConfig(vocab_size=64, context_length=16, emb_dim=32, n_heads=2, n_layers=1, drop_rate=0.0),
+            2,
+        )
+        args.shapes = ["smoke"]
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads; {args.rounds} interleaved rounds of {args.steps} steps")
     for name in args.shapes:
@@ -112,7 +123,8 @@ def main() -> None:
             return args.steps * batch * config.context_length / (time.perf_counter() - began)  # tokens/s
 
         steps("attnlab"), steps("plain")  # warm-up
-        ratios, rates = [], {"attnlab": [], "plain": []}
+        ratios: list[float] = []
+        rates: dict[str, list[float]] = {"attnlab": [], "plain": []}
         for r in range(args.rounds):
             order = ["attnlab", "plain"] if r % 2 == 0 else ["plain", "attnlab"]
             got = {key: steps(key) for key in order}

@@ -107,6 +107,8 @@ def test_explain_without_a_report_takes_more_than_64_tokens(capsys: pytest.Captu
 
     sentence = " ".join(f"w{i}" for i in range(80))
     assert cli.main(["explain", sentence, "--no-causal"]) == 0
+    shown = capsys.readouterr().out
+    assert "79          'w79'" in shown and "'w0'" in shown  # every one of the 80 tokens, the last included
     assert cli.main(["explain", sentence, "--html", "x.html"]) == 2
     assert "the sentence has 80 tokens; the HTML report's heatmaps show at most 64" in capsys.readouterr().err
 
