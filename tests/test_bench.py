@@ -59,11 +59,43 @@ def test_an_implementation_that_disagrees_is_refused_not_timed() -> None:
     )
     not_causal = from_book(reference_weights(32, 4, 33), is_causal=False)
     result = run_case(spec, model_override=not_causal)
-    assert result["status"] == "refused: output differs from the reference"
+    assert result["status"] == "refused: its output differs from the reference"
+
     assert result["agrees"] is False and result["max_rel_error"] > 1e-2
     assert "median_ms" not in result
     honest = run_case(spec, model_override=from_book(reference_weights(32, 4, 33)))
     assert honest["status"] == "ok" and honest["agrees"] is True
+
+
+class _HalfGradient(torch.nn.Module):
+    """The right output with half the gradient: what a timed backward that is never checked would let through."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x)
+        return out.detach() + 0.5 * (out - out.detach())
+
+
+def test_a_backward_that_is_timed_is_checked_first() -> None:
+    spec = dict(
+        impl="half-gradient",
+        seq=16,
+        batch=1,
+        d_model=32,
+        heads=4,
+        dtype="float32",
+        mode="forward+backward",
+        repeats=1,
+        warmup=0,
+        check_len=16,
+    )
+    wrong = _HalfGradient(from_book(reference_weights(32, 4, 18)))
+    assert run_case(spec, model_override=wrong)["status"] == "refused: its input gradient differs from the reference"
+    right = from_book(reference_weights(32, 4, 18))
+    assert run_case(spec, model_override=right)["status"] == "ok"
 
 
 def test_every_implementation_computes_the_same_function() -> None:

@@ -50,6 +50,32 @@ def check(model: torch.nn.Module, ref: torch.nn.Module, x: torch.Tensor, dtype_n
     return bool(err <= TOLERANCE[dtype_name]), err
 
 
+def check_backward(
+    model: torch.nn.Module, ref: torch.nn.Module, x: torch.Tensor, dtype_name: str
+) -> tuple[bool, float]:
+    """Max relative error of d(sum(model(x) * w))/dx against the float64 reference's, for a fixed weighting w."""
+    x64 = x.double().requires_grad_()
+    out = ref.double()(x64)
+    w = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    (expected,) = torch.autograd.grad((out * w).sum(), x64)
+    xg = x.detach().clone().requires_grad_()
+    (got,) = torch.autograd.grad((model(xg).double() * w).sum(), xg)
+    err = ((got.double() - expected).abs().max() / expected.abs().max().clamp_min(1e-12)).item()
+    return bool(err <= TOLERANCE[dtype_name]), err
+
+
+def check_decode(
+    model: torch.nn.Module, ref: torch.nn.Module, x: torch.Tensor, dtype_name: str, impl: str
+) -> tuple[bool, float]:
+    """The timed decode step, run on ``x``, against the float64 reference's last row over x and the new token."""
+    new = torch.randn(x.shape[0], 1, x.shape[2], generator=torch.Generator().manual_seed(4), dtype=x.dtype)
+    got = _decode_step(model, x, impl, new)().double()
+    with torch.no_grad():
+        expected = ref.double()(torch.cat([x, new], dim=1).double())[:, -1:]
+    err = ((got - expected).abs().max() / expected.abs().max().clamp_min(1e-12)).item()
+    return bool(err <= TOLERANCE[dtype_name]), err
+
+
 def run_case(spec: dict[str, Any], model_override: torch.nn.Module | None = None) -> dict[str, Any]:
     """Run one case described by ``spec``; ``model_override`` lets tests inject an implementation."""
     torch.set_num_threads(spec.get("threads") or torch.get_num_threads())
@@ -67,9 +93,14 @@ def run_case(spec: dict[str, Any], model_override: torch.nn.Module | None = None
     check_x = x[:, : min(t, spec["check_len"])]
     reference = reference_weights(d, h, spec["check_len"] + 2)  # same weights; check() makes it float64
     ok, err = check(model, reference, check_x, spec["dtype"])
+    what = "output"
+    if ok and spec["mode"] == "forward+backward":  # what is timed is checked: the gradient too
+        ok, err, what = (*check_backward(model, reference, check_x, spec["dtype"]), "input gradient")
+    elif ok and spec["mode"] == "decode":  # and the decode step itself, cache and all
+        ok, err, what = (*check_decode(model, reference, check_x, spec["dtype"], spec["impl"]), "decode step")
     result.update(agrees=ok, max_rel_error=err)
     if not ok:
-        result["status"] = "refused: output differs from the reference"
+        result["status"] = f"refused: its {what} differs from the reference"
         return result
 
     fn = _timed_call(model, x, spec["mode"], spec["impl"])
@@ -136,9 +167,11 @@ def time_interleaved(spec: dict[str, Any]) -> dict[str, Any]:
     return {"samples_ms": samples}
 
 
-def _decode_step(model: torch.nn.Module, x: torch.Tensor, impl: str) -> Callable[[], object]:
+def _decode_step(
+    model: torch.nn.Module, x: torch.Tensor, impl: str, new: torch.Tensor | None = None
+) -> Callable[[], torch.Tensor]:
     """One new token at position T: with a KVCache (attnlab) or by recomputing everything."""
-    new = torch.randn_like(x[:, :1])
+    new = torch.randn_like(x[:, :1]) if new is None else new
     full = torch.cat([x, new], dim=1)  # (B, T+1, d)
     if impl.endswith("+kvcache"):
         if not isinstance(model, Attention):
@@ -148,17 +181,18 @@ def _decode_step(model: torch.nn.Module, x: torch.Tensor, impl: str) -> Callable
         with torch.no_grad():
             model(x, cache=cache)
 
-        def step() -> object:
+        def step() -> torch.Tensor:
             with torch.no_grad():
-                out = model(new, cache=cache)
+                out: torch.Tensor = model(new, cache=cache)
             cache.crop(x.shape[1])
             return out
 
         return step
 
-    def recompute() -> object:
+    def recompute() -> torch.Tensor:
         with torch.no_grad():
-            return model(full)[:, -1:]
+            out: torch.Tensor = model(full)[:, -1:]
+        return out
 
     return recompute
 
