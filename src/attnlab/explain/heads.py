@@ -169,6 +169,35 @@ def history(log: TrainLog) -> tuple[list[int], list[HeadScores]]:
     ]
 
 
+def describe_run(log: TrainLog, txt: dict[str, str]) -> str:
+    """What a training log shows, in the report's words (``txt``: one language of REPORT_TEXT), computed from the
+    log alone: where the held-out loss started and ended, its steepest fall, and which head reached 0.7 first.
+    Every sentence about a run comes from here, so none can say the reverse of its log."""
+    parts = []
+    if len(log.eval_loss) >= 2:
+        falls = [log.eval_loss[i - 1] - log.eval_loss[i] for i in range(1, len(log.eval_loss))]
+        i = max(range(len(falls)), key=falls.__getitem__) + 1
+        parts.append(
+            txt["run_loss"].format(
+                first=log.eval_loss[0],
+                first_step=log.eval_step[0],
+                last=log.eval_loss[-1],
+                last_step=log.eval_step[-1],
+                before=log.eval_loss[i - 1],
+                after=log.eval_loss[i],
+                cliff=log.eval_step[i],
+            )
+        )
+    prev, ind = first_step(log, score="previous_token", layer=0), first_step(log, score="induction")
+    if prev is not None and ind is not None:
+        order = "order_same" if prev == ind else "order_prev_first" if prev < ind else "order_ind_first"
+        parts.append(txt["run_heads"].format(prev=prev, ind=ind, order=txt[order]))
+    else:
+        missing = [txt[k] for k, step in (("which_prev", prev), ("which_ind", ind)) if step is None]
+        parts.append(txt["run_missing"].format(which=", ".join(missing)))
+    return txt["sep"].join(parts)
+
+
 def first_step(
     log: TrainLog, *, score: str = "induction", layer: int | None = None, at_least: float = 0.7
 ) -> int | None:

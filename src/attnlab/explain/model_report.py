@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from attnlab.explain.checks import holds
-from attnlab.explain.heads import SCORES, HeadScores, first_step, head_scores, probe
+from attnlab.explain.heads import SCORES, HeadScores, describe_run, head_scores, probe
 from attnlab.explain.render.curves import training_curves
 from attnlab.explain.render.heatmap import head_grid, heatmap, png_bytes
 from attnlab.explain.render.html import Figure, Report, Section
@@ -115,10 +115,7 @@ def _names_section(scores: HeadScores, txt: dict[str, str], *, figures: bool) ->
 
 def _training_section(log: TrainLog, txt: dict[str, str], lang: str, *, figures: bool) -> Section:
     title = txt["training"]
-    formed = first_step(log)
-    text = txt["training_text"]
-    if formed is not None:
-        text += " " + txt["formed"].format(step=formed)
+    text = txt["training_text"] + txt["sep"] + describe_run(log, txt)  # computed from this run's log, never typed
     every = max(1, len(log.eval_loss) // 10)
     return Section(
         key="training",

@@ -73,9 +73,19 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "name_none": "-",
         "training": "How it learned",
         "training_text": "The loss and each head's scores at every evaluation of the training run (train_log.json "
-        "beside the checkpoint). An induction head forms in a phase change: the loss falls off a cliff while the "
-        "induction score of a layer-1 head rises, right after a layer-0 head becomes a previous-token head.",
+        "beside the checkpoint). What this run's log shows:",
         "formed": "A head's induction score first reached 0.7 at step {step}.",
+        "run_loss": "the held-out loss went from {first:.2f} (step {first_step}) to {last:.2f} (step {last_step}); "
+        "its steepest fall between two evaluations was from {before:.2f} to {after:.2f}, by step {cliff}.",
+        "run_heads": "A layer-0 head's previous-token score first reached 0.7 at step {prev}, and a later layer's "
+        "induction score at step {ind}: {order}.",
+        "order_prev_first": "the previous-token head came first",
+        "sep": " ",
+        "order_ind_first": "the induction head came first",
+        "order_same": "both at the same evaluation",
+        "run_missing": "In this log, {which} never reached 0.7.",
+        "which_prev": "no layer-0 previous-token score",
+        "which_ind": "no induction score",
         "probe_title": "Layer {layer} on the probe",
         "probe_text": "The {heads} heads on the first sequence of the probe (token ids; the second half repeats "
         "the first). An induction head draws a diagonal one step right of the copy's position; a previous-token "
@@ -144,9 +154,18 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "name_first_token": "首个",
         "name_none": "-",
         "training": "它是怎样学会的",
-        "training_text": "训练过程中每次评估时的损失和每个头的分数 (来自检查点旁边的 train_log.json)。"
-        "归纳头是在一次相变中形成的：损失突然下降，同时第 1 层某个头的归纳分数上升，紧接在第 0 层某个头变成前一个 Token 头之后。",
+        "training_text": "训练过程中每次评估时的损失和每个头的分数 (来自检查点旁边的 train_log.json)。这次训练的日志显示：",
         "formed": "某个头的归纳分数在第 {step} 步第一次达到 0.7。",
+        "run_loss": "验证损失从 {first:.2f} (第 {first_step} 步) 降到 {last:.2f} (第 {last_step} 步)；"
+        "两次评估之间下降最陡的一段是从 {before:.2f} 到 {after:.2f}，到第 {cliff} 步为止。",
+        "run_heads": "第 0 层某个头的前一个 Token 分数在第 {prev} 步第一次达到 0.7，某层的归纳分数在第 {ind} 步达到 0.7：{order}。",
+        "sep": "",
+        "order_prev_first": "前一个 Token 头先出现",
+        "order_ind_first": "归纳头先出现",
+        "order_same": "两者在同一次评估时出现",
+        "run_missing": "在这份日志里，{which}从未达到 0.7。",
+        "which_prev": "第 0 层的前一个 Token 分数",
+        "which_ind": "归纳分数",
         "probe_title": "第 {layer} 层在探针序列上",
         "probe_text": "{heads} 个头在探针的第一条序列上 (标签是 Token 编号；后一半重复前一半)。"
         "归纳头画出一条在副本位置右边一格的对角线；前一个 Token 头画出紧贴主对角线下方的一条线。",

@@ -15,7 +15,6 @@ Batches come from a ``torch.Generator`` the caller seeds, so a run is reproducib
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Protocol
 
@@ -42,23 +41,26 @@ def _check_split(split: str) -> None:
 
 
 class InductionTask:
-    """A block of ``n`` distinct random tokens, repeated to fill ``seq_len + 1`` tokens.
+    """Two blocks of distinct random tokens, each repeated: block A from position 0, block B from a random cut.
 
-    ``n`` is drawn per row from [min_period, max_period], so the distance back
-    to the earlier copy changes from row to row: "look back a fixed number of
-    positions" does not work, and the model has to find the earlier occurrence
-    of the current token and copy what followed it, which is what an
-    induction head does. The tokens of a block are distinct, so that earlier
-    occurrence is unique. Blocks start at position 0, so the keys an induction
-    head needs (the first copy) lie at positions below ``max_period``; a block
-    after random noise made the phase change come many times later on a CPU
-    budget (docs/heads.md).
+    Block A (``a`` tokens) repeats from position 0 until a cut drawn at
+    random in [2a, L - 2b], where block B (``b`` other tokens) starts and
+    repeats to the end; ``a`` and ``b`` are drawn per row from [min_period,
+    max_period]. So the distance back to the earlier copy changes from row to
+    row ("look back a fixed number of positions" does not work): the model has
+    to find the earlier occurrence of the current token and copy what followed
+    it, which is what an induction head does. The tokens are distinct, so that
+    earlier occurrence is unique. Because B's first copy can sit anywhere, the
+    previous-token head it needs works at every position, not only near the
+    start (with one block from position 0 it looked back only below position
+    32); A from position 0 keeps the phase change within a CPU budget
+    (docs/heads.md tells what else was tried).
 
-    >>> InductionTask(vocab_size=10, seq_len=9, min_period=3, max_period=3).sequences(1, torch.Generator().manual_seed(0)).shape
+    >>> InductionTask(vocab_size=10, seq_len=9, min_period=2, max_period=2).sequences(1, torch.Generator().manual_seed(0)).shape
     torch.Size([1, 10])
     """
 
-    def __init__(self, *, vocab_size: int = 128, seq_len: int = 64, min_period: int = 8, max_period: int = 32) -> None:
+    def __init__(self, *, vocab_size: int = 128, seq_len: int = 64, min_period: int = 6, max_period: int = 16) -> None:
         check_positive_int("vocab_size", vocab_size, limit=1 << 20)
         check_positive_int("seq_len", seq_len, limit=1 << 16)
         check_positive_int("min_period", min_period, limit=1 << 16)
@@ -67,27 +69,30 @@ class InductionTask:
             raise ValueError(
                 f"need 2 <= min_period <= max_period, got min_period={min_period}, max_period={max_period}"
             )
-        if max_period > vocab_size:
+        if 2 * max_period > vocab_size:
             raise ValueError(
-                f"max_period {max_period} is more than vocab_size {vocab_size}: a block of distinct tokens "
-                f"cannot be longer than the vocabulary; use max_period <= {vocab_size}"
+                f"two blocks of up to max_period={max_period} distinct tokens need {2 * max_period} tokens, more than "
+                f"vocab_size {vocab_size}; use max_period <= {vocab_size // 2}"
             )
-        if 2 * max_period > seq_len + 1:
+        if 4 * max_period > seq_len + 1:
             raise ValueError(
-                f"seq_len {seq_len} is too short to repeat a block of max_period={max_period} once; "
-                f"use seq_len >= {2 * max_period - 1} or a smaller max_period"
+                f"seq_len {seq_len} is too short to repeat two blocks of max_period={max_period} twice each; "
+                f"use seq_len >= {4 * max_period - 1} or a smaller max_period"
             )
         self.vocab_size, self.seq_len = vocab_size, seq_len
         self.min_period, self.max_period = min_period, max_period
 
     def sequences(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
         """(B, seq_len + 1) token ids."""
-        periods = torch.randint(self.min_period, self.max_period + 1, (batch_size,), generator=generator)
+        length = self.seq_len + 1
         rows = []
-        for n in periods.tolist():
-            block = torch.randperm(self.vocab_size, generator=generator)[:n]  # (n,) distinct tokens
-            copies = math.ceil((self.seq_len + 1) / n)
-            rows.append(block.repeat(copies)[: self.seq_len + 1])  # (n * copies,) -> (seq_len + 1,)
+        for _ in range(batch_size):
+            a, b = torch.randint(self.min_period, self.max_period + 1, (2,), generator=generator).tolist()
+            cut = int(torch.randint(2 * a, length - 2 * b + 1, (1,), generator=generator))
+            tokens = torch.randperm(self.vocab_size, generator=generator)[: a + b]  # (a + b,) distinct
+            first = tokens[:a].repeat(-(-cut // a))[:cut]  # (cut,): block A from position 0
+            second = tokens[a:].repeat(-(-(length - cut) // b))[: length - cut]  # block B from the cut
+            rows.append(torch.cat([first, second]))  # (seq_len + 1,)
         return torch.stack(rows)  # (B, seq_len + 1)
 
     def batch(
@@ -161,7 +166,6 @@ def make_task(name: str, *, seq_len: int | None = None, data: str | Path | None 
         raise ValueError(f"--data is text for the 'text' task; the {name!r} task makes its own sequences")
     length = seq_len if seq_len is not None else TASK_MODELS[name].context_length
     if name == "induction":
-        return InductionTask(
-            seq_len=length, max_period=min(32, (length + 1) // 2), min_period=min(8, (length + 1) // 2)
-        )
+        longest = max(2, min(16, (length + 1) // 4))  # two blocks, each repeated twice, fit the sequence
+        return InductionTask(seq_len=length, max_period=longest, min_period=min(6, longest))
     return TextTask(read_text(data) if data is not None else stdlib_text(), seq_len=length)
