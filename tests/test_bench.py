@@ -205,9 +205,13 @@ def test_longest_alone_runs_only_the_search(
     assert swept == [] and "longest attnlab-flash: T=8192" in capsys.readouterr().out
 
 
-def test_model_bench_runs_each_generator_on_the_same_weights(tmp_path: Path) -> None:
+def test_model_bench_runs_each_generator_on_the_same_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "model.json"
     code = cli.main(["bench", "--model", "--quick", "--json", str(out)])
+    said = capsys.readouterr().out
+    assert "[0/4] attnlab, round 1" in said and "[4/4] done" in said  # piped: progress as lines, not a silent bar
     data = json.loads(out.read_text())
     status = {c["impl"]: c["status"] for c in data["cases"]}
     assert code == (0 if all(s == "ok" for s in status.values()) else 1)
@@ -229,4 +233,27 @@ def test_model_bench_refuses_a_generator_whose_tokens_differ() -> None:
 
     cases = {c.impl: c for c in run_models(QUICK_MODEL, spawn=fake_spawn)}
     assert cases["book-ch05"].status.startswith("refused: its greedy tokens differ from attnlab's")
+    from attnlab.bench.models import ModelBenchConfig, forecast_seconds
+
+    assert 60 < forecast_seconds(ModelBenchConfig()) < 300  # the default run: said before it starts, under 5 min
     assert cases["hf-generate"].ok and cases["attnlab"].ok and cases["book-ch05"].prefill_ms == []
+
+
+def test_the_longest_search_doubles_until_time_memory_or_a_failure_stops_it() -> None:
+    """runner.longest with the real case runner in process, on tiny sizes: the stop reasons it reports."""
+    from attnlab.bench.runner import longest
+    from attnlab.bench.worker import run_case
+
+    def in_process(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+        return run_case(spec)
+
+    by_time = longest(("attnlab-flash",), start=16, d_model=32, heads=4, time_limit_s=1e-6, worker=in_process)
+    assert by_time[0].longest_seq == 16 and "over the 0 s limit" in by_time[0].stopped
+
+    def fails_at_64(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+        return run_case(spec) if spec["seq"] < 64 else {**spec, "status": "failed: MemoryError"}
+
+    by_failure = longest(("attnlab-sdpa",), start=16, d_model=32, heads=4, worker=fails_at_64)
+    assert by_failure[0].longest_seq == 32 and by_failure[0].stopped == "T=64: failed: MemoryError"
+    by_memory = longest(("book-mha",), start=2**20, d_model=32, heads=4, worker=fails_at_64)
+    assert by_memory[0].longest_seq is None and "predicted to need" in by_memory[0].stopped

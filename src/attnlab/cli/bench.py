@@ -209,7 +209,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
     from dataclasses import replace
 
     from attnlab._checks import check_positive_int
-    from attnlab.bench.models import QUICK_MODEL, ModelBenchConfig, dumps, run_models
+    from attnlab.bench.models import QUICK_MODEL, ModelBenchConfig, dumps, forecast_seconds, run_models
     from attnlab.bench.runner import _spawn
     from attnlab.models.config import PRESETS
 
@@ -239,11 +239,16 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
             raise ValueError("--plot draws the sweep against T; --model has none")
     except ValueError as err:
         return error(console, err)
+    forecast = forecast_seconds(base)
+    if forecast > 60:
+        console.print(f"about {forecast / 60:.0f} min by a rough forecast (Ctrl-C stops it cleanly)", markup=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("writing the weights", total=None)
 
         def progress(done: float, total: float, label: str) -> None:
             bar.update(task, completed=done, total=total, description=label)
+            if not console.is_terminal:  # piped: the bar is not drawn, so say each step as a line
+                console.print(f"[{done:.0f}/{total:.0f}] {label}", markup=False, soft_wrap=True)
 
         cases = run_models(base, spawn=_spawn, progress=progress)
     gpt = base.gpt_config()
