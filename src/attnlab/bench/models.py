@@ -215,11 +215,11 @@ def run_models(config: ModelBenchConfig, *, spawn: Any, progress: Any = None) ->
         for r in range(config.rounds):
             order = MODEL_IMPLS[r % len(MODEL_IMPLS) :] + MODEL_IMPLS[: r % len(MODEL_IMPLS)]
             for n, impl in enumerate(order):
-                if progress:
-                    progress(r * len(MODEL_IMPLS) + n, total, f"{impl}, round {r + 1}")
                 case = cases[impl]
                 if case.status != "ok" or (impl in ONE_ROUND and r > 0):
-                    continue
+                    continue  # failed or refused already, or a run that is made once
+                if progress:
+                    progress(r * len(MODEL_IMPLS) + n, total, f"{impl}, round {r + 1}")
                 spec = {
                     "mode": "model",
                     "impl": impl,
