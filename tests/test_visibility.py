@@ -312,3 +312,29 @@ def test_compiled_flex_in_float32_at_a_ragged_length_equals_eager() -> None:
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(again, want_again, atol=1e-5, rtol=1e-5)
     assert "flex" in vis._kept  # built once, kept on the object
+
+
+def test_a_ring_copy_follows_whatever_the_module_was_built_with() -> None:
+    from attnlab.distributed import ContextParallelAttention
+
+    torch.manual_seed(0)
+    attn = Attention(
+        d_in=16,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=6,
+        qkv_bias=True,
+        out_bias=False,
+        dropout=0.1,
+        is_causal=True,
+        window=5,
+        rope=True,
+        rope_base=500.0,
+        scale=0.3,
+        backend="flash",
+    )
+    ring = ContextParallelAttention.from_attention(attn, layout="contiguous")
+    assert ring.settings == {**attn.settings, "dropout": 0.0}  # the ring has no dropout: the one change
+    assert ring.layout == "contiguous"
+    for name, tensor in attn.state_dict().items():
+        assert torch.equal(ring.state_dict()[name], tensor), name

@@ -50,8 +50,11 @@ class ContextParallelAttention(Attention):
 
     @classmethod
     def from_attention(cls, module: Attention, **options: Any) -> ContextParallelAttention:
-        """The same weights and settings as ``module`` (whatever it was built with), attending over the ring."""
-        made = cls(**{**module.settings, **options})
+        """The same weights and settings as ``module`` (whatever it was built with), attending over the ring.
+
+        The ring has no dropout on the weights, so the copy has none (``dropout=0.0``), as it never had.
+        """
+        made = cls(**{**module.settings, "dropout": 0.0, **options})
         made.load_state_dict(module.state_dict())
         return made.to(next(module.parameters()).dtype)
 
