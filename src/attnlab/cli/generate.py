@@ -32,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     gen.add_argument("--seed", type=int, default=123, help="seed of the sampling (default 123)")
     gen.add_argument("--truncate", choices=["left"], help="drop the start of a prompt too long for the context")
     gen.add_argument("--backend", choices=["auto", "eager", "sdpa", "flash"], default="auto", help="attention backend")
+    gen.add_argument("--cache", choices=["plain", "paged"], default="plain", help="the KV cache each layer keeps")
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         top_k=args.top_k,
         top_p=args.top_p,
         generator=generator,
+        cache=args.cache,
     ):
         out.write(decoder.add(int(token)))
         out.flush()

@@ -203,6 +203,11 @@ class Visibility:
             if kept.k_pos is k_pos or (kept.k_pos.shape == k_pos.shape and bool(torch.equal(kept.k_pos, k_pos))):
                 return kept
         slots = k_pos.clamp(min=0)
+        if k_pos.dim() == 2 and any(m is not None and m.shape[-1] != 1 for m in (self.allowed, self.bias)):
+            raise ValueError(
+                "a mask over key positions cannot follow per-sequence key positions (a paged cache): "
+                "hide keys with a mask_mod, which sees each sequence's positions"
+            )
         move = lambda m: m if m is None or m.shape[-1] == 1 else m[..., slots]  # (.., Tq|1, positions) -> (.., S)
         bound = self._copy(k_pos=k_pos, k_start=None, allowed=move(self.allowed), bias=move(self.bias))
         self._kept["keys"] = bound

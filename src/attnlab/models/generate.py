@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 
 from attnlab._checks import check_positive_int
-from attnlab.cache import Cache
+from attnlab.cache import Cache, CacheFactory, cache_factory
 
 
 class Decoder(Protocol):
@@ -36,7 +36,7 @@ class Decoder(Protocol):
         last_only: bool = ...,
     ) -> torch.Tensor: ...
 
-    def make_caches(self, *, batch_size: int, max_len: int) -> list[Cache]: ...
+    def make_caches(self, *, batch_size: int, max_len: int, cache: str | CacheFactory = ...) -> list[Cache]: ...
 
 
 def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
@@ -78,9 +78,15 @@ def positions_and_padding(
     b, t = idx.shape
     if caches is not None and len(caches) != layers:
         raise ValueError(f"expected {layers} caches (one per layer), got {len(caches)}")
-    start = int(caches[0].next_positions(1)[0]) if caches else 0
-    if attention_mask is None:
-        return torch.arange(start, start + t, device=idx.device), None
+    if attention_mask is None:  # the cache's own positions: (T,), or (B, T) for a cache whose sequences differ
+        return caches[0].next_positions(t) if caches else torch.arange(t, device=idx.device), None
+    ahead = caches[0].next_positions(1) if caches else None
+    if ahead is not None and ahead.dim() == 2:
+        raise ValueError(
+            "attention_mask pads sequences to one length; this cache keeps each sequence's own length "
+            "(a paged cache): give it the sequences as they are, without padding or attention_mask"
+        )
+    start = int(ahead[0]) if ahead is not None else 0
     if tuple(attention_mask.shape) != (b, start + t):
         raise ValueError(
             f"attention_mask must be (batch, cached + new tokens) = {(b, start + t)}, got {tuple(attention_mask.shape)}"
@@ -129,6 +135,7 @@ def stream(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     max_positions: int | None = None,
+    cache: str | CacheFactory = "plain",
 ) -> Iterator[torch.Tensor]:
     """Yield each new token (B, 1) as it is chosen; stops after ``max_new_tokens`` or when every row hit ``eos_id``.
 
@@ -154,7 +161,10 @@ def stream(
                 "attention_mask must pad on the left (zeros first, then ones), as generation appends on the right; "
                 "a row has a 0 after a 1: left-pad the batch"
             )
-    return _stream(model, idx, max_new_tokens, attention_mask, temperature, top_k, top_p, eos_id, generator, use_cache)
+    cache_factory(cache)  # a name that is not one, refused now
+    return _stream(
+        model, idx, max_new_tokens, attention_mask, temperature, top_k, top_p, eos_id, generator, use_cache, cache
+    )
 
 
 @torch.no_grad()
@@ -169,9 +179,10 @@ def _stream(
     eos_id: int | None,
     generator: torch.Generator | None,
     use_cache: bool,
+    cache: str | CacheFactory,
 ) -> Iterator[torch.Tensor]:
     b, t = idx.shape
-    caches = model.make_caches(batch_size=b, max_len=t + max_new_tokens) if use_cache else None
+    caches = model.make_caches(batch_size=b, max_len=t + max_new_tokens, cache=cache) if use_cache else None
     mask = attention_mask
     out = idx
     logits = model(idx, attention_mask=mask, caches=caches, last_only=True)[:, -1]
@@ -206,6 +217,7 @@ def generate(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     max_positions: int | None = None,
+    cache: str | CacheFactory = "plain",
 ) -> torch.Tensor:
     """The prompt with its new tokens, (B, T + n), n <= max_new_tokens (fewer when every row ended at eos_id)."""
     new = stream(
@@ -220,5 +232,6 @@ def generate(
         generator=generator,
         use_cache=use_cache,
         max_positions=max_positions,
+        cache=cache,
     )
     return torch.cat([idx, *new], dim=1)

@@ -20,7 +20,7 @@ from typing import cast
 import torch
 import torch.nn as nn
 
-from attnlab.cache import Cache
+from attnlab.cache import Cache, CacheFactory
 from attnlab.functional.mods import MaskMod, ScoreMod, chain_scores, check_document_ids, document_positions
 from attnlab.functional.visibility import Visibility
 from attnlab.models.checkpoints import fit, read_checkpoint, save_gpt
@@ -85,9 +85,9 @@ class GPT(nn.Module):
     def blocks(self) -> list[TransformerBlock]:
         return [cast(TransformerBlock, block) for block in self.trf_blocks]  # nn.ModuleList yields plain Modules
 
-    def make_caches(self, *, batch_size: int, max_len: int) -> list[Cache]:
-        """One KV cache per layer, for ``max_len`` positions."""
-        return [block.att.make_cache(batch_size=batch_size, max_len=max_len) for block in self.blocks]
+    def make_caches(self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain") -> list[Cache]:
+        """One KV cache per layer, for ``max_len`` positions: "plain" (default), "paged", or a factory."""
+        return [block.att.make_cache(batch_size=batch_size, max_len=max_len, cache=cache) for block in self.blocks]
 
     def forward(
         self,
@@ -160,6 +160,7 @@ class GPT(nn.Module):
         eos_id: int | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
+        cache: str | CacheFactory = "plain",
     ) -> Iterator[torch.Tensor]:
         """Each new token (B, 1) as it is chosen: see :func:`attnlab.models.generate.stream`."""
         self._check_eos(eos_id)
@@ -175,6 +176,7 @@ class GPT(nn.Module):
             generator=generator,
             use_cache=use_cache,
             max_positions=self.config.context_length,
+            cache=cache,
         )
 
     def generate(
@@ -189,8 +191,10 @@ class GPT(nn.Module):
         eos_id: int | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
+        cache: str | CacheFactory = "plain",
     ) -> torch.Tensor:
-        """Greedy by default (temperature 0); returns (B, T + n). Call ``model.eval()`` first: dropout stays as set."""
+        """Greedy by default (temperature 0); returns (B, T + n). Call ``model.eval()`` first: dropout stays as set.
+        ``cache``: which KV cache each layer keeps ("plain", "paged", or a factory; ``attnlab.cache.CACHES``)."""
         self._check_eos(eos_id)
         return generate(
             self,
@@ -204,6 +208,7 @@ class GPT(nn.Module):
             generator=generator,
             use_cache=use_cache,
             max_positions=self.config.context_length,
+            cache=cache,
         )
 
     def _check_eos(self, eos_id: object) -> None:

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_positive_int, check_scale, check_window
-from attnlab.cache import Cache, KVCache, SlidingWindowCache
+from attnlab.cache import Cache, CacheFactory, cache_factory
 from attnlab.functional.attention import attention, check_mask
 from attnlab.functional.mods import MaskMod, ScoreMod, and_masks, check_document_ids, document, document_positions
 from attnlab.functional.registry import Backend, check_backend
@@ -129,31 +129,24 @@ class Attention(nn.Module):
         values = values.view(b, t, h_kv, d).transpose(1, 2)  # (B, Hkv, T, D)
         return queries, keys, values
 
-    def make_cache(self, *, batch_size: int, max_len: int) -> KVCache | SlidingWindowCache:
+    def make_cache(self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain") -> Cache:
         """A cache that fits this module: its kv heads, head_dim, dtype and device.
 
-        With a sliding window, a ring buffer of ``window`` positions (it never
-        fills, so ``max_len`` is not used); else a static cache of ``max_len`` positions.
+        ``cache``: "plain" (default) is a static cache of ``max_len`` positions, or with a sliding
+        window a ring buffer of ``window`` positions (it never fills, so ``max_len`` is not used);
+        "paged" is a ``PagedKVCache``; or a factory taking the same keywords.
         """
         check_positive_int("max_len", max_len, limit=2**27)  # checked even where a window cache does not use it
-        dtype, device = self.qkv.weight.dtype, self.qkv.weight.device
-        if self.window is not None:
-            return SlidingWindowCache(
-                batch_size=batch_size,
-                num_kv_heads=self.num_kv_heads,
-                head_dim=self.head_dim,
-                window=self.window,
-                dtype=dtype,
-                device=device,
-            )
-        return KVCache(
+        made: Cache = cache_factory(cache)(
             batch_size=batch_size,
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             max_len=max_len,
-            dtype=dtype,
-            device=device,
+            window=self.window,
+            dtype=self.qkv.weight.dtype,
+            device=self.qkv.weight.device,
         )
+        return made
 
     def forward(
         self,
@@ -269,7 +262,7 @@ class Attention(nn.Module):
         """
         if torch.compiler.is_compiling() or query_pos.numel() == 0:
             return mask.shape[-1] if isinstance(mask, torch.Tensor) and mask.dim() else 1
-        return int(query_pos[-1]) + 1
+        return int(query_pos.max()) + 1
 
     def _check_cache(self, cache: object) -> None:
         # a runtime Protocol check inspects the class each time (~40 us): a class that passed once is known

@@ -1,0 +1,119 @@
+"""The paged KV cache (issue 23, part 1): one pool of blocks, a block table per sequence, sequences of different
+lengths in one batch, fork with copy on write; token-identical to no cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.cache import PagedKVCache
+from attnlab.models import GPT, GPTConfig
+
+BACKENDS = ["eager", "sdpa", "flash"]
+
+
+def model(backend: str = "sdpa", rope: bool = True) -> GPT:
+    torch.manual_seed(0)
+    config = GPTConfig(
+        vocab_size=64,
+        context_length=64,
+        emb_dim=32,
+        n_heads=4,
+        n_kv_heads=2 if rope else None,
+        n_layers=2,
+        rope=rope,
+        drop_rate=0.0,
+        backend=backend,
+    )
+    return GPT(config).eval()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rope", [True, False])
+def test_generation_with_the_paged_cache_is_token_identical_to_no_cache(backend: str, rope: bool) -> None:
+    m = model(backend, rope)
+    idx = torch.randint(0, 64, (3, 9), generator=torch.Generator().manual_seed(1))
+    paged = m.generate(idx, 24, cache="paged")
+    assert torch.equal(paged, m.generate(idx, 24, use_cache=False))
+    assert torch.equal(paged, m.generate(idx, 24))  # and to the plain cache
+
+
+def _alone(m: GPT, prompt: list[int], n: int) -> list[int]:
+    return m.generate(torch.tensor([prompt]), n, use_cache=False)[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sequences_of_different_lengths_share_one_batch(backend: str) -> None:
+    """Two prompts of 5 and 11 tokens prefilled into their own sequences, then decoded together: each row's
+    tokens are what the prompt generates alone, and the pool holds at most one partly filled block each."""
+    m = model(backend)
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]]
+    caches = [
+        PagedKVCache(batch_size=2, num_kv_heads=2, head_dim=8, num_blocks=8, max_len=32, block_size=4) for _ in m.blocks
+    ]
+    last = []
+    with torch.no_grad():
+        for row, prompt in enumerate(prompts):  # each prompt into its own sequence: the other keeps its tokens
+            logits = m(torch.tensor([prompt]), caches=[c.sequence(row) for c in caches], last_only=True)
+            last.append(int(logits[0, -1].argmax()))
+        out = [[t] for t in last]
+        token = torch.tensor([[t] for t in last])  # (2, 1): one token for each, at its own position
+        for _ in range(7):
+            token = m(token, caches=caches, last_only=True)[:, -1].argmax(-1, keepdim=True)
+            for row in range(2):
+                out[row].append(int(token[row]))
+    for row, prompt in enumerate(prompts):
+        assert out[row] == _alone(m, prompt, 8), row
+    assert caches[0].lengths.tolist() == [5 + 7, 11 + 7]
+    assert 0 <= caches[0].waste() < 2 * 4  # at most one partly filled block per sequence
+    assert caches[0].waste() == sum(-(-n // 4) * 4 - n for n in (12, 18))
+
+
+def test_a_fork_shares_blocks_until_a_sequence_writes_then_copies_that_block() -> None:
+    m = model()
+    prompt = [7, 7, 1, 2, 3, 4]  # 6 tokens: one full block of 4 and a partly filled one
+    caches = [
+        PagedKVCache(batch_size=2, num_kv_heads=2, head_dim=8, num_blocks=6, max_len=16, block_size=4) for _ in m.blocks
+    ]
+    with torch.no_grad():
+        first = m(torch.tensor([prompt]), caches=[c.sequence(0) for c in caches], last_only=True)[0, -1]
+        for c in caches:
+            c.fork(0, 1)
+        assert caches[0].free_blocks() == 4 and caches[0].refcount[:2] == [2, 2]  # shared, not copied
+        two = torch.tensor([[int(first.argmax())], [5]])  # the two samples take different next tokens
+        logits = m(two, caches=caches, last_only=True)[:, -1]
+    assert caches[0].refcount[:2] == [2, 1] and caches[0].free_blocks() == 3  # the partly filled block: copied
+    for row, token in enumerate(two[:, 0].tolist()):
+        alone = m(torch.tensor([[*prompt, token]]), last_only=True)[0, -1]
+        torch.testing.assert_close(logits[row], alone, atol=1e-5, rtol=1e-5)
+    for c in caches:
+        c.release(1)
+    assert caches[0].free_blocks() == 4 and caches[0].lengths.tolist() == [7, 0]
+
+
+def test_a_full_pool_is_refused_before_anything_is_written() -> None:
+    cache = PagedKVCache(batch_size=2, num_kv_heads=1, head_dim=2, num_blocks=2, max_len=8, block_size=2)
+    kv = torch.ones(2, 1, 2, 2)
+    cache.update(kv, kv)  # one block each: the pool is now full
+    before = (cache.k_pool.clone(), cache.block_table.clone(), cache.lengths.clone(), list(cache.refcount))
+    with pytest.raises(ValueError, match=r"the pool is full: its 2 blocks of 2 tokens are taken; release finished"):
+        cache.update(kv[:, :, :1], kv[:, :, :1])
+    after = (cache.k_pool, cache.block_table, cache.lengths, cache.refcount)
+    assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(before, after, strict=True))
+    with pytest.raises(ValueError, match=r"cannot take 9 more: this cache was built for max_len=8"):
+        cache.update(torch.ones(2, 1, 9, 2), torch.ones(2, 1, 9, 2))
+
+
+def test_the_cache_is_named_and_its_misuses_are_refused() -> None:
+    m = model()
+    idx = torch.randint(0, 64, (1, 4))
+    with pytest.raises(ValueError, match=r"unknown cache 'pages'; the caches are \['plain', 'paged'\]"):
+        m.generate(idx, 2, cache="pages")
+    windowed = GPT(GPTConfig(vocab_size=64, context_length=32, emb_dim=32, n_heads=4, n_layers=1, rope=True, window=4))
+    with pytest.raises(ValueError, match=r"a layer with window=4 needs the 'plain' cache"):
+        windowed.generate(idx, 2, cache="paged")
+    caches = m.make_caches(batch_size=1, max_len=16, cache="paged")
+    with pytest.raises(ValueError, match=r"this cache keeps each sequence's own length \(a paged cache\)"):
+        m(idx, caches=caches, attention_mask=torch.ones(1, 4))
+    with pytest.raises(ValueError, match=r"fork needs two different sequences, got src = dst = 0"):
+        PagedKVCache(batch_size=2, num_kv_heads=1, head_dim=2, num_blocks=2, max_len=8).fork(0, 0)
