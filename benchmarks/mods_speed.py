@@ -21,44 +21,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from _timing import interleaved, report
 from attnlab import attention
 from attnlab.functional import PARTIAL, Visibility, mods
 from attnlab.functional.flash import DEFAULT_BLOCK, flash_forward
-
-NOISY = 0.25
-
-
-def timed(fn: Callable[[], object]) -> float:
-    began = time.perf_counter()
-    fn()
-    return time.perf_counter() - began
-
-
-def interleave(cases: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-    for fn in cases.values():
-        fn()  # warm-up (and flex's compile)
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    names = list(cases)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            times[name].append(timed(cases[name]))
-    return times
-
-
-def report(times: dict[str, list[float]], base: str) -> None:
-    for name, ts in times.items():
-        ratios = [t / b for t, b in zip(ts, times[base], strict=True)]
-        ratio = statistics.median(ratios)
-        spread = (max(ratios) - min(ratios)) / ratio
-        flag = "" if spread <= NOISY else "  (too noisy to trust)"
-        print(f"  {name:<34} {statistics.median(ts) * 1e3:8.0f} ms   {ratio:5.2f}x {base}  spread {spread:4.0%}{flag}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -79,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"plain causal, T={long}, 12 heads x 64:")
     with torch.no_grad():
         report(
-            interleave(
+            interleaved(
                 {
                     "sdpa": lambda: attention(q, k, v, is_causal=True, backend="sdpa"),
                     "flash": lambda: attention(q, k, v, is_causal=True, backend="flash"),
@@ -118,11 +89,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "flash, one Visibility reused": lambda: attention(q, k, v, visibility=vis, backend="flash"),
         "sdpa, materialized mask": lambda: attention(q, k, v, mask_mod=packed, backend="sdpa"),
         "sdpa, mask precomputed": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=precomputed),
-        "16 documents alone, flash": lambda: [
+        f"{docs} documents alone, flash": lambda: [
             attention(q[:, :, i : i + n], k[:, :, i : i + n], v[:, :, i : i + n], is_causal=True, backend="flash")
             for i in range(0, t, n)
         ],
-        "16 documents alone, sdpa": lambda: [
+        f"{docs} documents alone, sdpa": lambda: [
             attention(q[:, :, i : i + n], k[:, :, i : i + n], v[:, :, i : i + n], is_causal=True, backend="sdpa")
             for i in range(0, t, n)
         ],
@@ -140,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         reference = as_tensor(cases["flash, tiles skipped"]())
         for name, case in cases.items():  # every contender computes the same thing, or it is not timed
             assert torch.allclose(as_tensor(case()), reference, atol=1e-4), f"{name} disagrees with flash"
-        report(interleave(cases, args.rounds), "flash, tiles skipped")
+        report(interleaved(cases, args.rounds), "flash, tiles skipped")
 
 
 def as_tensor(got: object) -> torch.Tensor:

@@ -20,43 +20,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 
+from _timing import interleaved, report
 from attnlab import attention
 from attnlab.bench.impls import build, reference_weights
 from attnlab.bench.memory import PeakMemory
 
-NOISY = 0.25
 IMPLS = {"plain SDPA module": "plain-sdpa", "attnlab.Attention": "attnlab-auto", "book MultiHeadAttention": "book-mha"}
-
-
-def interleaved(cases: Mapping[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Each case warmed up, then timed ``repeats`` rounds, the order rotated every round."""
-    for fn in cases.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    names = list(cases)
-    for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            began = time.perf_counter()
-            cases[name]()
-            times[name].append(time.perf_counter() - began)
-    return times
-
-
-def report(times: dict[str, list[float]], base: str) -> None:
-    for name, ts in times.items():
-        ratios = [b / t for t, b in zip(ts, times[base], strict=True)]
-        ratio = statistics.median(ratios)
-        spread = (max(ratios) - min(ratios)) / ratio
-        flag = "" if spread <= NOISY else "  (too noisy to trust)"
-        print(
-            f"  {name:26s} {statistics.median(ts) * 1e3:8.1f} ms   {base} / this = {ratio:.2f}  spread {spread:4.0%}{flag}"
-        )
 
 
 def backward(module: torch.nn.Module, x: torch.Tensor) -> None:
@@ -99,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             times = interleaved({name: functools.partial(backward, m, xg) for name, m in mods.items()}, repeats)
         print(f"\n{mode}, B={b} T={t} d={d} H={h}, {repeats} interleaved rounds")
-        report(times, "attnlab.Attention")
+        report(times, "attnlab.Attention", width=26)
 
     seq = 128 if args.smoke else 4096
     q, k, v = (torch.randn(1, 12, seq, 64) for _ in range(3))

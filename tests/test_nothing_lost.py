@@ -455,7 +455,7 @@ def test_ctrl_c_to_the_console_script_saves_the_run_and_exits_130(tmp_path: Path
     while line and not line.startswith("training induction"):  # (a line on threads may come first)
         line = proc.stdout.readline()
     assert line.startswith("training induction"), line  # the loop is about to start
-    time.sleep(1.5)
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (rest, err)
