@@ -6,9 +6,9 @@
 attnlab calls a mod once on broadcast index tensors: b (B, 1, 1, 1), h (1, H,
 1, 1), q_idx (1, 1, Tq, 1), kv_idx (1, 1, 1, Tk), or a tile of them, so a mod
 written with elementwise operations and indexing (``doc_ids[b, q_idx]``) works
-as it does under FlexAttention's vmap. Positions are absolute: query i of a
-call sits at ``q_offset + i`` (after a cache or in a chunk), key j at
-``kv_offset + j``, so one mod serves prefill, decoding and a shard of a ring.
+as it does under FlexAttention's vmap. Positions are absolute, those of the
+call's ``Visibility`` (after a cache, in a chunk, on a shard of a ring; per
+sequence in a paged cache, q_idx (B, 1, Tq, 1)), so one mod serves them all.
 
 >>> import torch
 >>> mod = and_masks(causal(), document(torch.tensor([[0, 0, 1, 1]])))
