@@ -441,51 +441,44 @@ def _attnlab() -> str:
     return str(found) if found.exists() else str(shutil.which("attnlab"))
 
 
-def test_ctrl_c_to_the_console_script_saves_the_run_and_exits_130(tmp_path: Path) -> None:
+def test_signals_to_the_console_script_save_the_run_and_leave_nothing_behind(tmp_path: Path) -> None:
+    """Two real processes at once (their start-ups overlap): Ctrl-C to `attnlab train` saves the steps it took and
+    exits 130 with one line; SIGTERM to `attnlab bench --model` removes its temporary folder and its worker."""
     import subprocess
     import time
 
-    out = tmp_path / "run"
-    argv = [_attnlab(), "train", "--out", str(out), "--steps", "100000", "--layers", "1", "--emb-dim", "32"]
-    proc = subprocess.Popen(
-        [*argv, "--context", "32", "--batch-size", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    out, scratch = tmp_path / "run", tmp_path / "tmp"
+    scratch.mkdir()
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    train = [_attnlab(), "train", "--out", str(out), "--steps", "100000", "--layers", "1", "--emb-dim", "32"]
+    trainer = subprocess.Popen([*train, "--context", "32", "--batch-size", "4"], **pipes)
+    bench = subprocess.Popen(
+        [_attnlab(), "bench", "--model", "gpt2-small", "--quick"], env={**os.environ, "TMPDIR": str(scratch)}, **pipes
     )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
+
+    assert trainer.stdout is not None
+    line = trainer.stdout.readline()
     while line and not line.startswith("training induction"):  # (a line on threads may come first)
-        line = proc.stdout.readline()
+        line = trainer.stdout.readline()
     assert line.startswith("training induction"), line  # the loop is about to start
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, (rest, err)
+    deadline = time.monotonic() + 60
+    while not list(scratch.glob("attnlab-bench-model-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    folders = list(scratch.glob("attnlab-bench-model-*"))
+    assert folders, "the bench never made its folder"
+    time.sleep(1.0)  # the training loop has its handler; the bench's first worker is running
+    trainer.send_signal(signal.SIGINT)
+    bench.send_signal(signal.SIGTERM)
+
+    rest, err = trainer.communicate(timeout=60)
+    assert trainer.returncode == 130, (rest, err)
     assert "Traceback" not in rest + err
     last = rest.strip().splitlines()[-1]
     assert last.startswith("interrupted (SIGINT) after ") and "--resume goes on" in last, last
     assert (out / STATE_FILE).is_file() and read_log(out).step  # the steps it took are kept
 
-
-def test_sigterm_to_bench_model_removes_its_temporary_folder_and_its_worker(tmp_path: Path) -> None:
-    import subprocess
-    import time
-
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen(
-        [_attnlab(), "bench", "--model", "gpt2-small", "--quick"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not list(tmp_path.glob("attnlab-bench-model-*")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    folders = list(tmp_path.glob("attnlab-bench-model-*"))
-    assert folders, "the bench never made its folder"
-    time.sleep(1.0)  # its first worker is running
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and err.strip() == "error: interrupted", err
+    _, err = bench.communicate(timeout=60)
+    assert bench.returncode == 130 and err.strip() == "error: interrupted", err
     assert not folders[0].exists()  # the weights it wrote are gone
     time.sleep(0.5)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
@@ -508,10 +501,15 @@ def test_slips_through_the_console_script_are_one_line(tmp_path: Path) -> None:
 
     bad = _saved(tmp_path / "list")
     (bad / "config.json").write_text("[]")
-    for argv, said in (
+    from concurrent.futures import ThreadPoolExecutor
+
+    slips = [
         (["tuor"], "error: unknown command 'tuor': did you mean 'tour'?"),
         (["heads", "--model", str(bad)], "holds a JSON list; expected an object of settings"),
-    ):
-        done = subprocess.run([_attnlab(), *argv], capture_output=True, text=True, timeout=120)
+    ]
+    run = lambda argv: subprocess.run([_attnlab(), *argv], capture_output=True, text=True, timeout=120)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two processes at once: their start-ups overlap
+        results = list(pool.map(run, [argv for argv, _ in slips]))
+    for (_, said), done in zip(slips, results, strict=True):
         assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done
         assert said in done.stderr and "Traceback" not in done.stderr
