@@ -338,3 +338,24 @@ def test_a_ring_copy_follows_whatever_the_module_was_built_with() -> None:
     assert ring.layout == "contiguous"
     for name, tensor in attn.state_dict().items():
         assert torch.equal(ring.state_dict()[name], tensor), name
+
+
+def test_restrict_adds_to_a_visibility_what_the_sugar_would() -> None:
+    q, k, v = _inputs()
+    keep = torch.rand(T, T, generator=torch.Generator().manual_seed(5)) > 0.3
+    base = Visibility.from_lengths(T, T, causal=True, mask_mod=mods.document(torch.tensor([[0] * 10 + [1] * 14] * B)))
+    more = base.restrict(mask=keep, mask_mod=mods.sliding_window(6), score_mod=mods.alibi(H))
+    want = attention(
+        q,
+        k,
+        v,
+        mask=keep,
+        backend="eager",
+        score_mod=mods.alibi(H),
+        mask_mod=mods.and_masks(
+            mods.causal(), mods.document(torch.tensor([[0] * 10 + [1] * 14] * B)), mods.sliding_window(6)
+        ),
+    )
+    for backend in ("eager", "sdpa", "flash"):
+        torch.testing.assert_close(attention(q, k, v, visibility=more, backend=backend), want, atol=1e-10, rtol=0)
+    assert base.mask_mod is not None and base.score_mod is None  # the one it was built from is unchanged

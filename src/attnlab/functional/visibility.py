@@ -41,7 +41,16 @@ from typing import Any
 import torch
 
 from attnlab._checks import check_window
-from attnlab.functional.mods import MaskMod, ScoreMod, apply_score_mod, evaluate_mask, mod_name, score_mod_tensors
+from attnlab.functional.mods import (
+    MaskMod,
+    ScoreMod,
+    and_masks,
+    apply_score_mod,
+    chain_scores,
+    evaluate_mask,
+    mod_name,
+    score_mod_tensors,
+)
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # what a tile of the score matrix is: nothing may attend, some, all
 CLASSIFY_TILES = 16  # tile_kinds evaluates masks over at most this many key tiles at a time
@@ -170,8 +179,6 @@ class Visibility:
     ) -> Visibility:
         """A new Visibility that also applies ``mask`` (bool: and; float: add), ``mask_mod`` (and) and ``score_mod``
         (after the one it has)."""
-        from attnlab.functional.mods import and_masks, chain_scores
-
         allowed, bias = _split_mask(mask)
         return self._copy(
             allowed=_and(self.allowed, allowed),
