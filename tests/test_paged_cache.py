@@ -117,3 +117,24 @@ def test_the_cache_is_named_and_its_misuses_are_refused() -> None:
         m(idx, caches=caches, attention_mask=torch.ones(1, 4))
     with pytest.raises(ValueError, match=r"fork needs two different sequences, got src = dst = 0"):
         PagedKVCache(batch_size=2, num_kv_heads=1, head_dim=2, num_blocks=2, max_len=8).fork(0, 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_continuous_batching_gives_each_prompt_what_it_gets_alone_and_reuses_the_blocks(backend: str) -> None:
+    """Five prompts of different lengths through two slots: as each ends, its blocks go back to the pool and the
+    next prompt takes its row, while the other keeps decoding."""
+    m = model(backend)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (3, 11, 6, 1, 8)]
+    got = m.generate_many(prompts, 9, slots=2)
+    assert got == [_alone(m, p, 9) for p in prompts]
+    ends = m.generate_many(prompts, 9, slots=3, eos_id=got[1][2])  # a sequence that stops early frees its row
+    assert ends[1] == got[1][:3] and all(len(e) <= 9 for e in ends)
+
+
+def test_continuous_batching_refuses_what_it_cannot_run() -> None:
+    m = model()
+    with pytest.raises(ValueError, match=r"prompt 1 must be a non-empty list of int token ids"):
+        m.generate_many([[1, 2], []], 4)
+    with pytest.raises(ValueError, match=r"prompt 0 has 60 tokens and max_new_tokens is 10: more than .* 64"):
+        m.generate_many([[1] * 60], 10)

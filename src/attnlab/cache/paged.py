@@ -88,11 +88,19 @@ class PagedKVCache(nn.Module):
         self._append(list(range(self.batch_size)), k, v)
         return self.gathered()
 
-    def sequence(self, row: int) -> PagedSequence:
+    def sequence(self, row: int) -> PagedRows:
         """Sequence ``row`` alone, as a cache of batch 1 over the same pool: a new prompt is prefilled into it
         while the other sequences keep their tokens (continuous batching)."""
-        self._check_row("row", row)
-        return PagedSequence(self, row)
+        return self.rows([row])
+
+    def rows(self, rows: list[int]) -> PagedRows:
+        """Some of the sequences, as a cache of batch len(rows) over the same pool: a decode step for the
+        sequences still running, while finished ones wait for a new prompt."""
+        if not rows or len(set(rows)) != len(rows):
+            raise ValueError(f"rows must name distinct sequences of this cache, got {rows!r}")
+        for row in rows:
+            self._check_row("row", row)
+        return PagedRows(self, list(rows))
 
     def _append(self, rows: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Write k, v (len(rows), Hkv, T, D) after the tokens of sequences ``rows``."""
@@ -215,20 +223,20 @@ class PagedKVCache(nn.Module):
             raise ValueError(f"keys and values must hold the same number of tokens, got {k.shape[2]} and {v.shape[2]}")
 
 
-class PagedSequence:
-    """One sequence of a :class:`PagedKVCache`, as a cache of batch 1 (the ``Cache`` protocol) over its pool."""
+class PagedRows:
+    """Some sequences of a :class:`PagedKVCache`, as a cache of their own (the ``Cache`` protocol) over its pool."""
 
-    def __init__(self, cache: PagedKVCache, row: int) -> None:
-        self.cache, self.row = cache, row
+    def __init__(self, cache: PagedKVCache, rows: list[int]) -> None:
+        self.cache, self.rows = cache, rows
+        self.index = torch.tensor(rows, device=cache.lengths.device)
 
     def next_positions(self, t: int) -> torch.Tensor:
-        """This sequence's next ``t`` positions, (T,)."""
-        return self.cache.lengths[self.row] + torch.arange(t, device=self.cache.lengths.device)
+        """These sequences' next ``t`` positions, (R, T)."""
+        return self.cache.lengths[self.index][:, None] + torch.arange(t, device=self.cache.lengths.device)
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Append k, v (1, Hkv, T, D) to this sequence; its keys, values (1, Hkv, S, D) and positions (S,)."""
-        self.cache._check(k, v, 1)
-        self.cache._append([self.row], k, v)
+        """Append k, v (R, Hkv, T, D) to these sequences; their keys, values (R, Hkv, S, D) and positions (R, S)."""
+        self.cache._check(k, v, len(self.rows))
+        self.cache._append(self.rows, k, v)
         keys, values, positions = self.cache.gathered()
-        row = slice(self.row, self.row + 1)
-        return keys[row], values[row], positions[self.row]
+        return keys[self.index], values[self.index], positions[self.index]

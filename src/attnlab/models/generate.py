@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -235,3 +235,75 @@ def generate(
         cache=cache,
     )
     return torch.cat([idx, *new], dim=1)
+
+
+@torch.no_grad()
+def generate_many(
+    model: Decoder,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    slots: int = 4,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+    max_positions: int | None = None,
+) -> list[list[int]]:
+    """Continuous batching over a paged cache: the new tokens of each prompt, in the prompts' order.
+
+    Up to ``slots`` prompts run at once, each at its own length; when one ends (``max_new_tokens``, or
+    ``eos_id``), its blocks go back to the pool and the next waiting prompt takes its place, without the
+    others waiting for it. Greedy, each prompt gets what it gets alone.
+    """
+    check_positive_int("max_new_tokens", max_new_tokens)
+    check_positive_int("slots", slots, limit=4096)
+    check_sampling(temperature, top_k, top_p)
+    if not isinstance(prompts, list) or not prompts:
+        raise ValueError("prompts must be a non-empty list of prompts, each a list of token ids")
+    for n, prompt in enumerate(prompts):
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
+            raise ValueError(f"prompt {n} must be a non-empty list of int token ids, got {prompt!r:.60}")
+        if max_positions is not None and len(prompt) + max_new_tokens - 1 > max_positions:
+            raise ValueError(
+                f"prompt {n} has {len(prompt)} tokens and max_new_tokens is {max_new_tokens}: more than the "
+                f"model's context_length {max_positions}; shorten it or ask for fewer tokens"
+            )
+    longest = max(len(p) for p in prompts) + max_new_tokens
+    caches = model.make_caches(batch_size=min(slots, len(prompts)), max_len=longest, cache="paged")
+    pools: list[Any] = list(caches)  # PagedKVCache: rows(), sequence(), release()
+    waiting = list(enumerate(prompts))
+    running: dict[int, tuple[int, list[int]]] = {}  # row -> (prompt's index, its new tokens)
+    free_rows = list(range(min(slots, len(prompts))))
+    results: list[list[int]] = [[] for _ in prompts]
+
+    def choose(logits: torch.Tensor) -> list[int]:
+        return pick(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)[:, 0].tolist()
+
+    def take(row: int, token: int) -> None:
+        index, tokens = running[row]
+        tokens.append(token)
+        if len(tokens) == max_new_tokens or token == eos_id:  # done: its blocks go back to the pool
+            results[index] = tokens
+            for cache in pools:
+                cache.release(row)
+            del running[row]
+            free_rows.append(row)
+
+    while waiting or running:
+        while free_rows and waiting:  # a free row takes the next prompt: prefilled alone, the others keep theirs
+            row = free_rows.pop(0)
+            index, prompt = waiting.pop(0)
+            running[row] = (index, [])
+            ids = torch.tensor([prompt])
+            logits = model(ids, caches=[c.sequence(row) for c in pools], last_only=True)[:, -1]
+            take(row, choose(logits)[0])
+        if not running:
+            continue
+        rows = sorted(running)
+        last = torch.tensor([[running[r][1][-1]] for r in rows])  # (R, 1): each at its own position
+        logits = model(last, caches=[c.rows(rows) for c in pools], last_only=True)[:, -1]
+        for row, token in zip(rows, choose(logits), strict=True):
+            take(row, token)
+    return results

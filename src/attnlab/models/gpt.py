@@ -25,7 +25,7 @@ from attnlab.functional.mods import MaskMod, ScoreMod, chain_scores, check_docum
 from attnlab.functional.visibility import Visibility
 from attnlab.models.checkpoints import fit, read_checkpoint, save_gpt
 from attnlab.models.config import GPTConfig, score_mod_from_name
-from attnlab.models.generate import check_prompt, generate, positions_and_padding, stream
+from attnlab.models.generate import check_prompt, generate, generate_many, positions_and_padding, stream
 from attnlab.nn.attention import Attention
 from attnlab.observe import Recorder
 
@@ -216,6 +216,33 @@ class GPT(nn.Module):
             raise ValueError(
                 f"eos_id {eos_id} is not a token of this model: its ids are 0..{self.config.vocab_size - 1}"
             )
+
+    def generate_many(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        *,
+        slots: int = 4,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> list[list[int]]:
+        """Continuous batching over a paged cache: see :func:`attnlab.models.generate.generate_many`."""
+        self._check_eos(eos_id)
+        return generate_many(
+            self,
+            prompts,
+            max_new_tokens,
+            slots=slots,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_id=eos_id,
+            generator=generator,
+            max_positions=self.config.context_length,
+        )
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
