@@ -24,7 +24,7 @@ demo: setup
 	$(VENV)/bin/attnlab heads --model induction
 	@echo "A trained model ships with attnlab (above: its heads, named). See it work on your own text:"
 	@echo "  $(VENV)/bin/attnlab explain --model induction \"the cat sat. the cat sat.\" --html heads.html"
-	@echo "Train your own in about a minute: $(VENV)/bin/attnlab train induction (docs/heads.md)"
+	@echo "Train your own in about two minutes: $(VENV)/bin/attnlab train induction (docs/heads.md)"
 
 # The Chinese tour and reports need a CJK font (WenQuanYi Zen Hei), Symbola for
 # emoji in heatmaps (outlines matplotlib can draw) and Noto Color Emoji for the
