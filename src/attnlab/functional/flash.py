@@ -59,7 +59,7 @@ def _scores(
     qi_scaled: torch.Tensor, kj: torch.Tensor, vis: Visibility, kind: int, i0: int, i1: int, j0: int, j1: int
 ) -> torch.Tensor:
     """Modified, biased, masked scores of one tile from pre-scaled queries, (B, H, bq, bk), a fresh tensor."""
-    s = vis.modify(qi_scaled @ kj.transpose(-2, -1), i0, i1, j0, j1)
+    s = vis.modify(qi_scaled @ kj.transpose(-2, -1), i0, i1, j0, j1, scratch=True)  # the tile's own scores
     return _mask(s, vis, kind, i0, i1, j0, j1)
 
 

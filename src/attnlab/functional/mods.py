@@ -388,16 +388,18 @@ def evaluate_mask(
 
 
 def apply_score_mod(
-    score_mod: ScoreMod, score: torch.Tensor, *, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    score_mod: ScoreMod, score: torch.Tensor, *, q_idx: torch.Tensor, kv_idx: torch.Tensor, scratch: bool = False
 ) -> torch.Tensor:
     """The mod on (B, H, Tq, Tk) scores, checked: the same shape, floating point; errors name the mod.
 
     The mod gets a tensor of its own: one that writes in place (``score.mul_(2)``) gives what its
-    out-of-place form gives, and never changes the caller's scores.
+    out-of-place form gives, and never changes the caller's scores. ``scratch=True``: the caller's
+    scores are a fresh tensor no one else reads (no graph through them), so no copy is made.
     """
     batch, heads = score.shape[0], score.shape[1]
+    given = score if scratch and not score.requires_grad else score.clone()
     try:
-        out = score_mod(score.clone(), *index_grid(batch, heads, q_idx, kv_idx))
+        out = score_mod(given, *index_grid(batch, heads, q_idx, kv_idx))
     except Exception as err:
         raise ValueError(f"score_mod {mod_name(score_mod)} raised {type(err).__name__}: {err}") from err
     if not isinstance(out, torch.Tensor) or not torch.is_floating_point(out):

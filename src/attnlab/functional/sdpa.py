@@ -66,7 +66,8 @@ def _mask(vis: Visibility, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     if vis.score_mod is not None:  # a declared bias: the mod on zero scores is the bias, its graph kept
         shape = (vis.batch or 1, vis.heads or 1, vis.tq, vis.tk)
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-        added = vis.modify(torch.zeros(shape, dtype=compute, device=q.device), 0, vis.tq, 0, vis.tk)
+        zeros = torch.zeros(shape, dtype=compute, device=q.device)
+        added = vis.modify(zeros, 0, vis.tq, 0, vis.tk, scratch=True)
         bias = added if bias is None else added + bias.to(added.dtype)
     dead = dead_rows(allowed, bias)  # (.., Tq, 1): rows where no key may be attended
     assert dead is not None  # something restricts the call, or hides_nothing() would have said so
