@@ -107,7 +107,7 @@ def test_a_full_pool_is_refused_before_anything_is_written() -> None:
 def test_the_cache_is_named_and_its_misuses_are_refused() -> None:
     m = model()
     idx = torch.randint(0, 64, (1, 4))
-    with pytest.raises(ValueError, match=r"unknown cache 'pages'; the caches are \['plain', 'paged'\]"):
+    with pytest.raises(ValueError, match=r"unknown cache 'pages'; the caches are \['plain', 'paged', 'prefix', 'sink'"):
         m.generate(idx, 2, cache="pages")
     windowed = GPT(GPTConfig(vocab_size=64, context_length=32, emb_dim=32, n_heads=4, n_layers=1, rope=True, window=4))
     with pytest.raises(ValueError, match=r"a layer with window=4 needs the 'plain' cache"):

@@ -1,14 +1,28 @@
-"""KV caches for incremental decoding, behind one small protocol."""
+"""KV caches for incremental decoding, behind one small protocol: the cache lab.
+
+``CACHES`` names them: "plain" (``KVCache``, the default), "paged"
+(``PagedKVCache``), "prefix" (``PrefixCache``: paged blocks shared by a radix
+tree over token ids, at the generation loop), "sink" (``SinkCache``,
+StreamingLLM), "int8" and "int4" (``QuantizedKVCache``, KIVI) and "h2o" and
+"snapkv" (``EvictingCache``). Each name is a factory that
+``Attention.make_cache`` calls with ``FactoryArgs``; ``functools.partial``
+sets its own knobs (``partial(CACHES["h2o"], budget=64)``).
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 import torch
 
+from attnlab.cache.evicting import EvictingCache
 from attnlab.cache.kv import KVCache, SlidingWindowCache
 from attnlab.cache.paged import PagedKVCache
+from attnlab.cache.prefix import PrefixCache
+from attnlab.cache.quantized import QuantizedKVCache
+from attnlab.cache.sink import SinkCache
 
 
 @runtime_checkable
@@ -28,64 +42,130 @@ class Cache(Protocol):
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
-def plain(
-    *,
-    batch_size: int,
-    num_kv_heads: int,
-    head_dim: int,
-    max_len: int,
-    window: int | None,
-    dtype: torch.dtype,
-    device: torch.device | str | None,
-) -> Cache:
-    """The static cache (a ring buffer of ``window`` positions for a windowed layer)."""
-    if window is not None:
-        return SlidingWindowCache(
-            batch_size=batch_size,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            window=window,
-            dtype=dtype,
-            device=device,
-        )
-    return KVCache(
-        batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, max_len=max_len, dtype=dtype, device=device
-    )
+class FactoryArgs(TypedDict):
+    """What ``Attention.make_cache`` passes every cache factory: the layer's shape, and what some caches need."""
+
+    batch_size: int
+    num_kv_heads: int
+    head_dim: int
+    max_len: int  # the most tokens one sequence will hold (prompt and new ones)
+    window: int | None  # the layer's sliding window
+    dtype: torch.dtype
+    device: torch.device | str | None
+    rotary: Any  # the layer's RotaryEmbedding, or None (a sink cache rotates its sinks with it)
+    context_length: int | None  # what the model was trained on, when a model asks (None for a bare layer)
 
 
-def paged(
-    *,
-    batch_size: int,
-    num_kv_heads: int,
-    head_dim: int,
-    max_len: int,
-    window: int | None,
-    dtype: torch.dtype,
-    device: torch.device | str | None,
-) -> Cache:
-    """A paged cache with blocks enough for every sequence to reach ``max_len`` (16 tokens a block)."""
+def _no_window(name: str, window: int | None) -> None:
     if window is not None:
         raise ValueError(
-            f"the paged cache keeps every token; a layer with window={window} needs the 'plain' cache (a ring buffer)"
+            f"the {name} cache does not keep a sliding window's ring; a layer with window={window} needs "
+            "the 'plain' cache (a ring buffer of the window)"
         )
-    blocks = batch_size * -(-max_len // 16)
+
+
+def plain(**kw: Any) -> Cache:
+    """The static cache (a ring buffer of ``window`` positions for a windowed layer)."""
+    shape = dict(batch_size=kw["batch_size"], num_kv_heads=kw["num_kv_heads"], head_dim=kw["head_dim"])
+    if kw["window"] is not None:
+        return SlidingWindowCache(**shape, window=kw["window"], dtype=kw["dtype"], device=kw["device"])
+    return KVCache(**shape, max_len=kw["max_len"], dtype=kw["dtype"], device=kw["device"])
+
+
+def paged(*, num_blocks: int | None = None, **kw: Any) -> Cache:
+    """A paged cache, 16 tokens a block, with ``num_blocks`` (default: enough for every sequence to reach max_len)."""
+    _no_window("paged", kw["window"])
+    blocks = kw["batch_size"] * -(-kw["max_len"] // 16) if num_blocks is None else num_blocks
     return PagedKVCache(
-        batch_size=batch_size,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
+        batch_size=kw["batch_size"],
+        num_kv_heads=kw["num_kv_heads"],
+        head_dim=kw["head_dim"],
         num_blocks=blocks,
-        max_len=max_len,
-        dtype=dtype,
-        device=device,
+        max_len=kw["max_len"],
+        dtype=kw["dtype"],
+        device=kw["device"],
     )
 
 
-CacheFactory = Callable[..., Any]  # (batch_size, num_kv_heads, head_dim, max_len, window, dtype, device) -> Cache
-CACHES: dict[str, CacheFactory] = {"plain": plain, "paged": paged}
+def prefix(**kw: Any) -> Cache:
+    """Not a layer's cache: prefix sharing needs the token ids, which a layer never sees."""
+    raise ValueError(
+        "the 'prefix' cache shares blocks by token ids, which a layer's cache never sees: use "
+        "GPT.generate(..., cache='prefix') or generate_many, or attnlab.cache.PrefixCache.for_model(model, ...)"
+    )
+
+
+def sink(*, sinks: int = 4, recent: int | None = None, **kw: Any) -> Cache:
+    """StreamingLLM: ``sinks`` first tokens and the latest ``recent`` (default: context_length - sinks for a
+    model, so that no distance exceeds what it was trained on; max_len - sinks for a bare layer)."""
+    _no_window("sink", kw["window"])
+    span = kw["context_length"] if kw["context_length"] is not None else kw["max_len"]
+    recent = recent if recent is not None else max(1, span - sinks)
+    return SinkCache(
+        batch_size=kw["batch_size"],
+        num_kv_heads=kw["num_kv_heads"],
+        head_dim=kw["head_dim"],
+        sinks=sinks,
+        recent=recent,
+        rotary=kw["rotary"],
+        dtype=kw["dtype"],
+        device=kw["device"],
+    )
+
+
+sink.endless = True  # type: ignore[attr-defined]  # with RoPE it generates past context_length
+
+
+def quantized(*, bits: int = 8, group_size: int = 32, residual: int = 32, **kw: Any) -> Cache:
+    """KIVI-style: keys per channel and values per token in ``bits`` bits, the latest ``residual`` tokens exact."""
+    _no_window(f"int{bits}", kw["window"])
+    return QuantizedKVCache(
+        batch_size=kw["batch_size"],
+        num_kv_heads=kw["num_kv_heads"],
+        head_dim=kw["head_dim"],
+        max_len=kw["max_len"],
+        bits=bits,
+        group_size=group_size,
+        residual=residual,
+        dtype=kw["dtype"],
+        device=kw["device"],
+    )
+
+
+def evicting(*, policy: str = "h2o", budget: int | float = 0.5, **kw: Any) -> Cache:
+    """H2O or SnapKV keeping ``budget`` tokens: an int, or a fraction of max_len (default half)."""
+    _no_window(policy, kw["window"])
+    if isinstance(budget, float):
+        if not 0 < budget < 1:
+            raise ValueError(f"a fractional budget must lie in (0, 1), got {budget}")
+    kept = max(2, round(budget * kw["max_len"])) if isinstance(budget, float) else budget
+    return EvictingCache(
+        batch_size=kw["batch_size"],
+        num_kv_heads=kw["num_kv_heads"],
+        head_dim=kw["head_dim"],
+        budget=kept,
+        policy=policy,
+        dtype=kw["dtype"],
+        device=kw["device"],
+    )
+
+
+CacheFactory = Callable[..., Any]  # keyword arguments: FactoryArgs -> Cache
+CACHES: dict[str, CacheFactory] = {
+    "plain": plain,
+    "paged": paged,
+    "prefix": prefix,
+    "sink": sink,
+    "int8": functools.partial(quantized, bits=8),
+    "int4": functools.partial(quantized, bits=4),
+    "h2o": functools.partial(evicting, policy="h2o"),
+    "snapkv": functools.partial(evicting, policy="snapkv"),
+}
+LOSSLESS = ("plain", "paged", "prefix")  # token-identical to KVCache, asserted by the benchmark
 
 
 def cache_factory(cache: object) -> CacheFactory:
-    """A factory by name ("plain", "paged"), or a factory given as is."""
+    """A factory by name (``CACHES``), or a factory given as is."""
     if isinstance(cache, str):
         if cache not in CACHES:
             raise ValueError(f"unknown cache {cache!r}; the caches are {list(CACHES)}, or pass a factory")
@@ -95,4 +175,27 @@ def cache_factory(cache: object) -> CacheFactory:
     return cache
 
 
-__all__ = ["CACHES", "Cache", "CacheFactory", "KVCache", "PagedKVCache", "SlidingWindowCache", "cache_factory"]
+def runs_past_context(cache: object) -> bool:
+    """Whether generation with this cache may go past the model's context_length (a sink cache, with RoPE)."""
+    factory = CACHES.get(cache) if isinstance(cache, str) else cache
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    return bool(getattr(factory, "endless", False))
+
+
+__all__ = [
+    "CACHES",
+    "LOSSLESS",
+    "Cache",
+    "CacheFactory",
+    "EvictingCache",
+    "FactoryArgs",
+    "KVCache",
+    "PagedKVCache",
+    "PrefixCache",
+    "QuantizedKVCache",
+    "SinkCache",
+    "SlidingWindowCache",
+    "cache_factory",
+    "runs_past_context",
+]

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from attnlab._checks import check_positive_int
-from attnlab.cache import Cache, CacheFactory, cache_factory
+from attnlab.cache import Cache, CacheFactory, PrefixCache, cache_factory, runs_past_context
 
 
 class Decoder(Protocol):
@@ -135,11 +135,12 @@ def stream(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     max_positions: int | None = None,
-    cache: str | CacheFactory = "plain",
+    cache: str | CacheFactory | PrefixCache = "plain",
 ) -> Iterator[torch.Tensor]:
     """Yield each new token (B, 1) as it is chosen; stops after ``max_new_tokens`` or when every row hit ``eos_id``.
 
-    Every argument is checked here, when it is called, not at the first ``next()``.
+    ``cache``: a name in ``attnlab.cache.CACHES``, a factory, or a ``PrefixCache`` kept across calls ("prefix"
+    makes one for this call). Every argument is checked here, when it is called, not at the first ``next()``.
     """
     check_prompt(idx)
     check_positive_int("max_new_tokens", max_new_tokens)
@@ -148,9 +149,16 @@ def stream(
     if attention_mask is not None and tuple(attention_mask.shape) != (b, t):
         raise ValueError(f"attention_mask must match the prompt's shape {(b, t)}, got {tuple(attention_mask.shape)}")
     if max_positions is not None and t + max_new_tokens - 1 > max_positions:  # the last new token is not fed back
+        hint = (
+            "; a sink cache runs past context_length only with rotary positions (GPTConfig(rope=True)): learned "
+            "positions such as GPT-2's end at context_length"
+            if runs_past_context(cache)
+            else ""
+        )
         raise ValueError(
             f"the prompt has {t} tokens and max_new_tokens is {max_new_tokens}: {t + max_new_tokens - 1} positions "
-            f"to run, more than the model's context_length {max_positions}; shorten the prompt or ask for fewer tokens"
+            f"to run, more than the model's context_length {max_positions}; shorten the prompt or ask for fewer "
+            f"tokens{hint}"
         )
     if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int) or eos_id < 0):
         raise ValueError(f"eos_id must be a token id, an int >= 0, got {eos_id!r}")
@@ -161,7 +169,16 @@ def stream(
                 "attention_mask must pad on the left (zeros first, then ones), as generation appends on the right; "
                 "a row has a 0 after a 1: left-pad the batch"
             )
-    cache_factory(cache)  # a name that is not one, refused now
+    if cache == "prefix" or isinstance(cache, PrefixCache):
+        if attention_mask is not None or not use_cache:
+            raise ValueError(
+                "the prefix cache shares blocks between sequences as they are: give it prompts without padding "
+                "or attention_mask, with use_cache=True"
+            )
+        if isinstance(cache, PrefixCache):
+            cache.check_fits(b, t + max_new_tokens)
+    else:
+        cache_factory(cache)  # a name that is not one, refused now
     return _stream(
         model, idx, max_new_tokens, attention_mask, temperature, top_k, top_p, eos_id, generator, use_cache, cache
     )
@@ -179,13 +196,26 @@ def _stream(
     eos_id: int | None,
     generator: torch.Generator | None,
     use_cache: bool,
-    cache: str | CacheFactory,
+    cache: str | CacheFactory | PrefixCache,
 ) -> Iterator[torch.Tensor]:
     b, t = idx.shape
-    caches = model.make_caches(batch_size=b, max_len=t + max_new_tokens, cache=cache) if use_cache else None
     mask = attention_mask
     out = idx
-    logits = model(idx, attention_mask=mask, caches=caches, last_only=True)[:, -1]
+    store: PrefixCache | None = None
+    if cache == "prefix" or isinstance(cache, PrefixCache):
+        store = (
+            cache
+            if isinstance(cache, PrefixCache)
+            else PrefixCache.for_model(model, batch_size=b, max_len=t + max_new_tokens)
+        )
+        caches: list[Any] | None = [pool.rows(list(range(b))) for pool in store.pools]
+        logits = torch.cat(
+            [_prefill_shared(model, store, row, idx[row].tolist(), t + max_new_tokens) for row in range(b)]
+        )
+    else:
+        assert not isinstance(cache, PrefixCache)
+        caches = model.make_caches(batch_size=b, max_len=t + max_new_tokens, cache=cache) if use_cache else None
+        logits = model(idx, attention_mask=mask, caches=caches, last_only=True)[:, -1]
     finished = torch.zeros(b, 1, dtype=torch.bool, device=idx.device)
     for step in range(max_new_tokens):
         token = pick(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B, 1)
@@ -196,12 +226,26 @@ def _stream(
         if step == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
             return
         out = torch.cat([out, token], dim=1)
+        if store is not None and (out.shape[1] - 1) % store.block_size == 0:  # a block just filled: share it
+            for row in range(b):
+                store.remember(row, out[row, :-1].tolist())
         if mask is not None:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         if caches is not None:
             logits = model(token, attention_mask=mask, caches=caches, last_only=True)[:, -1]  # the cache has the rest
         else:
             logits = model(out, attention_mask=mask, last_only=True)[:, -1]  # all again: what the cache must match
+
+
+def _prefill_shared(model: Decoder, store: PrefixCache, row: int, prompt: list[int], total: int) -> torch.Tensor:
+    """Prefill sequence ``row`` of ``store`` with ``prompt``, from the end of its longest cached prefix; the last
+    position's logits (1, V). ``total``: the tokens it will hold, to make room for."""
+    done = store.attach(row, prompt)  # what the row held goes back, then it takes its prefix (held: kept)
+    store.make_room(-(-total // store.block_size) - done // store.block_size)  # room for the rest
+    ids = torch.tensor([prompt[done:]], device=store.pools[0].lengths.device)  # (1, T - done): the rest
+    logits = model(ids, caches=[pool.sequence(row) for pool in store.pools], last_only=True)[:, -1]
+    store.remember(row, prompt)
+    return logits
 
 
 def generate(
@@ -217,7 +261,7 @@ def generate(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     max_positions: int | None = None,
-    cache: str | CacheFactory = "plain",
+    cache: str | CacheFactory | PrefixCache = "plain",
 ) -> torch.Tensor:
     """The prompt with its new tokens, (B, T + n), n <= max_new_tokens (fewer when every row ended at eos_id)."""
     new = stream(
@@ -250,12 +294,15 @@ def generate_many(
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     max_positions: int | None = None,
+    cache: str | PrefixCache = "paged",
 ) -> list[list[int]]:
     """Continuous batching over a paged cache: the new tokens of each prompt, in the prompts' order.
 
     Up to ``slots`` prompts run at once, each at its own length; when one ends (``max_new_tokens``, or
     ``eos_id``), its blocks go back to the pool and the next waiting prompt takes its place, without the
-    others waiting for it. Greedy, each prompt gets what it gets alone.
+    others waiting for it. Greedy, each prompt gets what it gets alone. ``cache="prefix"`` (or a
+    ``PrefixCache`` kept across calls, with at least ``slots`` rows) also shares the blocks of common
+    prompt prefixes: a prompt runs only from where its longest cached prefix ends.
     """
     check_positive_int("max_new_tokens", max_new_tokens)
     check_positive_int("slots", slots, limit=4096)
@@ -270,12 +317,22 @@ def generate_many(
                 f"prompt {n} has {len(prompt)} tokens and max_new_tokens is {max_new_tokens}: more than the "
                 f"model's context_length {max_positions}; shorten it or ask for fewer tokens"
             )
+    if cache not in ("paged", "prefix") and not isinstance(cache, PrefixCache):
+        raise ValueError(f"generate_many runs on 'paged' or 'prefix' blocks (or a PrefixCache), got cache={cache!r}")
     longest = max(len(p) for p in prompts) + max_new_tokens
-    caches = model.make_caches(batch_size=min(slots, len(prompts)), max_len=longest, cache="paged")
-    pools: list[Any] = list(caches)  # PagedKVCache: rows(), sequence(), release()
+    rows_needed = min(slots, len(prompts))
+    store: PrefixCache | None = None
+    if isinstance(cache, PrefixCache):
+        store = cache
+        store.check_fits(rows_needed, longest)
+    elif cache == "prefix":
+        store = PrefixCache.for_model(model, batch_size=rows_needed, max_len=longest)
+    pools: list[Any] = (  # PagedKVCache: rows(), sequence(), release()
+        store.pools if store is not None else model.make_caches(batch_size=rows_needed, max_len=longest, cache="paged")
+    )
     waiting = list(enumerate(prompts))
     running: dict[int, tuple[int, list[int]]] = {}  # row -> (prompt's index, its new tokens)
-    free_rows = list(range(min(slots, len(prompts))))
+    free_rows = list(range(rows_needed))
     results: list[list[int]] = [[] for _ in prompts]
 
     def choose(logits: torch.Tensor) -> list[int]:
@@ -296,8 +353,11 @@ def generate_many(
             row = free_rows.pop(0)
             index, prompt = waiting.pop(0)
             running[row] = (index, [])
-            ids = torch.tensor([prompt])
-            logits = model(ids, caches=[c.sequence(row) for c in pools], last_only=True)[:, -1]
+            if store is not None:
+                logits = _prefill_shared(model, store, row, prompt, len(prompt) + max_new_tokens)
+            else:
+                ids = torch.tensor([prompt])
+                logits = model(ids, caches=[c.sequence(row) for c in pools], last_only=True)[:, -1]
             take(row, choose(logits)[0])
         if not running:
             continue

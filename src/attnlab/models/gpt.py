@@ -20,7 +20,7 @@ from typing import cast
 import torch
 import torch.nn as nn
 
-from attnlab.cache import Cache, CacheFactory
+from attnlab.cache import Cache, CacheFactory, PrefixCache, runs_past_context
 from attnlab.functional.mods import MaskMod, ScoreMod, chain_scores, check_document_ids, document_positions
 from attnlab.functional.visibility import Visibility
 from attnlab.models.checkpoints import fit, read_checkpoint, save_gpt
@@ -86,8 +86,13 @@ class GPT(nn.Module):
         return [cast(TransformerBlock, block) for block in self.trf_blocks]  # nn.ModuleList yields plain Modules
 
     def make_caches(self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain") -> list[Cache]:
-        """One KV cache per layer, for ``max_len`` positions: "plain" (default), "paged", or a factory."""
-        return [block.att.make_cache(batch_size=batch_size, max_len=max_len, cache=cache) for block in self.blocks]
+        """One KV cache per layer, for ``max_len`` positions: a name in ``attnlab.cache.CACHES`` or a factory."""
+        return [
+            block.att.make_cache(
+                batch_size=batch_size, max_len=max_len, cache=cache, context_length=self.config.context_length
+            )
+            for block in self.blocks
+        ]
 
     def forward(
         self,
@@ -160,7 +165,7 @@ class GPT(nn.Module):
         eos_id: int | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
-        cache: str | CacheFactory = "plain",
+        cache: str | CacheFactory | PrefixCache = "plain",
     ) -> Iterator[torch.Tensor]:
         """Each new token (B, 1) as it is chosen: see :func:`attnlab.models.generate.stream`."""
         self._check_eos(eos_id)
@@ -175,7 +180,7 @@ class GPT(nn.Module):
             eos_id=eos_id,
             generator=generator,
             use_cache=use_cache,
-            max_positions=self.config.context_length,
+            max_positions=self._positions_for(cache),
             cache=cache,
         )
 
@@ -191,10 +196,12 @@ class GPT(nn.Module):
         eos_id: int | None = None,
         generator: torch.Generator | None = None,
         use_cache: bool = True,
-        cache: str | CacheFactory = "plain",
+        cache: str | CacheFactory | PrefixCache = "plain",
     ) -> torch.Tensor:
         """Greedy by default (temperature 0); returns (B, T + n). Call ``model.eval()`` first: dropout stays as set.
-        ``cache``: which KV cache each layer keeps ("plain", "paged", or a factory; ``attnlab.cache.CACHES``)."""
+        ``cache``: which KV cache each layer keeps: a name in ``attnlab.cache.CACHES`` ("plain", "paged", "prefix",
+        "sink", "int8", "int4", "h2o", "snapkv"), a factory, or a ``PrefixCache`` kept across calls. With RoPE,
+        a "sink" cache generates past context_length."""
         self._check_eos(eos_id)
         return generate(
             self,
@@ -207,9 +214,13 @@ class GPT(nn.Module):
             eos_id=eos_id,
             generator=generator,
             use_cache=use_cache,
-            max_positions=self.config.context_length,
+            max_positions=self._positions_for(cache),
             cache=cache,
         )
+
+    def _positions_for(self, cache: object) -> int | None:
+        """The most positions generation may run: context_length, or no limit for a sink cache with RoPE."""
+        return None if self.config.rope and runs_past_context(cache) else self.config.context_length
 
     def _check_eos(self, eos_id: object) -> None:
         if isinstance(eos_id, int) and not isinstance(eos_id, bool) and eos_id >= self.config.vocab_size:
@@ -228,8 +239,10 @@ class GPT(nn.Module):
         top_p: float | None = None,
         eos_id: int | None = None,
         generator: torch.Generator | None = None,
+        cache: str | PrefixCache = "paged",
     ) -> list[list[int]]:
-        """Continuous batching over a paged cache: see :func:`attnlab.models.generate.generate_many`."""
+        """Continuous batching over a paged cache ("paged", or "prefix" / a ``PrefixCache`` to share prompt
+        prefixes): see :func:`attnlab.models.generate.generate_many`."""
         self._check_eos(eos_id)
         return generate_many(
             self,
@@ -242,6 +255,7 @@ class GPT(nn.Module):
             eos_id=eos_id,
             generator=generator,
             max_positions=self.config.context_length,
+            cache=cache,
         )
 
     @torch.no_grad()

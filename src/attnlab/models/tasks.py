@@ -154,7 +154,7 @@ TASKS = ("induction", "text")
 # The model each built-in task trains by default: small enough for minutes on two CPU cores.
 TASK_MODELS: dict[str, GPTConfig] = {
     "induction": GPTConfig(vocab_size=128, context_length=64, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0),
-    "text": GPTConfig(vocab_size=256, context_length=128, emb_dim=128, n_heads=4, n_layers=4, drop_rate=0.0),
+    "text": GPTConfig(vocab_size=256, context_length=256, emb_dim=128, n_heads=4, n_layers=4, drop_rate=0.0, rope=True),
 }
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_positive_int, check_scale, check_window
-from attnlab.cache import Cache, CacheFactory, cache_factory
+from attnlab.cache import Cache, CacheFactory, FactoryArgs, cache_factory
 from attnlab.functional.attention import attention, check_mask
 from attnlab.functional.mods import MaskMod, ScoreMod, and_masks, check_document_ids, document, document_positions
 from attnlab.functional.registry import Backend, check_backend
@@ -129,23 +129,34 @@ class Attention(nn.Module):
         values = values.view(b, t, h_kv, d).transpose(1, 2)  # (B, Hkv, T, D)
         return queries, keys, values
 
-    def make_cache(self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain") -> Cache:
+    def make_cache(
+        self,
+        *,
+        batch_size: int,
+        max_len: int,
+        cache: str | CacheFactory = "plain",
+        context_length: int | None = None,
+    ) -> Cache:
         """A cache that fits this module: its kv heads, head_dim, dtype and device.
 
-        ``cache``: "plain" (default) is a static cache of ``max_len`` positions, or with a sliding
-        window a ring buffer of ``window`` positions (it never fills, so ``max_len`` is not used);
-        "paged" is a ``PagedKVCache``; or a factory taking the same keywords.
+        ``cache``: a name in ``attnlab.cache.CACHES`` ("plain", the default, is a static cache of
+        ``max_len`` positions, or with a sliding window a ring buffer of ``window`` positions), or a
+        factory taking ``attnlab.cache.FactoryArgs``. ``context_length``: what the model was trained on
+        (a model passes it; a sink cache sizes its window by it).
         """
         check_positive_int("max_len", max_len, limit=2**27)  # checked even where a window cache does not use it
-        made: Cache = cache_factory(cache)(
-            batch_size=batch_size,
-            num_kv_heads=self.num_kv_heads,
-            head_dim=self.head_dim,
-            max_len=max_len,
-            window=self.window,
-            dtype=self.qkv.weight.dtype,
-            device=self.qkv.weight.device,
-        )
+        args: FactoryArgs = {
+            "batch_size": batch_size,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "max_len": max_len,
+            "window": self.window,
+            "dtype": self.qkv.weight.dtype,
+            "device": self.qkv.weight.device,
+            "rotary": self.rotary,
+            "context_length": context_length,
+        }
+        made: Cache = cache_factory(cache)(**args)
         return made
 
     def forward(
@@ -209,7 +220,11 @@ class Attention(nn.Module):
         if cache is not None:
             keys, values, key_pos = cache.update(keys, values)  # the only write; everything above is checked
             visibility = visibility.for_keys(key_pos)  # the next layer's cache returns the same positions: kept
-        return self.attend(queries, keys, values, visibility=visibility)
+        out = self.attend(queries, keys, values, visibility=visibility)
+        observe = getattr(cache, "observe", None)  # a cache that evicts by the attention its keys get
+        if observe is not None:
+            observe(queries, keys, values, visibility=visibility, scale=self.scale)
+        return out
 
     def visibility_for(
         self,

@@ -60,3 +60,9 @@ class RotaryEmbedding(nn.Module):
         if positions.dim() == 2:
             emb = emb[:, None]  # (B, 1, T, D): broadcast over heads
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x (B, H, T, D) rotated by ``positions`` (T,): RoPE's rotations add up, so rotating a key already at
+        position p by d puts it at p + d (what a sink cache does to move its sinks)."""
+        cos, sin = self(positions, dtype=x.dtype)
+        return apply_rotary(x, cos, sin)

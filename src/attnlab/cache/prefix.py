@@ -1,0 +1,183 @@
+"""Prefix sharing: a radix tree over token ids whose nodes are blocks of a paged cache (SGLang's RadixAttention).
+
+A prompt that begins like an earlier one need not compute that beginning
+again: the keys and values of a token depend only on the tokens up to it, so
+the blocks an earlier prompt filled are the blocks this one would fill.
+:class:`PrefixCache` holds one :class:`~attnlab.cache.paged.PagedKVCache`
+per layer and a tree whose every edge is one full block of token ids
+(``block_size`` of them) and whose every node holds that block's id in each
+layer's pool. A new prompt walks the tree as far as its tokens match, takes
+those blocks into its block table (no copy: a block shared is a reference
+more), and only its remaining tokens run through the model. Only full blocks
+are shared, and a prompt always computes at least its last token (its logits
+are the point), so nothing shared is ever written.
+
+The tree holds a reference to each block it names, so a finished sequence's
+prompt stays reusable; when the pool runs short, the least recently used
+leaves that no running sequence holds are let go (:meth:`make_room`).
+
+Exact: a prompt gets the same keys and values, hence the same tokens, as
+when it is computed whole (tested, token-identical, on every backend).
+:attr:`hit_rate` is the share of prompt tokens that came from the tree.
+
+The cache never sees token ids (``update`` takes keys and values), so the
+sharing happens where the ids are: ``GPT.generate(..., cache="prefix")`` (a
+tree for one call: rows of a batch share their common prefix) or
+``cache=PrefixCache.for_model(model, ...)`` kept across calls and given to
+``generate`` and ``generate_many``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnlab._checks import check_positive_int
+from attnlab.cache.paged import PagedKVCache
+
+
+@dataclass
+class _Node:
+    blocks: list[int]  # the block's id in each layer's pool (empty at the root)
+    children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
+    parent: _Node | None = None
+    key: tuple[int, ...] = ()
+    used: int = 0  # when it was last matched or added (a counter): least recently used goes first
+
+
+class PrefixCache:
+    """Paged pools, one per layer, and a radix tree over token ids that lets prompts share full blocks.
+
+    Args:
+        pools: one ``PagedKVCache`` per layer, all of one shape (``for_model`` makes them).
+    """
+
+    def __init__(self, pools: list[PagedKVCache]) -> None:
+        if not pools or not all(isinstance(p, PagedKVCache) for p in pools):
+            raise TypeError("pools must be a non-empty list of PagedKVCache, one per layer (use PrefixCache.for_model)")
+        shapes = {(p.batch_size, p.num_blocks, p.block_size, p.blocks_per_seq) for p in pools}
+        if len(shapes) != 1:
+            raise ValueError(f"every layer's pool must have the same rows, blocks and block size, got {shapes}")
+        self.pools = pools
+        first = pools[0]
+        self.batch_size, self.block_size = first.batch_size, first.block_size
+        self.max_len = first.blocks_per_seq * first.block_size
+        self.root = _Node(blocks=[])
+        self.clock = 0
+        self.looked_up = 0  # prompt tokens asked for
+        self.reused = 0  # of them, tokens taken from the tree
+
+    @classmethod
+    def for_model(cls, model: Any, *, batch_size: int, max_len: int, num_blocks: int | None = None) -> PrefixCache:
+        """Pools for every layer of ``model`` (anything with ``make_caches``): ``batch_size`` sequences at once,
+        each up to ``max_len`` tokens, ``num_blocks`` blocks (default: room for twice what the rows can hold,
+        the rest kept for prefixes)."""
+        from attnlab.cache import paged  # the named factory, with a pool of its own size
+
+        check_positive_int("batch_size", batch_size, limit=4096)
+        check_positive_int("max_len", max_len, limit=2**27)
+        if num_blocks is None:
+            num_blocks = 2 * batch_size * -(-max_len // 16)
+        check_positive_int("num_blocks", num_blocks, limit=2**24)
+
+        def factory(**kw: Any) -> Any:
+            return paged(**kw, num_blocks=num_blocks)
+
+        return cls(model.make_caches(batch_size=batch_size, max_len=max_len, cache=factory))
+
+    @property
+    def hit_rate(self) -> float:
+        """The share of prompt tokens taken from the tree instead of computed (0 before any prompt)."""
+        return self.reused / self.looked_up if self.looked_up else 0.0
+
+    def check_fits(self, rows: int, tokens: int) -> None:
+        """Refuse, before anything changes, ``rows`` sequences of ``tokens`` tokens that this cache cannot hold."""
+        if rows > self.batch_size:
+            raise ValueError(
+                f"this prefix cache runs {self.batch_size} sequences at once, got {rows}; build it with "
+                f"PrefixCache.for_model(model, batch_size={rows}, ...)"
+            )
+        if tokens > self.max_len:
+            raise ValueError(
+                f"a sequence of {tokens} tokens (prompt and new ones) is longer than this prefix cache's "
+                f"max_len={self.max_len}; build it with max_len >= {tokens}"
+            )
+
+    def attach(self, row: int, tokens: list[int]) -> int:
+        """Start sequence ``row`` on ``tokens``: take the blocks of its longest cached prefix (full blocks, not its
+        last token); return how many tokens it already holds, from where the model must run."""
+        for pool in self.pools:
+            pool.release(row)
+        node, matched = self.root, []
+        for start in range(0, (len(tokens) - 1) // self.block_size * self.block_size, self.block_size):
+            child = node.children.get(tuple(tokens[start : start + self.block_size]))
+            if child is None:
+                break
+            node = child
+            matched.append(node)
+        self.clock += 1
+        for depth, held in enumerate(matched):
+            held.used = self.clock
+            for layer, pool in enumerate(self.pools):
+                pool.block_table[row, depth] = held.blocks[layer]
+                pool.refcount[held.blocks[layer]] += 1
+        reused = len(matched) * self.block_size
+        for pool in self.pools:
+            pool.lengths[row] = reused
+        self.looked_up += len(tokens)
+        self.reused += reused
+        return reused
+
+    def remember(self, row: int, tokens: list[int]) -> None:
+        """Put the full blocks of sequence ``row``, which holds ``tokens``, in the tree (a reference each)."""
+        held = int(self.pools[0].lengths[row])
+        if held != len(tokens):
+            raise ValueError(f"sequence {row} holds {held} tokens, not the {len(tokens)} given")
+        node = self.root
+        self.clock += 1
+        for depth in range(len(tokens) // self.block_size):
+            key = tuple(tokens[depth * self.block_size : (depth + 1) * self.block_size])
+            child = node.children.get(key)
+            if child is None:  # new to the tree: it keeps this sequence's block
+                blocks = [int(pool.block_table[row, depth]) for pool in self.pools]
+                for layer, pool in enumerate(self.pools):
+                    pool.refcount[blocks[layer]] += 1
+                child = _Node(blocks=blocks, parent=node, key=key)
+                node.children[key] = child
+            child.used = self.clock
+            node = child
+
+    def release(self, row: int) -> None:
+        """Sequence ``row`` is done: its blocks go back, except those the tree keeps."""
+        for pool in self.pools:
+            pool.release(row)
+
+    def make_room(self, blocks: int) -> None:
+        """Let go of least recently used leaves that no sequence holds until ``blocks`` blocks are free (or none
+        is left to let go: the pool then says it is full when written)."""
+        pool = self.pools[0]
+        while pool.free_blocks() < blocks:
+            leaves = [
+                n
+                for n in self._nodes()
+                if not n.children and all(p.refcount[b] == 1 for p, b in zip(self.pools, n.blocks, strict=True))
+            ]
+            if not leaves:
+                return
+            oldest = min(leaves, key=lambda n: n.used)
+            for layer, p in enumerate(self.pools):
+                p.refcount[oldest.blocks[layer]] -= 1
+            assert oldest.parent is not None  # a leaf is never the root
+            del oldest.parent.children[oldest.key]
+
+    def cached_tokens(self) -> int:
+        """Tokens the tree holds (full blocks)."""
+        return sum(1 for _ in self._nodes()) * self.block_size
+
+    def _nodes(self) -> list[_Node]:
+        found, todo = [], list(self.root.children.values())
+        while todo:
+            node = todo.pop()
+            found.append(node)
+            todo.extend(node.children.values())
+        return found
