@@ -175,6 +175,17 @@ def cache_factory(cache: object) -> CacheFactory:
     return cache
 
 
+def stored_bytes(caches: object) -> int:
+    """Bytes a cache (or a list of them, or a ``PrefixCache``) holds in its tensors: codes, scales, positions."""
+    if isinstance(caches, PrefixCache):
+        return stored_bytes(caches.pools)
+    if isinstance(caches, (list, tuple)):
+        return sum(stored_bytes(c) for c in caches)
+    if isinstance(caches, torch.nn.Module):
+        return sum(b.numel() * b.element_size() for b in caches.buffers())
+    raise TypeError(f"stored_bytes counts the buffers of attnlab's caches, got {type(caches).__name__}")
+
+
 def runs_past_context(cache: object) -> bool:
     """Whether generation with this cache may go past the model's context_length (a sink cache, with RoPE)."""
     factory = CACHES.get(cache) if isinstance(cache, str) else cache
@@ -198,4 +209,5 @@ __all__ = [
     "SlidingWindowCache",
     "cache_factory",
     "runs_past_context",
+    "stored_bytes",
 ]

@@ -89,9 +89,15 @@ class EvictingCache(nn.Module):
         self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
         self.budget, self.policy, self.recent, self.observe_window, self.pool = budget, policy, recent, observe, pool
         empty = torch.zeros(batch_size, num_kv_heads, 0, head_dim, dtype=dtype, device=device)
-        self.keys, self.values = empty, empty.clone()  # (B, Hkv, S, D)
-        self.positions = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # (B, S)
-        self.scores = torch.zeros(batch_size, 0, dtype=torch.float32, device=device)  # (B, S): attention received
+        # buffers that grow and shrink (reassigned, still buffers): they follow .to() and count in buffers()
+        self.register_buffer("keys", empty, persistent=False)  # (B, Hkv, S, D)
+        self.register_buffer("values", empty.clone(), persistent=False)
+        self.register_buffer("positions", torch.zeros(batch_size, 0, dtype=torch.long, device=device), persistent=False)
+        self.register_buffer("scores", torch.zeros(batch_size, 0, device=device), persistent=False)  # attention got
+        self.keys: torch.Tensor
+        self.values: torch.Tensor
+        self.positions: torch.Tensor
+        self.scores: torch.Tensor
         self.seen = 0  # tokens written so far
         self.evicted: list[list[int]] = [[] for _ in range(batch_size)]  # positions let go, per sequence
 
@@ -152,9 +158,6 @@ class EvictingCache(nn.Module):
         self.values = self.values.gather(2, per_head)
         self.positions = self.positions.gather(1, index)
         self.scores = self.scores.gather(1, index)
-
-    def stored_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.keys, self.values, self.positions, self.scores))
 
     def _check(self, k: torch.Tensor, v: torch.Tensor) -> None:
         for name, x in (("keys", k), ("values", v)):

@@ -145,10 +145,6 @@ class QuantizedKVCache(_CacheBase):
         self.v_scale: torch.Tensor
         self.v_zero: torch.Tensor
 
-    def stored_bytes(self) -> int:
-        """Bytes of every buffer: codes, scales, the exact ring and the length."""
-        return sum(b.numel() * b.element_size() for b in self.buffers())
-
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Append k, v (B, Hkv, T, D); return keys, values (B, Hkv, C, D) and positions (C,), -1 unfilled."""
         self.check(k, v)

@@ -63,6 +63,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="instead: a whole GPT (default gpt2-small shape, random weights) generating, prefill time and decode "
         "tokens/s against Hugging Face's generate and the book's cached GPT",
     )
+    bench.add_argument(
+        "--caches",
+        nargs="*",
+        metavar="NAME",
+        help="instead: the KV-cache lab, every cache (or those named) on the shipped text model and a gpt2-small-"
+        "shaped GPT (--model text or a preset for one): bytes per token, memory, tokens/s, agreement, perplexity",
+    )
     bench.add_argument("--prompt-len", type=int, help="with --model: prompt tokens (default 128)")
     bench.add_argument("--new-tokens", type=int, help="with --model: tokens to generate (default 256)")
     bench.add_argument("--json", metavar="PATH", help="write every case to a JSON file")
@@ -71,6 +78,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace, console: Console) -> int:
     console = Console(highlight=False, width=max(console.width, 118))  # the tables need the width
+    if args.caches is not None:
+        from attnlab.cli.bench_caches import run_caches
+
+        return run_caches(args, console)
     if args.model is not None:
         return run_model(args, console)
     if args.prompt_len is not None or args.new_tokens is not None:

@@ -6,7 +6,7 @@ import torch
 
 from attnlab import book
 from attnlab.book import golden
-from attnlab.cache import KVCache
+from attnlab.cache import EvictingCache, KVCache, PagedKVCache, QuantizedKVCache, SinkCache
 from attnlab.explain.tour.core import Add, Checker, fmt
 from attnlab.models.loaders import from_book
 from attnlab.nn.attention import Attention
@@ -32,6 +32,53 @@ def kv_cache_steps(attn: Attention, x: torch.Tensor) -> tuple[list[torch.Tensor]
             rows.append(row)
             stacked[:, i, : i + 1] = row
     return rows, stacked
+
+
+def cache_lab(attn: Attention, x: torch.Tensor) -> dict[str, object]:
+    """The KV-cache lab on one sentence x (1, T, d), fed one token at a time through four caches.
+
+    Returns the paged cache's stacked rows (H, T, T) and block table, the sink cache's last output and the
+    same from plain attention over the tokens it kept, the int8 cache's largest key error and its bound,
+    and H2O's kept grid (T steps x T positions: 1 kept, 0.5 let go, 0 not yet seen) with its last kept set.
+    """
+    t, h_kv, d = x.shape[1], attn.num_kv_heads, attn.head_dim
+    shape = dict(batch_size=1, num_kv_heads=h_kv, head_dim=d, dtype=x.dtype)
+    paged = PagedKVCache(**shape, num_blocks=-(-t // 2), max_len=t, block_size=2)  # type: ignore[arg-type]
+    sink = SinkCache(**shape, sinks=1, recent=3)  # type: ignore[arg-type]
+    quant = QuantizedKVCache(**shape, max_len=t + 1, bits=8, group_size=2, residual=2)  # type: ignore[arg-type]
+    h2o = EvictingCache(**shape, budget=4, recent=2)  # type: ignore[arg-type]
+    stacked, kept = torch.zeros(attn.num_heads, t, t), torch.zeros(t, t)
+    keys = attn.split_qkv(x)[1]  # (1, Hkv, T, D): the exact keys
+    with torch.no_grad():
+        for i in range(t):
+            token = x[:, i : i + 1]
+            with Recorder() as rec:
+                attn(token, cache=paged)
+            weights = rec.get("attn_weights")[0, :, 0]  # (H, slots)
+            stacked[:, i, : i + 1] = weights[:, : i + 1]
+            sink_out = attn(token, cache=sink)
+            attn(token, cache=quant)
+            attn(token, cache=h2o)
+            kept[i, : i + 1] = 0.5
+            kept[i, h2o.positions[0]] = 1.0
+        held = sorted(p for p in sink.held_positions().tolist() if p >= 0)  # slot order is not position order
+        sink_plain = attn(x[:, held])[:, -1:]  # the kept tokens as if they were the whole sentence
+        read = quant.update(torch.zeros_like(keys[:, :, :1]), torch.zeros_like(keys[:, :, :1]))[0]  # one more step
+    error = (read[:, :, : t - 2] - keys[:, :, : t - 2]).abs().max()  # the quantized ones (the last 2 are exact)
+    span = keys[:, :, : t - 2].amax() - keys[:, :, : t - 2].amin()
+    return {
+        "stacked": stacked,
+        "blocks": paged.block_table[0].tolist(),
+        "waste": paged.waste(),
+        "sink_held": held,
+        "sink_out": sink_out,
+        "sink_plain": sink_plain,
+        "int8_error": float(error),
+        "int8_bound": float(span) / 255,  # a whole code's width over all keys: each group's own is narrower
+        "kept": kept,
+        "h2o_kept": h2o.positions[0].tolist(),
+        "h2o_evicted": sorted(h2o.evicted[0]),
+    }
 
 
 def kv_step_lines(rows: list[torch.Tensor], template: str) -> list[str]:
@@ -154,5 +201,25 @@ def causal(add: Add, c: Checker) -> None:
         "\n".join(lines),
         c.holds("kv_rows", torch.allclose(stacked, full_weights, atol=1e-6)),
         heat=stacked,
+    )
+
+    lab = cache_lab(attn, batch[:1])
+    add(
+        "kv_lab",
+        "PagedKVCache(..., block_size=2)  SinkCache(..., sinks=1, recent=3)\n"
+        "QuantizedKVCache(..., bits=8, group_size=2, residual=2)  EvictingCache(..., budget=4, recent=2)",
+        "\n".join(
+            [
+                c.say("lab_paged", blocks=lab["blocks"], waste=lab["waste"]),
+                c.say("lab_sink", held=lab["sink_held"]),
+                c.say("lab_int8", err=lab["int8_error"], bound=lab["int8_bound"]),
+                c.say("lab_h2o", kept=lab["h2o_kept"], evicted=lab["h2o_evicted"]),
+            ]
+        ),
+        c.holds("lab_paged", torch.allclose(lab["stacked"], full_weights, atol=1e-6)),  # type: ignore[arg-type]
+        c.holds("lab_sink", torch.allclose(lab["sink_out"], lab["sink_plain"], atol=1e-6)),  # type: ignore[arg-type]
+        c.holds("lab_int8", 0 < lab["int8_error"] <= lab["int8_bound"] / 2),  # type: ignore[operator]
+        c.holds("lab_h2o", len(lab["h2o_kept"]) == 4),  # type: ignore[arg-type]
+        heat=lab["kept"],
     )
     add("summary", "", "")

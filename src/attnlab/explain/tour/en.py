@@ -189,6 +189,15 @@ STEPS: dict[str, tuple[str, str]] = {
         "cache and adds one row of weights over what the cache holds. Stacked, the rows are exactly the causal "
         "weight matrix of the whole sentence.",
     ),
+    "kv_lab": (
+        "The KV-cache lab: four ways to keep keys and values",
+        "The same sentence, one token at a time, through four caches. Paged: keys live in blocks of 2 tokens "
+        "taken from a pool, with a table of which block holds what (vLLM). Sinks: keep the first token and the "
+        "latest 3, forget the middle, and generation can go on forever (StreamingLLM). int8: store each key "
+        "channel in 8 bits with a scale per group of 2 tokens, the latest 2 exact (KIVI). H2O: keep 4 keys, the "
+        "latest 2 and the 2 that received the most attention. The first is exact; the others trade exactness "
+        "for memory. The heatmap shows H2O's choice at each step: bright = kept, grey = let go.",
+    ),
     "summary": (
         "Summary",
         "The goal of attention is a context vector for every input token. Without trainable weights it takes "
@@ -246,6 +255,10 @@ CHECKS: dict[str, str] = {
     "gpt2_params": "GPT-2 size: 2,360,064 parameters",
     "keys_fixed": "keys of tokens 0..3 do not change when tokens 4, 5 arrive",
     "kv_rows": "stacked rows == the full causal weights",
+    "lab_paged": "paged blocks: stacked rows == the full causal weights",
+    "lab_sink": "sink cache: the last output == attention over the tokens it kept",
+    "lab_int8": "int8: every quantized key within half a code of the exact one",
+    "lab_h2o": "H2O: holds its budget of 4 keys",
 }
 
 WORDS: dict[str, str] = {
@@ -254,6 +267,10 @@ WORDS: dict[str, str] = {
     "passed": "{n} checks, all steps match the book",
     "mismatch": "{n} mismatches",
     "kv_step": "step {t}: the cache holds {t} keys; new row (head 0): [{row}]",
+    "lab_paged": "paged, blocks of 2: block table {blocks}, {waste} slots unused",
+    "lab_sink": "sinks, 1 + 3 recent: holds tokens {held}",
+    "lab_int8": "int8, groups of 2: largest key error {err:.4f} (a code is at most {bound:.4f} wide)",
+    "lab_h2o": "H2O, budget 4: keeps tokens {kept}, let go of {evicted}",
     "cm_overflow": "exp overflows to inf",
     "cm_underflow": "exp underflows to 0",
     "cm_stable": "the largest term is exp(0) = 1",

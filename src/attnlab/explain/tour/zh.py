@@ -176,6 +176,14 @@ STEPS: dict[str, tuple[str, str]] = {
         "同样的多头注意力权重，每次只输入一个 Token：每一步往缓存里添加一个键向量和一个值向量，并得到一行对"
         "缓存内容的注意力权重。把这些行叠起来，正好是整句话的因果注意力权重矩阵。",
     ),
+    "kv_lab": (
+        "KV Cache 实验室：保存 k, v 向量的四种方式",
+        "还是这句话，每次输入一个 Token，分别经过四种缓存。分页 (Paged)：键向量存放在从内存池里取出的块中，每块 "
+        "2 个 Token，用一张块表记录每块存了什么 (vLLM 的做法)。注意力汇聚点 (Sink)：保留第 1 个 Token 和最近的 "
+        "3 个，丢掉中间的，生成就可以一直进行下去 (StreamingLLM)。int8 量化：键向量按通道用 8 位存储，每 2 个 "
+        "Token 一组共用一个缩放系数，最近 2 个保持精确 (KIVI)。H2O：只保留 4 个键向量，即最近的 2 个和得到注意力"
+        "最多的 2 个。第一种是精确的；其余三种用精确度换内存。热力图显示 H2O 每一步的选择：亮 = 保留，灰 = 丢弃。",
+    ),
     "summary": (
         "小结",
         "注意力机制的目标是计算输入 Token 的上下文向量。简单注意力机制分三步；引入三个可训练权重矩阵"
@@ -233,6 +241,10 @@ CHECKS: dict[str, str] = {
     "gpt2_params": "GPT-2 规模：2,360,064 个参数",
     "keys_fixed": "Token 4、5 到来时，Token 0..3 的键向量不变",
     "kv_rows": "叠起来的行 == 完整的因果注意力权重",
+    "lab_paged": "分页缓存：叠起来的行 == 完整的因果注意力权重",
+    "lab_sink": "Sink 缓存：最后的输出 == 只对它保留的 Token 做注意力",
+    "lab_int8": "int8：每个量化后的键向量与精确值相差不到半个量化间隔",
+    "lab_h2o": "H2O：只保留预算内的 4 个键向量",
 }
 
 WORDS: dict[str, str] = {
@@ -241,6 +253,10 @@ WORDS: dict[str, str] = {
     "passed": "{n} 项校验，所有步骤与书中数值一致",
     "mismatch": "{n} 处不一致",
     "kv_step": "第 {t} 步：缓存中有 {t} 个键向量；新的一行 (头 0)：[{row}]",
+    "lab_paged": "分页，每块 2 个 Token：块表 {blocks}，{waste} 个空位",
+    "lab_sink": "Sink，1 个汇聚点 + 最近 3 个：保留 Token {held}",
+    "lab_int8": "int8，每组 2 个：键向量最大误差 {err:.4f} (一个量化间隔最多 {bound:.4f})",
+    "lab_h2o": "H2O，预算 4：保留 Token {kept}，丢弃 {evicted}",
     "cm_overflow": "exp 上溢为 inf",
     "cm_underflow": "exp 下溢为 0",
     "cm_stable": "最大的一项是 exp(0) = 1",

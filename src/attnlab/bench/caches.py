@@ -1,0 +1,304 @@
+"""``attnlab bench --caches``: every KV cache of the lab on one model, side by side, one metric each.
+
+For each model (the shipped text model, and a gpt2-small-shaped GPT with
+seeded random weights) and each cache of ``attnlab.cache.CACHES`` (the
+eviction policies at two budgets, a fraction of the tokens they will see):
+
+- **bytes per token**: what one more token held costs, from the bytes the
+  caches' tensors hold after 64 and after 128 tokens (codes, scales,
+  positions; the constant part, such as an exact ring, cancels); 0 for a
+  cache whose memory stops growing (sinks, H2O);
+- **KV MiB**: what the caches hold at the end of the long generation;
+- **peak MiB**: every tensor allocated during the long generation
+  (``PeakMemory``), activations included;
+- **tokens/s**: the long generation's decode rate, median of ``rounds``
+  rounds that run the caches in turn;
+- **longest in cap**: the tokens whose KV fits ``cap_mib``, or no limit for a
+  cache that stops growing; the model's context still bounds every cache but
+  a sink cache on a RoPE model;
+- **agreement**: greedy tokens equal to the plain cache's, position by
+  position, over a set of prompts;
+- **perplexity**: on held-out text, the text fed one token at a time after a
+  prefill through the cache (so every step reads what the cache kept), and
+  its increase over the plain cache's.
+
+The lossless caches (``LOSSLESS``: plain, paged, prefix) must agree on every
+token: one that does not is a failure, not a row.
+
+Prefix sharing is measured as time to first token for a prompt whose first
+``shared`` tokens an earlier prompt already put in the tree, against the
+same prompt in a fresh tree (median of ``rounds``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.bench.memory import PeakMemory
+from attnlab.cache import CACHES, LOSSLESS, PrefixCache, runs_past_context, stored_bytes
+from attnlab.models.gpt import GPT
+
+BUDGETS = (0.25, 0.5)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheBenchConfig:
+    prompts: int = 8  # prompts for greedy agreement, run as one batch
+    prompt_len: int = 64
+    new_tokens: int = 32  # per prompt, for agreement
+    long_tokens: int = 256  # the long generation: memory and speed
+    held_out: int = 256  # perplexity tokens, after a prefill of prompt_len
+    shared: int = 512  # the shared prefix (capped to fit the model's context)
+    rounds: int = 3
+    cap_mib: float = 64.0
+    caches: tuple[str, ...] = tuple(CACHES)
+
+
+QUICK_CACHES = CacheBenchConfig(
+    prompts=2, prompt_len=16, new_tokens=6, long_tokens=24, held_out=24, shared=32, rounds=1
+)
+
+
+@dataclass
+class CacheRow:
+    cache: str
+    status: str = "ok"
+    bytes_per_token: float = 0.0
+    kv_mib: float = 0.0
+    peak_mib: float = 0.0
+    tokens_per_s: list[float] = field(default_factory=list)
+    longest: float = 0.0  # tokens; math.inf: no limit
+    agreement: float = 0.0
+    perplexity: float = 0.0
+    perplexity_increase: float = 0.0  # relative to the plain cache's
+
+
+@dataclass
+class CacheTable:
+    model: str
+    context_length: int
+    rope: bool
+    rows: list[CacheRow]
+    prefix: dict[str, float]  # shared tokens, cold ms, warm ms
+    sink: dict[str, float]  # a sink cache to 4 x context_length: peak and KV MiB at 1x and 4x (RoPE models)
+
+
+def variants(names: tuple[str, ...]) -> list[tuple[str, Any]]:
+    """(label, factory) for each cache: the eviction policies at every budget of BUDGETS."""
+    out: list[tuple[str, Any]] = []
+    for name in names:
+        if name in ("h2o", "snapkv"):
+            out += [(f"{name} {b:.0%}", functools.partial(CACHES[name], budget=b)) for b in BUDGETS]
+        else:
+            out.append((name, name))
+    return out
+
+
+def _caches(model: GPT, cache: Any, batch: int, max_len: int) -> Any:
+    if cache == "prefix":  # the blocks its rows need, as the paged cache has: the tree keeps what they leave
+        return PrefixCache.for_model(model, batch_size=batch, max_len=max_len, num_blocks=batch * -(-max_len // 16))
+    return model.make_caches(batch_size=batch, max_len=max_len, cache=cache)
+
+
+@torch.no_grad()
+def _feed(model: GPT, held: Any, ids: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) of ``ids`` run through caches ``held`` (a PrefixCache: its rows in order)."""
+    if isinstance(held, PrefixCache):
+        rows = list(range(ids.shape[0]))
+        return model(ids, caches=[pool.rows(rows) for pool in held.pools])
+    return model(ids, caches=held)
+
+
+@torch.no_grad()
+def perplexity(model: GPT, cache: Any, text: torch.Tensor, prefill: int) -> float:
+    """exp(mean NLL) of text[:, prefill + 1:] (B, N), each token predicted after the cache took the ones before:
+    a prefill of ``prefill`` tokens, then one token a step."""
+    b, n = text.shape
+    held = _caches(model, cache, b, n)  # an eviction budget is a fraction of these n tokens
+    logits = [_feed(model, held, text[:, :prefill])[:, -1:]]
+    for p in range(prefill, n - 1):
+        logits.append(_feed(model, held, text[:, p : p + 1]))
+    predicted = torch.cat(logits, dim=1)  # (B, N - prefill, V): for tokens prefill .. N - 1
+    nll = F.cross_entropy(predicted.flatten(0, 1).float(), text[:, prefill:].flatten())
+    return math.exp(float(nll))
+
+
+def _generate(model: GPT, prompts: torch.Tensor, n: int, cache: Any) -> torch.Tensor:
+    return model.generate(prompts, n, cache=cache)[:, prompts.shape[1] :]
+
+
+def measure(
+    model: GPT,
+    *,
+    label: str,
+    prompts: torch.Tensor,
+    held_out: torch.Tensor,
+    config: CacheBenchConfig,
+    progress: Callable[[str], None] = lambda _: None,
+) -> CacheTable:
+    """One table: every cache of ``config`` on ``model``."""
+    c = model.config
+    past = {name: c.rope and runs_past_context(cache) for name, cache in variants(config.caches)}
+    rows = [CacheRow(cache=name) for name, _ in variants(config.caches)]
+    factories = dict(variants(config.caches))
+    reference = _generate(model, prompts, config.new_tokens, "plain")
+    plain_ppl = perplexity(model, "plain", held_out, config.prompt_len)
+    one = prompts[:1]
+    for row in rows:
+        cache = factories[row.cache]
+        progress(f"{label}: {row.cache}")
+        try:
+            out = _generate(model, prompts, config.new_tokens, cache)
+            row.agreement = float((out == reference).float().mean())
+            if row.cache in LOSSLESS and row.agreement != 1.0:
+                row.status = f"failed: a lossless cache gave other tokens ({row.agreement:.1%} agree)"
+                continue
+            row.perplexity = perplexity(model, cache, held_out, config.prompt_len)
+            row.perplexity_increase = row.perplexity / plain_ppl - 1
+            n = 64  # and 128: whole groups of a quantized cache's keys, whole blocks of a paged one
+            row.bytes_per_token = (_held_bytes(model, cache, 2 * n) - _held_bytes(model, cache, n)) / n
+            steps = _steps(model, config, past[row.cache])
+            with PeakMemory() as mem:
+                held = _caches(model, cache, 1, one.shape[1] + steps)
+                _decode(model, held, one, steps)
+            row.peak_mib = mem.peak_bytes / 2**20
+            row.kv_mib = stored_bytes(held) / 2**20
+            cap = config.cap_mib * 2**20
+            limit = math.inf if past[row.cache] else c.context_length
+            row.longest = min(limit, cap / row.bytes_per_token) if row.bytes_per_token > 0 else limit
+        except (ValueError, RuntimeError) as err:
+            row.status = f"failed: {err}"
+    for _ in range(config.rounds):  # interleaved: a busy moment touches every cache
+        for row in rows:
+            if row.status != "ok":
+                continue
+            cache = factories[row.cache]
+            steps = _steps(model, config, past[row.cache])
+            held = _caches(model, cache, 1, one.shape[1] + steps)
+            start = time.perf_counter()
+            _decode(model, held, one, steps)
+            row.tokens_per_s.append(steps / (time.perf_counter() - start))
+    progress(f"{label}: shared prefix")
+    prefix = _prefix_speed(model, config)
+    sink = {}
+    if c.rope and "sink" in config.caches:
+        progress(f"{label}: sink cache to 4 x context_length")
+        sink = _sink_run(model, config)
+    return CacheTable(model=label, context_length=c.context_length, rope=c.rope, rows=rows, prefix=prefix, sink=sink)
+
+
+def _steps(model: GPT, config: CacheBenchConfig, past: bool) -> int:
+    """Tokens of the long generation: ``long_tokens``, within the context unless the cache runs past it."""
+    return config.long_tokens if past else min(config.long_tokens, model.config.context_length - config.prompt_len)
+
+
+def _sink_run(model: GPT, config: CacheBenchConfig) -> dict[str, float]:
+    """Peak memory of a sink cache generating one context_length of tokens, and four."""
+    context = model.config.context_length
+    prompt = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(3))
+    peaks = {}
+    for times in (1, 4):
+        with PeakMemory() as mem:
+            held = _caches(model, "sink", 1, 8 + times * context)
+            _decode(model, held, prompt, times * context)
+        peaks[f"peak_mib_{times}x"] = mem.peak_bytes / 2**20
+        peaks[f"kv_mib_{times}x"] = stored_bytes(held) / 2**20
+    return {"tokens": 4 * context, **peaks}
+
+
+def _held_bytes(model: GPT, cache: Any, n: int) -> int:
+    """Bytes the caches hold after ``n`` tokens (built for exactly n)."""
+    held = _caches(model, cache, 1, n)
+    ids = torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
+    if isinstance(held, PrefixCache):
+        held.attach(0, ids[0].tolist())
+    with torch.no_grad():
+        for start in range(0, n, 16):  # in pieces, as a sink cache needs
+            _feed(model, held, ids[:, start : start + 16])
+    return stored_bytes(held)
+
+
+@torch.no_grad()
+def _decode(model: GPT, held: Any, prompt: torch.Tensor, steps: int) -> None:
+    """A prompt, then ``steps`` greedy tokens, through caches ``held``."""
+    if isinstance(held, PrefixCache):
+        held.attach(0, prompt[0].tolist())
+    token = _feed(model, held, prompt)[:, -1:].argmax(-1)
+    for _ in range(steps - 1):
+        token = _feed(model, held, token)[:, -1:].argmax(-1)
+
+
+def _prefix_speed(model: GPT, config: CacheBenchConfig) -> dict[str, float]:
+    """Time to first token of a prompt whose first ``shared`` tokens are in the tree (warm) or not (cold)."""
+    shared = min(config.shared, model.config.context_length - 32)
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(7)
+    prefix = torch.randint(0, vocab, (shared,), generator=generator).tolist()
+    tails = [torch.randint(0, vocab, (16,), generator=generator).tolist() for _ in range(config.rounds + 1)]
+    cold, warm = [], []
+    for tail in tails[1:]:
+        fresh = PrefixCache.for_model(model, batch_size=1, max_len=shared + 17)
+        start = time.perf_counter()
+        model.generate(torch.tensor([prefix + tail]), 1, cache=fresh)
+        cold.append(time.perf_counter() - start)
+        model.generate(torch.tensor([prefix + tails[0]]), 1, cache=fresh)  # another prompt, the same prefix
+        start = time.perf_counter()
+        model.generate(torch.tensor([prefix + tail]), 1, cache=fresh)
+        warm.append(time.perf_counter() - start)
+    return {
+        "shared": shared,
+        "cold_ms": statistics.median(cold) * 1e3,
+        "warm_ms": statistics.median(warm) * 1e3,
+    }
+
+
+def to_json(tables: list[CacheTable], config: CacheBenchConfig) -> dict[str, Any]:
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and math.isinf(value):
+            return "inf"
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    return clean({"config": asdict(config), "tables": [asdict(t) for t in tables]})
+
+
+CACHE_MODELS = ("text", "gpt2-small")
+
+
+def load(name: str, config: CacheBenchConfig, *, quick: bool = False) -> tuple[GPT, torch.Tensor, torch.Tensor]:
+    """The model, prompts (prompts, prompt_len) and held-out text (4, prompt_len + held_out) for one table.
+
+    "text": the shipped text model, with windows of its held-out split (text it was not trained on).
+    "gpt2-small" (or another preset): seeded random weights and random token ids (smaller under ``quick``).
+    """
+    from attnlab.models.checkpoints import locate
+    from attnlab.models.config import GPTConfig
+    from attnlab.models.tasks import TextTask, stdlib_text
+
+    generator = torch.Generator().manual_seed(0)
+    length = config.prompt_len + config.held_out
+    if name == "text":
+        model = GPT.from_pretrained(locate("text")).eval()
+        task = TextTask(stdlib_text(), seq_len=length)
+        held_out = task.batch(4, generator, split="eval")[0]  # (4, length)
+        prompts = task.batch(config.prompts, generator, split="eval")[0][:, : config.prompt_len]
+        return model, prompts, held_out
+    shrink = {"vocab_size": 512, "context_length": 128, "emb_dim": 64, "n_heads": 4, "n_layers": 2} if quick else {}
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset(name, drop_rate=0.0, qkv_bias=True, **shrink)).eval()
+    vocab = model.config.vocab_size
+    held_out = torch.randint(0, vocab, (4, length), generator=generator)
+    prompts = torch.randint(0, vocab, (config.prompts, config.prompt_len), generator=generator)
+    return model, prompts, held_out
