@@ -235,3 +235,30 @@ def test_eviction_refuses_what_it_cannot_do() -> None:
     windowed = Attention(d_in=16, num_heads=2, window=4)
     with pytest.raises(ValueError, match="a layer with window=4 needs the 'plain' cache"):
         windowed.make_cache(batch_size=1, max_len=8, cache="h2o")
+
+
+def test_a_prompt_longer_than_the_sink_window_goes_in_pieces_as_if_token_by_token() -> None:
+    m = model()
+    small_window = functools.partial(CACHES["sink"], sinks=2, recent=6)
+    prompt = ids(1, 20)
+    out = m.generate(prompt, 4, cache=small_window)
+    caches = m.make_caches(batch_size=1, max_len=24, cache=small_window)
+    with torch.no_grad():
+        for p in range(20):  # one token at a time: StreamingLLM's own order
+            logits = m(prompt[:, p : p + 1], caches=caches)[:, -1]
+    assert int(out[0, 20]) == int(logits.argmax())
+
+
+def test_explain_shows_each_cache_and_says_what_is_wrong(capsys: pytest.CaptureFixture[str]) -> None:
+    from attnlab.cli import main
+
+    text = "the cat sat on the mat. the cat sat on the"
+    assert main(["explain", "--model", "induction", "--cache", "prefix", text]) == 0
+    shown = capsys.readouterr().out
+    assert "sequence 1: blocks [0, 1, 3], 32 tokens taken from the tree" in shown
+    assert main(["explain", "--model", "induction", "--cache", "h2o", "--lang", "zh", text]) == 0
+    assert "第 0 层：保留 Token" in capsys.readouterr().out
+    assert main(["explain", "--model", "induction", "--cache", "int3", text]) == 2
+    assert "--cache 'int3' is not a cache; the caches are ['plain'" in capsys.readouterr().err
+    assert main(["explain", "--cache", "int8", text]) == 2
+    assert "give --model too" in capsys.readouterr().err

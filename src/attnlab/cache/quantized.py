@@ -196,19 +196,25 @@ class QuantizedKVCache(_CacheBase):
         self.k_scale.index_copy_(2, groups, scale[:, :, :, 0])
         self.k_zero.index_copy_(2, groups, zero[:, :, :, 0])
 
-    def _read(
-        self, new: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The store dequantized, with the latest ``residual`` positions and this call's tokens exact."""
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, Hkv, C, D) as the next decode step reads the past: dequantized, the latest
+        ``residual`` exact (slots at or past ``length`` hold nothing); writes nothing."""
         dtype, g = self.k_cache.dtype, self.group_size
         k_scale = self.k_scale.repeat_interleave(g, dim=2)  # (B, Hkv, C, D): each group's scale for its tokens
         k_zero = self.k_zero.repeat_interleave(g, dim=2)
         keys = dequantize(unpack(self.k_codes, self.bits), k_scale, k_zero, dtype)  # (B, Hkv, C, D)
         values = dequantize(unpack(self.v_codes, self.bits), self.v_scale, self.v_zero, dtype)
         newest = self._length - 1
-        recent = (newest - torch.arange(self.residual, device=new.device)).clamp(min=0)  # (R,): repeats at 0
+        recent = (newest - torch.arange(self.residual, device=newest.device)).clamp(min=0)  # (R,): repeats at 0
         keys.index_copy_(2, recent, self.k_cache.index_select(2, recent % self.ring))
         values.index_copy_(2, recent, self.v_cache.index_select(2, recent % self.ring))
+        return keys, values
+
+    def _read(
+        self, new: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What :meth:`read` gives, with this call's own tokens exact, and every slot's position."""
+        keys, values = self.read()
         keys.index_copy_(2, new, k)  # this call's own tokens, exact
         values.index_copy_(2, new, v)
         slots = torch.arange(self.capacity, device=new.device)

@@ -19,8 +19,9 @@ nothing is rotated and positions cannot go past ``context_length``: the model
 refuses them, and ``GPT.generate`` says so before it starts.
 
 A chunk of several tokens that would push tokens out of the window while its
-own first queries still need them is refused (give a prompt of at most
-``sinks + recent`` tokens); decoding one token at a time runs forever.
+own first queries still need them is refused; :meth:`room` says how many the
+next call may bring, and ``attnlab.models.generate`` feeds a longer prompt in
+pieces that fit (then one token at a time, which runs forever).
 
 Shapes: B = batch, Hkv = kv heads, D = head_dim, T = new tokens, S = slots returned.
 """
@@ -75,6 +76,10 @@ class SinkCache(_CacheBase):
             raise TypeError(f"rotary must be the layer's RotaryEmbedding or None, got {type(rotary).__name__}")
         self.sinks, self.recent, self.rotary = sinks, recent, rotary
         # k_cache / v_cache: slots [0, sinks) hold the sinks, [sinks, sinks + window) the ring
+
+    def room(self) -> int:
+        """The most tokens the next call may bring: what is left of the window, and always one (a decode step)."""
+        return max(1, self.sinks + self.recent - self.length)
 
     def held_positions(self) -> torch.Tensor:
         """The true position of each slot, (sinks + window,), -1 for an empty one."""

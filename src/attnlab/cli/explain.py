@@ -34,11 +34,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "with attnlab): every head named, every layer on the text",
     )
     explain.add_argument("--tokenizer", metavar="DIR", help="with --model: where its tokenizer files are")
+    explain.add_argument(
+        "--cache",
+        metavar="NAME",
+        help="with --model: show the KV cache NAME (plain, paged, prefix, sink, int8, int4, h2o, snapkv) as the "
+        "model reads the text and generates",
+    )
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
     if args.model:
         return run_model(args, console)
+    if args.cache:
+        return error(console, "--cache shows a model's KV cache: give --model too (for example --model text)")
     from attnlab.explain.report import check_explain_args, explain_report
 
     options = {"heads": args.heads, "dropout": args.dropout, "seed": args.seed, "d_model": args.d_model}
@@ -76,7 +84,17 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         log = read_log(model_path(args.model))  # the training curves, when attnlab trained it
         name = Path(args.model).name
         figures = bool(args.html)
+        if args.cache:
+            from attnlab.explain.cache_view import check_cache_args
+
+            check_cache_args(args.cache, model, tokenizer, args.sentence)  # before the heads are scored
         report = model_report(model, tokenizer, args.sentence, name=name, lang=args.lang, log=log, figures=figures)
+        if args.cache:
+            from attnlab.explain.cache_view import cache_sections
+
+            report.sections.extend(
+                cache_sections(model, tokenizer, args.sentence, args.cache, lang=args.lang, figures=figures)
+            )
     except (ValueError, TypeError) as err:
         return error(console, err)
     if args.html:

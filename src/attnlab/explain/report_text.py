@@ -93,6 +93,38 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "model_title": "attnlab: every head of {name} on {text!r}",
         "model_intro": "A real checkpoint ({layers} layers, {heads} heads, {emb} dimensions) on {tokens} tokens, "
         "labelled as its tokenizer cuts the text. One forward pass, recorded layer by layer.",
+        "colon": ": ",
+        "cache_title": "The {cache} cache as the model reads and generates",
+        "cache_tokens": "tokens",
+        "cache_step": "after {n} tokens",
+        "cache_layer": "layer {n}",
+        "cache_sequence": "sequence {n}",
+        "cache_error": "largest key error",
+        "cache_kept": "holds tokens",
+        "cache_blocks": "blocks {blocks}, {waste} slots unused",
+        "cache_held": "{n} tokens held, let go of {gone}",
+        "cache_reused": "{seq}: blocks {blocks}, {n} tokens taken from the tree",
+        "cache_hit_rate": "hit rate {rate:.0%} of the prompt tokens",
+        "cache_plain": "The plain cache keeps every key and value, in place: each row is one step, and every token "
+        "seen so far is held (bright).",
+        "cache_paged": "Keys and values live in blocks of 16 tokens taken from a shared pool; each cell is the "
+        "id of the block that holds that token. A new block is taken only when the last one is full, so at "
+        "most one block per sequence is partly empty.",
+        "cache_prefix": "The text twice, as two sequences sharing one tree of blocks keyed by token ids: the second "
+        "takes the first's full blocks (the same ids) instead of computing them, and computes only the rest.",
+        "cache_sink": "StreamingLLM: the first 4 tokens (the attention sinks) and the latest 16 are kept, the "
+        "middle is let go (grey); with RoPE the sinks are moved next to the window, so the model can go on past "
+        "its context with flat memory.",
+        "cache_int8": "Keys stored in 8 bits per channel (groups of 8 tokens), values in 8 bits per token, the "
+        "latest 8 exact (KIVI). "
+        "Each cell is the largest error of that token's keys in one layer: zero for the latest tokens.",
+        "cache_int4": "Keys stored in 4 bits per channel (groups of 8 tokens), values in 4 bits per token, the "
+        "latest 8 exact (KIVI). "
+        "Each cell is the largest error of that token's keys in one layer: zero for the latest tokens.",
+        "cache_h2o": "H2O keeps half the tokens it has seen: the latest, and the heavy hitters that received the "
+        "most attention so far; the others are let go (grey). Layer 0 is drawn; each layer chooses its own.",
+        "cache_snapkv": "SnapKV compresses the prompt to half: the prompt's last queries vote for the tokens they "
+        "attend to, and the others are let go (grey); generated tokens are all kept. Layer 0 is drawn.",
     },
     "zh": {
         "tour_title": "attnlab：第三章逐步讲解",
@@ -172,5 +204,32 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "model_title": "attnlab：{name} 的每个注意力头，输入 {text!r}",
         "model_intro": "一个真实的模型检查点 ({layers} 层，{heads} 个头，{emb} 维)，输入 {tokens} 个 Token，"
         "标签是分词器切出的 Token。一次前向传播，逐层记录。",
+        "colon": "：",
+        "cache_title": "{cache} 缓存：模型读取并生成时缓存里有什么",
+        "cache_tokens": "Token",
+        "cache_step": "读到第 {n} 个 Token 后",
+        "cache_layer": "第 {n} 层",
+        "cache_sequence": "序列 {n}",
+        "cache_error": "键向量最大误差",
+        "cache_kept": "保留 Token",
+        "cache_blocks": "块 {blocks}，{waste} 个空位",
+        "cache_held": "保留 {n} 个 Token，丢弃 {gone}",
+        "cache_reused": "{seq}：块 {blocks}，{n} 个 Token 直接取自前缀树",
+        "cache_hit_rate": "命中率：提示词 Token 的 {rate:.0%}",
+        "cache_plain": "普通缓存原地保存每个键向量和值向量：每一行是一步，读过的每个 Token 都保留 (亮色)。",
+        "cache_paged": "键向量和值向量存放在共享内存池的块中，每块 16 个 Token；每个格子是存放该 Token 的块编号。"
+        "只有上一块满了才取新块，所以每个序列最多有一块没有填满。",
+        "cache_prefix": "同一段文本作为两个序列，共用一棵以 Token 编号为键的块树：第二个序列直接使用第一个的满块"
+        "(块编号相同)，不再重新计算，只计算剩下的部分。",
+        "cache_sink": "StreamingLLM：保留开头 4 个 Token (注意力汇聚点) 和最近的 16 个，中间的丢弃 (灰色)；"
+        "使用 RoPE 时汇聚点被移到窗口前面，模型可以在内存不变的情况下生成超过上下文长度的文本。",
+        "cache_int8": "键向量按通道用 8 位存储 (每 8 个 Token 一组)，值向量按 Token 用 8 位存储，最近 8 个保持精确 (KIVI)。"
+        "每个格子是该 Token 在这一层的键向量最大误差：最近的 Token 误差为零。",
+        "cache_int4": "键向量按通道用 4 位存储 (每 8 个 Token 一组)，值向量按 Token 用 4 位存储，最近 8 个保持精确 (KIVI)。"
+        "每个格子是该 Token 在这一层的键向量最大误差：最近的 Token 误差为零。",
+        "cache_h2o": "H2O 只保留读过的 Token 的一半：最近的，以及到目前为止得到注意力最多的 (heavy hitters)；"
+        "其余的丢弃 (灰色)。图中是第 0 层；每一层各自选择。",
+        "cache_snapkv": "SnapKV 把提示词压缩到一半：提示词最后几个查询向量为它们关注的 Token 投票，其余的丢弃 "
+        "(灰色)；生成的 Token 全部保留。图中是第 0 层。",
     },
 }

@@ -215,7 +215,7 @@ def _stream(
     else:
         assert not isinstance(cache, PrefixCache)
         caches = model.make_caches(batch_size=b, max_len=t + max_new_tokens, cache=cache) if use_cache else None
-        logits = model(idx, attention_mask=mask, caches=caches, last_only=True)[:, -1]
+        logits = prefill(model, idx, caches, attention_mask=mask)
     finished = torch.zeros(b, 1, dtype=torch.bool, device=idx.device)
     for step in range(max_new_tokens):
         token = pick(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B, 1)
@@ -235,6 +235,24 @@ def _stream(
             logits = model(token, attention_mask=mask, caches=caches, last_only=True)[:, -1]  # the cache has the rest
         else:
             logits = model(out, attention_mask=mask, last_only=True)[:, -1]  # all again: what the cache must match
+
+
+def prefill(
+    model: Decoder, idx: torch.Tensor, caches: list[Cache] | None, *, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Run the prompt idx (B, T) into ``caches``; the last position's logits (B, V). A cache that takes only so
+    many tokens a call (``room()``: a sink cache whose window would drop what the prompt's own first queries
+    need) gets the prompt in pieces that fit."""
+    room = getattr(caches[0], "room", None) if caches else None
+    if room is None:
+        return model(idx, attention_mask=attention_mask, caches=caches, last_only=True)[:, -1]
+    start = 0
+    while start < idx.shape[1]:
+        end = min(idx.shape[1], start + room())
+        mask = None if attention_mask is None else attention_mask[:, :end]
+        logits = model(idx[:, start:end], attention_mask=mask, caches=caches, last_only=True)[:, -1]
+        start = end
+    return logits
 
 
 def _prefill_shared(model: Decoder, store: PrefixCache, row: int, prompt: list[int], total: int) -> torch.Tensor:

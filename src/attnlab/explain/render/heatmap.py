@@ -87,15 +87,18 @@ def heatmap(
     axes: tuple[str, str] = AXES,
     cells: Sequence[Sequence[str]] | None = None,
     limits: tuple[float, float] | None = None,
+    wide: bool = False,
 ) -> Figure:
     """One (rows, cols) matrix as a labelled heatmap; ``axes`` names the (x, y) axes.
 
-    ``cells``: a text per cell instead of its value; ``limits``: the colour scale (default: the matrix's range).
+    ``cells``: a text per cell instead of its value; ``limits``: the colour scale (default: the matrix's range);
+    ``wide``: as wide as its columns and as tall as its rows (default: square, for a queries x keys matrix).
     """
     col_labels = row_labels if col_labels is None else col_labels
     size = max(3.2, 0.55 * max(len(row_labels), len(col_labels)) + 1.6)
+    height = max(2.4, 0.4 * len(row_labels) + 1.8) if wide else size
     with fonts():  # texts keep the font they are created with
-        fig = Figure(figsize=(size + 0.8 + (1.2 if cells is not None else 0), size))
+        fig = Figure(figsize=(size + 0.8 + (1.2 if cells is not None else 0), height))
         ax = fig.subplots()
         _draw(ax, matrix, row_labels, col_labels, title, annotate, axes, cells, limits)
         fig.tight_layout()
