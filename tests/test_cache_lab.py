@@ -262,3 +262,9 @@ def test_explain_shows_each_cache_and_says_what_is_wrong(capsys: pytest.CaptureF
     assert "--cache 'int3' is not a cache; the caches are ['plain'" in capsys.readouterr().err
     assert main(["explain", "--cache", "int8", text]) == 2
     assert "give --model too" in capsys.readouterr().err
+
+
+def test_the_command_line_knows_every_cache_by_name() -> None:
+    from attnlab.cli.generate import CACHE_NAMES
+
+    assert CACHE_NAMES == tuple(CACHES)

@@ -9,6 +9,9 @@ from rich.console import Console
 
 from attnlab.cli._common import error, load_checkpoint
 
+# attnlab.cache.CACHES by name, here without importing torch for --help (tests/test_cache_lab.py compares them)
+CACHE_NAMES = ("plain", "paged", "prefix", "sink", "int8", "int4", "h2o", "snapkv")
+
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gen = sub.add_parser(
@@ -32,7 +35,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     gen.add_argument("--seed", type=int, default=123, help="seed of the sampling (default 123)")
     gen.add_argument("--truncate", choices=["left"], help="drop the start of a prompt too long for the context")
     gen.add_argument("--backend", choices=["auto", "eager", "sdpa", "flash"], default="auto", help="attention backend")
-    gen.add_argument("--cache", choices=["plain", "paged"], default="plain", help="the KV cache each layer keeps")
+    gen.add_argument(
+        "--cache",
+        choices=CACHE_NAMES,
+        default="plain",
+        help="the KV cache each layer keeps (the cache lab: docs/caches.md); 'sink' runs past the context with RoPE",
+    )
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -54,15 +62,22 @@ def run(args: argparse.Namespace, console: Console) -> int:
     context = model.config.context_length
     if not ids:
         return error(console, f"the prompt {args.prompt!r} has no tokens; give some text to continue")
+    endless = model.positions_for(args.cache) is None  # a sink cache on a RoPE model: no context limit
     if args.max_new_tokens is None:  # 50, or what fits: the last new token is never fed back, so t + n - 1 <= context
-        args.max_new_tokens = max(1, min(50, context + 1 - len(ids)))
-    room = context + 1 - args.max_new_tokens
+        args.max_new_tokens = 50 if endless else max(1, min(50, context + 1 - len(ids)))
+    room = len(ids) if endless else context + 1 - args.max_new_tokens
     if len(ids) > room:
         if args.truncate != "left" or room < 1:
             return error(
                 console,
                 f"the prompt has {len(ids)} tokens and --max-new-tokens is {args.max_new_tokens}: more than the "
-                f"model's context of {context} tokens; shorten the prompt, lower --max-new-tokens, or pass --truncate left",
+                f"model's context of {context} tokens; shorten the prompt, lower --max-new-tokens, or pass --truncate left"
+                + (
+                    " (--cache sink runs past the context only for a model with rotary positions; this one learned "
+                    "its positions, which end at its context)"
+                    if args.cache == "sink"
+                    else ""
+                ),
             )
         ids = ids[-room:]
     if tokenizer.vocab_size > model.config.vocab_size:

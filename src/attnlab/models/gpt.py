@@ -180,7 +180,7 @@ class GPT(nn.Module):
             eos_id=eos_id,
             generator=generator,
             use_cache=use_cache,
-            max_positions=self._positions_for(cache),
+            max_positions=self.positions_for(cache),
             cache=cache,
         )
 
@@ -214,11 +214,11 @@ class GPT(nn.Module):
             eos_id=eos_id,
             generator=generator,
             use_cache=use_cache,
-            max_positions=self._positions_for(cache),
+            max_positions=self.positions_for(cache),
             cache=cache,
         )
 
-    def _positions_for(self, cache: object) -> int | None:
+    def positions_for(self, cache: object) -> int | None:
         """The most positions generation may run: context_length, or no limit for a sink cache with RoPE."""
         return None if self.config.rope and runs_past_context(cache) else self.config.context_length
 
