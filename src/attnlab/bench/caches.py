@@ -5,7 +5,7 @@ seeded random weights) and each cache of ``attnlab.cache.CACHES`` (the
 eviction policies at two budgets, a fraction of the tokens they will see):
 
 - **bytes per token**: what one more token held costs, from the bytes the
-  caches' tensors hold after 64 and after 128 tokens (codes, scales,
+  caches' tensors hold after 32 and after 64 tokens (codes, scales,
   positions; the constant part, such as an exact ring, cancels); 0 for a
   cache whose memory stops growing (sinks, H2O);
 - **KV MiB**: what the caches hold at the end of the long generation;
@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from attnlab.bench.memory import PeakMemory
 from attnlab.cache import CACHES, LOSSLESS, PrefixCache, runs_past_context, stored_bytes
+from attnlab.models.generate import prefill
 from attnlab.models.gpt import GPT
 
 BUDGETS = (0.25, 0.5)
@@ -80,6 +81,7 @@ class CacheRow:
     agreement: float = 0.0
     perplexity: float = 0.0
     perplexity_increase: float = 0.0  # relative to the plain cache's
+    waste: int = 0  # a paged cache: the most slots held but unused by one sequence, after the long generation
 
 
 @dataclass
@@ -111,24 +113,25 @@ def _caches(model: GPT, cache: Any, batch: int, max_len: int) -> Any:
 
 @torch.no_grad()
 def _feed(model: GPT, held: Any, ids: torch.Tensor) -> torch.Tensor:
-    """Logits (B, T, V) of ``ids`` run through caches ``held`` (a PrefixCache: its rows in order)."""
+    """The last position's logits (B, 1, V) of ``ids`` run through caches ``held`` (a PrefixCache: its rows in
+    order); in pieces where a cache takes only so many tokens a call (a sink cache)."""
     if isinstance(held, PrefixCache):
         rows = list(range(ids.shape[0]))
-        return model(ids, caches=[pool.rows(rows) for pool in held.pools])
-    return model(ids, caches=held)
+        return model(ids, caches=[pool.rows(rows) for pool in held.pools], last_only=True)
+    return prefill(model, ids, held)[:, None]
 
 
 @torch.no_grad()
-def perplexity(model: GPT, cache: Any, text: torch.Tensor, prefill: int) -> float:
-    """exp(mean NLL) of text[:, prefill + 1:] (B, N), each token predicted after the cache took the ones before:
-    a prefill of ``prefill`` tokens, then one token a step."""
+def perplexity(model: GPT, cache: Any, text: torch.Tensor, prompt: int) -> float:
+    """exp(mean NLL) of text[:, prompt:] (B, N), each token predicted after the cache took the ones before:
+    a prefill of ``prompt`` tokens, then one token a step."""
     b, n = text.shape
     held = _caches(model, cache, b, n)  # an eviction budget is a fraction of these n tokens
-    logits = [_feed(model, held, text[:, :prefill])[:, -1:]]
-    for p in range(prefill, n - 1):
+    logits = [_feed(model, held, text[:, :prompt])]
+    for p in range(prompt, n - 1):
         logits.append(_feed(model, held, text[:, p : p + 1]))
-    predicted = torch.cat(logits, dim=1)  # (B, N - prefill, V): for tokens prefill .. N - 1
-    nll = F.cross_entropy(predicted.flatten(0, 1).float(), text[:, prefill:].flatten())
+    predicted = torch.cat(logits, dim=1)  # (B, N - prompt, V): for tokens prompt .. N - 1
+    nll = F.cross_entropy(predicted.flatten(0, 1).float(), text[:, prompt:].flatten())
     return math.exp(float(nll))
 
 
@@ -164,7 +167,7 @@ def measure(
                 continue
             row.perplexity = perplexity(model, cache, held_out, config.prompt_len)
             row.perplexity_increase = row.perplexity / plain_ppl - 1
-            n = 64  # and 128: whole groups of a quantized cache's keys, whole blocks of a paged one
+            n = 32  # and 64: whole groups of a quantized cache's keys, whole blocks of a paged one
             row.bytes_per_token = (_held_bytes(model, cache, 2 * n) - _held_bytes(model, cache, n)) / n
             steps = _steps(model, config, past[row.cache])
             with PeakMemory() as mem:
@@ -172,6 +175,9 @@ def measure(
                 _decode(model, held, one, steps)
             row.peak_mib = mem.peak_bytes / 2**20
             row.kv_mib = stored_bytes(held) / 2**20
+            pools = held.pools if isinstance(held, PrefixCache) else held
+            if hasattr(pools[0], "waste"):
+                row.waste = max(pool.waste() for pool in pools)
             cap = config.cap_mib * 2**20
             limit = math.inf if past[row.cache] else c.context_length
             row.longest = min(limit, cap / row.bytes_per_token) if row.bytes_per_token > 0 else limit
@@ -222,8 +228,7 @@ def _held_bytes(model: GPT, cache: Any, n: int) -> int:
     if isinstance(held, PrefixCache):
         held.attach(0, ids[0].tolist())
     with torch.no_grad():
-        for start in range(0, n, 16):  # in pieces, as a sink cache needs
-            _feed(model, held, ids[:, start : start + 16])
+        _feed(model, held, ids)
     return stored_bytes(held)
 
 
@@ -232,19 +237,20 @@ def _decode(model: GPT, held: Any, prompt: torch.Tensor, steps: int) -> None:
     """A prompt, then ``steps`` greedy tokens, through caches ``held``."""
     if isinstance(held, PrefixCache):
         held.attach(0, prompt[0].tolist())
-    token = _feed(model, held, prompt)[:, -1:].argmax(-1)
+    token = _feed(model, held, prompt)[:, -1:].argmax(-1)  # (B, 1)
     for _ in range(steps - 1):
         token = _feed(model, held, token)[:, -1:].argmax(-1)
 
 
 def _prefix_speed(model: GPT, config: CacheBenchConfig) -> dict[str, float]:
     """Time to first token of a prompt whose first ``shared`` tokens are in the tree (warm) or not (cold)."""
-    shared = min(config.shared, model.config.context_length - 32)
+    shared = min(config.shared, model.config.context_length - 17)  # then 16 tokens of its own, and one new
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(7)
     prefix = torch.randint(0, vocab, (shared,), generator=generator).tolist()
     tails = [torch.randint(0, vocab, (16,), generator=generator).tolist() for _ in range(config.rounds + 1)]
-    cold, warm = [], []
+    cold: list[float] = []
+    warm: list[float] = []
     for tail in tails[1:]:
         fresh = PrefixCache.for_model(model, batch_size=1, max_len=shared + 17)
         start = time.perf_counter()
@@ -258,7 +264,60 @@ def _prefix_speed(model: GPT, config: CacheBenchConfig) -> dict[str, float]:
         "shared": shared,
         "cold_ms": statistics.median(cold) * 1e3,
         "warm_ms": statistics.median(warm) * 1e3,
+        "spread": max(_spread(cold), _spread(warm)),
     }
+
+
+def _spread(values: list[float]) -> float:
+    return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else 0.0
+
+
+def verdicts(table: CacheTable, *, spread_limit: float = 0.25) -> list[str]:
+    """Issue 23's targets, each judged from this table's own figures (docs/benchmarks.md quotes these lines)."""
+    rows = {r.cache: r for r in table.rows if r.status == "ok"}
+    lines = []
+
+    def say(target: str, met: bool, figures: str) -> None:
+        lines.append(f"{'met' if met else 'NOT met'}: {target} ({figures})")
+
+    plain = rows.get("plain")
+    if "paged" in rows:
+        say(
+            "paged waste at most one block (16 slots) per sequence",
+            rows["paged"].waste < 16,
+            f"{rows['paged'].waste} slots",
+        )
+    p = table.prefix
+    ratio = p["cold_ms"] / p["warm_ms"]
+    figures = (
+        f"{p['shared']:.0f} shared tokens: {p['cold_ms']:.0f} ms computed, {p['warm_ms']:.0f} ms shared, {ratio:.1f}x"
+    )
+    if p["spread"] > spread_limit:
+        lines.append(f"not established: prefix 5x ({figures}; rounds spread {p['spread']:.0%})")
+    else:
+        say(f"a shared {p['shared']:.0f}-token prefix answers at least 5x faster", ratio >= 5, figures)
+    for name, most, less in (("int8", 0.005, 3.5), ("int4", 0.02, 6.0)):
+        if name in rows and plain is not None and rows[name].bytes_per_token > 0:
+            r = rows[name]
+            smaller = plain.bytes_per_token / r.bytes_per_token
+            say(
+                f"{name}: perplexity at most +{most:.1%} at {less}x less KV memory than float32",
+                r.perplexity_increase <= most and smaller >= less,
+                f"{r.perplexity_increase:+.2%}, {smaller:.2f}x less per token",
+            )
+    if table.sink:
+        k = table.sink
+        say(
+            "a sink cache generates 4x its context_length with flat memory (peak within 10%)",
+            k["peak_mib_4x"] <= 1.1 * k["peak_mib_1x"],
+            f"{k['tokens']:.0f} tokens: peak {k['peak_mib_4x']:.2f} MiB against {k['peak_mib_1x']:.2f} for one context",
+        )
+    for name, r in rows.items():
+        if name.startswith(("h2o", "snapkv")):
+            lines.append(
+                f"measured: {name} budget: {r.agreement:.1%} greedy agreement, perplexity {r.perplexity_increase:+.2%}"
+            )
+    return lines
 
 
 def to_json(tables: list[CacheTable], config: CacheBenchConfig) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from attnlab.cli._common import check_output, error
 
 def run_caches(args: argparse.Namespace, console: Console) -> int:
     from attnlab._checks import check_positive_int
-    from attnlab.bench.caches import CACHE_MODELS, QUICK_CACHES, CacheBenchConfig, load, measure, to_json
+    from attnlab.bench.caches import CACHE_MODELS, QUICK_CACHES, CacheBenchConfig, load, measure, to_json, verdicts
     from attnlab.cache import CACHES
     from attnlab.models.config import PRESETS
 
@@ -43,10 +43,10 @@ def run_caches(args: argparse.Namespace, console: Console) -> int:
         loaded = []
         for name in models:  # every model loads (and every size is checked) before the first measurement
             model, prompts, held_out = load(name, config, quick=args.quick)
-            if 2 * config.prompt_len > model.config.context_length or model.config.context_length < 128:
+            if 2 * config.prompt_len > model.config.context_length or model.config.context_length < 64:
                 raise ValueError(
                     f"--prompt-len {config.prompt_len} leaves no room in {name}'s context of "
-                    f"{model.config.context_length} (it needs 128 tokens and twice the prompt): use at most "
+                    f"{model.config.context_length} (it needs 64 tokens and twice the prompt): use at most "
                     f"{model.config.context_length // 2}"
                 )
             loaded.append((name, model, prompts, held_out))
@@ -75,12 +75,6 @@ def run_caches(args: argparse.Namespace, console: Console) -> int:
             if row.status != "ok":
                 failed = True
                 console.print(f"[red]{row.cache}: {row.status}[/red]", soft_wrap=True)
-        p = table.prefix
-        console.print(
-            f"shared prefix of {p['shared']:.0f} tokens: first token {p['cold_ms']:.0f} ms computed, "
-            f"{p['warm_ms']:.0f} ms from the tree ({p['cold_ms'] / p['warm_ms']:.1f}x)",
-            markup=False,
-        )
         if table.sink:
             s = table.sink
             console.print(
@@ -89,6 +83,8 @@ def run_caches(args: argparse.Namespace, console: Console) -> int:
                 f"{s['kv_mib_4x']:.2f} MiB at the end, {s['kv_mib_1x']:.2f} after one context",
                 markup=False,
             )
+        for line in verdicts(table):
+            console.print(line, markup=False, soft_wrap=True)
         spread = [
             r.cache
             for r in table.rows
