@@ -41,7 +41,7 @@ def test_architecture_doc_names_every_module() -> None:
 def test_docs_python_examples_run() -> None:
     """The runnable ```python blocks (those that start with an import) of the pages on attention and mods run as
     written, in order, one namespace per page. (The ring's need processes: tests/test_ring.py runs that path.)"""
-    for name in ("backends.md", "mods.md"):
+    for name in ("backends.md", "mods.md", "caches.md"):
         namespace: dict[str, object] = {}
         text = (DOCS / name).read_text(encoding="utf-8")
         for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):

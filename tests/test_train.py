@@ -416,3 +416,23 @@ def test_the_shipped_model_explains_out_of_the_box(capsys: pytest.CaptureFixture
     assert cli.main(["explain", "the cat sat. the cat sat.", "--model", "induction"]) == 0
     said = capsys.readouterr().out
     assert "Every head, named" in said and "layer 1 head" in said and ": induction" in said
+
+
+def test_the_shipped_text_model_is_the_one_its_log_describes_and_the_docs_quote_its_log() -> None:
+    """`--model text`: its weights give, on the recipe's own held-out batches, the held-out loss its log ends
+    on; docs/caches.md quotes describe_run of that log word for word."""
+    from attnlab.explain.heads import describe_run
+    from attnlab.explain.report_text import REPORT_TEXT
+    from attnlab.models.train import evaluate
+
+    where = locate("text")
+    log = read_log(where)
+    assert log is not None and log.step[-1] == TASK_DEFAULTS["text"].steps
+    model = GPT.from_pretrained(where).eval()
+    assert model.config == TASK_MODELS["text"].__class__.from_dict({**TASK_MODELS["text"].to_dict(), "backend": "auto"})
+    with torch.no_grad():
+        loss = evaluate(model, make_task("text"), TASK_DEFAULTS["text"])
+    assert loss == pytest.approx(log.eval_loss[-1], abs=2e-3)
+    said = describe_run(log, REPORT_TEXT["en"])
+    page = (REPO / "docs" / "caches.md").read_text(encoding="utf-8").replace("\n", " ")
+    assert said in page, f"docs/caches.md should say: {said}"

@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     train.add_argument("--data", metavar="FILE", help="text task: a local UTF-8 text file instead of Python's docs")
     train.add_argument("--out", metavar="DIR", help="checkpoint folder (default runs/TASK)")
     train.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    train.add_argument("--steps", type=int, help="optimizer steps (induction 2500, text 3000)")
+    train.add_argument("--steps", type=int, help="optimizer steps (induction 2500, text 800)")
     train.add_argument("--batch-size", type=int, help="sequences per step, over all processes (default 32)")
     train.add_argument("--lr", type=float, help="peak learning rate (induction 3e-3, text 2e-3)")
     train.add_argument("--warmup", type=int, help="warm-up steps (default 100)")

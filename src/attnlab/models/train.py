@@ -89,7 +89,7 @@ class TrainConfig:
 # How each built-in task trains by default (attnlab train TASK); flags override any field.
 TASK_DEFAULTS: dict[str, TrainConfig] = {
     "induction": TrainConfig(steps=2500, lr=3e-3, eval_every=50),
-    "text": TrainConfig(steps=3000, lr=2e-3, eval_every=250),
+    "text": TrainConfig(steps=800, lr=2e-3, eval_every=100),
 }
 
 
