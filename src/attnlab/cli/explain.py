@@ -30,8 +30,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     explain.add_argument(
         "--model",
         metavar="PATH",
-        help="a GPT checkpoint (Hugging Face or attnlab directory, the book's .pth, or 'induction', which ships "
-        "with attnlab): every head named, every layer on the text",
+        help="a GPT checkpoint (Hugging Face or attnlab directory, the book's .pth, or 'induction' or 'text', which "
+        "ship with attnlab): every head named, every layer on the text",
     )
     explain.add_argument("--tokenizer", metavar="DIR", help="with --model: where its tokenizer files are")
     explain.add_argument(

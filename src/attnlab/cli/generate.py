@@ -21,7 +21,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "printing each token as it is produced.",
     )
     gen.add_argument("prompt", help="the text to continue")
-    gen.add_argument("--model", required=True, metavar="PATH", help="a GPT-2 or attnlab directory, or a book .pth")
+    gen.add_argument(
+        "--model",
+        required=True,
+        metavar="PATH",
+        help="a GPT-2 or attnlab directory, a book .pth, or a shipped model: 'induction', 'text'",
+    )
     gen.add_argument("--tokenizer", metavar="DIR", help="where tokenizer.json (or vocab.json + merges.txt) is")
     gen.add_argument(
         "--max-new-tokens",

@@ -25,7 +25,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Score every head of a GPT checkpoint on a seeded probe of repeated random tokens and name "
         "each by the pattern it follows (the formulas are in docs/heads.md).",
     )
-    heads.add_argument("--model", required=True, metavar="PATH", help="a checkpoint folder or .pth, or 'induction'")
+    heads.add_argument(
+        "--model",
+        required=True,
+        metavar="PATH",
+        help="a checkpoint folder or .pth, or a shipped model: 'induction', 'text'",
+    )
     heads.add_argument("--json", metavar="PATH", help="also write the scores as JSON")
     heads.add_argument("--half", type=int, help="probe tokens before the repeat (default: 24, or context / 4)")
     heads.add_argument("--seed", type=int, default=0, help="seed of the probe (default 0)")

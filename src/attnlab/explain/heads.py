@@ -192,9 +192,10 @@ def describe_run(log: TrainLog, txt: dict[str, str]) -> str:
     if prev is not None and ind is not None:
         order = "order_same" if prev == ind else "order_prev_first" if prev < ind else "order_ind_first"
         parts.append(txt["run_heads"].format(prev=prev, ind=ind, order=txt[order]))
+    elif prev is None and ind is None:
+        parts.append(txt["run_missing_both"])
     else:
-        missing = [txt[k] for k, step in (("which_prev", prev), ("which_ind", ind)) if step is None]
-        parts.append(txt["run_missing"].format(which=", ".join(missing)))
+        parts.append(txt["run_missing"].format(which=txt["which_prev" if prev is None else "which_ind"]))
     return txt["sep"].join(parts)
 
 

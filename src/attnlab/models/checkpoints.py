@@ -320,7 +320,10 @@ def _fit(
             expected[key].copy_(tensor)
 
 
-SHIPPED = ("induction",)  # checkpoints in the package: attnlab/data/<name>/ (docs/heads.md tells how each was made)
+SHIPPED = (
+    "induction",
+    "text",
+)  # in the package: attnlab/data/<name>/ (docs/heads.md, docs/caches.md: how each was made)
 
 
 def locate(path: str | Path) -> Path:
