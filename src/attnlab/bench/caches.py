@@ -18,9 +18,12 @@ eviction policies at two budgets, a fraction of the tokens they will see):
   a sink cache on a RoPE model;
 - **agreement**: greedy tokens equal to the plain cache's, position by
   position, over a set of prompts;
-- **perplexity**: on held-out text, the text fed one token at a time after a
-  prefill through the cache (so every step reads what the cache kept), and
-  its increase over the plain cache's.
+- **perplexity**: on held-out text (within the model's context), the text
+  fed one token at a time after a prefill through the cache (so every step
+  reads what the cache kept), and its increase over the plain cache's.
+
+Budgets: H2O's is a share of every token it will see, as it evicts as it
+goes; SnapKV's a share of the prompt, which is all it compresses.
 
 The lossless caches (``LOSSLESS``: plain, paged, prefix) must agree on every
 token: one that does not is a failure, not a row.
@@ -90,16 +93,23 @@ class CacheTable:
     context_length: int
     rope: bool
     rows: list[CacheRow]
+    held_out: int  # tokens whose perplexity is measured (after the prompt, within the context)
     prefix: dict[str, float]  # shared tokens, cold ms, warm ms
     sink: dict[str, float]  # a sink cache to 4 x context_length: peak and KV MiB at 1x and 4x (RoPE models)
 
 
-def variants(names: tuple[str, ...]) -> list[tuple[str, Any]]:
-    """(label, factory) for each cache: the eviction policies at every budget of BUDGETS."""
+def variants(names: tuple[str, ...], prompt_len: int) -> list[tuple[str, Any]]:
+    """(label, factory) for each cache: the eviction policies at every budget of BUDGETS. H2O's budget is a share
+    of every token it will see (it evicts as it goes); SnapKV's, of the prompt (it compresses the prompt only)."""
     out: list[tuple[str, Any]] = []
     for name in names:
-        if name in ("h2o", "snapkv"):
-            out += [(f"{name} {b:.0%}", functools.partial(CACHES[name], budget=b)) for b in BUDGETS]
+        if name == "h2o":
+            out += [(f"h2o {b:.0%}", functools.partial(CACHES[name], budget=b)) for b in BUDGETS]
+        elif name == "snapkv":
+            out += [
+                (f"snapkv {b:.0%} of prompt", functools.partial(CACHES[name], budget=max(2, round(b * prompt_len))))
+                for b in BUDGETS
+            ]
         else:
             out.append((name, name))
     return out
@@ -150,9 +160,10 @@ def measure(
 ) -> CacheTable:
     """One table: every cache of ``config`` on ``model``."""
     c = model.config
-    past = {name: c.rope and runs_past_context(cache) for name, cache in variants(config.caches)}
-    rows = [CacheRow(cache=name) for name, _ in variants(config.caches)]
-    factories = dict(variants(config.caches))
+    past = {name: c.rope and runs_past_context(cache) for name, cache in variants(config.caches, config.prompt_len)}
+    rows = [CacheRow(cache=name) for name, _ in variants(config.caches, config.prompt_len)]
+    factories = dict(variants(config.caches, config.prompt_len))
+    held_out = held_out[:, : c.context_length]  # within the context: past it only a sink cache is meant to go
     reference = _generate(model, prompts, config.new_tokens, "plain")
     plain_ppl = perplexity(model, "plain", held_out, config.prompt_len)
     one = prompts[:1]
@@ -199,7 +210,15 @@ def measure(
     if c.rope and "sink" in config.caches:
         progress(f"{label}: sink cache to 4 x context_length")
         sink = _sink_run(model, config)
-    return CacheTable(model=label, context_length=c.context_length, rope=c.rope, rows=rows, prefix=prefix, sink=sink)
+    return CacheTable(
+        model=label,
+        context_length=c.context_length,
+        rope=c.rope,
+        rows=rows,
+        held_out=held_out.shape[1] - config.prompt_len,
+        prefix=prefix,
+        sink=sink,
+    )
 
 
 def _steps(model: GPT, config: CacheBenchConfig, past: bool) -> int:

@@ -108,7 +108,7 @@ def _table(table: object, config: object) -> Table:
     assert isinstance(table, CacheTable) and isinstance(config, CacheBenchConfig)
     out = Table(
         title=f"{table.model} (context {table.context_length}{', RoPE' if table.rope else ''}): {config.prompts} "
-        f"prompts of {config.prompt_len} + {config.new_tokens} greedy tokens; perplexity over {config.held_out} "
+        f"prompts of {config.prompt_len} + {config.new_tokens} greedy tokens; perplexity over {table.held_out} "
         f"held-out tokens; {config.rounds} rounds, medians"
     )
     columns = ("cache", "bytes/token", "KV MiB", "peak MiB", "tokens/s", f"longest in {config.cap_mib:.0f} MiB")

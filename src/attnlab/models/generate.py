@@ -96,17 +96,10 @@ def positions_and_padding(
     return positions, real[:, None, None, :]  # (B, 1, 1, Tk): key padding
 
 
-def pick(
-    logits: torch.Tensor,
-    *,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
+def probabilities(
+    logits: torch.Tensor, *, temperature: float, top_k: int | None = None, top_p: float | None = None
 ) -> torch.Tensor:
-    """The next token (B, 1) from the last position's logits (B, V)."""
-    if temperature == 0.0 or temperature < torch.finfo(torch.float32).smallest_normal * 2**-23:
-        return logits.argmax(dim=-1, keepdim=True)  # 0, or so small float32 holds it as 0: the limit is greedy
+    """The distribution (B, V) that sampling at ``temperature`` (> 0) with top-k and top-p draws from."""
     # Subtract the max before dividing: a tiny temperature then gives -inf (never NaN) to all but the best.
     logits = (logits.float() - logits.float().amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
@@ -119,7 +112,27 @@ def pick(
         drop_sorted = before >= top_p  # keeps the smallest set reaching top_p, and always the first
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+    return torch.softmax(logits, dim=-1)
+
+
+def is_greedy(temperature: float) -> bool:
+    """0, or so small that float32 holds it as 0: the limit is greedy."""
+    return temperature == 0.0 or temperature < torch.finfo(torch.float32).smallest_normal * 2**-23
+
+
+def pick(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The next token (B, 1) from the last position's logits (B, V)."""
+    if is_greedy(temperature):
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = probabilities(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    return torch.multinomial(probs, 1, generator=generator)
 
 
 def stream(

@@ -20,12 +20,21 @@ from typing import cast
 import torch
 import torch.nn as nn
 
+from attnlab._checks import check_positive_int
 from attnlab.cache import Cache, CacheFactory, PrefixCache, runs_past_context
 from attnlab.functional.mods import MaskMod, ScoreMod, chain_scores, check_document_ids, document_positions
 from attnlab.functional.visibility import Visibility
 from attnlab.models.checkpoints import fit, read_checkpoint, save_gpt
 from attnlab.models.config import GPTConfig, score_mod_from_name
-from attnlab.models.generate import check_prompt, generate, generate_many, positions_and_padding, stream
+from attnlab.models.generate import (
+    check_prompt,
+    check_sampling,
+    generate,
+    generate_many,
+    positions_and_padding,
+    stream,
+)
+from attnlab.models.speculative import check_speculation, speculate
 from attnlab.nn.attention import Attention
 from attnlab.observe import Recorder
 
@@ -166,9 +175,29 @@ class GPT(nn.Module):
         generator: torch.Generator | None = None,
         use_cache: bool = True,
         cache: str | CacheFactory | PrefixCache = "plain",
+        lookup: int | None = None,
+        draft: GPT | None = None,
+        draft_tokens: int = 4,
     ) -> Iterator[torch.Tensor]:
-        """Each new token (B, 1) as it is chosen: see :func:`attnlab.models.generate.stream`."""
+        """Each new token (B, 1) as it is chosen: see :func:`attnlab.models.generate.stream`; with ``lookup`` or
+        ``draft``, speculative decoding (:mod:`attnlab.models.speculative`)."""
         self._check_eos(eos_id)
+        if lookup is not None or draft is not None:
+            return self._speculate(
+                idx,
+                max_new_tokens,
+                attention_mask,
+                temperature,
+                top_k,
+                top_p,
+                eos_id,
+                generator,
+                use_cache,
+                cache,
+                lookup,
+                draft,
+                draft_tokens,
+            )
         return stream(
             self,
             idx,
@@ -197,12 +226,35 @@ class GPT(nn.Module):
         generator: torch.Generator | None = None,
         use_cache: bool = True,
         cache: str | CacheFactory | PrefixCache = "plain",
+        lookup: int | None = None,
+        draft: GPT | None = None,
+        draft_tokens: int = 4,
     ) -> torch.Tensor:
         """Greedy by default (temperature 0); returns (B, T + n). Call ``model.eval()`` first: dropout stays as set.
         ``cache``: which KV cache each layer keeps: a name in ``attnlab.cache.CACHES`` ("plain", "paged", "prefix",
         "sink", "int8", "int4", "h2o", "snapkv"), a factory, or a ``PrefixCache`` kept across calls. With RoPE,
-        a "sink" cache generates past context_length."""
+        a "sink" cache generates past context_length.
+        ``lookup=k``: guess k tokens from the text so far and check them in one pass (prompt lookup); ``draft=``
+        a smaller model with the same vocabulary guesses ``draft_tokens``. The same tokens greedy, the same
+        distribution sampled (:mod:`attnlab.models.speculative`); one sequence, the plain cache."""
         self._check_eos(eos_id)
+        if lookup is not None or draft is not None:
+            new = self._speculate(
+                idx,
+                max_new_tokens,
+                attention_mask,
+                temperature,
+                top_k,
+                top_p,
+                eos_id,
+                generator,
+                use_cache,
+                cache,
+                lookup,
+                draft,
+                draft_tokens,
+            )
+            return torch.cat([idx, *new], dim=1)
         return generate(
             self,
             idx,
@@ -216,6 +268,60 @@ class GPT(nn.Module):
             use_cache=use_cache,
             max_positions=self.positions_for(cache),
             cache=cache,
+        )
+
+    def _speculate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        attention_mask: torch.Tensor | None,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        eos_id: int | None,
+        generator: torch.Generator | None,
+        use_cache: bool,
+        cache: object,
+        lookup: int | None,
+        draft: GPT | None,
+        draft_tokens: int,
+    ) -> Iterator[torch.Tensor]:
+        """Speculative decoding, every argument checked first."""
+        check_prompt(idx, vocab_size=self.config.vocab_size)
+        check_positive_int("max_new_tokens", max_new_tokens)
+        check_sampling(temperature, top_k, top_p)
+        check_speculation(self, lookup, draft, 3, idx.shape[0])
+        if draft is not None:
+            check_positive_int("draft_tokens", draft_tokens, limit=64)
+            if not isinstance(draft, GPT):
+                raise TypeError(
+                    f"draft must be a GPT (a smaller model with the same vocabulary), got {type(draft).__name__}"
+                )
+        if attention_mask is not None or not use_cache or cache != "plain":
+            raise ValueError(
+                "speculative decoding (lookup=, draft=) runs one unpadded sequence on the plain cache, which it crops "
+                "after each pass: drop attention_mask, use_cache=False and cache="
+            )
+        k = lookup if lookup is not None else draft_tokens
+        last = idx.shape[1] + max_new_tokens + k - 1  # a pass may feed k guesses past the last token kept
+        limits = [m.config.context_length for m in (self, draft) if m is not None and not m.config.rope]
+        if limits and last > min(limits):
+            raise ValueError(
+                f"the prompt has {idx.shape[1]} tokens, max_new_tokens is {max_new_tokens} and a pass feeds up to {k} "
+                f"guesses: positions up to {last}, past the learned positions of context_length {min(limits)}; "
+                "ask for fewer tokens or guess fewer"
+            )
+        return speculate(
+            self,
+            idx,
+            max_new_tokens,
+            k=k,
+            draft=draft,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_id=eos_id,
+            generator=generator,
         )
 
     def positions_for(self, cache: object) -> int | None:

@@ -1,0 +1,107 @@
+"""Speculative decoding (issue 24, part 4): prompt lookup and a draft model, the same tokens greedy and the same
+distribution sampled, and every misuse refused before anything runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.models import GPT, GPTConfig
+from attnlab.models.speculative import accept, lookup_guess
+
+
+def model(backend: str = "sdpa", *, layers: int = 2, dim: int = 32, rope: bool = True, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    config = GPTConfig(
+        vocab_size=64,
+        context_length=128,
+        emb_dim=dim,
+        n_heads=4,
+        n_layers=layers,
+        rope=rope,
+        drop_rate=0.0,
+        backend=backend,
+    )
+    return GPT(config).eval()
+
+
+def repeated() -> torch.Tensor:
+    part = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(1))
+    return torch.cat([part, part, part[:, :8]], dim=1)  # a text that repeats itself: lookup has guesses
+
+
+def test_lookup_guesses_what_followed_the_latest_earlier_occurrence() -> None:
+    assert lookup_guess([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 2, 3) == [7, 8]  # the latest, not the first
+    assert lookup_guess([5, 6, 1, 2, 4], 3, 3) == []  # (1, 2, 4), (2, 4), (4): never seen before
+    assert lookup_guess([5, 4, 6, 2, 4], 3, 3) == [6, 2, 4]  # falls back to the last token alone
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "flash"])
+def test_greedy_speculation_gives_the_tokens_of_plain_greedy_decoding(backend: str) -> None:
+    m = model(backend)
+    draft = model(backend, layers=1, dim=16, seed=3)
+    prompt = repeated()
+    plain = m.generate(prompt, 30)
+    assert torch.equal(m.generate(prompt, 30, lookup=4), plain)
+    assert torch.equal(m.generate(prompt, 30, draft=draft, draft_tokens=3), plain)
+    eos = int(plain[0, prompt.shape[1] + 5])  # stops at the first eos, as plain decoding does
+    assert torch.equal(m.generate(prompt, 30, lookup=4, eos_id=eos), m.generate(prompt, 30, eos_id=eos))
+
+
+def test_a_model_checking_its_own_guesses_keeps_every_one() -> None:
+    from attnlab.models.speculative import speculate
+
+    m = model()
+    stats: dict[str, int] = {}
+    tokens = list(speculate(m, repeated(), 20, k=4, draft=m, stats=stats))
+    assert len(tokens) == 20 and stats["kept"] == stats["guessed"] and stats["passes"] == 4  # 5 tokens a pass
+
+
+@pytest.mark.parametrize("point_mass", [True, False])
+def test_a_refused_guess_is_redrawn_so_the_token_has_the_models_distribution(point_mass: bool) -> None:
+    """Draw a guess from q, keep it with min(1, p/q), else draw from (p - q)+: the kept-or-redrawn token must be
+    distributed as p. 8,000 draws against p by a chi-square test at the 0.1% level (seeded: not flaky)."""
+    p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
+    q = torch.tensor([0.1, 0.1, 0.6, 0.1, 0.1])
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.zeros(5)
+    n = 8_000
+    for _ in range(n):
+        guess = 2 if point_mass else int(torch.multinomial(q, 1, generator=generator))
+        kept, instead = accept(p, None if point_mass else q, guess, generator)
+        counts[guess if kept else instead] += 1
+    expected = p * n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 18.47, (counts / n).tolist()  # 4 degrees of freedom, p = 0.001
+
+
+def test_sampled_speculation_is_reproducible_and_stays_in_the_vocabulary() -> None:
+    m = model()
+    runs = [
+        m.generate(repeated(), 12, lookup=3, temperature=0.9, top_k=20, generator=torch.Generator().manual_seed(4))
+        for _ in range(2)
+    ]
+    assert torch.equal(runs[0], runs[1]) and int(runs[0].max()) < 64
+
+
+def test_speculation_refuses_what_it_cannot_do_before_running() -> None:
+    m = model()
+    prompt = repeated()
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        m.generate(prompt.repeat(2, 1), 4, lookup=2)
+    with pytest.raises(ValueError, match="not both"):
+        m.generate(prompt, 4, lookup=2, draft=m)
+    with pytest.raises(ValueError, match="on the plain cache"):
+        m.generate(prompt, 4, lookup=2, cache="paged")
+    with pytest.raises(ValueError, match="the draft model's vocabulary \\(32\\) must be the model's \\(64\\)"):
+        torch.manual_seed(0)
+        other = GPT(GPTConfig(vocab_size=32, context_length=64, emb_dim=16, n_heads=2, n_layers=1, rope=True))
+        m.generate(prompt, 4, draft=other)
+    windowed = GPT(GPTConfig(vocab_size=64, context_length=64, emb_dim=16, n_heads=2, n_layers=1, rope=True, window=8))
+    with pytest.raises(ValueError, match="a sliding window \\(window=8\\)"):
+        windowed.generate(prompt[:, :10], 4, lookup=2)
+    learned = model(rope=False)
+    with pytest.raises(ValueError, match="past the learned positions of context_length 128"):
+        learned.generate(prompt, 128 - 48, lookup=4)
+    with pytest.raises(ValueError, match="lookup must be"):
+        m.generate(prompt, 4, lookup=0)
