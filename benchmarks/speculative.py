@@ -1,0 +1,84 @@
+"""Issue 24, part 4: what speculative decoding buys, as ratios in one run, the tokens checked first.
+
+    .venv/bin/python benchmarks/speculative.py [--new-tokens 128] [--lookup 4] [--rounds 5] [--smoke]
+
+On the shipped text model (``--model text``), greedy, batch 1, three kinds of text:
+
+- **repeats its context**: a listing given once and begun again, so the
+  continuation copies it (what prompt lookup is for);
+- **does not**: a window of the held-out documentation, continued freely;
+- each decoded plainly and with ``lookup=k``. (A draft model needs a
+  smaller model trained on the same bytes; none ships yet, so the draft path
+  is tested for exactness, not timed here.)
+
+Before timing, every run's tokens are compared with plain greedy decoding: a
+difference is an error, not a row. Tokens/s is reported per case with its
+ratio to plain decoding (median of per-round ratios, interleaved rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import interleaved, report  # noqa: E402
+
+from attnlab.models import GPT  # noqa: E402
+from attnlab.models.checkpoints import locate  # noqa: E402
+from attnlab.models.speculative import speculate  # noqa: E402
+from attnlab.models.tasks import TextTask, stdlib_text  # noqa: E402
+
+LISTING = """for i in range(10):
+    total = total + values[i] * weights[i]
+print(total)
+"""
+
+
+def texts() -> dict[str, torch.Tensor]:
+    held_out = TextTask(stdlib_text(), seq_len=96).batch(1, torch.Generator().manual_seed(5), split="eval")[0]
+    again = list(LISTING.encode()) * 2
+    return {
+        "repeats its context": torch.tensor([again[: len(LISTING) + 12]]),
+        "does not": held_out[:, :96],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--lookup", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="a few tokens, one round: that it runs")
+    args = parser.parse_args(argv)
+    new, rounds = (8, 1) if args.smoke else (args.new_tokens, args.rounds)
+    model = GPT.from_pretrained(locate("text")).eval()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, the shipped text model, greedy, {new} tokens")
+    for label, prompt in texts().items():
+        if prompt.shape[1] + new + args.lookup > model.config.context_length:
+            new = model.config.context_length - prompt.shape[1] - args.lookup
+        plain = model.generate(prompt, new)
+        stats: dict[str, int] = {}
+        guessed = torch.cat([prompt, *speculate(model, prompt, new, k=args.lookup, stats=stats)], dim=1)
+        if not torch.equal(guessed, plain):
+            raise SystemExit(f"{label}: lookup gave other tokens than plain greedy decoding")
+        kept = stats["kept"] / max(stats["guessed"], 1)
+        print(
+            f"{label}: {new} tokens in {stats['passes']} passes with lookup={args.lookup} "
+            f"({stats['kept']} of {stats['guessed']} guesses kept, {kept:.0%}); tokens identical to plain"
+        )
+        cases = {
+            "plain": lambda: model.generate(prompt, new),
+            f"lookup={args.lookup}": lambda: model.generate(prompt, new, lookup=args.lookup),
+        }
+        report(interleaved(cases, rounds), "plain")
+        print(f"  (tokens/s: {new} tokens divided by each median; a ratio below 1x is faster than plain)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
