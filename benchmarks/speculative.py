@@ -26,12 +26,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import interleaved, report  # noqa: E402
-
-from attnlab.models import GPT  # noqa: E402
-from attnlab.models.checkpoints import locate  # noqa: E402
-from attnlab.models.speculative import speculate  # noqa: E402
-from attnlab.models.tasks import TextTask, stdlib_text  # noqa: E402
+from _timing import interleaved, report
+from attnlab.models import GPT
+from attnlab.models.checkpoints import locate
+from attnlab.models.speculative import speculate
+from attnlab.models.tasks import TextTask, stdlib_text
 
 LISTING = """for i in range(10):
     total = total + values[i] * weights[i]
