@@ -19,13 +19,10 @@ ratio to plain decoding (median of per-round ratios, interleaved rounds).
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import interleaved, report
 from attnlab.models import GPT
 from attnlab.models.checkpoints import locate
