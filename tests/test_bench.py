@@ -222,6 +222,14 @@ def test_model_bench_runs_each_generator_on_the_same_weights(
             assert len(c["prefill_ms"]) == 1 and c["prefill_ms"][0] > 0 and c["decode_tokens_per_s"][0] > 0
             assert c["peak_rss_bytes"] > 0
     assert data["config"]["gpt"]["emb_dim"] == 64
+    # the roofline: the bytes a step reads are the model's own parameters, less the embedding tables but a row each
+    from attnlab.models import GPT, GPTConfig
+
+    gpt = GPT(GPTConfig.from_dict(data["config"]["gpt"]))
+    assert gpt.pos_emb is not None
+    tables = gpt.tok_emb.weight.numel() + gpt.pos_emb.weight.numel()
+    assert data["roofline"]["weight_bytes"] == 4 * (sum(p.numel() for p in gpt.parameters()) - tables + 2 * 64)
+    assert data["roofline"]["fraction_of_floor"]["attnlab"] > 0 and "GB/s" in said and "fraction of that floor" in said
 
 
 def test_model_bench_refuses_a_generator_whose_tokens_differ() -> None:

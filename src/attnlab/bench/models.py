@@ -251,13 +251,16 @@ def run_models(config: ModelBenchConfig, *, spawn: Any, progress: Any = None) ->
     return list(cases.values())
 
 
-def to_json(config: ModelBenchConfig, cases: list[ModelCase]) -> dict[str, Any]:
+def to_json(
+    config: ModelBenchConfig, cases: list[ModelCase], *, roofline: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         "schema": "attnlab.bench-model/1",
         "config": {**asdict(config), "gpt": config.gpt_config().to_dict()},
         "cases": [asdict(c) for c in cases],
+        "roofline": roofline,
     }
 
 
-def dumps(config: ModelBenchConfig, cases: list[ModelCase]) -> str:
-    return json.dumps(to_json(config, cases), indent=1)
+def dumps(config: ModelBenchConfig, cases: list[ModelCase], *, roofline: dict[str, Any] | None = None) -> str:
+    return json.dumps(to_json(config, cases, roofline=roofline), indent=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -301,8 +302,49 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         console.print(
             f"[yellow]decode varied by more than 25% between rounds for {wide}: rerun before quoting[/yellow]"
         )
+    roofline = _roofline(base, cases, console)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
-            out.write(dumps(base, cases))
+            out.write(dumps(base, cases, roofline=roofline))
         console.print(f"wrote {args.json}")
     return 0 if all(c.ok for c in cases) else 1
+
+
+def _roofline(base: Any, cases: list[Any], console: Console) -> dict[str, Any]:
+    """The bytes a decode step reads, this machine's rates for them (probed now, after the runs), and each
+    generator's step as a fraction of the floor those give."""
+    from attnlab.bench.roofline import decode_bytes, probe_rates
+
+    gpt = base.gpt_config()
+    position = base.prompt_len + base.new_tokens / 2  # the mean position of a decode step
+    step = decode_bytes(gpt, position)
+    rates = probe_rates(gpt.emb_dim, 4 * gpt.emb_dim)
+    best = max(rates, key=rates.__getitem__)
+    floor_ms = step.total / (rates[best] * 1e9) * 1e3
+    console.print(
+        f"a decode step reads {step.weights / 1e6:.0f} MB of weights and {step.kv / 1e6:.1f} MB of keys and values "
+        f"(mean position {position:.0f}); this machine, probed now: "
+        + ", ".join(f"{name} {rate:.1f} GB/s" for name, rate in rates.items())
+        + f"; the floor at the best rate: {floor_ms:.1f} ms a token",
+        markup=False,
+        soft_wrap=True,
+    )
+    fractions = {}
+    for c in cases:
+        if c.ok:
+            step_ms = 1e3 / (c.median(c.decode_tokens_per_s) or 1.0)
+            fractions[c.impl] = floor_ms / step_ms
+    console.print(
+        "each decode step as a fraction of that floor: "
+        + ", ".join(f"{impl} {f:.2f}" for impl, f in fractions.items()),
+        markup=False,
+        soft_wrap=True,
+    )
+    return {
+        "weight_bytes": step.weights,
+        "kv_bytes": step.kv,
+        "mean_position": position,
+        "rates_gb_s": rates,
+        "floor_ms": floor_ms,
+        "fraction_of_floor": fractions,
+    }
