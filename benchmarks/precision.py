@@ -1,0 +1,124 @@
+"""Issue 24, part 3 (the measuring half): what half precision does to quality and to decode speed, in one run.
+
+    .venv/bin/python benchmarks/precision.py [--new-tokens 64] [--rounds 3] [--smoke]
+
+1. **Quality**, on the shipped text model: perplexity of held-out text and
+   greedy agreement with float32 over a set of prompts, for float32,
+   bfloat16 and float16 (``GPT.to(dtype)``: weights, activations, cache).
+2. **Speed**, on a gpt2-small-shaped GPT with seeded random weights, batch 1:
+   decode tokens/s of attnlab in each precision beside Hugging Face's
+   ``generate`` in float32, after checking that attnlab's float32 tokens are
+   Hugging Face's. Interleaved rounds; ratios with their spread.
+
+Nothing here is made faster yet: it is the measurement the work of issue 24
+is judged by.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.models import GPT, GPTConfig
+from attnlab.models.checkpoints import locate
+from attnlab.models.tasks import TextTask, stdlib_text
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@torch.no_grad()
+def quality(prompts: int, length: int) -> None:
+    task = TextTask(stdlib_text(), seq_len=length)
+    text = task.batch(prompts, torch.Generator().manual_seed(11), split="eval")[0]  # (B, length)
+    reference: torch.Tensor | None = None
+    base_ppl = 0.0
+    for name, dtype in DTYPES.items():
+        model = GPT.from_pretrained(locate("text")).eval().to(dtype)
+        logits = model(text[:, :-1]).float()
+        ppl = math.exp(float(F.cross_entropy(logits.flatten(0, 1), text[:, 1:].flatten())))
+        out = model.generate(text[:, : length // 2], length // 4)
+        if reference is None:
+            reference, base_ppl = out, ppl
+        agree = float((out == reference).float().mean())
+        print(
+            f"  {name:<9} perplexity {ppl:.4f} ({ppl / base_ppl - 1:+.3%} against float32), greedy agreement {agree:.1%}"
+        )
+
+
+def timed(cases: dict[str, Callable[[], object]], rounds: int, new: int) -> None:
+    for fn in cases.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            cases[name]()
+            times[name].append(time.perf_counter() - start)
+    base = times["hf float32"]
+    for name, ts in times.items():
+        ratios = [b / t for t, b in zip(ts, base, strict=True)]  # speed relative to HF float32
+        ratio = statistics.median(ratios)
+        spread = (max(ratios) - min(ratios)) / ratio
+        flag = "" if spread <= 0.25 else "  (too noisy to trust)"
+        print(
+            f"  {name:<18} {new / statistics.median(ts):7.1f} tokens/s  {ratio:5.2f}x HF float32  spread {spread:4.0%}{flag}"
+        )
+
+
+@torch.no_grad()
+def speed(new: int, rounds: int, overrides: dict[str, int]) -> None:
+    from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    config = GPTConfig.preset("gpt2-small", drop_rate=0.0, qkv_bias=True, **overrides)
+    torch.manual_seed(0)
+    ours = GPT(config).eval()
+    prompt = torch.randint(0, config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(1))
+    with tempfile.TemporaryDirectory() as folder:
+        ours.save_pretrained(folder)
+        hf = GPT2LMHeadModel.from_pretrained(folder).eval()
+    ones = torch.ones_like(prompt)
+
+    def hf_generate() -> torch.Tensor:
+        return hf.generate(
+            prompt, attention_mask=ones, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+        )
+
+    if not torch.equal(hf_generate(), ours.generate(prompt, new)):
+        raise SystemExit("attnlab's float32 tokens differ from Hugging Face's on the same weights")
+    models = {name: GPT(config).eval().to(dtype) for name, dtype in DTYPES.items()}
+    for model in models.values():
+        model.load_state_dict({k: v for k, v in ours.state_dict().items()}, strict=True)
+    cases: dict[str, Callable[[], object]] = {"hf float32": hf_generate}
+    for name, model in models.items():
+        cases[f"attnlab {name}"] = lambda m=model: m.generate(prompt, new)  # type: ignore[misc]
+    timed(cases, rounds, new)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, a few tokens: that it runs")
+    args = parser.parse_args(argv)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print("quality on the shipped text model (held-out text):")
+    quality(2 if args.smoke else 8, 64 if args.smoke else 256)
+    shrink = {"vocab_size": 512, "context_length": 64, "emb_dim": 64, "n_heads": 4, "n_layers": 2} if args.smoke else {}
+    print(f"decode speed, {'a tiny' if args.smoke else 'a gpt2-small-shaped'} GPT, batch 1, greedy:")
+    speed(4 if args.smoke else args.new_tokens, 1 if args.smoke else args.rounds, shrink)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
