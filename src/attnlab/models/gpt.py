@@ -324,6 +324,15 @@ class GPT(nn.Module):
             generator=generator,
         )
 
+    def set_layout(self, layout: str = "auto") -> dict[str, str]:
+        """Store every linear weight row by row ("rows", nn.Linear's own), column by column ("columns", the
+        layout of Hugging Face GPT-2's Conv1D), or in whichever this machine streams faster for its shape
+        ("auto", measured once per process): the same values, shapes and checkpoints, a faster decode where
+        the measurement says so (:mod:`attnlab.nn.layout`). Returns the layout each weight got."""
+        from attnlab.nn.layout import set_layout
+
+        return dict(set_layout(self, layout))  # type: ignore[arg-type]
+
     def positions_for(self, cache: object) -> int | None:
         """The most positions generation may run: context_length, or no limit for a sink cache with RoPE."""
         return None if self.config.rope and runs_past_context(cache) else self.config.context_length
