@@ -292,3 +292,15 @@ def test_the_cache_benchmark_measures_every_cache_and_holds_the_lossless_ones_to
     assert table.sink["kv_mib_4x"] == table.sink["kv_mib_1x"]
     lines = verdicts(table)
     assert any(line.endswith("x less per token)") and "int4" in line for line in lines)
+
+
+def test_a_recorder_sees_the_models_own_steps_once_beside_an_evicting_cache() -> None:
+    from attnlab.observe import Recorder
+
+    m = model("eager")
+    counts = []
+    for cache in ("plain", "h2o"):
+        with Recorder() as rec:
+            m.generate(ids(1, 12), 3, cache=functools.partial(CACHES["h2o"], budget=8) if cache == "h2o" else cache)
+        counts.append(sum(1 for step in rec.steps if step.name == "attn_weights"))
+    assert counts[0] == counts[1] == 2 * 3  # 2 layers x (a prefill and 2 steps): the cache's own pass is not there

@@ -13,9 +13,10 @@
   paper does: generated tokens are all kept.
 
 The statistics: no fused backend returns attention weights (sdpa, flash and
-flex give only the output), so the cache computes them itself, with an eager
-pass over the same keys and the same ``Visibility`` (score mods included):
-``attnlab.Attention`` calls :meth:`EvictingCache.observe` after attending.
+flex give only the output), so the cache computes them itself, with the eager
+backend's math over the same keys and the same ``Visibility`` (score mods
+included), reported to no Recorder: ``attnlab.Attention`` calls
+:meth:`EvictingCache.observe` after attending.
 That pass costs about one more attention per layer; for a decode step it is
 one row of scores.
 
@@ -29,14 +30,13 @@ Shapes: B = batch, H = heads, Hkv = kv heads, D = head_dim, T = new tokens, S = 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from attnlab._checks import check_positive_int
-from attnlab.functional.attention import attention
+from attnlab.functional.eager import attention_weights
+from attnlab.functional.visibility import Visibility
 
 POLICIES = ("h2o", "snapkv")
 
@@ -117,12 +117,23 @@ class EvictingCache(nn.Module):
         return self.keys, self.values, self.positions
 
     @torch.no_grad()
-    def observe(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, **how: Any) -> None:
+    def observe(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        visibility: Visibility,
+        scale: float | None = None,
+    ) -> None:
         """After attention: weigh the keys by the attention of ``queries`` (B, H, T, D), then evict.
 
-        ``how``: the ``visibility`` and ``scale`` attention used.
+        ``visibility`` and ``scale``: what attention used. The weights are the eager backend's, told to no
+        Recorder (a user recording the model sees its own steps once).
         """
-        _, weights = attention(queries, keys, values, backend="eager", return_weights=True, **how)  # (B, H, T, S)
+        b, h, _, d = queries.shape
+        bound = visibility.bound_to(b, h, queries.device)
+        weights = attention_weights(queries, keys, bound, scale=d**-0.5 if scale is None else scale)  # (B,H,T,S)
         if self.policy == "h2o":
             self.scores += weights.float().sum(dim=(1, 2))
             if self.keys.shape[2] > self.budget:

@@ -11,6 +11,8 @@ Tq / Tk = query / key lengths, D = head_dim.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -68,17 +70,32 @@ def eager_attention(
     a score_mod that made its every score -inf, gets weights of 0.
     """
     groups = q.shape[1] // k.shape[1]
-    k = repeat_kv(k, groups)  # (B, H, Tk, D)
     v = repeat_kv(v, groups)  # (B, H, Tk, Dv)
     compute = accumulation_dtype(q.dtype)
+    attn_scores = _masked_scores(q, k, vis, scale=scale, note=record)
+    attn_weights, lse = _softmax_rows(attn_scores, vis)
+    record("attn_weights", attn_weights, source="attention")
+    if dropout_p > 0.0:
+        attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)
+        record("dropped_weights", attn_weights, source="attention")
+    context_vec = attn_weights @ v.to(compute)  # (B, H, Tq, Dv)
+    record("context_vec", context_vec, source="attention")
+    return context_vec.to(q.dtype), lse
 
+
+def _masked_scores(
+    q: torch.Tensor, k: torch.Tensor, vis: Visibility, *, scale: float, note: Callable[..., None]
+) -> torch.Tensor:
+    """Scores (B, H, Tq, Tk) in the accumulation dtype, scaled, score-modded and masked; each step to ``note``."""
+    k = repeat_kv(k, q.shape[1] // k.shape[1])  # (B, H, Tk, D)
+    compute = accumulation_dtype(q.dtype)
     attn_scores = q.to(compute) @ k.to(compute).transpose(-2, -1)  # (B, H, Tq, Tk)
-    record("attn_scores", attn_scores, source="attention")
+    note("attn_scores", attn_scores, source="attention")
     attn_scores.mul_(scale)  # Vaswani et al. 2017, eq. 1: QK^T / sqrt(d_k)
-    record("scaled_scores", attn_scores, source="attention")
+    note("scaled_scores", attn_scores, source="attention")
     if vis.score_mod is not None:  # on the whole (B, H, Tq, Tk) grid; autograd reaches its learnable tensors
         attn_scores = vis.modify(attn_scores, 0, vis.tq, 0, vis.tk)
-        record("modified_scores", attn_scores, source="attention")
+        note("modified_scores", attn_scores, source="attention")
     allowed, bias = vis.dense()  # built once per Visibility: every layer that shares it reads the same masks
     # In place where the scores are ours alone; a score_mod's backward may need the tensor it returned.
     fill = torch.Tensor.masked_fill if vis.score_mod is not None else torch.Tensor.masked_fill_
@@ -86,7 +103,14 @@ def eager_attention(
         attn_scores = attn_scores + bias.to(compute)
     if allowed is not None:
         attn_scores = fill(attn_scores, ~allowed, float("-inf"))
-    record("masked_scores", attn_scores, source="attention")
+    note("masked_scores", attn_scores, source="attention")
+    return attn_scores
+
+
+def _softmax_rows(attn_scores: torch.Tensor, vis: Visibility) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights and lse (B, H, Tq) of masked scores; a row with nothing to see gets weights 0 and lse +inf."""
+    allowed, bias = vis.dense()
+    fill = torch.Tensor.masked_fill if vis.score_mod is not None else torch.Tensor.masked_fill_
     lse = torch.logsumexp(attn_scores, dim=-1)  # (B, H, Tq); -inf on a row with nothing to see
     dead = None
     if allowed is not None or bias is not None or vis.score_mod is not None:
@@ -96,10 +120,11 @@ def eager_attention(
     attn_weights = torch.softmax(attn_scores, dim=-1)
     if dead is not None:
         attn_weights = attn_weights.masked_fill(dead, 0.0)
-    record("attn_weights", attn_weights, source="attention")
-    if dropout_p > 0.0:
-        attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)
-        record("dropped_weights", attn_weights, source="attention")
-    context_vec = attn_weights @ v.to(compute)  # (B, H, Tq, Dv)
-    record("context_vec", context_vec, source="attention")
-    return context_vec.to(q.dtype), lse
+    return attn_weights, lse
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, vis: Visibility, *, scale: float) -> torch.Tensor:
+    """The weights (B, H, Tq, Tk) the eager backend forms, told to no Recorder: for a cache that weighs its keys
+    by the attention they get (``attnlab.cache.EvictingCache``) while a user records the model's own steps."""
+    with torch.no_grad():
+        return _softmax_rows(_masked_scores(q, k, vis, scale=scale, note=lambda *a, **kw: None), vis)[0]
