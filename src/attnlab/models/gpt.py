@@ -304,12 +304,11 @@ class GPT(nn.Module):
             )
         k = lookup if lookup is not None else draft_tokens
         last = idx.shape[1] + max_new_tokens + k - 1  # a pass may feed k guesses past the last token kept
-        limits = [m.config.context_length for m in (self, draft) if m is not None and not m.config.rope]
-        if limits and last > min(limits):
+        limit = min(m.config.context_length for m in (self, draft) if m is not None)  # as plain decoding keeps to
+        if last > limit:
             raise ValueError(
                 f"the prompt has {idx.shape[1]} tokens, max_new_tokens is {max_new_tokens} and a pass feeds up to {k} "
-                f"guesses: positions up to {last}, past the learned positions of context_length {min(limits)}; "
-                "ask for fewer tokens or guess fewer"
+                f"guesses: positions up to {last}, past context_length {limit}; ask for fewer tokens or guess fewer"
             )
         return speculate(
             self,
