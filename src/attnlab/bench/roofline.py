@@ -7,23 +7,19 @@ arithmetic (gpt-fast reports decode the same way, as achieved bandwidth).
 weight matrix, bias and norm of the blocks, the final norm and the vocabulary
 projection, one row of each embedding, and the keys and values of the
 positions so far. :func:`probe_rates` measures, in this run, how fast this
-machine streams a weight through the product in each layout the
-implementations use: ``nn.Linear``'s (out, in) through ``F.linear``, and
-(in, out) through ``x @ W`` (Hugging Face GPT-2's Conv1D). The floor of a
+machine streams weights from memory through the product in each layout:
+``nn.Linear``'s (out, in) stored row by row, and stored column by column,
+as Hugging Face GPT-2's Conv1D stores it. The floor of a
 step is its bytes at the fastest measured rate; a generator's step time as a
 fraction of that floor says how close it runs to this machine's limit.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
-
 from attnlab.models.config import GPTConfig
+from attnlab.nn.layout import stream_rates
 
 
 @dataclass(frozen=True)
@@ -50,26 +46,8 @@ def decode_bytes(config: GPTConfig, position: float, *, element: int = 4) -> Ste
     return StepBytes(weights=weights * element, kv=kv * element)
 
 
-def probe_rates(d_in: int, d_out: int, *, repeats: int = 7, dtype: torch.dtype = torch.float32) -> dict[str, float]:
-    """GB/s of a batch-1 product x (1, d_in) with a d_in x d_out weight, per layout, median of ``repeats``."""
-    x = torch.randn(1, d_in, dtype=dtype)
-    out_in = torch.randn(d_out, d_in, dtype=dtype)  # nn.Linear's layout
-    in_out = out_in.t().contiguous()  # Conv1D's layout
-    size = out_in.numel() * out_in.element_size()
-    cases = {
-        "(out, in) F.linear": lambda: F.linear(x, out_in),
-        "(in, out) x @ W": lambda: x @ in_out,
-    }
-    rates = {}
-    with torch.no_grad():
-        for name, fn in cases.items():
-            for _ in range(3):  # warm-up: caches, thread pool
-                fn()
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                for _ in range(10):
-                    fn()
-                times.append((time.perf_counter() - start) / 10)
-            rates[name] = size / statistics.median(times) / 1e9
-    return rates
+def probe_rates(d_in: int, d_out: int) -> dict[str, float]:
+    """GB/s of a batch-1 product with a d_in x d_out weight, per layout, streamed from memory as decoding streams
+    it (``attnlab.nn.layout.stream_rates``, what ``GPT.set_layout("auto")`` chooses by)."""
+    names = {"rows": "(out, in) rows", "columns": "(in, out) columns"}
+    return {names[layout]: rate for layout, rate in stream_rates(d_in, d_out).items()}

@@ -37,26 +37,34 @@ def laid_out(weight: torch.Tensor, layout: Layout) -> torch.Tensor:
     return weight.t().contiguous().t()  # (out, in), strides (1, out)
 
 
-def fastest_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, repeats: int = 5) -> Layout:
+def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict[Layout, float]:
+    """GB/s at which ``F.linear`` of one vector streams (d_out, d_in) weights here, per layout: median of
+    ``repeats`` passes over copies that together exceed the caches (at most 64 copies: a small weight stays in
+    cache, as it does decoding)."""
+    size = d_in * d_out * torch.finfo(dtype).bits // 8
+    copies = min(64, max(1, -(-STREAM_BYTES // size)))
+    x = torch.randn(1, d_in, dtype=dtype)
+    rates: dict[Layout, float] = {}
+    with torch.no_grad():
+        for layout in LAYOUTS:
+            weights = [laid_out(torch.randn(d_out, d_in, dtype=dtype), layout) for _ in range(copies)]
+            times = []
+            for _ in range(repeats + 1):
+                start = time.perf_counter()
+                for w in weights:
+                    F.linear(x, w)
+                times.append(time.perf_counter() - start)
+            rates[layout] = copies * size / statistics.median(times[1:]) / 1e9  # the first pass warms up
+            del weights
+    return rates
+
+
+def fastest_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32) -> Layout:
     """The layout in which ``F.linear`` of one vector streams a (d_out, d_in) weight faster here (kept per shape)."""
     key = (d_in, d_out, dtype)
     if key not in _CHOSEN:
-        size = d_in * d_out * torch.finfo(dtype).bits // 8
-        copies = min(64, max(1, -(-STREAM_BYTES // size)))  # a small weight stays in cache, as it does decoding
-        x = torch.randn(1, d_in, dtype=dtype)
-        medians = {}
-        with torch.no_grad():
-            for layout in LAYOUTS:
-                weights = [laid_out(torch.randn(d_out, d_in, dtype=dtype), layout) for _ in range(copies)]
-                times = []
-                for _ in range(repeats + 1):
-                    start = time.perf_counter()
-                    for w in weights:
-                        F.linear(x, w)
-                    times.append(time.perf_counter() - start)
-                medians[layout] = statistics.median(times[1:])  # the first pass warms up
-                del weights
-        _CHOSEN[key] = min(medians, key=medians.__getitem__)
+        rates = stream_rates(d_in, d_out, dtype=dtype)
+        _CHOSEN[key] = max(rates, key=rates.__getitem__)
     return _CHOSEN[key]
 
 
