@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from attnlab.functional import Flash, attention, flash_attention, padding_mask
 from conftest import tiles
 
-FAST = ("sdpa", "flash")
+FAST = ("sdpa", "flash", "flash-tiles")  # flash-tiles: every tile walked in PyTorch, no fused kernel
 
 
 @st.composite
@@ -75,7 +75,9 @@ def run(
         mask=mask,
         is_causal=p["is_causal"],
         window=p["window"],
-        backend=tiles(backend, *p["blocks"]),
+        backend=Flash(block_q=p["blocks"][0], block_k=p["blocks"][1], fused=False)
+        if backend == "flash-tiles"
+        else tiles(backend, *p["blocks"]),
     )
     weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
     grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
@@ -132,6 +134,63 @@ def test_flash_returns_the_row_log_sum_exp() -> None:
     scores = scores.masked_fill(torch.triu(torch.ones(9, 9, dtype=torch.bool), 1), float("-inf"))
     torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1))
     torch.testing.assert_close(out, attention(q, k, v, is_causal=True, backend="eager"))
+
+
+def _fused_calls(run: object) -> int:
+    """How many times ``run()`` called PyTorch's fused CPU flash kernel, counted by the profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()  # type: ignore[operator]
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::_scaled_dot_product_flash_attention_for_cpu")
+
+
+def test_flash_sends_full_and_causal_diagonal_blocks_to_the_fused_kernel() -> None:
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 2500, 8, dtype=torch.float64) for _ in range(3))
+    reference = attention(q, k, v, is_causal=True, backend="eager")
+    calls = {}
+    for fused in (True, False):
+        got = {}
+        calls[fused] = _fused_calls(
+            lambda f=fused: got.setdefault("out", attention(q, k, v, is_causal=True, backend=Flash(fused=f)))
+        )
+        torch.testing.assert_close(got["out"], reference, atol=1e-12, rtol=1e-12)
+    # 1024-query blocks: 3 diagonals, and the 2 later blocks' earlier keys in one call each
+    assert calls == {True: 5, False: 0}
+    # a window makes tiles the kernel cannot compute: they are walked here, the FULL ones still fused
+    win = {}
+    n = _fused_calls(lambda: win.setdefault("out", attention(q, k, v, window=300, backend="flash")))
+    torch.testing.assert_close(win["out"], attention(q, k, v, window=300, backend="eager"), atol=1e-12, rtol=1e-12)
+    assert n > 0
+    # a score_mod changes scores inside a tile: nothing goes to the kernel
+    bias = lambda s, b, h, i, j: s - 0.1 * (i - j)
+    assert (
+        _fused_calls(
+            lambda: attention(
+                q[:, :, :300], k[:, :, :300], v[:, :, :300], is_causal=True, score_mod=bias, backend="flash"
+            )
+        )
+        == 0
+    )
+
+
+def test_fused_diagonal_needs_consecutive_positions_that_start_together() -> None:
+    from attnlab.functional.visibility import Visibility
+
+    zig = torch.tensor([0, 1, 2, 3, 12, 13, 14, 15])  # a zigzag shard: two runs of consecutive positions
+    vis = Visibility(q_pos=zig, k_pos=zig, causal=True)
+    assert vis.tile_is_aligned_causal(0, 4, 0, 4) and vis.tile_is_aligned_causal(4, 8, 4, 8)
+    assert not vis.tile_is_aligned_causal(0, 8, 0, 8)  # the runs do not join
+    assert not vis.tile_is_aligned_causal(4, 8, 0, 4)  # later queries over earlier keys: not a diagonal
+    shifted = Visibility(q_pos=torch.arange(1, 5), k_pos=torch.arange(4), causal=True)
+    assert not shifted.tile_is_aligned_causal(0, 4, 0, 4)  # each query also sees the next key: bottom-right
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 8, 4, dtype=torch.float64) for _ in range(3))
+    for visibility in (vis, shifted):
+        kk, vv = k[:, :, : visibility.tk], v[:, :, : visibility.tk]
+        qq = q[:, :, : visibility.tq]
+        want = attention(qq, kk, vv, visibility=visibility, backend="eager")
+        got = attention(qq, kk, vv, visibility=visibility, backend=Flash(block_q=4, block_k=4))
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
 
 
 def test_half_precision_accumulates_in_float32() -> None:

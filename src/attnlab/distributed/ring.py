@@ -6,8 +6,11 @@ At step s it attends its queries to the block that started on rank r - s
 block moves on to rank r + 1 with ``batch_isend_irecv``; the partial results
 merge by their log-sum-exp in the stable form
 ``lse = logaddexp(lse_a, lse_b); out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse)``.
-The backward pass walks the ring again: each block carries its own key and
-value gradients, which arrive back at their owner after the last step.
+In the forward pass the blocks travel in pieces (``piece_bounds``), pipelined, so
+a rank holds a few pieces in flight instead of a whole block in hand and another
+arriving: its memory stays within about 1.2x of 1/P of one process. The
+backward pass walks the ring again with whole blocks: each block carries its own
+key and value gradients, which arrive back at their owner after the last step.
 
 Who may attend is a :class:`Visibility` per block, on global positions, the padding at -1. ``layout="zigzag"`` cuts the
 sequence into 2P chunks and gives rank r chunks r and 2P-1-r, so every rank
@@ -19,6 +22,7 @@ Tl = local length (T / P, padded), D = head dim, P = processes.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -229,11 +233,28 @@ def _wait(requests: list[Any] | None) -> None:
         request.wait()
 
 
+def _buffer(like: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(like, memory_format=torch.contiguous_format)
+
+
 def _spare(tensors: list[torch.Tensor], exchanges: int) -> list[list[torch.Tensor]]:
     """Receive buffers shaped like ``tensors``: two, which the block in hand and the one arriving take turns in,
     or one when there is a single exchange."""
     count = min(2, exchanges)
-    return [[torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors] for _ in range(count)]
+    return [[_buffer(t) for t in tensors] for _ in range(count)]
+
+
+def piece_bounds(local: int, size: int) -> list[tuple[int, int]]:
+    """How the forward cuts each travelling block: (start, end) of each piece, the same on every rank.
+
+    Rank r receives, each tick, at most one piece from each of the P - 1 blocks still on the way and holds
+    them one tick more (computed while the next ones arrive) before forwarding them: about 2P - 1 pieces in
+    hand. 4 (2P - 1) pieces a block keep that near a quarter of one block, whatever P: the forward's memory
+    stays near 1/P of one process instead of doubling it with a whole block in hand and one arriving.
+    """
+    count = max(1, min(local, 4 * (2 * size - 1)))
+    edges = [round(i * local / count) for i in range(count + 1)]
+    return [(a, b) for a, b in itertools.pairwise(edges) if b > a]
 
 
 class _Ring(torch.autograd.Function):
@@ -247,28 +268,55 @@ class _Ring(torch.autograd.Function):
         options: _Options,
         *params: torch.Tensor,  # the score_mod's learnable tensors: inputs, so they get gradients
     ) -> torch.Tensor:
+        """Blocks travel in pieces, pipelined: at tick t rank r sends its own piece t and forwards what it
+        received at tick t - 1 (the piece of the block from rank r - d that has made d hops), receives the
+        pieces one hop behind, and meanwhile computes what it received at t - 1. Every rank posts the same
+        pieces in the same order (by hops), so the exchanges match without any negotiation."""
         rank, size = _world(options.group)
         b, h, tl, _ = q.shape
         groups = h // k.shape[1]
         ad = accumulation_dtype(q.dtype)
         out = torch.zeros(b, h, tl, v.shape[-1], dtype=ad, device=q.device)
         lse = torch.full((b, h, tl), float("-inf"), dtype=ad, device=q.device)
-        block = [k.contiguous(), v.contiguous(), q_pos]  # the travelling block: keys, values, their global positions
-        buffers = _spare(block, size - 1)
-        for step in range(size):
-            requests = None
-            if step < size - 1:  # the next block arrives while this one is computed
-                requests = _exchange(block, buffers[step % 2], rank, size, options, backward=False)
-            kb, vb = repeat_kv(block[0], groups), repeat_kv(block[1], groups)  # (B, H, Tl, D)
+
+        def fold(kb: torch.Tensor, vb: torch.Tensor, k_pos: torch.Tensor) -> None:
+            kb, vb = repeat_kv(kb, groups), repeat_kv(vb, groups)  # (B, H, piece, D)
             for c0 in range(0, tl, QUERY_CHUNK):
                 c1 = min(c0 + QUERY_CHUNK, tl)
-                vis = _block_visibility(q_pos[c0:c1], block[2], options, b, h)
+                vis = _block_visibility(q_pos[c0:c1], k_pos, options, b, h)
                 part, part_lse = flash_forward(q[:, :, c0:c1], kb, vb, vis, **_kernel_options(vis, options))
                 _merge(out[:, :, c0:c1], lse[:, :, c0:c1], part, part_lse)
-            del kb, vb
+
+        pieces = piece_bounds(tl, size)
+        held: list[list[torch.Tensor]] = []  # received last tick, hops 1, 2, ...: computed now, forwarded now
+        for tick in range(len(pieces) + size - 2 if size > 1 else 0):
+            send = []
+            if tick < len(pieces):  # this rank's own piece starts its journey
+                p0, p1 = pieces[tick]
+                send.append([k[:, :, p0:p1].contiguous(), v[:, :, p0:p1].contiguous(), q_pos[p0:p1].contiguous()])
+            # held is in order of hops made, from max(1, tick - pieces + 1); a piece goes on while under P - 1 hops
+            first = max(1, tick - len(pieces) + 1)
+            send += [piece for hops, piece in enumerate(held, start=first) if hops < size - 1]
+            into = []  # arriving this tick: piece tick - (d - 1) of the block from rank r - d, for each d under way
+            for hops in range(1, size):
+                j = tick - (hops - 1)
+                if 0 <= j < len(pieces):
+                    p0, p1 = pieces[j]
+                    into.append([_buffer(k[:, :, p0:p1]), _buffer(v[:, :, p0:p1]), _buffer(q_pos[p0:p1])])
+            flat_send = [x for piece in send for x in piece]
+            requests = _exchange(flat_send, [x for piece in into for x in piece], rank, size, options, backward=False)
+            if tick == 0:
+                fold(k, v, q_pos)  # this rank's own block, while the first pieces travel
+            for piece in held:
+                fold(*piece)
             _wait(requests)
-            if requests is not None:
-                block = buffers[step % 2]
+            del send, flat_send
+            held = into
+        if size == 1:
+            fold(k, v, q_pos)
+        for piece in held:
+            fold(*piece)
+        del held
         lse.masked_fill_(torch.isneginf(lse), float("inf"))  # the kernels' contract: +inf where nothing is seen
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, q_pos, out, lse, *params)

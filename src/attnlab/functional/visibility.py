@@ -285,6 +285,30 @@ class Visibility:
             and self.q_start == self.k_start
         )
 
+    def tile_is_aligned_causal(self, i0: int, i1: int, j0: int, j1: int) -> bool:
+        """True when, within this tile, query row r sees key column c exactly when c <= r and nothing else
+        restricts: SDPA's top-left ``is_causal`` on the tile. Only causal (and a window that hides nothing in
+        the tile), and the tile's queries and keys are consecutive positions starting at one position (a
+        causal diagonal tile, a zigzag shard's too)."""
+        if not self.causal or self.allowed is not None or self.bias is not None or self.has_mods:
+            return False
+        if self.k_pos is None or i1 <= i0 or j1 <= j0 or torch.compiler.is_compiling():
+            return False
+        if self.q_start is not None and self.k_start is not None:
+            start = self.q_start + i0
+            window_hides = self.window is not None and (self.q_start + i1 - 1) - (self.k_start + j0) >= self.window
+            return start == self.k_start + j0 and not window_hides
+        return bool(self.keep(("aligned", i0, i1, j0, j1), lambda: self._aligned(i0, i1, j0, j1)))
+
+    def _aligned(self, i0: int, i1: int, j0: int, j1: int) -> bool:
+        assert self.k_pos is not None
+        qp, kp = self.q_pos[..., i0:i1], self.k_pos[..., j0:j1]  # (T,) or (B, T)
+        start = qp[..., :1]
+        steps = lambda p: torch.arange(p.shape[-1], device=p.device)
+        runs = bool((start >= 0).all() and (qp == start + steps(qp)).all() and (kp == start + steps(kp)).all())
+        # consecutive from one start: the widest gap is the last query's over the first key, (i1 - i0 - 1)
+        return runs and (self.window is None or i1 - i0 - 1 < self.window)
+
     def trained_tensors(self) -> tuple[torch.Tensor, ...]:
         """The tensors that need gradients through the score_mod: the ones it declares and the ones it reads."""
         return self.keep(
