@@ -19,6 +19,7 @@ from attnlab import cli
 from attnlab.models import GPT, ByteTokenizer, GPTConfig, Tokenizer, load_tokenizer
 from attnlab.models.checkpoints import book_state_dict
 from attnlab.models.tokenizer import Decoder
+from conftest import small
 
 hf_logging.disable_progress_bar()
 TEXT = "Your journey starts with one step. Attention is all you need; every step attends to the steps before it. "
@@ -319,3 +320,31 @@ def test_a_book_checkpoint_generates_and_explains_from_the_command_line(
     explain = ["explain", "Your journey", "--model", str(tmp_path / "gpt.pth"), "--tokenizer", str(hf_dir)]
     assert cli.main([*explain, "--html", str(page)]) == 0
     assert page.read_text(encoding="utf-8").count('<section class="step"') == 3  # heads named, the probe, the text
+
+
+@pytest.mark.parametrize("rope", [True, False])
+def test_a_compiled_decode_step_is_one_graph_and_gives_the_same_tokens(rope: bool) -> None:
+    from torch._dynamo.testing import CompileCounter
+
+    torch.manual_seed(0)
+    model = GPT(small(rope=rope, context_length=64)).eval()
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    for length, new in ((5, 10), (9, 30)):  # two lengths, one rounded capacity: one graph serves both
+        prompt = torch.randint(0, 256, (2, length))
+        compiled = model.generate(prompt, new, compile=counter)
+        torch.testing.assert_close(compiled, model.generate(prompt, new), rtol=0, atol=0)
+    assert counter.frame_count == 1, f"{counter.frame_count} graphs for two calls"
+
+
+def test_compile_refuses_what_its_one_graph_cannot_hold() -> None:
+    model = GPT(small()).eval()
+    prompt = torch.randint(0, 256, (1, 5))
+    with pytest.raises(ValueError, match="leave out lookup, draft and attention_mask"):
+        model.generate(prompt, 3, compile=True, lookup=2)
+    with pytest.raises(ValueError, match="decodes with the plain cache, whose shapes never change; got cache='int8'"):
+        model.generate(prompt, 3, compile=True, cache="int8")
+    with pytest.raises(ValueError, match=r"compile=.nope. is not a torch\.compile backend here"):
+        model.generate(prompt, 3, compile="nope")
+    with pytest.raises(ValueError, match=r"compile must be True, False or a torch\.compile backend, got 1"):
+        model.generate(prompt, 3, compile=1)  # type: ignore[arg-type]

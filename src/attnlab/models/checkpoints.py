@@ -459,6 +459,11 @@ def save_gpt(model: nn.Module, directory: str | Path, *, tokenizer: str | None =
         raise ValueError(
             f"tokenizer must be None, 'bytes' or 'ascii' (the tokenizers that need no files), got {tokenizer!r}"
         )
+    if getattr(model, "quantized", False):
+        raise ValueError(
+            "this model's weights were quantized to int8 in memory (GPT.quantize); checkpoints hold float "
+            "weights: save the float model, and quantize after from_pretrained"
+        )
     target = Path(directory)
     if target.exists() and not target.is_dir():
         raise ValueError(f"{str(target)!r} is a file; give a folder to write config.json and model.safetensors into")

@@ -17,7 +17,7 @@ Shapes: B = batch, T = prompt tokens, V = vocabulary.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -37,6 +37,10 @@ class Decoder(Protocol):
     ) -> torch.Tensor: ...
 
     def make_caches(self, *, batch_size: int, max_len: int, cache: str | CacheFactory = ...) -> list[Cache]: ...
+
+
+Step = Callable[[torch.Tensor, list[Cache]], torch.Tensor]  # (token (B, 1), caches) -> logits (B, 1, V)
+STEP_CAPACITY = 256  # a compiled step's caches hold a multiple of this: one graph serves many lengths
 
 
 def check_sampling(temperature: object, top_k: object, top_p: object) -> None:
@@ -149,11 +153,15 @@ def stream(
     use_cache: bool = True,
     max_positions: int | None = None,
     cache: str | CacheFactory | PrefixCache = "plain",
+    step: Step | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield each new token (B, 1) as it is chosen; stops after ``max_new_tokens`` or when every row hit ``eos_id``.
 
     ``cache``: a name in ``attnlab.cache.CACHES``, a factory, or a ``PrefixCache`` kept across calls ("prefix"
-    makes one for this call). Every argument is checked here, when it is called, not at the first ``next()``.
+    makes one for this call). ``step(token, caches)``: the decode step to use instead of calling the model (a
+    compiled one, ``GPT.generate(compile=True)``); its caches' capacity is then rounded up to a multiple of
+    STEP_CAPACITY, so that calls of similar length give it the same shapes. Every argument is checked here,
+    when it is called, not at the first ``next()``.
     """
     check_prompt(idx)
     check_positive_int("max_new_tokens", max_new_tokens)
@@ -193,7 +201,7 @@ def stream(
     else:
         cache_factory(cache)  # a name that is not one, refused now
     return _stream(
-        model, idx, max_new_tokens, attention_mask, temperature, top_k, top_p, eos_id, generator, use_cache, cache
+        model, idx, max_new_tokens, attention_mask, temperature, top_k, top_p, eos_id, generator, use_cache, cache, step
     )
 
 
@@ -210,6 +218,7 @@ def _stream(
     generator: torch.Generator | None,
     use_cache: bool,
     cache: str | CacheFactory | PrefixCache,
+    step: Step | None = None,
 ) -> Iterator[torch.Tensor]:
     b, t = idx.shape
     mask = attention_mask
@@ -227,16 +236,17 @@ def _stream(
         )
     else:
         assert not isinstance(cache, PrefixCache)
-        caches = model.make_caches(batch_size=b, max_len=t + max_new_tokens, cache=cache) if use_cache else None
+        capacity = t + max_new_tokens if step is None else -(-(t + max_new_tokens) // STEP_CAPACITY) * STEP_CAPACITY
+        caches = model.make_caches(batch_size=b, max_len=capacity, cache=cache) if use_cache else None
         logits = prefill(model, idx, caches, attention_mask=mask)
     finished = torch.zeros(b, 1, dtype=torch.bool, device=idx.device)
-    for step in range(max_new_tokens):
+    for made in range(max_new_tokens):
         token = pick(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B, 1)
         if eos_id is not None:
             token = token.masked_fill(finished, eos_id)
             finished = finished | (token == eos_id)
         yield token
-        if step == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
+        if made == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
             return
         out = torch.cat([out, token], dim=1)
         if store is not None and (out.shape[1] - 1) % store.block_size == 0:  # a block just filled: share it
@@ -244,7 +254,9 @@ def _stream(
                 store.remember(row, out[row, :-1].tolist())
         if mask is not None:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        if caches is not None:
+        if step is not None and caches is not None:
+            logits = step(token, caches)[:, -1]
+        elif caches is not None:
             logits = model(token, attention_mask=mask, caches=caches, last_only=True)[:, -1]  # the cache has the rest
         else:
             logits = model(out, attention_mask=mask, last_only=True)[:, -1]  # all again: what the cache must match
@@ -293,6 +305,7 @@ def generate(
     use_cache: bool = True,
     max_positions: int | None = None,
     cache: str | CacheFactory | PrefixCache = "plain",
+    step: Step | None = None,
 ) -> torch.Tensor:
     """The prompt with its new tokens, (B, T + n), n <= max_new_tokens (fewer when every row ended at eos_id)."""
     new = stream(
@@ -308,6 +321,7 @@ def generate(
         use_cache=use_cache,
         max_positions=max_positions,
         cache=cache,
+        step=step,
     )
     return torch.cat([idx, *new], dim=1)
 

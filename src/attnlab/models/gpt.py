@@ -13,9 +13,9 @@ Shapes: B = batch, T = tokens, V = vocab_size, E = emb_dim, L = n_layers, H = n_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -134,7 +134,6 @@ class GPT(nn.Module):
             positions, mask = document_positions(document_ids), None  # (B, T): each document from 0
         else:
             positions, mask = positions_and_padding(idx, attention_mask, caches, layers=self.config.n_layers)
-        x = self.tok_emb(idx)  # (B, T, E)
         if self.pos_emb is not None:
             last = int(positions.max())
             if last >= self.config.context_length:
@@ -142,6 +141,23 @@ class GPT(nn.Module):
                     f"position {last} is past the model's context_length {self.config.context_length}; "
                     "GPT-2's learned position embeddings end there: shorten the input"
                 )
+        return self._run(idx, positions, mask, caches, last_only, document_ids, mask_mod, score_mod)
+
+    def _run(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        caches: list[Cache] | None,
+        last_only: bool,
+        document_ids: torch.Tensor | None = None,
+        mask_mod: MaskMod | None = None,
+        score_mod: ScoreMod | None = None,
+    ) -> torch.Tensor:
+        """The forward pass proper, on arguments :meth:`forward` checked: nothing here reads a tensor's value,
+        so ``torch.compile`` captures it whole (:meth:`decode_step`)."""
+        x = self.tok_emb(idx)  # (B, T, E)
+        if self.pos_emb is not None:
             x = x + self.pos_emb(positions)  # positions (T,) or (B, T) broadcast
         if self.score_mod is not None:
             score_mod = self.score_mod if score_mod is None else chain_scores(self.score_mod, score_mod)
@@ -229,6 +245,7 @@ class GPT(nn.Module):
         lookup: int | None = None,
         draft: GPT | None = None,
         draft_tokens: int = 4,
+        compile: bool | str | Callable[..., Any] = False,
     ) -> torch.Tensor:
         """Greedy by default (temperature 0); returns (B, T + n). Call ``model.eval()`` first: dropout stays as set.
         ``cache``: which KV cache each layer keeps: a name in ``attnlab.cache.CACHES`` ("plain", "paged", "prefix",
@@ -236,8 +253,23 @@ class GPT(nn.Module):
         a "sink" cache generates past context_length.
         ``lookup=k``: guess k tokens from the text so far and check them in one pass (prompt lookup); ``draft=``
         a smaller model with the same vocabulary guesses ``draft_tokens``. The same tokens greedy, the same
-        distribution sampled (:mod:`attnlab.models.speculative`); one sequence, the plain cache."""
+        distribution sampled (:mod:`attnlab.models.speculative`); one sequence, the plain cache.
+        ``compile=True``: decode with :meth:`decode_step` under ``torch.compile`` (inductor; or a backend's name),
+        the plain cache, no attention_mask: one graph per cache capacity, rounded up to a multiple of 256 so that
+        calls of similar length share it; the prefill runs uncompiled. The first call compiles (tens of seconds)."""
         self._check_eos(eos_id)
+        step = None
+        if compile is not False:
+            if lookup is not None or draft is not None or attention_mask is not None or not use_cache:
+                raise ValueError(
+                    "compile= decodes one token a step with the KV cache: leave out lookup, draft and "
+                    "attention_mask, and keep use_cache=True"
+                )
+            if cache != "plain":
+                raise ValueError(
+                    f"compile= decodes with the plain cache, whose shapes never change; got cache={cache!r}"
+                )
+            step = self._compiled_step(compile)
         if lookup is not None or draft is not None:
             new = self._speculate(
                 idx,
@@ -268,7 +300,31 @@ class GPT(nn.Module):
             use_cache=use_cache,
             max_positions=self.positions_for(cache),
             cache=cache,
+            step=step,
         )
+
+    def decode_step(self, token: torch.Tensor, caches: list[Cache]) -> torch.Tensor:
+        """Logits (B, 1, V) of one new token per row (B, 1) after what ``caches`` hold, unchecked: the step
+        ``generate(compile=...)`` compiles. It reads no tensor's value, so it is one graph."""
+        return self._run(token, caches[0].next_positions(1), None, caches, True)
+
+    def _compiled_step(self, backend: object) -> Callable[[torch.Tensor, list[Cache]], torch.Tensor]:
+        """:meth:`decode_step` under ``torch.compile(backend=...)``, made once per backend and kept."""
+        if isinstance(backend, bool):
+            if not backend:
+                raise ValueError("compile=False needs no compiled step")
+            backend = "inductor"
+        if not (isinstance(backend, str) or callable(backend)):
+            raise ValueError(f"compile must be True, False or a torch.compile backend, got {backend!r}")
+        if isinstance(backend, str) and backend not in torch._dynamo.list_backends(exclude_tags=()):
+            raise ValueError(
+                f"compile={backend!r} is not a torch.compile backend here; known: {torch._dynamo.list_backends()}"
+            )
+        kept: dict[object, Any] = self.__dict__.setdefault("_compiled", {})
+        if backend not in kept:
+            kept[backend] = torch.compile(self.decode_step, backend=backend)
+        step: Callable[[torch.Tensor, list[Cache]], torch.Tensor] = kept[backend]
+        return step
 
     def _speculate(
         self,
@@ -331,6 +387,38 @@ class GPT(nn.Module):
         from attnlab.nn.layout import set_layout
 
         return dict(set_layout(self, layout))  # type: ignore[arg-type]
+
+    def quantize(self, kind: str = "int8", *, kernel: str = "auto") -> dict[str, str]:
+        """Store every linear weight, the vocabulary projection's too, as int8 with one scale per output channel
+        (:mod:`attnlab.nn.quantized`), in place; the embeddings and norms stay float32. ``kernel``: "auto"
+        (the fastest here, measured once per weight shape), "dynamic", "int8pack" or "dequantize". For
+        decoding on the CPU; a quantized model is not saved (save the float one and quantize after loading).
+        Returns the kernel each weight got."""
+        from attnlab.nn.quantized import INT8_KERNELS, Int8Kernel, quantize_linears
+
+        if kind != "int8":
+            raise ValueError(f"kind must be 'int8' (weight-only, per output channel), got {kind!r}")
+        if kernel not in ("auto", *INT8_KERNELS):
+            raise ValueError(f"kernel must be one of {('auto', *INT8_KERNELS)}, got {kernel!r}")
+        if self.quantized:
+            raise ValueError("this model is quantized already; load the float checkpoint again to choose anew")
+        dtypes = {p.dtype for p in self.parameters()}
+        if dtypes != {torch.float32}:
+            raise TypeError(
+                f"quantize starts from a float32 model, this one holds {sorted(map(str, dtypes))}; "
+                "call model.float() first"
+            )
+        if any(p.device.type != "cpu" for p in self.parameters()):
+            raise ValueError("int8 weights here are for decoding on the CPU; call model.cpu() first")
+        # the blocks' linears and out_head: the only nn.Linear a GPT holds
+        return dict(quantize_linears(self, cast(Int8Kernel, kernel)))
+
+    @property
+    def quantized(self) -> bool:
+        """Whether :meth:`quantize` replaced the linear weights with int8 ones."""
+        from attnlab.nn.quantized import Int8Linear
+
+        return isinstance(self.out_head, Int8Linear)
 
     def positions_for(self, cache: object) -> int | None:
         """The most positions generation may run: context_length, or no limit for a sink cache with RoPE."""

@@ -119,6 +119,17 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(num_heads * head_dim, d_out, bias=out_bias)
         self.rotary = RotaryEmbedding(head_dim=head_dim, base=rope_base) if rope else None
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the activations: its weights', or float32 for int8 weights (``attnlab.nn.quantized``)."""
+        dtype: torch.dtype = getattr(self.qkv, "dtype", None) or self.qkv.weight.dtype
+        return dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where its weights live (an int8 layer keeps its scale beside its int8 weight)."""
+        return next(t for t in (*self.qkv.parameters(), *self.qkv.buffers())).device
+
     def split_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Project x (B, T, d_in) into q (B, H, T, D), k and v (B, Hkv, T, D)."""
         b, t, _ = x.shape
@@ -151,8 +162,8 @@ class Attention(nn.Module):
             "head_dim": self.head_dim,
             "max_len": max_len,
             "window": self.window,
-            "dtype": self.qkv.weight.dtype,
-            "device": self.qkv.weight.device,
+            "dtype": self.dtype,
+            "device": self.device,
             "rotary": self.rotary,
             "context_length": context_length,
         }
@@ -336,10 +347,10 @@ class Attention(nn.Module):
             raise ValueError(
                 f"the last dimension of the input must be d_in={self.d_in}, got {x.shape[-1]} (shape {tuple(x.shape)})"
             )
-        if x.dtype != self.qkv.weight.dtype:
+        if x.dtype != self.dtype:
             raise TypeError(
-                f"input dtype {x.dtype} differs from the module's {self.qkv.weight.dtype}; "
-                f"use x.to({self.qkv.weight.dtype}) or module.to({x.dtype})"
+                f"input dtype {x.dtype} differs from the module's {self.dtype}; "
+                f"use x.to({self.dtype}) or module.to({x.dtype})"
             )
 
     def extra_repr(self) -> str:
