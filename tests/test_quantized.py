@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn as nn
@@ -79,3 +81,15 @@ def test_quantize_refuses_what_it_cannot_do_and_leaves_the_model_as_it_was(tmp_p
         model.save_pretrained(tmp_path)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"takes float32 activations, got torch\.float64"):
         model.out_head(torch.zeros(1, 64, dtype=torch.float64))
+
+
+def test_a_compiled_step_refuses_the_kernel_it_would_break_at() -> None:
+    if "dynamic" not in available_kernels():
+        message = "this PyTorch build has no x86 dynamic int8 kernel: nothing here to refuse"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)  # in CI a missing prerequisite is a failure, never a silent skip
+        pytest.skip(message)
+    model = GPT(small()).eval()
+    model.quantize(kernel="dynamic")
+    with pytest.raises(ValueError, match="cannot hold int8 weights on the 'dynamic' kernel in one graph"):
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 2, compile=True)

@@ -269,6 +269,11 @@ class GPT(nn.Module):
                 raise ValueError(
                     f"compile= decodes with the plain cache, whose shapes never change; got cache={cache!r}"
                 )
+            if any(getattr(m, "kernel", None) == "dynamic" for m in self.modules()):
+                raise ValueError(
+                    "compile= cannot hold int8 weights on the 'dynamic' kernel in one graph (torch.compile breaks "
+                    "at its packed weight); decode them uncompiled, or quantize(kernel='int8pack')"
+                )
             step = self._compiled_step(compile)
         if lookup is not None or draft is not None:
             new = self._speculate(
