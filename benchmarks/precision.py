@@ -24,6 +24,7 @@ its tokens checked too.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import tempfile
@@ -40,9 +41,13 @@ from attnlab.models.tasks import TextTask, stdlib_text
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _cast(model: GPT, *, dtype: torch.dtype) -> GPT:
+    return model.to(dtype)
+
+
 def _variants() -> dict[str, Callable[[GPT], GPT]]:
     """Each precision: what it does to a float32 model."""
-    made: dict[str, Callable[[GPT], GPT]] = {name: (lambda m, d=dtype: m.to(d)) for name, dtype in DTYPES.items()}
+    made: dict[str, Callable[[GPT], GPT]] = {name: functools.partial(_cast, dtype=d) for name, d in DTYPES.items()}
 
     def int8(model: GPT) -> GPT:
         model.quantize("int8")
