@@ -107,6 +107,11 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:
             raise TypeError(f"an int8 linear takes float32 activations, got {x.dtype}")
+        if self.kernel == "dynamic" and x.device.type != "cpu":
+            raise ValueError(
+                f"the 'dynamic' int8 kernel runs on the CPU and its packed weight stays there; got input on "
+                f"{x.device}: quantize with kernel='int8pack' or 'dequantize' there"
+            )
         flat = x.reshape(-1, self.in_features)  # (B, T, in) -> (B*T, in)
         if self.kernel == "dynamic":
             assert self._packed is not None
