@@ -203,7 +203,8 @@ def test_report_in_headless_chromium(kind: str, tmp_path: Path, written: dict[st
         assert images.count() >= 3
         widths = images.evaluate_all("imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
         assert all(w > 100 for w in widths), widths  # every heatmap decoded
-        assert page.locator("script").count() == 1  # the report's own, and no injected one
+        views = page.locator(".attnview").count()  # the model report holds one interactive view: its data, its script
+        assert page.locator("script").count() == 1 + 2 * views  # the report's own, and no injected one
         # a grid of heads (the tour's ends on the cache lab's single grid): full size on click, Esc closes it
         grid = page.locator("section#kv_steps img.heatmap").last if kind == "tour-zh" else images.last
         shown = grid.evaluate("i => i.getBoundingClientRect().width")
@@ -228,6 +229,7 @@ def test_report_in_headless_chromium(kind: str, tmp_path: Path, written: dict[st
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)  # the README's pictures of the trained model
             page.locator("section#heads").screenshot(path=str(SCREENSHOTS / "heads-names.png"))
             page.locator("section#training").screenshot(path=str(SCREENSHOTS / "heads-training.png"))
+            _drive_the_view(page, report)
         else:
             shown = page.locator("main").inner_text()  # what the browser shows, step titles computed by the tour
             zh, en = build_tour("zh"), build_tour("en")
@@ -239,3 +241,32 @@ def test_report_in_headless_chromium(kind: str, tmp_path: Path, written: dict[st
         browser.close()
     assert problems == []
     assert (SCREENSHOTS / f"{kind}.png").stat().st_size > 10_000
+
+
+def _drive_the_view(page: object, report: object) -> None:
+    """The model report's interactive view, as a user drives it: hover a token, open a head, use the keyboard."""
+    from attnlab.explain.render.view import VIEW_TEXT
+
+    view = page.locator(".attnview")  # type: ignore[attr-defined]
+    assert view.count() == 1 and view.get_attribute("data-ready") == "1"
+    tokens = page.locator(".attnview .col.q div")  # type: ignore[attr-defined]
+    assert tokens.count() == len("<b>a</b> <b>a</b>") and tokens.nth(0).inner_text() == "<"  # markup shown as text
+    tokens.nth(12).hover()
+    assert view.get_attribute("data-focus") == "12" and int(view.get_attribute("data-lines")) > 0
+    cells = page.locator(".attnview .cell")  # type: ignore[attr-defined]
+    config = GPT.from_pretrained("induction").config
+    assert cells.count() == config.n_layers * config.n_heads
+    names = page.locator(".attnview .grid").inner_text()  # type: ignore[attr-defined]
+    assert "induction" in names and "previous" in names  # the shipped model's named heads (docs/heads.md)
+    cells.nth(config.n_heads + 1).click()  # layer 1, head 1: only that head is shown
+    assert view.get_attribute("data-layer") == "1"
+    boxes = page.locator(".attnview input.head")  # type: ignore[attr-defined]
+    checked = [boxes.nth(h).is_checked() for h in range(config.n_heads)]
+    assert checked == [h == 1 for h in range(config.n_heads)]
+    view.focus()
+    page.keyboard.press("ArrowUp")  # type: ignore[attr-defined]
+    page.keyboard.press("ArrowLeft")  # type: ignore[attr-defined]
+    assert view.get_attribute("data-focus") == "11" and view.get_attribute("data-layer") == "0"
+    assert VIEW_TEXT["en"]["head_view"] in view.inner_text()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    view.screenshot(path=str(SCREENSHOTS / "heads-view.png"))

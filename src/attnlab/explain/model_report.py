@@ -9,6 +9,7 @@ from attnlab.explain.heads import SCORES, HeadScores, describe_run, head_scores,
 from attnlab.explain.render.curves import training_curves
 from attnlab.explain.render.heatmap import head_grid, heatmap, png_bytes
 from attnlab.explain.render.html import Figure, Report, Section
+from attnlab.explain.render.view import AttentionView
 from attnlab.explain.report import MAX_TOKENS
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.explain.tour import fmt
@@ -113,6 +114,27 @@ def _names_section(scores: HeadScores, txt: dict[str, str], *, figures: bool) ->
     )
 
 
+def head_names(scores: HeadScores, txt: dict[str, str]) -> list[list[str]]:
+    """Each head's name and its best score, "induction 0.93", or "- 0.09" for a head no score names."""
+    n_layers, n_heads = len(scores.induction), len(scores.induction[0])
+    best = lambda i, j: max(getattr(scores, s)[i][j] for s in SCORES)
+    name = lambda i, j: txt["name_" + (scores.label(i, j) or "none").replace("-", "_")]
+    return [[f"{name(i, j)} {best(i, j):.2f}" for j in range(n_heads)] for i in range(n_layers)]
+
+
+def _view_section(
+    weights: torch.Tensor, labels: list[str], scores: HeadScores, txt: dict[str, str], lang: str
+) -> Section:
+    view = AttentionView(tokens=labels, weights=weights, names=head_names(scores, txt), lang=lang)
+    return Section(
+        key="view",
+        title=txt["view_title"],
+        text=txt["view_text"],
+        code="AttentionView(tokens=labels, weights=model.attention_weights(ids)[:, 0], names=...)",
+        view=view.to_fragment(),
+    )
+
+
 def _training_section(log: TrainLog, txt: dict[str, str], lang: str, *, figures: bool) -> Section:
     title = txt["training"]
     text = txt["training_text"] + txt["sep"] + describe_run(log, txt)  # computed from this run's log, never typed
@@ -154,6 +176,7 @@ def model_report(
     tokens = probe(model.config.vocab_size, half=scores.half, batch=1)  # the first sequence of the scores' probe
     probe_weights = model.attention_weights(tokens)[:, 0]  # (L, H, 2n, 2n)
     ids = [str(i) for i in tokens[0].tolist()]
+    sections.append(_view_section(weights, labels, scores, txt, lang))
     runs = {"probe": (probe_weights, ids, "ids = probe"), "layer": (weights, labels, "ids = tokenizer.encode(text)")}
     for key, (w, row_labels, ids_from) in runs.items():  # the probe, then the user's text
         title, about = txt[f"{key}_title"], txt[f"{key}_text"]

@@ -51,6 +51,11 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "head": "head {h}",
         "enlarge": "click a heatmap to see it full size; click again or press Esc to close",
         "layer_title": "Layer {layer}",
+        "view_title": "Every head, interactive",
+        "view_text": "Hover a token on the left to see, layer by layer and head by head, which tokens it draws on; "
+        "the grid below holds every layer x head as a small pattern with its name and best score: click one to "
+        "open it. The rollout follows attention through every layer, with the residual stream counted as half "
+        "of each step.",
         "layer_text": "The attention weights of this layer's {heads} heads: row i is how much token i takes from "
         "each earlier token.",
         "names": "Every head, named",
@@ -168,6 +173,10 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "head": "头 {h}",
         "enlarge": "点击热力图可放大查看；再次点击或按 Esc 关闭",
         "layer_title": "第 {layer} 层",
+        "view_title": "所有注意力头（可交互）",
+        "view_text": "把鼠标移到左列的某个 Token 上，就能逐层、逐头看到它从哪些 Token 取信息；下面的网格把每一层的每个头"
+        "画成一个小图，并标出它的名字和最高分数：点一下就在上方打开。rollout 把注意力沿着所有层连乘起来，"
+        "其中每一步的残差连接算作一半。",
         "layer_text": "这一层 {heads} 个头的注意力权重：第 i 行表示 Token i 从前面每个 Token 获取多少信息。",
         "names": "为每个注意力头命名",
         "names_text": "每个头在一个探针序列上打分：{half} 个互不相同的随机 Token，后面再重复一遍 (T = 2n)。"

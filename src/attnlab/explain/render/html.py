@@ -55,6 +55,7 @@ ul.checks .detail { color: var(--muted); font-size: 12px; }
 .toolbar { padding: 0 32px; font-size: 13px; color: var(--muted); }
 body.hide-numbers pre.value { display: none; }
 section.step.text-only { grid-template-columns: 1fr; }
+section.step .view { grid-column: 1 / -1; min-width: 0; }
 @media (max-width: 800px) { section.step { grid-template-columns: 1fr; } }
 """
 
@@ -108,6 +109,7 @@ class Section:
     value: str | None = None
     figures: list[Figure] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
+    view: str | None = None  # an interactive fragment made here (render.view.AttentionView), the section's width
 
 
 @dataclass
@@ -168,6 +170,7 @@ class Report:
             f'<section class="{kind}" id="{e(s.key)}"><h2><span class="n">{n}.</span>{e(s.title)}</h2>'
             f'<div class="explain">{left}</div>'
             + (f'<div class="figures">{right}</div>' if right else "")
+            + (f'<div class="view">{s.view}</div>' if s.view else "")  # its text escaped where it was made
             + "</section>"
         )
 

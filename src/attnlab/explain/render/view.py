@@ -1,0 +1,410 @@
+"""An interactive view of a whole model's attention, in one offline HTML fragment (no network, no server).
+
+Three panels read the same embedded weights:
+
+* **the head view**: the tokens in two columns, queries on the left and keys
+  on the right, and from the focused query a line to each key it attends,
+  as thick and as opaque as its weight, one colour per head. Hover or tap a
+  token to focus it (the arrow keys move it); choose the layer (or the
+  rollout) and the heads;
+* **the model view**: every layer x head as a small pattern, labelled with
+  the head's name and best score; a click (or Enter) opens it in the head view;
+* **the rollout** (Abnar & Zuidema, 2020): how much each token's last-layer
+  representation draws on each input token through every layer, with the
+  residual counted as half of each step: ``R = prod_l (0.5 * mean_h A_l + 0.5 * I)``,
+  rows renormalised.
+
+The weights go in as bytes, not JSON numbers: each in [0, 1] rounded to one
+of 255 steps (uint8), and of a causal pattern only the lower triangle, base64
+in the page. 12 layers x 12 heads x 256 tokens is 4.7 MB of weights and about
+6.3 MB of page. Every token and label reaches the page as JSON in a
+``<script type="application/json">`` block with ``<``, ``>`` and ``&``
+escaped, and the script writes them with ``textContent``: a token like
+``<script>`` shows as text and runs nothing.
+
+Shapes: L = layers, H = heads, T = tokens.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+MAX_VIEW_TOKENS = 1024  # the head view scrolls; past this the page grows past what a browser draws at ease
+MAX_VIEW_BYTES = 32 * 2**20  # weights embedded in one page, before base64; past it a browser takes seconds to open it
+THUMB = 128  # the model view draws each head in at most this many pixels a side (max over each block of weights)
+
+VIEW_TEXT = {
+    "en": {
+        "head_view": "Head view",
+        "model_view": "Model view",
+        "layer": "layer",
+        "rollout": "rollout",
+        "heads": "heads",
+        "all": "all",
+        "none": "none",
+        "queries": "queries",
+        "keys": "keys",
+        "hint": "Hover or tap a query token to see where it looks; ↑ ↓ move it, ← → change the layer.",
+        "model_hint": "Every layer × head; click one (or focus it and press Enter) to open it above.",
+        "head": "L{layer} H{head}",
+        "focus": "query {i}: {token}",
+        "weight": "{key}: {w}",
+    },
+    "zh": {
+        "head_view": "注意力头视图",
+        "model_view": "模型视图",
+        "layer": "层",
+        "rollout": "注意力累积（rollout）",
+        "heads": "头",
+        "all": "全部",
+        "none": "全不选",
+        "queries": "查询",
+        "keys": "键",
+        "hint": "把鼠标移到（或点一下）左列的查询词元，看它关注哪里；↑ ↓ 换词元，← → 换层。",
+        "model_hint": "每一层 × 每个头；点一个（或选中后按回车）在上方打开。",
+        "head": "第{layer}层 头{head}",
+        "focus": "查询 {i}：{token}",
+        "weight": "{key}：{w}",
+    },
+}
+
+COLOURS = (
+    "#1a73e8", "#d93025", "#188038", "#f9ab00", "#9334e6", "#e8710a",
+    "#129eaf", "#c5221f", "#5f6368", "#b31412", "#0d652d", "#7627bb",
+)  # fmt: skip
+
+_CSS = """
+.attnview { font: 13px/1.4 system-ui, -apple-system, "Segoe UI", "Noto Sans", "PingFang SC", sans-serif;
+            color: #1d1d1f; border: 1px solid #dadce0; border-radius: 8px; padding: 12px; background: white; }
+.attnview h3 { margin: 4px 0 6px; font-size: 15px; }
+.attnview .hint { color: #5f6368; font-size: 12px; margin: 0 0 8px; }
+.attnview .controls { display: flex; flex-wrap: wrap; gap: 8px 14px; align-items: center; margin-bottom: 8px; }
+.attnview .controls label { white-space: nowrap; }
+.attnview .swatch { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 3px; }
+.attnview .pane { position: relative; max-height: 560px; overflow: auto; border: 1px solid #eee; border-radius: 6px; }
+.attnview .columns { position: relative; display: grid; grid-template-columns: minmax(60px, 220px) 180px minmax(60px, 220px); }
+.attnview .col div { height: 18px; line-height: 18px; padding: 0 6px; white-space: pre; overflow: hidden;
+                     text-overflow: ellipsis; cursor: pointer; border-radius: 3px; }
+.attnview .col.q div { text-align: right; }
+.attnview .col div.focus { background: #e8f0fe; outline: 1px solid #1a73e8; }
+.attnview canvas.lines { position: absolute; left: 0; top: 0; pointer-events: none; }
+.attnview .status { min-height: 18px; color: #5f6368; font-size: 12px; margin-top: 4px; }
+.attnview .grid { display: grid; gap: 6px; overflow-x: auto; padding-bottom: 4px; }
+.attnview .cell { cursor: pointer; text-align: center; font-size: 11px; border: 1px solid transparent; border-radius: 4px; }
+.attnview .cell:focus, .attnview .cell.open { border-color: #1a73e8; outline: none; }
+.attnview .cell canvas { width: 72px; height: 72px; image-rendering: pixelated; border: 1px solid #dadce0; }
+.attnview .cell .name { display: block; max-width: 84px; margin: 0 auto; white-space: nowrap; overflow: hidden;
+                        text-overflow: ellipsis; color: #5f6368; }
+"""
+
+_SCRIPT = r"""
+(function (root) {
+  var data = JSON.parse(root.querySelector("script.attnview-data").textContent);
+  var T = data.tokens.length, L = data.layers, H = data.heads, txt = data.text;
+  var raw = atob(data.weights), bytes = new Uint8Array(raw.length);
+  for (var n = 0; n < raw.length; n++) { bytes[n] = raw.charCodeAt(n); }
+  var rowStart = new Int32Array(T + 1);  // offsets of each query row inside one head's block
+  for (var i = 0; i < T; i++) { rowStart[i + 1] = rowStart[i] + (data.causal ? i + 1 : T); }
+  var block = rowStart[T];
+  function weight(layer, head, q, k) {  // layer === L is the rollout (one head)
+    if (data.causal && k > q) { return 0; }
+    var base = layer < L ? (layer * H + head) * block : L * H * block;
+    return bytes[base + rowStart[q] + k] / 255;
+  }
+  var state = { layer: 0, heads: [], focus: T - 1 };
+  for (var h = 0; h < H; h++) { state.heads.push(true); }
+  var qcol = root.querySelector(".col.q"), kcol = root.querySelector(".col.k");
+  var canvas = root.querySelector("canvas.lines"), columns = root.querySelector(".columns");
+  var status = root.querySelector(".status"), layerSelect = root.querySelector("select.layer");
+  function row(col, i) {
+    var d = document.createElement("div");
+    d.textContent = data.tokens[i];
+    d.title = i + ": " + data.tokens[i];
+    d.setAttribute("data-i", String(i));
+    col.appendChild(d);
+    return d;
+  }
+  var qrows = [], krows = [];
+  for (var t = 0; t < T; t++) { qrows.push(row(qcol, t)); krows.push(row(kcol, t)); }
+  function draw() {
+    var rowH = 18, mid = canvas.parentNode.querySelector(".gap");
+    var x0 = mid.offsetLeft, x1 = mid.offsetLeft + mid.offsetWidth;
+    canvas.width = columns.offsetWidth; canvas.height = T * rowH;
+    canvas.style.width = canvas.width + "px"; canvas.style.height = canvas.height + "px";
+    var ctx = canvas.getContext("2d");
+    ctx.clearRect(0, 0, canvas.width, canvas.height);
+    var q = state.focus, heads = state.layer < L ? H : 1, drawn = 0;
+    for (var h = 0; h < heads; h++) {
+      if (state.layer < L && !state.heads[h]) { continue; }
+      ctx.strokeStyle = data.colours[h % data.colours.length];
+      for (var k = 0; k < T; k++) {
+        var w = weight(state.layer, h, q, k);
+        if (w < 0.01) { continue; }
+        ctx.globalAlpha = Math.min(1, 0.15 + w);
+        ctx.lineWidth = 0.5 + 4 * w;
+        ctx.beginPath();
+        ctx.moveTo(x0, q * rowH + rowH / 2);
+        ctx.lineTo(x1, k * rowH + rowH / 2);
+        ctx.stroke();
+        drawn++;
+      }
+    }
+    ctx.globalAlpha = 1;
+    qrows.forEach(function (d, i) { d.classList.toggle("focus", i === q); });
+    var best = -1, bestW = -1;
+    for (var j = 0; j < T; j++) {  // each key shaded by its mean weight over the heads shown
+      var s = 0, c = 0;
+      for (var h2 = 0; h2 < heads; h2++) { if (state.layer === L || state.heads[h2]) { s += weight(state.layer, h2, q, j); c++; } }
+      var m = c ? s / c : 0;
+      krows[j].style.background = m >= 0.01 ? "rgba(26, 115, 232, " + (0.6 * Math.sqrt(m)).toFixed(3) + ")" : "";
+      if (c && m > bestW) { bestW = m; best = j; }
+    }
+    status.textContent = txt.focus.replace("{i}", String(q)).replace("{token}", data.tokens[q]) +
+      (best >= 0 ? " · " + txt.weight.replace("{key}", data.tokens[best]).replace("{w}", bestW.toFixed(2)) : "");
+    root.querySelectorAll(".cell").forEach(function (c) {  // the patterns the head view shows now
+      var l = +c.getAttribute("data-layer");
+      c.classList.toggle("open", l === state.layer && state.heads[+c.getAttribute("data-head")]);
+    });
+    root.setAttribute("data-lines", String(drawn));
+    root.setAttribute("data-focus", String(q));
+    root.setAttribute("data-layer", String(state.layer));
+  }
+  function focusOn(i) { state.focus = Math.max(0, Math.min(T - 1, i)); draw(); }
+  qcol.addEventListener("mouseover", function (e) { var i = e.target.getAttribute("data-i"); if (i !== null) { focusOn(+i); } });
+  qcol.addEventListener("click", function (e) { var i = e.target.getAttribute("data-i"); if (i !== null) { focusOn(+i); } });
+  layerSelect.addEventListener("change", function () { state.layer = +layerSelect.value; draw(); });
+  root.querySelectorAll("input.head").forEach(function (box) {
+    box.addEventListener("change", function () { state.heads[+box.value] = box.checked; draw(); });
+  });
+  function setHeads(on) {
+    root.querySelectorAll("input.head").forEach(function (box) { box.checked = on(+box.value); state.heads[+box.value] = box.checked; });
+  }
+  root.querySelector("button.all").addEventListener("click", function () { setHeads(function () { return true; }); draw(); });
+  root.querySelector("button.none").addEventListener("click", function () { setHeads(function () { return false; }); draw(); });
+  root.addEventListener("keydown", function (e) {
+    if (e.target.tagName === "SELECT" || e.target.tagName === "INPUT") { return; }
+    if (e.key === "ArrowDown" || e.key === "ArrowUp") { focusOn(state.focus + (e.key === "ArrowDown" ? 1 : -1)); e.preventDefault(); }
+    if (e.key === "ArrowRight" || e.key === "ArrowLeft") {
+      var last = data.rollout ? L : L - 1;
+      state.layer = Math.max(0, Math.min(last, state.layer + (e.key === "ArrowRight" ? 1 : -1)));
+      layerSelect.value = String(state.layer); draw(); e.preventDefault();
+    }
+  });
+  // the model view: every head as a small picture of its pattern; a click opens it in the head view
+  // a pattern as at most THUMB x THUMB pixels, each the largest weight of the block it covers (long texts too)
+  var R = Math.min(T, data.thumb), shade = new Uint8Array(256);
+  for (var v = 0; v < 256; v++) { shade[v] = 255 - Math.round(255 * Math.sqrt(v / 255)); }
+  function paint(cv, layer, head) {
+    cv.width = R; cv.height = R;
+    var ctx = cv.getContext("2d"), img = ctx.createImageData(R, R), px = img.data, most = new Uint8Array(R * R);
+    var base = layer < L ? (layer * H + head) * block : L * H * block;
+    for (var q = 0; q < T; q++) {
+      var a = Math.floor(q * R / T) * R, start = base + rowStart[q], end = data.causal ? q + 1 : T;
+      for (var k = 0; k < end; k++) {
+        var b = a + Math.floor(k * R / T), x = bytes[start + k];
+        if (x > most[b]) { most[b] = x; }
+      }
+    }
+    for (var c = 0; c < R * R; c++) {
+      var s = shade[most[c]];
+      px[4 * c] = s; px[4 * c + 1] = s; px[4 * c + 2] = 255; px[4 * c + 3] = 255;
+    }
+    ctx.putImageData(img, 0, 0);
+  }
+  function open(layer, head) {
+    state.layer = layer; layerSelect.value = String(layer);
+    if (layer < L) { setHeads(function (h) { return h === head; }); }
+    draw();
+    root.querySelector(".headview").scrollIntoView({ block: "nearest" });
+  }
+  root.querySelectorAll(".cell").forEach(function (cell) {
+    var layer = +cell.getAttribute("data-layer"), head = +cell.getAttribute("data-head");
+    paint(cell.querySelector("canvas"), layer, head);
+    cell.addEventListener("click", function () { open(layer, head); });
+    cell.addEventListener("keydown", function (e) { if (e.key === "Enter" || e.key === " ") { open(layer, head); e.preventDefault(); } });
+  });
+  draw();
+  root.setAttribute("data-ready", "1");
+})(document.currentScript.parentNode);
+"""
+
+
+# a token's control characters, shown: a newline or tab would break its row, the rest are unreadable
+_SHOWN = {0x0A: "\u21b5", 0x09: "\u21e5", 0x0D: "\u240d"} | {
+    c: "\ufffd" for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F]
+}
+
+
+def rollout(weights: torch.Tensor) -> torch.Tensor:
+    """Attention rollout (Abnar & Zuidema, 2020) of weights (L, H, T, T): (T, T), each row summing to 1.
+
+    Each layer's heads are averaged and the residual stream counted as half: ``0.5 * A + 0.5 * I``,
+    rows renormalised; the layers multiply, the first on the right.
+    """
+    t = weights.shape[-1]
+    eye = torch.eye(t, dtype=torch.float64)
+    total = eye
+    for layer in weights.to(torch.float64):  # (H, T, T)
+        step = 0.5 * layer.mean(dim=0) + 0.5 * eye
+        step = step / step.sum(dim=-1, keepdim=True)
+        total = step @ total
+    return total.float()
+
+
+def _longest(patterns: int) -> int:
+    """The most tokens whose lower triangles, ``patterns`` of them, fit MAX_VIEW_BYTES."""
+    t = 1
+    while patterns * (t + 1) * (t + 2) // 2 <= MAX_VIEW_BYTES:
+        t += 1
+    return t
+
+
+def _pack(weights: torch.Tensor, causal: bool) -> str:
+    """(N, T, T) weights in [0, 1] -> base64 of uint8 steps, row by row, only the lower triangle when causal."""
+    t = weights.shape[-1]
+    steps = torch.round(weights.clamp(0, 1) * 255).to(torch.uint8)  # (N, T, T)
+    if causal:
+        rows, cols = torch.tril_indices(t, t)
+        steps = steps[:, rows, cols]  # (N, T (T + 1) / 2): row by row, each row up to its diagonal
+    return base64.b64encode(steps.contiguous().numpy().tobytes()).decode("ascii")
+
+
+def _json_for_html(value: object) -> str:
+    """JSON that can sit inside a <script> element: no ``</script>``, no ``<!--``, no line separators."""
+    text = json.dumps(value, ensure_ascii=False)
+    for raw, escaped in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        text = text.replace(raw, escaped)
+    return text
+
+
+@dataclass
+class AttentionView:
+    """Every head of a model on one text, to explore in a browser or a notebook (see the module docstring).
+
+    Args:
+        tokens: the text's tokens as labels, T of them (at most MAX_VIEW_TOKENS).
+        weights: (L, H, T, T), each row a distribution (``GPT.attention_weights(ids)[:, 0]``).
+        names: per layer and head, a name shown under its pattern ("induction 0.93"), or None.
+        lang: "en" or "zh".
+    """
+
+    tokens: list[str]
+    weights: torch.Tensor
+    names: list[list[str]] | None = None
+    lang: str = "en"
+    title: str = ""
+    rollout: torch.Tensor | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.lang not in VIEW_TEXT:
+            raise ValueError(f"lang must be one of {sorted(VIEW_TEXT)}, got {self.lang!r}")
+        w = self.weights
+        if not isinstance(w, torch.Tensor) or w.dim() != 4 or w.shape[-1] != w.shape[-2]:
+            got = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+            raise ValueError(f"weights must be (layers, heads, T, T), got {got}")
+        if w.shape[-1] != len(self.tokens):
+            raise ValueError(f"{len(self.tokens)} tokens but weights for {w.shape[-1]}: give one label per token")
+        if not 0 < len(self.tokens) <= MAX_VIEW_TOKENS:
+            raise ValueError(f"the view shows 1 to {MAX_VIEW_TOKENS} tokens, got {len(self.tokens)}; shorten the text")
+        if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+            raise ValueError("weights must be finite and non-negative (attention weights, each row a distribution)")
+        if self.names is not None and (len(self.names) != w.shape[0] or any(len(r) != w.shape[1] for r in self.names)):
+            raise ValueError(f"names must be {w.shape[0]} lists of {w.shape[1]} names, one per layer and head")
+        t = w.shape[-1]
+        embedded = (w.shape[0] * w.shape[1] + 1) * t * (t + 1) // 2
+        if embedded > MAX_VIEW_BYTES:
+            raise ValueError(
+                f"{w.shape[0]} layers x {w.shape[1]} heads x {t} tokens would embed {embedded / 2**20:.0f} MiB of "
+                f"weights, more than the {MAX_VIEW_BYTES // 2**20} MiB a page opens quickly with; shorten the text "
+                f"(at most {_longest(w.shape[0] * w.shape[1] + 1)} tokens for this model)"
+            )
+        self.weights = w.detach().float().cpu()
+        self.tokens = [str(t).translate(_SHOWN) for t in self.tokens]
+        self.rollout = rollout(self.weights)
+
+    @property
+    def causal(self) -> bool:
+        """Nothing above the diagonal: only the lower triangle is embedded."""
+        return bool((self.weights.triu(1) == 0).all())
+
+    def to_fragment(self) -> str:
+        """The view as one ``<div>`` with its own style, data and script: to place inside any page."""
+        e = html.escape
+        txt = VIEW_TEXT[self.lang]
+        layers, heads, _, _ = self.weights.shape
+        assert self.rollout is not None
+        packed = torch.cat([self.weights.flatten(0, 1), self.rollout[None]])  # (L*H + 1, T, T): the rollout last
+        data = {
+            "tokens": self.tokens,
+            "layers": layers,
+            "heads": heads,
+            "causal": self.causal,
+            "rollout": True,
+            "colours": list(COLOURS),
+            "thumb": THUMB,
+            "text": {"focus": txt["focus"], "weight": txt["weight"]},
+            "weights": _pack(packed, self.causal),
+        }
+        options = "".join(f'<option value="{i}">{e(txt["layer"])} {i}</option>' for i in range(layers))
+        options += f'<option value="{layers}">{e(txt["rollout"])}</option>'
+        boxes = "".join(
+            f'<label><input type="checkbox" class="head" value="{h}" checked>'
+            f'<span class="swatch" style="background:{COLOURS[h % len(COLOURS)]}"></span>{h}</label>'
+            for h in range(heads)
+        )
+        cells = []
+        for layer in range(layers):
+            for head in range(heads):
+                label = txt["head"].format(layer=layer, head=head)
+                name = self.names[layer][head] if self.names else ""
+                cells.append(
+                    f'<div class="cell" tabindex="0" role="button" data-layer="{layer}" data-head="{head}" '
+                    f'aria-label="{e(label + " " + name)}"><canvas></canvas>'
+                    f'<span class="name">{e(label)}</span><span class="name">{e(name)}</span></div>'
+                )
+        return (
+            f'<div class="attnview" lang="{e(self.lang)}" tabindex="0"><style>{_CSS}</style>'
+            f'<script type="application/json" class="attnview-data">{_json_for_html(data)}</script>'
+            f'<div class="headview"><h3>{e(txt["head_view"])}</h3><p class="hint">{e(txt["hint"])}</p>'
+            f'<div class="controls"><label>{e(txt["layer"])} <select class="layer">{options}</select></label>'
+            f'<span>{e(txt["heads"])}: {boxes}</span><button type="button" class="all">{e(txt["all"])}</button>'
+            f'<button type="button" class="none">{e(txt["none"])}</button></div>'
+            f'<div class="pane"><div class="columns"><div class="col q" aria-label="{e(txt["queries"])}"></div>'
+            f'<div class="gap"></div><div class="col k" aria-label="{e(txt["keys"])}"></div>'
+            '<canvas class="lines"></canvas></div></div><div class="status"></div></div>'
+            f'<div class="modelview"><h3>{e(txt["model_view"])}</h3><p class="hint">{e(txt["model_hint"])}</p>'
+            f'<div class="grid" style="grid-template-columns: repeat({heads}, 86px)">{"".join(cells)}</div></div>'
+            f"<script>{_SCRIPT}</script></div>"
+        )
+
+    def to_html(self) -> str:
+        """A whole page holding the view alone."""
+        e = html.escape
+        title = self.title or VIEW_TEXT[self.lang]["head_view"]
+        return (
+            f'<!DOCTYPE html>\n<html lang="{e(self.lang)}"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<title>{e(title)}</title></head><body style="margin:16px;background:#fafafa">'
+            f'<h1 style="font:600 20px system-ui,sans-serif">{e(title)}</h1>{self.to_fragment()}</body></html>\n'
+        )
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the view inline: the fragment carries its own data and script."""
+        return self.to_fragment()
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_html(), encoding="utf-8")
+        return path

@@ -1,0 +1,92 @@
+"""The interactive view of every head (attnlab.explain.render.view): its data, its limits, its budget in Chromium."""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.explain.render.view import MAX_VIEW_BYTES, AttentionView, rollout
+from test_report import _chromium
+
+
+def test_rollout_of_two_layers_by_hand() -> None:
+    # one head, A = [[1, 0], [0.5, 0.5]]: each step is 0.5 A + 0.5 I = [[1, 0], [0.25, 0.75]] (rows sum to 1)
+    # two layers: [[1, 0], [0.25, 0.75]] @ [[1, 0], [0.25, 0.75]] = [[1, 0], [0.4375, 0.5625]]
+    a = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
+    torch.testing.assert_close(rollout(a[None, None]), torch.tensor([[1.0, 0.0], [0.25, 0.75]]))
+    torch.testing.assert_close(rollout(a.expand(2, 1, 2, 2)), torch.tensor([[1.0, 0.0], [0.4375, 0.5625]]))
+
+
+def _causal(layers: int, heads: int, t: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(layers, heads, t, t, generator=g)
+    return scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+
+
+def test_the_page_embeds_bytes_of_the_lower_triangle_and_escapes_every_token() -> None:
+    w = _causal(2, 3, 5)
+    tokens = ["</script><script>alert(1)</script>", "a\nb", "<!--", "中文", "&amp;"]
+    view = AttentionView(tokens=tokens, weights=w, names=[["x"] * 3, ["<i>y</i>"] * 3], lang="zh")
+    page = view.to_html()
+    assert "<script>alert" not in page and "<i>y</i>" not in page and "<!--" not in page
+    assert page.count("<script") == 2  # the data block and the view's own script
+    assert view.tokens[1] == "a\u21b5b"  # a newline shown, not breaking its row
+    packed = page.split('"weights": "')[1].split('"')[0]
+    got = torch.tensor(list(base64.b64decode(packed)), dtype=torch.float32) / 255
+    lower = torch.tril_indices(5, 5)
+    want = torch.cat([w.flatten(0, 1), rollout(w)[None]])[:, lower[0], lower[1]].flatten()  # (7 patterns x 15)
+    assert got.shape == want.shape and float((got - want).abs().max()) <= 0.5 / 255 + 1e-6
+    assert view._repr_html_() == view.to_fragment() and view.to_fragment() in page
+
+
+def test_bad_input_is_refused_by_name() -> None:
+    w = _causal(1, 2, 4)
+    with pytest.raises(ValueError, match="3 tokens but weights for 4"):
+        AttentionView(tokens=["a"] * 3, weights=w)
+    with pytest.raises(ValueError, match=r"weights must be \(layers, heads, T, T\), got \(2, 4, 4\)"):
+        AttentionView(tokens=["a"] * 4, weights=w[0])
+    with pytest.raises(ValueError, match="lang must be one of"):
+        AttentionView(tokens=["a"] * 4, weights=w, lang="fr")
+    with pytest.raises(ValueError, match="finite and non-negative"):
+        AttentionView(tokens=["a"] * 4, weights=w.masked_fill(w > 0.5, float("nan")))
+    with pytest.raises(ValueError, match="names must be 1 lists of 2 names"):
+        AttentionView(tokens=["a"] * 4, weights=w, names=[["a"]])
+    big = torch.zeros(12, 12, 1024, 1024)
+    with pytest.raises(ValueError, match=r"would embed 73 MiB of weights, more than the 32 MiB.*at most \d+ tokens"):
+        AttentionView(tokens=["a"] * 1024, weights=big)
+    assert 12 * 12 * 257 * 256 // 2 < MAX_VIEW_BYTES  # the budget case below fits
+
+
+def test_twelve_layers_of_twelve_heads_at_256_tokens_open_and_answer_within_budget(tmp_path: Path) -> None:
+    """The issue's budget, checked as a budget (not a benchmark): 12 x 12 x 256 opens and answers within 2 s."""
+    executable = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    t = 256
+    view = AttentionView(tokens=[f"t{i}" for i in range(t)], weights=_causal(12, 12, t))
+    path = view.save(tmp_path / "view.html")
+    assert path.stat().st_size < 8 * 2**20  # bytes, not megabytes of JSON numbers: 4.7 MB of weights in base64
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.on("request", lambda r: None if r.url.startswith("file:") else problems.append(f"request: {r.url}"))
+        page.goto(path.as_uri())
+        page.wait_for_selector(".attnview[data-ready='1']", timeout=10_000)
+        opened_ms = page.evaluate("() => performance.now()")  # since navigation began
+        started = time.perf_counter()
+        page.locator(".col.q div").nth(200).hover()
+        page.wait_for_selector(".attnview[data-focus='200']", timeout=10_000)
+        answered_s = time.perf_counter() - started
+        lines = int(page.locator(".attnview").get_attribute("data-lines") or 0)
+        browser.close()
+    assert problems == []
+    assert opened_ms < 2000, f"opened in {opened_ms:.0f} ms"
+    assert answered_s < 2.0, f"answered a hover in {answered_s:.2f} s"
+    expected = sum(int((torch.round(_causal(12, 12, t)[0, h, 200] * 255) / 255 >= 0.01).sum()) for h in range(12))
+    assert lines == expected  # every weight of at least 0.01 drawn, for the 12 heads of layer 0
