@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import unicodedata
@@ -108,7 +109,7 @@ def test_explain_without_a_report_takes_more_than_64_tokens(capsys: pytest.Captu
     sentence = " ".join(f"w{i}" for i in range(80))
     assert cli.main(["explain", sentence, "--no-causal"]) == 0
     shown = capsys.readouterr().out
-    assert "79          'w79'" in shown and "'w0'" in shown  # every one of the 80 tokens, the last included
+    assert re.search(r"^79  \[.*\]  'w79'$", shown, flags=re.MULTILINE) and "'w0'" in shown  # all 80, the last too
     assert cli.main(["explain", sentence, "--html", "x.html"]) == 2
     assert "the sentence has 80 tokens; the HTML report's heatmaps show at most 64" in capsys.readouterr().err
 
@@ -177,3 +178,14 @@ def test_the_command_alone_helps_and_every_subcommand_says_what_it_does() -> Non
     bench = subprocess.run([str(ATTNLAB), "bench", "--help"], capture_output=True, text=True, timeout=120)
     assert "Time and measure every attention implementation" in bench.stdout
     assert "attnlab-flash" in bench.stdout and "book-wrapper" in bench.stdout  # --impls lists the names
+
+
+def test_wide_characters_shift_no_column_of_the_token_table(capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.cells import cell_len
+
+    from attnlab import cli
+
+    assert cli.main(["explain", "你好 世界 attention is 全部"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if re.match(r"^ ?\d  \[", line)]
+    assert len(rows) == 5
+    assert len({cell_len(row[: row.index("]")]) for row in rows}) == 1  # the vectors end in one column

@@ -212,7 +212,9 @@ def test_report_in_headless_chromium(kind: str, tmp_path: Path, written: dict[st
         grid.click()
         assert page.locator("#lightbox.open").is_visible()
         full = page.locator("#lightbox img").evaluate("i => i.getBoundingClientRect().width")
-        assert full > shown * 1.2, (shown, full)
+        assert shown <= full <= 1280, (shown, full)  # larger, and never past the window (a 2907 px grid spilled)
+        if kind != "heads-en":  # the model report's grids of heads already take the page's width
+            assert full > shown * 1.2, (shown, full)
         if kind == "tour-zh":
             page.screenshot(path=str(SCREENSHOTS.parent / "lightbox.png"))
         page.keyboard.press("Escape")

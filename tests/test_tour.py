@@ -118,6 +118,20 @@ def test_terminal_tour_wraps_and_never_cuts_at_80_columns() -> None:
                 assert re.sub(r"\s", "", line) in flat, (lang, step.key, line)
 
 
+@pytest.mark.parametrize("width", [40, 47, 61])
+def test_panel_titles_wrap_and_are_never_cut_at_any_width_from_40(width: int) -> None:
+    for lang in ("en", "zh"):
+        console = Console(width=width, record=True, color_system=None)
+        assert render_tour(console, lang, check=False) == 0
+        lines = console.export_text().splitlines()
+        assert max(cell_len(line) for line in lines) <= width
+        flat = re.sub(r"[\s│╭╮╰╯─]", "", "".join(lines))
+        steps = build_tour(lang)
+        for n, step in enumerate(steps, start=1):
+            title = re.sub(r"\s", "", step.title)
+            assert f"{n}.{title}" in flat, (lang, width, step.title)  # whole, with its number
+
+
 def test_wrap_breaks_chinese_between_characters_and_keeps_words_whole() -> None:
     text = "查询 x(2) 与每个 Token 做点积。它与自己的分数 1.4950 最高：自己与自己最相似，所以注意力分数最大。" * 3
     lines = wrap(text, 40)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -352,6 +353,7 @@ def test_train_then_heads_then_explain_then_resume_from_the_command_line(
     assert cli.main(["heads", "--model", str(out), "--json", str(tmp_path / "scores.json")]) == 0
     table = capsys.readouterr().out
     assert "layer" in table and "head 3" in table and "prev = previous-token" in table
+    assert "(in brackets) = unnamed" in table and re.search(r"\((prev|dup|ind|first) 0\.\d\d\)", table)
     saved = json.loads((tmp_path / "scores.json").read_text())
     assert set(saved) >= {"previous_token", "duplicate_token", "induction", "first_token", "in_context_learning"}
     assert HeadScores.from_dict(saved) == head_scores(GPT.from_pretrained(out))

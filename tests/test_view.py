@@ -90,3 +90,19 @@ def test_twelve_layers_of_twelve_heads_at_256_tokens_open_and_answer_within_budg
     assert answered_s < 2.0, f"answered a hover in {answered_s:.2f} s"
     expected = sum(int((torch.round(_causal(12, 12, t)[0, h, 200] * 255) / 255 >= 0.01).sum()) for h in range(12))
     assert lines == expected  # every weight of at least 0.01 drawn, for the 12 heads of layer 0
+
+
+def test_a_notebook_gets_the_view_of_a_shipped_model_past_the_reports_64_tokens() -> None:
+    from attnlab.explain.model_report import attention_view
+    from attnlab.explain.render.view import VIEW_TEXT
+    from attnlab.models import GPT, load_tokenizer
+    from attnlab.models.checkpoints import locate
+
+    model = GPT.from_pretrained("text")
+    text = "Attention lets every token look back at the tokens before it. " * 3  # 189 tokens of bytes
+    view = attention_view(model, load_tokenizer(locate("text")), text, lang="zh", cache="h2o")
+    assert len(view.tokens) == len(text) > 64 and view.weights.shape[:2] == (4, 4)
+    assert view.held is not None and view.held.shape == (4, len(text)) and not bool(view.held.all())
+    shown = view._repr_html_()  # what Jupyter puts in the notebook: data, script and words, no server
+    assert 'class="attnview-data"' in shown and VIEW_TEXT["zh"]["model_view"] in shown
+    assert all(name.split()[0] in ("-", "前一个", "重复", "归纳", "首个") for row in view.names or [] for name in row)

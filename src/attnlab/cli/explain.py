@@ -88,7 +88,9 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
             from attnlab.explain.cache_view import check_cache_args
 
             check_cache_args(args.cache, model, tokenizer, args.sentence)  # before the heads are scored
-        report = model_report(model, tokenizer, args.sentence, name=name, lang=args.lang, log=log, figures=figures)
+        report = model_report(
+            model, tokenizer, args.sentence, name=name, lang=args.lang, log=log, figures=figures, cache=args.cache
+        )
         if args.cache:
             from attnlab.explain.cache_view import cache_sections
 

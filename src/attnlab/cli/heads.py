@@ -42,7 +42,8 @@ def table(scores: HeadScores, *, title: str) -> Table:
 
     legend = (
         f"each head's highest score: prev = previous-token, dup = duplicate-token, ind = induction, "
-        f"first = first-token (attention sink); bold = named (score >= {NAME_THRESHOLD})"
+        f"first = first-token (attention sink); bold = named (score >= {NAME_THRESHOLD}); "
+        f"(in brackets) = unnamed: no score reaches {NAME_THRESHOLD}, its highest shown"
     )
     n_heads = len(scores.induction[0])
     grid = Table(title=title, caption=legend)
@@ -54,7 +55,7 @@ def table(scores: HeadScores, *, title: str) -> Table:
         for head in range(n_heads):
             best = max(SCORES, key=lambda s: getattr(scores, s)[layer][head])
             cell = f"{SHORT[best]} {getattr(scores, best)[layer][head]:.2f}"
-            cells.append(f"[bold]{cell}[/bold]" if scores.label(layer, head) else f"[dim]{cell}[/dim]")
+            cells.append(f"[bold]{cell}[/bold]" if scores.label(layer, head) else f"[dim]({cell})[/dim]")
         grid.add_row(str(layer), *cells)
     return grid
 

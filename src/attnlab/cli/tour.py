@@ -49,6 +49,10 @@ def render_tour(console: Console, lang: str, check: bool) -> int:
     console.rule(f"[bold]attnlab tour — {words['heading']}")
     for n, step in enumerate(steps, start=1):
         parts: list[Text | Syntax] = [Text("\n".join(wrap(step.text, inner)))]
+        title = f"{n}. {step.title}"
+        if cell_len(title) > inner - 2:  # the border holds "─ title ─": a longer one wraps inside instead of being cut
+            parts.insert(0, Text("\n".join(wrap(title, inner)) + "\n", style="bold"))
+            title = f"{n}."
         if step.code:
             parts.append(Text(""))
             parts.append(Syntax(step.code, "python", theme="ansi_dark", background_color="default", word_wrap=True))
@@ -61,7 +65,7 @@ def render_tour(console: Console, lang: str, check: bool) -> int:
                 line.append(c.label)
                 line.append(f"  {c.detail}", style="dim")
                 parts.append(line)
-        console.print(Panel(Group(*parts), title=f"[bold]{n}. {step.title}", title_align="left"))
+        console.print(Panel(Group(*parts), title=Text(title, style="bold"), title_align="left"))
     if not check:
         return 0
     bad = mismatches(steps)

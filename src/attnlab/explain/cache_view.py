@@ -41,10 +41,14 @@ SHOWN: dict[str, Any] = {
 }
 
 
-def check_cache_args(cache: str, model: GPT, tokenizer: TextTokenizer, text: str) -> list[int]:
-    """The prompt's ids, or the error that says what to change (before anything runs)."""
+def check_cache_name(cache: object) -> None:
     if cache not in CACHES:
         raise ValueError(f"--cache {cache!r} is not a cache; the caches are {list(CACHES)}")
+
+
+def check_cache_args(cache: str, model: GPT, tokenizer: TextTokenizer, text: str) -> list[int]:
+    """The prompt's ids, or the error that says what to change (before anything runs)."""
+    check_cache_name(cache)
     ids = tokenizer.encode(text)
     if not ids:
         raise ValueError(f"the text has no tokens: {text!r}")
@@ -130,6 +134,17 @@ def _watch(
             for n, c in enumerate(caches)
         ]
     return grid, rows, "\n".join(lines), tokens
+
+
+@torch.no_grad()
+def held_by_layer(model: GPT, ids: list[int], cache: str) -> torch.Tensor:
+    """(layers, T) bool: which of the text's tokens each layer's ``cache`` still holds once it has read them all
+    (with the sizes the cache view shows; an evicting cache chooses per layer)."""
+    if cache in ("paged", "prefix"):  # blocks of every token: nothing let go
+        return torch.ones(model.config.n_layers, len(ids), dtype=torch.bool)
+    caches = model.make_caches(batch_size=1, max_len=len(ids) + 1, cache=SHOWN.get(cache, cache))
+    prefill(model, torch.tensor([ids]), caches)
+    return torch.stack([_held(c, len(ids), len(ids)) == 1.0 for c in caches])
 
 
 def _held(cache: Any, seen: int, total: int) -> torch.Tensor:

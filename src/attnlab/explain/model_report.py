@@ -9,7 +9,7 @@ from attnlab.explain.heads import SCORES, HeadScores, describe_run, head_scores,
 from attnlab.explain.render.curves import training_curves
 from attnlab.explain.render.heatmap import head_grid, heatmap, png_bytes
 from attnlab.explain.render.html import Figure, Report, Section
-from attnlab.explain.render.view import AttentionView
+from attnlab.explain.render.view import MAX_VIEW_TOKENS, AttentionView
 from attnlab.explain.report import MAX_TOKENS
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.explain.tour import fmt
@@ -18,14 +18,16 @@ from attnlab.models.tokenizer import TextTokenizer
 from attnlab.models.train import TrainLog
 
 
-def model_weights(model: GPT, tokenizer: TextTokenizer, text: str) -> tuple[list[str], torch.Tensor]:
-    """The text's tokens (as labels) and every layer's weights for it, (L, H, T, T)."""
+def model_weights(
+    model: GPT, tokenizer: TextTokenizer, text: str, *, most: int = MAX_TOKENS, what: str = "the model report"
+) -> tuple[list[str], torch.Tensor]:
+    """The text's tokens (as labels) and every layer's weights for it, (L, H, T, T); at most ``most`` tokens."""
     ids = tokenizer.encode(text)
     if not ids:
         raise ValueError(f"the text has no tokens: {text!r}")
-    limit = min(MAX_TOKENS, model.config.context_length)  # more rows than this make an unreadable heatmap
+    limit = min(most, model.config.context_length)  # more rows than MAX_TOKENS make an unreadable heatmap
     if len(ids) > limit:
-        raise ValueError(f"the text has {len(ids)} tokens; the model report shows at most {limit}, shorten it")
+        raise ValueError(f"the text has {len(ids)} tokens; {what} shows at most {limit}, shorten it")
     if max(ids) >= model.config.vocab_size:
         raise ValueError(
             f"the tokenizer gives id {max(ids)} but the model knows {model.config.vocab_size} tokens: "
@@ -46,6 +48,7 @@ def _layer_sections(
     text: str,
     code: str,
     figures: bool,
+    names: list[list[str]] | None = None,
 ) -> list[Section]:
     t = len(labels)
     upper = torch.ones(t, t, dtype=torch.bool).triu(1)
@@ -55,7 +58,10 @@ def _layer_sections(
         drawn = []
         if figures:
             axes = (txt["keys"], txt["queries"])
-            fig = head_grid(w, labels, title=heading, axes=axes, head_title=txt["head"], annotate=t <= 8)
+            named = [f"{txt['head'].format(h=h)}: {n}" for h, n in enumerate(names[layer])] if names else None
+            fig = head_grid(
+                w, labels, title=heading, axes=axes, head_title=txt["head"], head_titles=named, annotate=t <= 8
+            )
             drawn = [Figure(png=png_bytes(fig), alt=heading, caption=heading)]
         sections.append(
             Section(
@@ -65,6 +71,7 @@ def _layer_sections(
                 code=code.format(layer=layer),
                 value=fmt(w),
                 figures=drawn,
+                wide=True,
                 checks=[
                     holds(txt["check_rows"], torch.allclose(w.sum(-1), torch.ones(w.shape[:2]), atol=1e-5)),
                     holds(txt["check_upper"], bool((w[:, upper] == 0).all())),
@@ -122,10 +129,38 @@ def head_names(scores: HeadScores, txt: dict[str, str]) -> list[list[str]]:
     return [[f"{name(i, j)} {best(i, j):.2f}" for j in range(n_heads)] for i in range(n_layers)]
 
 
-def _view_section(
-    weights: torch.Tensor, labels: list[str], scores: HeadScores, txt: dict[str, str], lang: str
-) -> Section:
-    view = AttentionView(tokens=labels, weights=weights, names=head_names(scores, txt), lang=lang)
+def attention_view(
+    model: GPT, tokenizer: TextTokenizer, text: str, *, lang: str = "en", cache: str | None = None
+) -> AttentionView:
+    """Every head of ``model`` on ``text`` (up to 1024 tokens), each named by its scores on the probe; with
+    ``cache`` (a name in ``attnlab.cache.CACHES``), the keys each layer's cache lets go are shown struck out.
+    In a notebook it shows itself; ``.save("view.html")`` writes one offline page."""
+    labels, weights = model_weights(model, tokenizer, text, most=MAX_VIEW_TOKENS, what="the view")
+    return _view(model, tokenizer, text, labels, weights, head_scores(model), REPORT_TEXT[lang], lang, cache)
+
+
+def _view(
+    model: GPT,
+    tokenizer: TextTokenizer,
+    text: str,
+    labels: list[str],
+    weights: torch.Tensor,
+    scores: HeadScores,
+    txt: dict[str, str],
+    lang: str,
+    cache: str | None,
+) -> AttentionView:
+    held = None
+    if cache is not None:
+        from attnlab.explain.cache_view import check_cache_name, held_by_layer
+
+        check_cache_name(cache)
+        held = held_by_layer(model, tokenizer.encode(text), cache)
+    names = head_names(scores, txt)
+    return AttentionView(tokens=labels, weights=weights, names=names, lang=lang, held=held, cache=cache or "")
+
+
+def _view_section(view: AttentionView, txt: dict[str, str]) -> Section:
     return Section(
         key="view",
         title=txt["view_title"],
@@ -162,10 +197,12 @@ def model_report(
     lang: str = "en",
     log: TrainLog | None = None,
     figures: bool = True,
+    cache: str | None = None,
 ) -> Report:
     """Every head named (on the probe), the training curves if ``log``, then each layer on the probe and on ``text``.
 
-    ``figures=False`` skips the heatmaps and curves (the terminal shows the numbers only).
+    ``figures=False`` skips the heatmaps, curves and the interactive view (the terminal shows the numbers only).
+    ``cache``: the view strikes out the keys that cache lets go in each layer.
     """
     txt = REPORT_TEXT[lang]
     labels, weights = model_weights(model, tokenizer, text)
@@ -176,12 +213,24 @@ def model_report(
     tokens = probe(model.config.vocab_size, half=scores.half, batch=1)  # the first sequence of the scores' probe
     probe_weights = model.attention_weights(tokens)[:, 0]  # (L, H, 2n, 2n)
     ids = [str(i) for i in tokens[0].tolist()]
-    sections.append(_view_section(weights, labels, scores, txt, lang))
+    if figures:  # the terminal shows the numbers below; the view is for a browser
+        view = _view(model, tokenizer, text, labels, weights, scores, txt, lang, cache)
+        sections.append(_view_section(view, txt))
     runs = {"probe": (probe_weights, ids, "ids = probe"), "layer": (weights, labels, "ids = tokenizer.encode(text)")}
     for key, (w, row_labels, ids_from) in runs.items():  # the probe, then the user's text
         title, about = txt[f"{key}_title"], txt[f"{key}_text"]
         code = ids_from + "; model.attention_weights(ids)[{layer}]"
-        sections += _layer_sections(w, row_labels, txt, key=key, title=title, text=about, code=code, figures=figures)
+        sections += _layer_sections(
+            w,
+            row_labels,
+            txt,
+            key=key,
+            title=title,
+            text=about,
+            code=code,
+            figures=figures,
+            names=head_names(scores, txt),
+        )
     c = model.config
     return Report(
         title=txt["model_title"].format(name=name, text=text),

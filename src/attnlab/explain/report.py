@@ -196,8 +196,8 @@ def _explain(
             title=txt["tokens"],
             text=txt["tokens_text"],
             code="x = torch.stack([word_vector(word, seed=seed, d_model=d_model) for word in tokens])",
-            value="\n".join(
-                f"{i:2d} {tok!r:>14}  [" + ", ".join(f"{v:+.3f}" for v in x[0, i, :6].tolist()) + ", ...]"
+            value="\n".join(  # the token last: a wide (CJK) character can shift nothing after it, in any font
+                f"{i:2d}  [" + ", ".join(f"{v:+.3f}" for v in x[0, i, :6].tolist()) + f", ...]  {tok!r}"
                 for i, tok in enumerate(tokens)
             ),
         ),

@@ -114,25 +114,31 @@ def head_grid(
     col_labels: Sequence[str] | None = None,
     axes: tuple[str, str] = AXES,
     head_title: str = "head {h}",
+    head_titles: Sequence[str] | None = None,
 ) -> Figure:
-    """A grid of heatmaps, one per head, from (H, Tq, Tk) weights.
+    """A grid of heatmaps, one per head, from (H, Tq, Tk) weights; ``head_titles`` (one per head) name them.
 
     Each head keeps the size it would have alone (the grid grows; it never
     shrinks the heads), so small multiples stay as legible as one heatmap.
+    A cell is large enough for its number when numbers are written, and
+    smaller when not, so that a grid of two heads stays near a page's width.
     """
     if weights.dim() != 3:
         raise ValueError(f"head_grid needs (heads, Tq, Tk) weights, got shape {tuple(weights.shape)}")
     heads = weights.shape[0]
     cols = min(heads, 2)
     rows = (heads + cols - 1) // cols
-    size = max(3.2, 0.55 * max(len(labels), len(col_labels or labels)) + 1.6)
+    longest = max(len(labels), len(col_labels or labels))
+    numbered = annotate if annotate is not None else longest <= ANNOTATE_MAX
+    size = max(3.2, (0.55 if numbered else 0.3) * longest + 1.6)
     with fonts():  # texts keep the font they are created with
         fig = Figure(figsize=(cols * (size + 0.8), rows * size))
         grid = fig.subplots(rows, cols, squeeze=False)
         for h in range(rows * cols):
             ax = grid[h // cols][h % cols]
             if h < heads:
-                _draw(ax, weights[h], labels, col_labels or labels, head_title.format(h=h), annotate, axes)
+                named = head_titles[h] if head_titles is not None else head_title.format(h=h)
+                _draw(ax, weights[h], labels, col_labels or labels, named, annotate, axes)
             else:
                 ax.axis("off")
         if title:

@@ -46,7 +46,7 @@ figure img { max-width: 100%; height: auto; border: 1px solid var(--line); borde
 #lightbox { position: fixed; inset: 0; background: rgba(0, 0, 0, .78); display: none; overflow: auto;
             z-index: 10; cursor: zoom-out; padding: 24px; }
 #lightbox.open { display: block; }
-#lightbox img { display: block; margin: 0 auto; background: white; max-width: none; border-radius: 4px; }
+#lightbox img { display: block; margin: 0 auto; background: white; max-width: 100%; border-radius: 4px; }
 figcaption { font-size: 12px; color: var(--muted); }
 ul.checks { list-style: none; padding: 0; margin: 6px 0 0; font-size: 13px; }
 ul.checks li.ok::before { content: "\\2713  "; color: var(--ok); font-weight: bold; }
@@ -56,6 +56,7 @@ ul.checks .detail { color: var(--muted); font-size: 12px; }
 body.hide-numbers pre.value { display: none; }
 section.step.text-only { grid-template-columns: 1fr; }
 section.step .view { grid-column: 1 / -1; min-width: 0; }
+section.step.wide .figures { grid-column: 1 / -1; }
 @media (max-width: 800px) { section.step { grid-template-columns: 1fr; } }
 """
 
@@ -110,6 +111,7 @@ class Section:
     figures: list[Figure] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     view: str | None = None  # an interactive fragment made here (render.view.AttentionView), the section's width
+    wide: bool = False  # its figures take the section's whole width, below the text (a grid of heads)
 
 
 @dataclass
@@ -165,7 +167,7 @@ class Report:
             f"<figcaption>{e(f.caption)}</figcaption></figure>"
             for f in s.figures
         )
-        kind = "step" if s.figures else "step text-only"
+        kind = ("step wide" if s.wide else "step") if s.figures else "step text-only"
         return (
             f'<section class="{kind}" id="{e(s.key)}"><h2><span class="n">{n}.</span>{e(s.title)}</h2>'
             f'<div class="explain">{left}</div>'

@@ -55,6 +55,7 @@ VIEW_TEXT = {
         "head": "L{layer} H{head}",
         "focus": "query {i}: {token}",
         "weight": "{key}: {w}",
+        "held": "the {cache} cache holds {n} of {t} keys in this layer (the rest struck out)",
     },
     "zh": {
         "head_view": "注意力头视图",
@@ -71,6 +72,7 @@ VIEW_TEXT = {
         "head": "第{layer}层 头{head}",
         "focus": "查询 {i}：{token}",
         "weight": "{key}：{w}",
+        "held": "{cache} 缓存在这一层保留了 {t} 个键中的 {n} 个（其余划掉）",
     },
 }
 
@@ -93,6 +95,7 @@ _CSS = """
                      text-overflow: ellipsis; cursor: pointer; border-radius: 3px; }
 .attnview .col.q div { text-align: right; }
 .attnview .col div.focus { background: #e8f0fe; outline: 1px solid #1a73e8; }
+.attnview .col div.gone { color: #9aa0a6; text-decoration: line-through; }
 .attnview canvas.lines { position: absolute; left: 0; top: 0; pointer-events: none; }
 .attnview .status { min-height: 18px; color: #5f6368; font-size: 12px; margin-top: 4px; }
 .attnview .grid { display: grid; gap: 6px; overflow-x: auto; padding-bottom: 4px; }
@@ -165,8 +168,17 @@ _SCRIPT = r"""
       krows[j].style.background = m >= 0.01 ? "rgba(26, 115, 232, " + (0.6 * Math.sqrt(m)).toFixed(3) + ")" : "";
       if (c && m > bestW) { bestW = m; best = j; }
     }
+    var kept = -1;
+    if (data.held) {  // keys this layer's cache let go, struck out (the rollout spans every layer: none)
+      kept = 0;
+      krows.forEach(function (d, j) {
+        var gone = state.layer < L && !data.held[state.layer][j];
+        d.classList.toggle("gone", gone); if (!gone) { kept++; }
+      });
+    }
     status.textContent = txt.focus.replace("{i}", String(q)).replace("{token}", data.tokens[q]) +
-      (best >= 0 ? " · " + txt.weight.replace("{key}", data.tokens[best]).replace("{w}", bestW.toFixed(2)) : "");
+      (best >= 0 ? " · " + txt.weight.replace("{key}", data.tokens[best]).replace("{w}", bestW.toFixed(2)) : "") +
+      (kept >= 0 && state.layer < L ? " · " + txt.held.replace("{n}", String(kept)).replace("{t}", String(T)) : "");
     root.querySelectorAll(".cell").forEach(function (c) {  // the patterns the head view shows now
       var l = +c.getAttribute("data-layer");
       c.classList.toggle("open", l === state.layer && state.heads[+c.getAttribute("data-head")]);
@@ -298,6 +310,7 @@ class AttentionView:
         weights: (L, H, T, T), each row a distribution (``GPT.attention_weights(ids)[:, 0]``).
         names: per layer and head, a name shown under its pattern ("induction 0.93"), or None.
         lang: "en" or "zh".
+        held: (L, T) bool, which keys each layer's KV cache holds (``cache`` names it): the rest are struck out.
     """
 
     tokens: list[str]
@@ -305,6 +318,8 @@ class AttentionView:
     names: list[list[str]] | None = None
     lang: str = "en"
     title: str = ""
+    held: torch.Tensor | None = None
+    cache: str = ""
     rollout: torch.Tensor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -330,6 +345,8 @@ class AttentionView:
                 f"weights, more than the {MAX_VIEW_BYTES // 2**20} MiB a page opens quickly with; shorten the text "
                 f"(at most {_longest(w.shape[0] * w.shape[1] + 1)} tokens for this model)"
             )
+        if self.held is not None and tuple(self.held.shape) != (w.shape[0], t):
+            raise ValueError(f"held must be (layers, T) = {(w.shape[0], t)}, got {tuple(self.held.shape)}")
         self.weights = w.detach().float().cpu()
         self.tokens = [str(t).translate(_SHOWN) for t in self.tokens]
         self.rollout = rollout(self.weights)
@@ -354,7 +371,12 @@ class AttentionView:
             "rollout": True,
             "colours": list(COLOURS),
             "thumb": THUMB,
-            "text": {"focus": txt["focus"], "weight": txt["weight"]},
+            "text": {
+                "focus": txt["focus"],
+                "weight": txt["weight"],
+                "held": txt["held"].replace("{cache}", self.cache),
+            },
+            "held": None if self.held is None else self.held.int().tolist(),
             "weights": _pack(packed, self.causal),
         }
         options = "".join(f'<option value="{i}">{e(txt["layer"])} {i}</option>' for i in range(layers))
