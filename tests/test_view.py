@@ -70,6 +70,8 @@ def test_twelve_layers_of_twelve_heads_at_256_tokens_open_and_answer_within_budg
     view = AttentionView(tokens=[f"t{i}" for i in range(t)], weights=_causal(12, 12, t))
     path = view.save(tmp_path / "view.html")
     assert path.stat().st_size < 8 * 2**20  # bytes, not megabytes of JSON numbers: 4.7 MB of weights in base64
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert f"is a {path.stat().st_size / 1e6:.1f} MB page" in readme  # the README's figure is this page's size
     problems: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
@@ -84,6 +86,7 @@ def test_twelve_layers_of_twelve_heads_at_256_tokens_open_and_answer_within_budg
         page.wait_for_selector(".attnview[data-focus='200']", timeout=10_000)
         answered_s = time.perf_counter() - started
         lines = int(page.locator(".attnview").get_attribute("data-lines") or 0)
+        _as_a_notebook_shows_it(page)
         browser.close()
     assert problems == []
     assert opened_ms < 2000, f"opened in {opened_ms:.0f} ms"
@@ -106,3 +109,25 @@ def test_a_notebook_gets_the_view_of_a_shipped_model_past_the_reports_64_tokens(
     shown = view._repr_html_()  # what Jupyter puts in the notebook: data, script and words, no server
     assert 'class="attnview-data"' in shown and VIEW_TEXT["zh"]["model_view"] in shown
     assert all(name.split()[0] in ("-", "前一个", "重复", "归纳", "首个") for row in view.names or [] for name in row)
+
+
+def _as_a_notebook_shows_it(page: object) -> None:
+    """The fragment placed in a page by innerHTML, its script then run from <head> as classic Jupyter's jQuery
+    does (JupyterLab runs it in place): it still finds its own view, and a second view on the page is its own."""
+    views = [AttentionView(tokens=list("abcd"), weights=_causal(1, 2, 4, seed=s)) for s in (1, 2)]
+    page.set_content("<html><head></head><body><div id=out></div></body></html>")  # type: ignore[attr-defined]
+    page.evaluate(  # type: ignore[attr-defined]
+        """html => {
+          const out = document.getElementById("out");
+          out.innerHTML = html;  // scripts inserted this way do not run
+          out.querySelectorAll("script:not([type])").forEach(old => {
+            const s = document.createElement("script"); s.text = old.text; document.head.appendChild(s); s.remove();
+          });
+        }""",
+        "".join(v._repr_html_() for v in views),
+    )
+    ready = page.locator(".attnview[data-ready='1']")  # type: ignore[attr-defined]
+    assert ready.count() == 2
+    page.locator(".attnview").nth(1).locator(".col.q div").nth(2).hover()  # type: ignore[attr-defined]
+    focus = [page.locator(".attnview").nth(i).get_attribute("data-focus") for i in range(2)]  # type: ignore[attr-defined]
+    assert focus == ["3", "2"]  # the second view answered; the first kept its own focus (the last token)

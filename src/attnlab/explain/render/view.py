@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -243,7 +244,7 @@ _SCRIPT = r"""
   });
   draw();
   root.setAttribute("data-ready", "1");
-})(document.currentScript.parentNode);
+})(document.getElementById("__ROOT__"));
 """
 
 
@@ -321,6 +322,7 @@ class AttentionView:
     held: torch.Tensor | None = None
     cache: str = ""
     rollout: torch.Tensor | None = field(default=None, init=False)
+    _id: str = field(default="", init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.lang not in VIEW_TEXT:
@@ -350,6 +352,8 @@ class AttentionView:
         self.weights = w.detach().float().cpu()
         self.tokens = [str(t).translate(_SHOWN) for t in self.tokens]
         self.rollout = rollout(self.weights)
+        # its script finds its root by this id, wherever a notebook runs the script (jQuery moves it to <head>)
+        self._id = f"attnview-{secrets.token_hex(6)}"
 
     @property
     def causal(self) -> bool:
@@ -397,7 +401,7 @@ class AttentionView:
                     f'<span class="name">{e(label)}</span><span class="name">{e(name)}</span></div>'
                 )
         return (
-            f'<div class="attnview" lang="{e(self.lang)}" tabindex="0"><style>{_CSS}</style>'
+            f'<div class="attnview" id="{self._id}" lang="{e(self.lang)}" tabindex="0"><style>{_CSS}</style>'
             f'<script type="application/json" class="attnview-data">{_json_for_html(data)}</script>'
             f'<div class="headview"><h3>{e(txt["head_view"])}</h3><p class="hint">{e(txt["hint"])}</p>'
             f'<div class="controls"><label>{e(txt["layer"])} <select class="layer">{options}</select></label>'
@@ -408,7 +412,7 @@ class AttentionView:
             '<canvas class="lines"></canvas></div></div><div class="status"></div></div>'
             f'<div class="modelview"><h3>{e(txt["model_view"])}</h3><p class="hint">{e(txt["model_hint"])}</p>'
             f'<div class="grid" style="grid-template-columns: repeat({heads}, 86px)">{"".join(cells)}</div></div>'
-            f"<script>{_SCRIPT}</script></div>"
+            f"<script>{_SCRIPT.replace('__ROOT__', self._id)}</script></div>"
         )
 
     def to_html(self) -> str:
