@@ -4,8 +4,6 @@ so, each refusing what it cannot do, each reachable by name from generate."""
 from __future__ import annotations
 
 import functools
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -251,7 +249,7 @@ def test_a_prompt_longer_than_the_sink_window_goes_in_pieces_as_if_token_by_toke
     assert int(out[0, 20]) == int(logits.argmax())
 
 
-def test_explain_shows_each_cache_and_says_what_is_wrong(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_explain_shows_each_cache_and_says_what_is_wrong(capsys: pytest.CaptureFixture[str]) -> None:
     from attnlab.cli import main
 
     text = "the cat sat on the mat. the cat sat on the"
@@ -260,14 +258,18 @@ def test_explain_shows_each_cache_and_says_what_is_wrong(capsys: pytest.CaptureF
     assert "sequence 1: blocks [0, 1, 3], 32 tokens taken from the tree" in shown
     assert main(["explain", "--model", "induction", "--cache", "h2o", "--lang", "zh", text]) == 0
     assert "第 0 层：保留 Token" in capsys.readouterr().out
-    page = tmp_path / "view.html"
-    assert main(["explain", "--model", "induction", "--cache", "sink", text, "--html", str(page)]) == 0
-    html = page.read_text(encoding="utf-8")
-    held = json.loads(html.split('class="attnview-data">')[1].split("</script>")[0])["held"]
+    from attnlab.explain.model_report import attention_view
+    from attnlab.models import ByteTokenizer
+
+    view = attention_view(GPT.from_pretrained("induction"), ByteTokenizer(ascii=True), text, cache="sink")
+    assert view.held is not None
+    held = view.held.int().tolist()
     # a sink cache of 4 sinks and 16 recent tokens, the same in every layer: the middle of the text let go
-    assert held is not None and all(row == held[0] for row in held) and sum(held[0]) == 20 and len(held[0]) == len(text)
+    assert all(row == held[0] for row in held) and sum(held[0]) == 20 and len(held[0]) == len(text)
     assert held[0][:4] == [1] * 4 and held[0][-16:] == [1] * 16 and held[0][4:-16] == [0] * (len(text) - 20)
-    assert "the sink cache holds {n} of {t} keys in this layer" in html
+    assert (
+        '"held": [[1, 1, 1, 1, 0' in view.to_fragment() and "the sink cache holds {n} of {t} keys" in view.to_fragment()
+    )
     assert main(["explain", "--model", "induction", "--cache", "int3", text]) == 2
     assert "--cache 'int3' is not a cache; the caches are ['plain'" in capsys.readouterr().err
     assert main(["explain", "--cache", "int8", text]) == 2

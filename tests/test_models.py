@@ -319,7 +319,9 @@ def test_a_book_checkpoint_generates_and_explains_from_the_command_line(
     page = tmp_path / "book.html"
     explain = ["explain", "Your journey", "--model", str(tmp_path / "gpt.pth"), "--tokenizer", str(hf_dir)]
     assert cli.main([*explain, "--html", str(page)]) == 0
-    assert page.read_text(encoding="utf-8").count('<section class="step"') == 3  # heads named, the probe, the text
+    shown = page.read_text(encoding="utf-8")
+    assert shown.count('<section class="step') == 4  # heads named, the interactive view, the probe, the text
+    assert shown.count('class="attnview"') == 1
 
 
 @pytest.mark.parametrize("rope", [True, False])
