@@ -17,6 +17,8 @@ from attnlab.models.gpt import GPT
 from attnlab.models.tokenizer import TextTokenizer
 from attnlab.models.train import TrainLog
 
+PAGE_INCHES = 13.0  # a per-layer grid at 90 dpi is about 1170 px wide: the report shows it at its own size
+
 
 def model_weights(
     model: GPT, tokenizer: TextTokenizer, text: str, *, most: int = MAX_TOKENS, what: str = "the model report"
@@ -60,7 +62,14 @@ def _layer_sections(
             axes = (txt["keys"], txt["queries"])
             named = [f"{txt['head'].format(h=h)}: {n}" for h, n in enumerate(names[layer])] if names else None
             fig = head_grid(
-                w, labels, title=heading, axes=axes, head_title=txt["head"], head_titles=named, annotate=t <= 8
+                w,
+                labels,
+                title=heading,
+                axes=axes,
+                head_title=txt["head"],
+                head_titles=named,
+                annotate=t <= 8,
+                width=PAGE_INCHES,
             )
             drawn = [Figure(png=png_bytes(fig), alt=heading, caption=heading)]
         sections.append(

@@ -44,6 +44,7 @@ def _draw(
     axes: tuple[str, str],
     cells: Sequence[Sequence[str]] | None = None,
     limits: tuple[float, float] | None = None,
+    tick_size: float = 8,
 ) -> None:
     m = matrix.detach().to(torch.float64).cpu().numpy()
     if m.ndim != 2:
@@ -56,8 +57,8 @@ def _draw(
     cmap = matplotlib.colormaps[CMAP].with_extremes(bad="#d9d9d9")  # masked (-inf) cells grey
     vmin, vmax = limits if limits is not None else (None, None)
     image = ax.imshow(masked, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
-    ax.set_xticks(range(m.shape[1]), [safe_label(s) for s in col_labels], rotation=45, ha="right", fontsize=8)
-    ax.set_yticks(range(m.shape[0]), [safe_label(s) for s in row_labels], fontsize=8)
+    ax.set_xticks(range(m.shape[1]), [safe_label(s) for s in col_labels], rotation=45, ha="right", fontsize=tick_size)
+    ax.set_yticks(range(m.shape[0]), [safe_label(s) for s in row_labels], fontsize=tick_size)
     ax.set_xlabel(safe_label(axes[0]), fontsize=8)
     ax.set_ylabel(safe_label(axes[1]), fontsize=8)
     ax.set_title(safe_label(title), fontsize=9)
@@ -115,6 +116,7 @@ def head_grid(
     axes: tuple[str, str] = AXES,
     head_title: str = "head {h}",
     head_titles: Sequence[str] | None = None,
+    width: float | None = None,
 ) -> Figure:
     """A grid of heatmaps, one per head, from (H, Tq, Tk) weights; ``head_titles`` (one per head) name them.
 
@@ -122,6 +124,8 @@ def head_grid(
     shrinks the heads), so small multiples stay as legible as one heatmap.
     A cell is large enough for its number when numbers are written, and
     smaller when not, so that a grid of two heads stays near a page's width.
+    ``width`` (inches) caps the grid's width, so that the picture is shown at its own size on a page rather
+    than shrunk: the heads get smaller and their token labels with them, down to a 4-point floor.
     """
     if weights.dim() != 3:
         raise ValueError(f"head_grid needs (heads, Tq, Tk) weights, got shape {tuple(weights.shape)}")
@@ -131,6 +135,10 @@ def head_grid(
     longest = max(len(labels), len(col_labels or labels))
     numbered = annotate if annotate is not None else longest <= ANNOTATE_MAX
     size = max(3.2, (0.55 if numbered else 0.3) * longest + 1.6)
+    if width is not None:
+        size = min(size, width / cols - 0.8)
+    per_label = (size - 1.6) / max(longest, 1)  # inches a token's row takes
+    tick_size = max(4.0, min(8.0, 72 * per_label * 0.85))  # a label fits its row
     with fonts():  # texts keep the font they are created with
         fig = Figure(figsize=(cols * (size + 0.8), rows * size))
         grid = fig.subplots(rows, cols, squeeze=False)
@@ -138,7 +146,7 @@ def head_grid(
             ax = grid[h // cols][h % cols]
             if h < heads:
                 named = head_titles[h] if head_titles is not None else head_title.format(h=h)
-                _draw(ax, weights[h], labels, col_labels or labels, named, annotate, axes)
+                _draw(ax, weights[h], labels, col_labels or labels, named, annotate, axes, tick_size=tick_size)
             else:
                 ax.axis("off")
         if title:

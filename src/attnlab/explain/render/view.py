@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 MAX_VIEW_TOKENS = 1024  # the head view scrolls; past this the page grows past what a browser draws at ease
-MAX_VIEW_BYTES = 32 * 2**20  # weights embedded in one page, before base64; past it a browser takes seconds to open it
+MAX_VIEW_BYTES = 32 * 2**20  # bytes of weights in one page, before base64; past it a browser takes seconds to open it
 THUMB = 128  # the model view draws each head in at most this many pixels a side (max over each block of weights)
 
 VIEW_TEXT = {
@@ -111,15 +112,31 @@ _SCRIPT = r"""
 (function (root) {
   var data = JSON.parse(root.querySelector("script.attnview-data").textContent);
   var T = data.tokens.length, L = data.layers, H = data.heads, txt = data.text;
-  var raw = atob(data.weights), bytes = new Uint8Array(raw.length);
-  for (var n = 0; n < raw.length; n++) { bytes[n] = raw.charCodeAt(n); }
-  var rowStart = new Int32Array(T + 1);  // offsets of each query row inside one head's block
+  function decode(text) {
+    var raw = atob(text), out = new Uint8Array(raw.length);
+    for (var n = 0; n < raw.length; n++) { out[n] = raw.charCodeAt(n); }
+    return out;
+  }
+  var sparse = data.sparse, bytes = null, offsets = null, keys = null, vals = null, thumbs = null;
+  if (sparse) {  // each row's keys of weight >= 0.01 (the lines drawn), and each pattern's picture made in Python
+    offsets = new Uint32Array(decode(sparse.offsets).buffer);
+    keys = new Uint16Array(decode(sparse.keys).buffer);
+    vals = decode(sparse.values);
+    thumbs = decode(sparse.thumbs);
+  } else {
+    bytes = decode(data.weights);
+  }
+  var rowStart = new Int32Array(T + 1);  // offsets of each query row inside one head's block (dense)
   for (var i = 0; i < T; i++) { rowStart[i + 1] = rowStart[i] + (data.causal ? i + 1 : T); }
   var block = rowStart[T];
-  function weight(layer, head, q, k) {  // layer === L is the rollout (one head)
-    if (data.causal && k > q) { return 0; }
-    var base = layer < L ? (layer * H + head) * block : L * H * block;
-    return bytes[base + rowStart[q] + k] / 255;
+  function eachKey(layer, head, q, fn) {  // fn(key, step of 255) for the keys query q holds; layer L: the rollout
+    var p = layer < L ? layer * H + head : L * H;
+    if (sparse) {
+      for (var e = offsets[p * T + q]; e < offsets[p * T + q + 1]; e++) { fn(keys[e], vals[e]); }
+      return;
+    }
+    var start = p * block + rowStart[q], end = data.causal ? q + 1 : T;
+    for (var k = 0; k < end; k++) { fn(k, bytes[start + k]); }
   }
   var state = { layer: 0, heads: [], focus: T - 1 };
   for (var h = 0; h < H; h++) { state.heads.push(true); }
@@ -147,9 +164,9 @@ _SCRIPT = r"""
     for (var h = 0; h < heads; h++) {
       if (state.layer < L && !state.heads[h]) { continue; }
       ctx.strokeStyle = data.colours[h % data.colours.length];
-      for (var k = 0; k < T; k++) {
-        var w = weight(state.layer, h, q, k);
-        if (w < 0.01) { continue; }
+      eachKey(state.layer, h, q, function (k, step) {
+        var w = step / 255;
+        if (w < 0.01) { return; }
         ctx.globalAlpha = Math.min(1, 0.15 + w);
         ctx.lineWidth = 0.5 + 4 * w;
         ctx.beginPath();
@@ -157,15 +174,16 @@ _SCRIPT = r"""
         ctx.lineTo(x1, k * rowH + rowH / 2);
         ctx.stroke();
         drawn++;
-      }
+      });
     }
     ctx.globalAlpha = 1;
     qrows.forEach(function (d, i) { d.classList.toggle("focus", i === q); });
-    var best = -1, bestW = -1;
-    for (var j = 0; j < T; j++) {  // each key shaded by its mean weight over the heads shown
-      var s = 0, c = 0;
-      for (var h2 = 0; h2 < heads; h2++) { if (state.layer === L || state.heads[h2]) { s += weight(state.layer, h2, q, j); c++; } }
-      var m = c ? s / c : 0;
+    var best = -1, bestW = -1, sums = new Float64Array(T), c = 0;
+    for (var h2 = 0; h2 < heads; h2++) {  // each key shaded by its mean weight over the heads shown
+      if (state.layer === L || state.heads[h2]) { c++; eachKey(state.layer, h2, q, function (k, step) { sums[k] += step / 255; }); }
+    }
+    for (var j = 0; j < T; j++) {
+      var m = c ? sums[j] / c : 0;
       krows[j].style.background = m >= 0.01 ? "rgba(26, 115, 232, " + (0.6 * Math.sqrt(m)).toFixed(3) + ")" : "";
       if (c && m > bestW) { bestW = m; best = j; }
     }
@@ -217,7 +235,8 @@ _SCRIPT = r"""
     cv.width = R; cv.height = R;
     var ctx = cv.getContext("2d"), img = ctx.createImageData(R, R), px = img.data, most = new Uint8Array(R * R);
     var base = layer < L ? (layer * H + head) * block : L * H * block;
-    for (var q = 0; q < T; q++) {
+    if (sparse) { most = thumbs.subarray((layer * H + head) * R * R, (layer * H + head + 1) * R * R); }
+    for (var q = 0; q < (sparse ? 0 : T); q++) {
       var a = Math.floor(q * R / T) * R, start = base + rowStart[q], end = data.causal ? q + 1 : T;
       for (var k = 0; k < end; k++) {
         var b = a + Math.floor(k * R / T), x = bytes[start + k];
@@ -270,12 +289,41 @@ def rollout(weights: torch.Tensor) -> torch.Tensor:
     return total.float()
 
 
-def _longest(patterns: int) -> int:
-    """The most tokens whose lower triangles, ``patterns`` of them, fit MAX_VIEW_BYTES."""
-    t = 1
-    while patterns * (t + 1) * (t + 2) // 2 <= MAX_VIEW_BYTES:
-        t += 1
-    return t
+SPARSE_STEP = 3  # 3 / 255 >= 0.01 > 2 / 255: the head view draws a line exactly for a step of at least this
+
+
+def _pack_all(weights: torch.Tensor, rolled: torch.Tensor, causal: bool) -> dict[str, object]:
+    """The page's data for weights (L, H, T, T) and the rollout (T, T): every weight as a byte when that fits
+    MAX_VIEW_BYTES ("weights"); else, for long texts, each row's keys of weight at least 0.01 (exactly the
+    lines the head view draws) with each pattern's picture pooled here ("sparse")."""
+    layers, heads, t, _ = weights.shape
+    patterns = torch.cat([weights.flatten(0, 1), rolled[None]])  # (L*H + 1, T, T): the rollout last
+    dense = patterns.shape[0] * (t * (t + 1) // 2 if causal else t * t)
+    if dense <= MAX_VIEW_BYTES:
+        return {"weights": _pack(patterns, causal)}
+    steps = torch.round(patterns.clamp(0, 1) * 255).to(torch.uint8)  # (N, T, T)
+    keep = steps >= SPARSE_STEP
+    size = min(t, THUMB)
+    thumbs = F.adaptive_max_pool2d(steps[: layers * heads].float(), (size, size)).to(torch.uint8)  # (L*H, R, R)
+    counts = keep.flatten(0, 1).sum(dim=-1)  # (N*T,) keys kept per row
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    found = keep.nonzero()  # (E, 3): pattern, query, key, in row order
+    sparse_bytes = 4 * offsets.numel() + 3 * found.shape[0] + thumbs.numel()
+    if sparse_bytes > MAX_VIEW_BYTES:
+        raise ValueError(
+            f"{layers} layers x {heads} heads x {t} tokens would embed {dense / 2**20:.1f} MiB of weights, and "
+            f"{sparse_bytes / 2**20:.1f} MiB even keeping only those of at least 0.01; a page holds "
+            f"{MAX_VIEW_BYTES / 2**20:.1f} MiB and opens quickly: shorten the text"
+        )
+    b64 = lambda a: base64.b64encode(a.tobytes()).decode("ascii")
+    return {
+        "sparse": {
+            "offsets": b64(offsets.numpy().astype("<u4")),
+            "keys": b64(found[:, 2].numpy().astype("<u2")),
+            "values": b64(steps[keep].numpy()),
+            "thumbs": b64(thumbs.contiguous().numpy()),
+        }
+    }
 
 
 def _pack(weights: torch.Tensor, causal: bool) -> str:
@@ -323,6 +371,7 @@ class AttentionView:
     cache: str = ""
     rollout: torch.Tensor | None = field(default=None, init=False)
     _id: str = field(default="", init=False, repr=False)
+    _packed: dict[str, object] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.lang not in VIEW_TEXT:
@@ -340,18 +389,12 @@ class AttentionView:
         if self.names is not None and (len(self.names) != w.shape[0] or any(len(r) != w.shape[1] for r in self.names)):
             raise ValueError(f"names must be {w.shape[0]} lists of {w.shape[1]} names, one per layer and head")
         t = w.shape[-1]
-        embedded = (w.shape[0] * w.shape[1] + 1) * t * (t + 1) // 2
-        if embedded > MAX_VIEW_BYTES:
-            raise ValueError(
-                f"{w.shape[0]} layers x {w.shape[1]} heads x {t} tokens would embed {embedded / 2**20:.0f} MiB of "
-                f"weights, more than the {MAX_VIEW_BYTES // 2**20} MiB a page opens quickly with; shorten the text "
-                f"(at most {_longest(w.shape[0] * w.shape[1] + 1)} tokens for this model)"
-            )
         if self.held is not None and tuple(self.held.shape) != (w.shape[0], t):
             raise ValueError(f"held must be (layers, T) = {(w.shape[0], t)}, got {tuple(self.held.shape)}")
         self.weights = w.detach().float().cpu()
         self.tokens = [str(t).translate(_SHOWN) for t in self.tokens]
         self.rollout = rollout(self.weights)
+        self._packed = _pack_all(self.weights, self.rollout, self.causal)
         # its script finds its root by this id, wherever a notebook runs the script (jQuery moves it to <head>)
         self._id = f"attnview-{secrets.token_hex(6)}"
 
@@ -365,8 +408,6 @@ class AttentionView:
         e = html.escape
         txt = VIEW_TEXT[self.lang]
         layers, heads, _, _ = self.weights.shape
-        assert self.rollout is not None
-        packed = torch.cat([self.weights.flatten(0, 1), self.rollout[None]])  # (L*H + 1, T, T): the rollout last
         data = {
             "tokens": self.tokens,
             "layers": layers,
@@ -381,7 +422,7 @@ class AttentionView:
                 "held": txt["held"].replace("{cache}", self.cache),
             },
             "held": None if self.held is None else self.held.int().tolist(),
-            "weights": _pack(packed, self.causal),
+            **self._packed,
         }
         options = "".join(f'<option value="{i}">{e(txt["layer"])} {i}</option>' for i in range(layers))
         options += f'<option value="{layers}">{e(txt["rollout"])}</option>'
