@@ -17,7 +17,10 @@ Three panels read the same embedded weights:
 The weights go in as bytes, not JSON numbers: each in [0, 1] rounded to one
 of 255 steps (uint8), and of a causal pattern only the lower triangle, base64
 in the page. 12 layers x 12 heads x 256 tokens is 4.7 MB of weights and about
-6.3 MB of page. Every token and label reaches the page as JSON in a
+6.4 MB of page. Past MAX_VIEW_BYTES (a long text), each row keeps only its
+keys of weight at least 0.01, exactly the lines the head view draws, and each
+pattern's picture is pooled here to at most THUMB pixels a side: 12 x 12 heads
+at 1024 tokens then make a page of about 10 MB. Every token and label reaches the page as JSON in a
 ``<script type="application/json">`` block with ``<``, ``>`` and ``&``
 escaped, and the script writes them with ``textContent``: a token like
 ``<script>`` shows as text and runs nothing.
