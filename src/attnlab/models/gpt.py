@@ -39,6 +39,13 @@ from attnlab.nn.attention import Attention
 from attnlab.observe import Recorder
 
 
+def _decode_step(model: GPT, token: torch.Tensor, caches: list[Cache]) -> torch.Tensor:
+    return model.decode_step(token, caches)
+
+
+_COMPILED_STEPS: dict[object, Any] = {}  # _decode_step under torch.compile, per backend (a guard per model)
+
+
 class TransformerBlock(nn.Module):
     """Pre-LayerNorm: x + drop(att(norm1(x))), then x + drop(ff(norm2(x)))."""
 
@@ -325,11 +332,10 @@ class GPT(nn.Module):
             raise ValueError(
                 f"compile={backend!r} is not a torch.compile backend here; known: {torch._dynamo.list_backends()}"
             )
-        kept: dict[object, Any] = self.__dict__.setdefault("_compiled", {})
-        if backend not in kept:
-            kept[backend] = torch.compile(self.decode_step, backend=backend)
-        step: Callable[[torch.Tensor, list[Cache]], torch.Tensor] = kept[backend]
-        return step
+        if backend not in _COMPILED_STEPS:  # kept apart from the model, which then still pickles and copies
+            _COMPILED_STEPS[backend] = torch.compile(_decode_step, backend=backend)
+        compiled = _COMPILED_STEPS[backend]
+        return lambda token, caches: compiled(self, token, caches)
 
     def _speculate(
         self,
