@@ -29,12 +29,12 @@ def _causal(layers: int, heads: int, t: int, seed: int = 0) -> torch.Tensor:
 
 def test_the_page_embeds_bytes_of_the_lower_triangle_and_escapes_every_token() -> None:
     w = _causal(2, 3, 5)
-    tokens = ["</script><script>alert(1)</script>", "a\nb", "<!--", "中文", "&amp;"]
+    tokens = ["</script><script>alert(1)</script>", "a\nb", "<!--", "中文", "  "]
     view = AttentionView(tokens=tokens, weights=w, names=[["x"] * 3, ["<i>y</i>"] * 3], lang="zh")
     page = view.to_html()
     assert "<script>alert" not in page and "<i>y</i>" not in page and "<!--" not in page
     assert page.count("<script") == 2  # the data block and the view's own script
-    assert view.tokens[1] == "a\u21b5b"  # a newline shown, not breaking its row
+    assert view.tokens[1] == "a\u21b5b" and view.tokens[4] == "\u2423\u2423"  # a newline, spaces: shown
     packed = page.split('"weights": "')[1].split('"')[0]
     got = torch.tensor(list(base64.b64decode(packed)), dtype=torch.float32) / 255
     lower = torch.tril_indices(5, 5)

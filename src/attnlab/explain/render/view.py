@@ -395,7 +395,8 @@ class AttentionView:
         if self.held is not None and tuple(self.held.shape) != (w.shape[0], t):
             raise ValueError(f"held must be (layers, T) = {(w.shape[0], t)}, got {tuple(self.held.shape)}")
         self.weights = w.detach().float().cpu()
-        self.tokens = [str(t).translate(_SHOWN) for t in self.tokens]
+        shown = [str(token).translate(_SHOWN) for token in self.tokens]
+        self.tokens = [s if s.strip() else "\u2423" * len(s) or "\u00b7" for s in shown]  # a space shows as ␣
         self.rollout = rollout(self.weights)
         self._packed = _pack_all(self.weights, self.rollout, self.causal)
         # its script finds its root by this id, wherever a notebook runs the script (jQuery moves it to <head>)
