@@ -187,3 +187,20 @@ def _a_long_text_in_the_browser(page: object, tmp_path: Path, monkeypatch: pytes
         "c => Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data).filter(v => v < 255).length"
     )
     assert drawn > 0  # the pooled picture was painted
+
+
+def test_a_model_report_takes_a_text_past_its_grids_into_its_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_TOKENS (64; 8 here, to draw fewer pictures) a run gets no per-layer grid, and the view shows it."""
+    from attnlab.explain import model_report as report_module
+    from attnlab.models import GPT, ByteTokenizer
+
+    monkeypatch.setattr(report_module, "MAX_TOKENS", 8)
+    model, tokenizer = GPT.from_pretrained("induction"), ByteTokenizer(ascii=True)
+    report = report_module.model_report(model, tokenizer, "ab" * 10, name="induction")
+    keys = [s.key for s in report.sections]
+    assert "view" in keys and not any(k.startswith(("layer-", "probe-")) for k in keys)  # 20 and 32 tokens: over 8
+    assert report_module.MAX_VIEW_TOKENS == 1024
+    with pytest.raises(
+        ValueError, match=r"the model report in the terminal \(with --html, up to 1024\) shows at most 8"
+    ):
+        report_module.model_report(model, tokenizer, "ab" * 10, name="induction", figures=False)

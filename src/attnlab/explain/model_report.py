@@ -210,11 +210,18 @@ def model_report(
 ) -> Report:
     """Every head named (on the probe), the training curves if ``log``, then each layer on the probe and on ``text``.
 
-    ``figures=False`` skips the heatmaps, curves and the interactive view (the terminal shows the numbers only).
+    ``figures=False`` skips the heatmaps, curves and the interactive view (the terminal shows the numbers only,
+    for at most MAX_TOKENS tokens). With figures, a text of up to MAX_VIEW_TOKENS tokens is shown in the view;
+    a run (the probe, the text) past MAX_TOKENS gets no per-layer section (its grid would be unreadable).
     ``cache``: the view strikes out the keys that cache lets go in each layer.
     """
     txt = REPORT_TEXT[lang]
-    labels, weights = model_weights(model, tokenizer, text)
+    most, what = (
+        (MAX_VIEW_TOKENS, "the model report's view")
+        if figures
+        else (MAX_TOKENS, f"the model report in the terminal (with --html, up to {MAX_VIEW_TOKENS})")
+    )
+    labels, weights = model_weights(model, tokenizer, text, most=most, what=what)
     scores = head_scores(model)
     sections = [_names_section(scores, txt, figures=figures)]
     if log is not None and log.eval_step:
@@ -227,6 +234,8 @@ def model_report(
         sections.append(_view_section(view, txt))
     runs = {"probe": (probe_weights, ids, "ids = probe"), "layer": (weights, labels, "ids = tokenizer.encode(text)")}
     for key, (w, row_labels, ids_from) in runs.items():  # the probe, then the user's text
+        if len(row_labels) > MAX_TOKENS:  # a grid of heads this long is unreadable; the view shows the text
+            continue
         title, about = txt[f"{key}_title"], txt[f"{key}_text"]
         code = ids_from + "; model.attention_weights(ids)[{layer}]"
         sections += _layer_sections(
