@@ -130,6 +130,8 @@ def test_panel_titles_wrap_and_are_never_cut_at_any_width_from_40(width: int) ->
         for n, step in enumerate(steps, start=1):
             title = re.sub(r"\s", "", step.title)
             assert f"{n}.{title}" in flat, (lang, width, step.title)  # whole, with its number
+            for line in step.code.splitlines():  # and no code line clipped at the box's edge
+                assert re.sub(r"\s", "", line) in flat, (lang, width, step.key, line)
 
 
 def test_wrap_breaks_chinese_between_characters_and_keeps_words_whole() -> None:
