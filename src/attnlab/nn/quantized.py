@@ -62,7 +62,7 @@ def _pack(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> to
     with warnings.catch_warnings():
         # PyTorch 2.13 deprecates making quantized tensors (pytorch/pytorch#184982); the x86 dynamic linear
         # still takes its int8 weight as one, and it is the int8 kernel that streams fastest on x86 CPUs.
-        # This one warning is let through here and nowhere else; the suite runs with warnings as errors.
+        # This one warning is silenced here and nowhere else; the suite runs with warnings as errors.
         warnings.filterwarnings("ignore", message=r"torch\.quantize_per_tensor, torch\.quantize_per_channel")
         qw = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
     packed: torch.ScriptObject = torch.ops.quantized.linear_prepack(qw, None if bias is None else bias.detach().float())
