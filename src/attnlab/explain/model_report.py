@@ -145,7 +145,8 @@ def attention_view(
     ``cache`` (a name in ``attnlab.cache.CACHES``), the keys each layer's cache lets go are shown struck out.
     In a notebook it shows itself; ``.save("view.html")`` writes one offline page."""
     labels, weights = model_weights(model, tokenizer, text, most=MAX_VIEW_TOKENS, what="the view")
-    return _view(model, tokenizer, text, labels, weights, head_scores(model), REPORT_TEXT[lang], lang, cache)
+    names = head_names(head_scores(model), REPORT_TEXT[lang])
+    return _view(model, tokenizer, text, labels, weights, names, lang, cache)
 
 
 def _view(
@@ -154,8 +155,7 @@ def _view(
     text: str,
     labels: list[str],
     weights: torch.Tensor,
-    scores: HeadScores,
-    txt: dict[str, str],
+    names: list[list[str]],
     lang: str,
     cache: str | None,
 ) -> AttentionView:
@@ -165,7 +165,6 @@ def _view(
 
         check_cache_name(cache)
         held = held_by_layer(model, tokenizer.encode(text), cache)
-    names = head_names(scores, txt)
     return AttentionView(tokens=labels, weights=weights, names=names, lang=lang, held=held, cache=cache or "")
 
 
@@ -229,8 +228,9 @@ def model_report(
     tokens = probe(model.config.vocab_size, half=scores.half, batch=1)  # the first sequence of the scores' probe
     probe_weights = model.attention_weights(tokens)[:, 0]  # (L, H, 2n, 2n)
     ids = [str(i) for i in tokens[0].tolist()]
+    names = head_names(scores, txt)
     if figures:  # the terminal shows the numbers below; the view is for a browser
-        view = _view(model, tokenizer, text, labels, weights, scores, txt, lang, cache)
+        view = _view(model, tokenizer, text, labels, weights, names, lang, cache)
         sections.append(_view_section(view, txt))
     runs = {"probe": (probe_weights, ids, "ids = probe"), "layer": (weights, labels, "ids = tokenizer.encode(text)")}
     for key, (w, row_labels, ids_from) in runs.items():  # the probe, then the user's text
@@ -247,7 +247,7 @@ def model_report(
             text=about,
             code=code,
             figures=figures,
-            names=head_names(scores, txt),
+            names=names,
         )
     c = model.config
     return Report(

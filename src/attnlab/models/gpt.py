@@ -322,11 +322,9 @@ class GPT(nn.Module):
 
     def _compiled_step(self, backend: object) -> Callable[[torch.Tensor, list[Cache]], torch.Tensor]:
         """:meth:`decode_step` under ``torch.compile(backend=...)``, made once per backend and kept."""
-        if isinstance(backend, bool):
-            if not backend:
-                raise ValueError("compile=False needs no compiled step")
+        if backend is True:
             backend = "inductor"
-        if not (isinstance(backend, str) or callable(backend)):
+        if isinstance(backend, bool) or not (isinstance(backend, str) or callable(backend)):
             raise ValueError(f"compile must be True, False or a torch.compile backend, got {backend!r}")
         if isinstance(backend, str) and backend not in torch._dynamo.list_backends(exclude_tags=()):
             raise ValueError(

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Literal
 
 import torch
@@ -48,15 +50,22 @@ def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, r
     with torch.no_grad():
         for layout in LAYOUTS:
             weights = [laid_out(torch.randn(d_out, d_in, dtype=dtype), layout) for _ in range(copies)]
-            times = []
-            for _ in range(repeats + 1):
-                start = time.perf_counter()
-                for w in weights:
-                    F.linear(x, w)
-                times.append(time.perf_counter() - start)
-            rates[layout] = copies * size / statistics.median(times[1:]) / 1e9  # the first pass warms up
+            rates[layout] = copies * size / pass_seconds([partial(F.linear, x, w) for w in weights], repeats) / 1e9
             del weights
     return rates
+
+
+def pass_seconds(calls: Sequence[Callable[[], object]], repeats: int) -> float:
+    """The median seconds of ``repeats`` passes through ``calls``, after one pass that warms up: how fast a
+    list of weights that together exceed the caches streams, one product each (the probes here and in
+    ``attnlab.nn.quantized``)."""
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        for call in calls:
+            call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
 
 
 def fastest_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32) -> Layout:

@@ -23,14 +23,15 @@ Shapes: B = batch, T = tokens, in / out = the weight's features.
 
 from __future__ import annotations
 
-import statistics
-import time
 import warnings
+from functools import partial
 from typing import Literal
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from attnlab.nn.layout import pass_seconds
 
 Int8Kernel = Literal["dynamic", "int8pack", "dequantize"]
 INT8_KERNELS: tuple[Int8Kernel, ...] = ("dynamic", "int8pack", "dequantize")
@@ -137,13 +138,7 @@ def int8_stream_rates(d_in: int, d_out: int, *, repeats: int = 5) -> dict[Int8Ke
     with torch.no_grad():
         for kernel in available_kernels():
             layers = [Int8Linear(linear=nn.Linear(d_in, d_out, bias=False), kernel=kernel) for _ in range(copies)]
-            times = []
-            for _ in range(repeats + 1):
-                start = time.perf_counter()
-                for layer in layers:
-                    layer(x)
-                times.append(time.perf_counter() - start)
-            rates[kernel] = copies * size / statistics.median(times[1:]) / 1e9  # the first pass warms up
+            rates[kernel] = copies * size / pass_seconds([partial(m, x) for m in layers], repeats) / 1e9
             del layers
     return rates
 

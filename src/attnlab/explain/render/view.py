@@ -373,6 +373,7 @@ class AttentionView:
     held: torch.Tensor | None = None
     cache: str = ""
     rollout: torch.Tensor | None = field(default=None, init=False)
+    causal: bool = field(default=False, init=False)  # nothing above the diagonal: only the lower triangle embedded
     _id: str = field(default="", init=False, repr=False)
     _packed: dict[str, object] = field(default_factory=dict, init=False, repr=False)
 
@@ -398,14 +399,10 @@ class AttentionView:
         shown = [str(token).translate(_SHOWN) for token in self.tokens]
         self.tokens = [s if s.strip() else "\u2423" * len(s) or "\u00b7" for s in shown]  # a space shows as ␣
         self.rollout = rollout(self.weights)
+        self.causal = bool((self.weights.triu(1) == 0).all())
         self._packed = _pack_all(self.weights, self.rollout, self.causal)
         # its script finds its root by this id, wherever a notebook runs the script (jQuery moves it to <head>)
         self._id = f"attnview-{secrets.token_hex(6)}"
-
-    @property
-    def causal(self) -> bool:
-        """Nothing above the diagonal: only the lower triangle is embedded."""
-        return bool((self.weights.triu(1) == 0).all())
 
     def to_fragment(self) -> str:
         """The view as one ``<div>`` with its own style, data and script: to place inside any page."""
