@@ -101,7 +101,8 @@ def test_twelve_layers_of_twelve_heads_at_256_tokens_open_and_answer_within_budg
     from playwright.sync_api import sync_playwright
 
     t = 256
-    view = AttentionView(tokens=[f"t{i}" for i in range(t)], weights=_causal(12, 12, t))
+    weights = _causal(12, 12, t)
+    view = AttentionView(tokens=[f"t{i}" for i in range(t)], weights=weights)
     path = view.save(tmp_path / "view.html")
     assert path.stat().st_size < 8 * 2**20  # bytes, not megabytes of JSON numbers: 4.7 MB of weights in base64
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
@@ -126,7 +127,7 @@ def test_twelve_layers_of_twelve_heads_at_256_tokens_open_and_answer_within_budg
     assert problems == []
     assert opened_ms < 2000, f"opened in {opened_ms:.0f} ms"
     assert answered_s < 2.0, f"answered a hover in {answered_s:.2f} s"
-    expected = sum(int((torch.round(_causal(12, 12, t)[0, h, 200] * 255) / 255 >= 0.01).sum()) for h in range(12))
+    expected = sum(int((torch.round(weights[0, h, 200] * 255) / 255 >= 0.01).sum()) for h in range(12))
     assert lines == expected  # every weight of at least 0.01 drawn, for the 12 heads of layer 0
 
 

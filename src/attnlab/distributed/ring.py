@@ -244,6 +244,9 @@ def _spare(tensors: list[torch.Tensor], exchanges: int) -> list[list[torch.Tenso
     return [[_buffer(t) for t in tensors] for _ in range(count)]
 
 
+MIN_PIECE = 4  # tokens: a smaller piece costs more in messages than it saves in memory
+
+
 def piece_bounds(local: int, size: int) -> list[tuple[int, int]]:
     """How the forward cuts each travelling block: (start, end) of each piece, the same on every rank.
 
@@ -251,8 +254,9 @@ def piece_bounds(local: int, size: int) -> list[tuple[int, int]]:
     them one tick more (computed while the next ones arrive) before forwarding them: about 2P - 1 pieces in
     hand. 4 (2P - 1) pieces a block keep that near a quarter of one block, whatever P: the forward's memory
     stays near 1/P of one process instead of doubling it with a whole block in hand and one arriving.
+    A short block is cut in fewer pieces, none under MIN_PIECE tokens.
     """
-    count = max(1, min(local, 4 * (2 * size - 1)))
+    count = max(1, min(local // MIN_PIECE, 4 * (2 * size - 1)))
     edges = [round(i * local / count) for i in range(count + 1)]
     return [(a, b) for a, b in itertools.pairwise(edges) if b > a]
 
