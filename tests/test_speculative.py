@@ -101,7 +101,7 @@ def test_speculation_refuses_what_it_cannot_do_before_running() -> None:
     with pytest.raises(ValueError, match="a sliding window \\(window=8\\)"):
         windowed.generate(prompt[:, :10], 4, lookup=2)
     for rope in (False, True):  # learned positions end there; rotary ones were not trained past it either
-        with pytest.raises(ValueError, match="positions up to 131, past context_length 128"):
-            model(rope=rope).generate(prompt, 128 - 48, lookup=4)
+        with pytest.raises(ValueError, match="48 tokens and max_new_tokens is 82: 129 positions to run, more than "):
+            model(rope=rope).generate(prompt, 128 - 48 + 2, lookup=4)
     with pytest.raises(ValueError, match="lookup must be"):
         m.generate(prompt, 4, lookup=0)

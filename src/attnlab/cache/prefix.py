@@ -14,7 +14,13 @@ are the point), so nothing shared is ever written.
 
 The tree holds a reference to each block it names, so a finished sequence's
 prompt stays reusable; when the pool runs short, the least recently used
-leaves that no running sequence holds are let go (:meth:`make_room`).
+leaves that no running sequence holds are let go (:meth:`make_room`), until
+every running sequence has room for all the tokens it will hold (``attach``
+is told how many), so a cache kept across calls never fills up mid-run.
+
+The blocks hold keys and values of one model's weights: :meth:`bind` records
+which (the tensors of its state dict, by identity and version) and refuses a
+tree filled by other weights, or by these before they changed.
 
 Exact: a prompt gets the same keys and values, hence the same tokens, as
 when it is computed whole (tested, token-identical, on every backend).
@@ -31,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from attnlab._checks import check_positive_int
 from attnlab.cache.paged import PagedKVCache
@@ -66,6 +74,8 @@ class PrefixCache:
         self.clock = 0
         self.looked_up = 0  # prompt tokens asked for
         self.reused = 0  # of them, tokens taken from the tree
+        self.planned = [0] * self.batch_size  # tokens each running sequence will hold at its end (0: not running)
+        self.weights: tuple[tuple[str, int, int, int], ...] | None = None  # what filled the tree (bind)
 
     @classmethod
     def for_model(cls, model: Any, *, batch_size: int, max_len: int, num_blocks: int | None = None) -> PrefixCache:
@@ -102,12 +112,38 @@ class PrefixCache:
                 f"a sequence of {tokens} tokens (prompt and new ones) is longer than this prefix cache's "
                 f"max_len={self.max_len}; build it with max_len >= {tokens}"
             )
+        need = rows * -(-tokens // self.block_size)
+        if need > self.pools[0].num_blocks:
+            raise ValueError(
+                f"{rows} sequences of {tokens} tokens need {need} blocks of {self.block_size} at once, more than this "
+                f"prefix cache's num_blocks={self.pools[0].num_blocks}; build it with num_blocks >= {need}"
+            )
 
-    def attach(self, row: int, tokens: list[int]) -> int:
+    def bind(self, model: Any) -> None:
+        """Refuse ``model`` if the tree holds blocks that other weights filled (another model, or this one before
+        its weights changed: trained, loaded); else record its weights as the tree's."""
+        weights = _fingerprint(model)
+        if self.cached_tokens() and self.weights != weights:
+            raise ValueError(
+                "this PrefixCache holds keys and values computed by other weights (another model, or this one "
+                "before its weights changed): they would be reused as this model's; call clear() on it or build "
+                "a new one with PrefixCache.for_model(model, ...)"
+            )
+        self.weights = weights
+
+    def clear(self) -> None:
+        """Forget every cached prefix (the tree's blocks go back to the pool); running sequences keep theirs."""
+        for node in self._nodes():
+            for layer, pool in enumerate(self.pools):
+                pool.refcount[node.blocks[layer]] -= 1
+        self.root = _Node(blocks=[])
+        self.weights = None
+
+    def attach(self, row: int, tokens: list[int], *, total: int | None = None) -> int:
         """Start sequence ``row`` on ``tokens``: take the blocks of its longest cached prefix (full blocks, not its
-        last token); return how many tokens it already holds, from where the model must run."""
-        for pool in self.pools:
-            pool.release(row)
+        last token), then make room for the ``total`` tokens it will hold (default: ``tokens``) beside what every
+        other running sequence will; return how many tokens it already holds, from where the model must run."""
+        self.release(row)
         node, matched = self.root, []
         for start in range(0, (len(tokens) - 1) // self.block_size * self.block_size, self.block_size):
             child = node.children.get(tuple(tokens[start : start + self.block_size]))
@@ -126,6 +162,8 @@ class PrefixCache:
             pool.lengths[row] = reused
         self.looked_up += len(tokens)
         self.reused += reused
+        self.planned[row] = len(tokens) if total is None else max(total, len(tokens))
+        self.make_room()
         return reused
 
     def remember(self, row: int, tokens: list[int]) -> None:
@@ -151,12 +189,19 @@ class PrefixCache:
         """Sequence ``row`` is done: its blocks go back, except those the tree keeps."""
         for pool in self.pools:
             pool.release(row)
+        self.planned[row] = 0
 
-    def make_room(self, blocks: int) -> None:
-        """Let go of least recently used leaves that no sequence holds until ``blocks`` blocks are free (or none
-        is left to let go: the pool then says it is full when written)."""
+    def blocks_to_come(self) -> int:
+        """Blocks the running sequences will still take from the pool to reach the tokens they were attached for."""
         pool = self.pools[0]
-        while pool.free_blocks() < blocks:
+        held = (pool.block_table >= 0).sum(dim=1).tolist()  # (B,): blocks each sequence holds now
+        return sum(max(0, -(-plan // self.block_size) - n) for plan, n in zip(self.planned, held, strict=True))
+
+    def make_room(self) -> None:
+        """Let go of least recently used leaves that no sequence holds until every running sequence has room for
+        the blocks it will still take (or none is left to let go: the pool then says it is full when written)."""
+        pool = self.pools[0]
+        while pool.free_blocks() < self.blocks_to_come():
             leaves = [
                 n
                 for n in self._nodes()
@@ -181,3 +226,10 @@ class PrefixCache:
             found.append(node)
             todo.extend(node.children.values())
         return found
+
+
+def _fingerprint(model: Any) -> tuple[tuple[str, int, int, int], ...]:
+    """The tensors of ``model``'s state dict by name, identity, storage and version: any change of weights (an
+    optimizer step, load_state_dict, another model) changes it; a forward pass does not."""
+    state: dict[str, torch.Tensor] = model.state_dict(keep_vars=True)
+    return tuple((name, id(t), t.data_ptr(), t._version) for name, t in state.items())

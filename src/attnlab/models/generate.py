@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from attnlab._checks import check_positive_int
-from attnlab.cache import Cache, CacheFactory, PrefixCache, cache_factory, runs_past_context
+from attnlab.cache import Cache, CacheFactory, PrefixCache, SinkCache, cache_factory, runs_past_context
 
 
 class Decoder(Protocol):
@@ -197,12 +197,32 @@ def stream(
                 "or attention_mask, with use_cache=True"
             )
         if isinstance(cache, PrefixCache):
-            cache.check_fits(b, t + max_new_tokens)
+            cache.check_fits(b, t + max_new_tokens - 1)  # the last new token is never fed back, nor held
+            cache.bind(model)
+        caches = None
     else:
+        capacity = t + max_new_tokens
+        capacity = capacity if step is None else -(-capacity // STEP_CAPACITY) * STEP_CAPACITY
         cache_factory(cache)  # a name that is not one, refused now
+        caches = model.make_caches(batch_size=b, max_len=capacity, cache=cache) if use_cache else None
+        _check_sinks(caches, attention_mask, t + max_new_tokens - 1)
     return _stream(
-        model, idx, max_new_tokens, attention_mask, temperature, top_k, top_p, eos_id, generator, use_cache, cache, step
+        model, idx, max_new_tokens, attention_mask, temperature, top_k, top_p, eos_id, generator, caches, cache, step
     )
+
+
+def _check_sinks(caches: list[Cache] | None, attention_mask: torch.Tensor | None, written: int) -> None:
+    """A sink cache keeps the first slots of every row, which left padding fills with pads: once the window
+    drops tokens, the pads would stand as sinks, and the padding mask, by slot, would no longer find them."""
+    sink = caches[0] if caches else None
+    if not isinstance(sink, SinkCache) or attention_mask is None or bool(attention_mask.bool().all()):
+        return
+    if written > sink.sinks + sink.recent:
+        raise ValueError(
+            f"a sink cache keeps each row's first {sink.sinks} slots as sinks, and left padding puts pads there: "
+            f"{written} tokens run past its {sink.sinks} + {sink.recent} slots, where the pads would take the "
+            "sinks' place; generate the rows one at a time without attention_mask, or use another cache"
+        )
 
 
 @torch.no_grad()
@@ -216,7 +236,7 @@ def _stream(
     top_p: float | None,
     eos_id: int | None,
     generator: torch.Generator | None,
-    use_cache: bool,
+    caches: list[Any] | None,
     cache: str | CacheFactory | PrefixCache,
     step: Step | None = None,
 ) -> Iterator[torch.Tensor]:
@@ -228,38 +248,41 @@ def _stream(
         store = (
             cache
             if isinstance(cache, PrefixCache)
-            else PrefixCache.for_model(model, batch_size=b, max_len=t + max_new_tokens)
+            else PrefixCache.for_model(model, batch_size=b, max_len=t + max_new_tokens - 1)
         )
-        caches: list[Any] | None = [pool.rows(list(range(b))) for pool in store.pools]
-        logits = torch.cat(
-            [_prefill_shared(model, store, row, idx[row].tolist(), t + max_new_tokens) for row in range(b)]
-        )
-    else:
-        assert not isinstance(cache, PrefixCache)
-        capacity = t + max_new_tokens if step is None else -(-(t + max_new_tokens) // STEP_CAPACITY) * STEP_CAPACITY
-        caches = model.make_caches(batch_size=b, max_len=capacity, cache=cache) if use_cache else None
-        logits = prefill(model, idx, caches, attention_mask=mask)
-    finished = torch.zeros(b, 1, dtype=torch.bool, device=idx.device)
-    for made in range(max_new_tokens):
-        token = pick(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B, 1)
-        if eos_id is not None:
-            token = token.masked_fill(finished, eos_id)
-            finished = finished | (token == eos_id)
-        yield token
-        if made == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
-            return
-        out = torch.cat([out, token], dim=1)
-        if store is not None and (out.shape[1] - 1) % store.block_size == 0:  # a block just filled: share it
-            for row in range(b):
-                store.remember(row, out[row, :-1].tolist())
-        if mask is not None:
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        if step is not None and caches is not None:
-            logits = step(token, caches)[:, -1]
-        elif caches is not None:
-            logits = model(token, attention_mask=mask, caches=caches, last_only=True)[:, -1]  # the cache has the rest
+    try:
+        if store is not None:
+            caches = [pool.rows(list(range(b))) for pool in store.pools]
+            logits = torch.cat(
+                [_prefill_shared(model, store, row, idx[row].tolist(), t + max_new_tokens - 1) for row in range(b)]
+            )
         else:
-            logits = model(out, attention_mask=mask, last_only=True)[:, -1]  # all again: what the cache must match
+            logits = prefill(model, idx, caches, attention_mask=mask)
+        finished = torch.zeros(b, 1, dtype=torch.bool, device=idx.device)
+        for made in range(max_new_tokens):
+            token = pick(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B, 1)
+            if eos_id is not None:
+                token = token.masked_fill(finished, eos_id)
+                finished = finished | (token == eos_id)
+            yield token
+            if made == max_new_tokens - 1 or (eos_id is not None and bool(finished.all())):
+                return
+            out = torch.cat([out, token], dim=1)
+            if store is not None and (out.shape[1] - 1) % store.block_size == 0:  # a block just filled: share it
+                for row in range(b):
+                    store.remember(row, out[row, :-1].tolist())
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            if step is not None and caches is not None:
+                logits = step(token, caches)[:, -1]
+            elif caches is not None:
+                logits = model(token, attention_mask=mask, caches=caches, last_only=True)[:, -1]  # the cache: the rest
+            else:
+                logits = model(out, attention_mask=mask, last_only=True)[:, -1]  # all again: what the cache must match
+    finally:  # the rows' blocks go back to the pool and the tree keeps what it shares: a store kept across calls
+        if store is not None:  # starts the next call with room, also after an error or a stream left unfinished
+            for row in range(b):
+                store.release(row)
 
 
 def prefill(
@@ -282,9 +305,8 @@ def prefill(
 
 def _prefill_shared(model: Decoder, store: PrefixCache, row: int, prompt: list[int], total: int) -> torch.Tensor:
     """Prefill sequence ``row`` of ``store`` with ``prompt``, from the end of its longest cached prefix; the last
-    position's logits (1, V). ``total``: the tokens it will hold, to make room for."""
-    done = store.attach(row, prompt)  # what the row held goes back, then it takes its prefix (held: kept)
-    store.make_room(-(-total // store.block_size) - done // store.block_size)  # room for the rest
+    position's logits (1, V). ``total``: the tokens it will hold, which the store makes room for."""
+    done = store.attach(row, prompt, total=total)  # what the row held goes back, then it takes its prefix
     ids = torch.tensor([prompt[done:]], device=store.pools[0].lengths.device)  # (1, T - done): the rest
     logits = model(ids, caches=[pool.sequence(row) for pool in store.pools], last_only=True)[:, -1]
     store.remember(row, prompt)
@@ -339,6 +361,7 @@ def generate_many(
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     max_positions: int | None = None,
+    vocab_size: int | None = None,
     cache: str | PrefixCache = "paged",
 ) -> list[list[int]]:
     """Continuous batching over a paged cache: the new tokens of each prompt, in the prompts' order.
@@ -357,6 +380,12 @@ def generate_many(
     for n, prompt in enumerate(prompts):
         if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
             raise ValueError(f"prompt {n} must be a non-empty list of int token ids, got {prompt!r:.60}")
+        bad = [(i, t) for i, t in enumerate(prompt) if vocab_size is not None and not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt {n} has token id {bad[0][1]} at position {bad[0][0]}: this model's ids are "
+                f"0..{vocab_size - 1 if vocab_size else 0}"
+            )
         if max_positions is not None and len(prompt) + max_new_tokens - 1 > max_positions:
             raise ValueError(
                 f"prompt {n} has {len(prompt)} tokens and max_new_tokens is {max_new_tokens}: more than the "
@@ -364,12 +393,13 @@ def generate_many(
             )
     if cache not in ("paged", "prefix") and not isinstance(cache, PrefixCache):
         raise ValueError(f"generate_many runs on 'paged' or 'prefix' blocks (or a PrefixCache), got cache={cache!r}")
-    longest = max(len(p) for p in prompts) + max_new_tokens
+    longest = max(len(p) for p in prompts) + max_new_tokens - 1  # the last new token is never fed back
     rows_needed = min(slots, len(prompts))
     store: PrefixCache | None = None
     if isinstance(cache, PrefixCache):
         store = cache
         store.check_fits(rows_needed, longest)
+        store.bind(model)
     elif cache == "prefix":
         store = PrefixCache.for_model(model, batch_size=rows_needed, max_len=longest)
     pools: list[Any] = (  # PagedKVCache: rows(), sequence(), release()
@@ -380,6 +410,10 @@ def generate_many(
     free_rows = list(range(rows_needed))
     results: list[list[int]] = [[] for _ in prompts]
 
+    def release(row: int) -> None:
+        for pool in [store] if store is not None else pools:
+            pool.release(row)
+
     def choose(logits: torch.Tensor) -> list[int]:
         return pick(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)[:, 0].tolist()
 
@@ -388,27 +422,30 @@ def generate_many(
         tokens.append(token)
         if len(tokens) == max_new_tokens or token == eos_id:  # done: its blocks go back to the pool
             results[index] = tokens
-            for cache in pools:
-                cache.release(row)
+            release(row)
             del running[row]
             free_rows.append(row)
 
-    while waiting or running:
-        while free_rows and waiting:  # a free row takes the next prompt: prefilled alone, the others keep theirs
-            row = free_rows.pop(0)
-            index, prompt = waiting.pop(0)
-            running[row] = (index, [])
-            if store is not None:
-                logits = _prefill_shared(model, store, row, prompt, len(prompt) + max_new_tokens)
-            else:
-                ids = torch.tensor([prompt])
-                logits = model(ids, caches=[c.sequence(row) for c in pools], last_only=True)[:, -1]
-            take(row, choose(logits)[0])
-        if not running:
-            continue
-        rows = sorted(running)
-        last = torch.tensor([[running[r][1][-1]] for r in rows])  # (R, 1): each at its own position
-        logits = model(last, caches=[c.rows(rows) for c in pools], last_only=True)[:, -1]
-        for row, token in zip(rows, choose(logits), strict=True):
-            take(row, token)
+    try:
+        while waiting or running:
+            while free_rows and waiting:  # a free row takes the next prompt: prefilled alone, the others keep theirs
+                row = free_rows.pop(0)
+                index, prompt = waiting.pop(0)
+                running[row] = (index, [])
+                if store is not None:
+                    logits = _prefill_shared(model, store, row, prompt, len(prompt) + max_new_tokens - 1)
+                else:
+                    ids = torch.tensor([prompt])
+                    logits = model(ids, caches=[c.sequence(row) for c in pools], last_only=True)[:, -1]
+                take(row, choose(logits)[0])
+            if not running:
+                continue
+            rows = sorted(running)
+            last = torch.tensor([[running[r][1][-1]] for r in rows])  # (R, 1): each at its own position
+            logits = model(last, caches=[c.rows(rows) for c in pools], last_only=True)[:, -1]
+            for row, token in zip(rows, choose(logits), strict=True):
+                take(row, token)
+    finally:  # after an error too: a store kept across calls gets its rows back
+        for row in list(running):
+            release(row)
     return results

@@ -368,12 +368,15 @@ class GPT(nn.Module):
                 "after each pass: drop attention_mask, use_cache=False and cache="
             )
         k = lookup if lookup is not None else draft_tokens
-        last = idx.shape[1] + max_new_tokens + k - 1  # a pass may feed k guesses past the last token kept
+        # What is fed: a pass guesses at most the tokens still to come but one, so no position runs past the one
+        # plain decoding feeds last (prompt + new - 1 positions): the same limit, counted on what is written.
+        positions = idx.shape[1] + max_new_tokens - 1
         limit = min(m.config.context_length for m in (self, draft) if m is not None)  # as plain decoding keeps to
-        if last > limit:
+        if positions > limit:
+            whose = "" if draft is None else " (the smaller of the model's and the draft's)"
             raise ValueError(
-                f"the prompt has {idx.shape[1]} tokens, max_new_tokens is {max_new_tokens} and a pass feeds up to {k} "
-                f"guesses: positions up to {last}, past context_length {limit}; ask for fewer tokens or guess fewer"
+                f"the prompt has {idx.shape[1]} tokens and max_new_tokens is {max_new_tokens}: {positions} positions "
+                f"to run, more than context_length {limit}{whose}; shorten the prompt or ask for fewer tokens"
             )
         return speculate(
             self,
@@ -466,6 +469,7 @@ class GPT(nn.Module):
             eos_id=eos_id,
             generator=generator,
             max_positions=self.config.context_length,
+            vocab_size=self.config.vocab_size,
             cache=cache,
         )
 
