@@ -82,7 +82,7 @@ class PrefixCache:
         """Pools for every layer of ``model`` (anything with ``make_caches``): ``batch_size`` sequences at once,
         each up to ``max_len`` tokens, ``num_blocks`` blocks (default: room for twice what the rows can hold,
         the rest kept for prefixes)."""
-        from attnlab.cache import paged  # the named factory, with a pool of its own size
+        from attnlab.cache import _no_window, paged  # the named factory, with a pool of its own size
 
         check_positive_int("batch_size", batch_size, limit=4096)
         check_positive_int("max_len", max_len, limit=2**27)
@@ -91,6 +91,7 @@ class PrefixCache:
         check_positive_int("num_blocks", num_blocks, limit=2**24)
 
         def factory(**kw: Any) -> Any:
+            _no_window("prefix", kw["window"])  # named as the user named it, not as the paged pools under it
             return paged(**kw, num_blocks=num_blocks)
 
         return cls(model.make_caches(batch_size=batch_size, max_len=max_len, cache=factory))

@@ -198,7 +198,9 @@ def stream(
             )
         if isinstance(cache, PrefixCache):
             cache.check_fits(b, t + max_new_tokens - 1)  # the last new token is never fed back, nor held
-            cache.bind(model)
+        else:  # a tree for this call (its pools made now, so that a model they do not fit is refused now)
+            cache = PrefixCache.for_model(model, batch_size=b, max_len=t + max_new_tokens - 1)
+        cache.bind(model)
         caches = None
     else:
         capacity = t + max_new_tokens
@@ -243,13 +245,7 @@ def _stream(
     b, t = idx.shape
     mask = attention_mask
     out = idx
-    store: PrefixCache | None = None
-    if cache == "prefix" or isinstance(cache, PrefixCache):
-        store = (
-            cache
-            if isinstance(cache, PrefixCache)
-            else PrefixCache.for_model(model, batch_size=b, max_len=t + max_new_tokens - 1)
-        )
+    store = cache if isinstance(cache, PrefixCache) else None
     try:
         if store is not None:
             caches = [pool.rows(list(range(b))) for pool in store.pools]
