@@ -56,7 +56,9 @@ lint: $(STAMP)
 # where PYTHONDONTWRITEBYTECODE is set no process would write its own cache and each would compile again.
 test: setup browser lint
 	$(PY) -m compileall -q src tests benchmarks
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+	@echo "second stage: the checks slow by nature (pytest -m slow)"
+	$(PY) -m pytest -q -m slow
 	$(MAKE) --no-print-directory smoke
 
 # Every benchmark script on tiny sizes: each runs its checks and timing end to end (seconds each), so a script

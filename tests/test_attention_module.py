@@ -87,6 +87,7 @@ def test_flash_memory_stays_linear_and_far_below_the_score_matrix() -> None:
     assert eager_mem.peak_bytes > score_matrix  # the readable path does hold the T^2 matrix
 
 
+@pytest.mark.slow  # a real inductor compile: half a minute on 2 cores
 def test_works_under_torch_compile() -> None:
     m = make("auto")
     x = torch.randn(2, 8, 32)

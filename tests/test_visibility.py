@@ -296,6 +296,7 @@ def test_the_module_takes_mods_and_they_mean_what_attention_means() -> None:
 # ---- compiled flex, float32, lengths that are not a multiple of its 128 block ----
 
 
+@pytest.mark.slow  # flex_attention compiled for real
 def test_compiled_flex_in_float32_at_a_ragged_length_equals_eager() -> None:
     """The compiled kernel (float32 on CPU), 200 tokens of packed causal documents, one block mask per Visibility."""
     g = torch.Generator().manual_seed(4)
