@@ -46,7 +46,8 @@ def test_ctrl_c_saves_a_whole_step_and_the_resumed_run_ends_as_one_never_interru
     assert read_log(tmp_path / "cut").step == [1, 2, 3, 4, 5]  # saved as it stopped
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
     resumed = GPT.from_pretrained(tmp_path / "cut")
-    train(resumed, task, config, checkpoint=tmp_path / "cut", resume=True)
+    log = train(resumed, task, config, checkpoint=tmp_path / "cut", resume=True)
+    assert not log.interrupted and log.stopped == "" and not read_log(tmp_path / "cut").interrupted  # this run's end
     for name, tensor in whole.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[name], tensor, atol=1e-6, rtol=0, msg=name)
 
@@ -133,6 +134,11 @@ def test_ctrl_c_in_attnlab_train_saves_and_exits_130_with_one_line(
     said = capsys.readouterr().out.strip().splitlines()
     assert said[-1].startswith("interrupted (SIGINT) after 3 of 50 steps; saved to") and "--resume goes on" in said[-1]
     assert read_log(out).step == [1, 2, 3] and (out / STATE_FILE).is_file()
+    monkeypatch.undo()  # then the hint, as printed: the resumed run ends as a whole run does, exit 0
+    assert cli.main(["train", "--out", str(out), "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert "50 steps in" in said and "the heads it learned" in said and (out / "loss.png").is_file()
+    assert "--resume goes on" not in said
 
 
 # ---- the file's tensors are the truth; memory is not spent before the file is checked ----

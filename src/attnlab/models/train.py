@@ -303,7 +303,7 @@ def train(
         if checkpoint is None:
             raise ValueError("resume needs the checkpoint folder to continue from")
         start, log = _resume(Path(checkpoint), optimizer, generator)
-        log.stopped = ""
+        log.stopped, log.interrupted = "", False  # how the earlier run ended is not how this one will
     wrapped: torch.nn.Module = model
     if size > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
