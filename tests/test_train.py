@@ -349,6 +349,7 @@ def test_train_then_heads_then_explain_then_resume_from_the_command_line(
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     log = read_log(out)
     assert log is not None and [row["step"] for row in log.extra["heads"]] == [5, 10]  # scores at each evaluation
+    assert log.task == "induction"  # the report names the command that made it from this
 
     assert cli.main(["heads", "--model", str(out), "--json", str(tmp_path / "scores.json")]) == 0
     table = capsys.readouterr().out
@@ -438,3 +439,14 @@ def test_the_shipped_text_model_is_the_one_its_log_describes_and_the_docs_quote_
     said = describe_run(log, REPORT_TEXT["en"])
     page = (REPO / "docs" / "caches.md").read_text(encoding="utf-8").replace("\n", " ")
     assert said in page, f"docs/caches.md should say: {said}"
+
+
+@pytest.mark.parametrize("name", ["text", "induction"])
+def test_a_shipped_models_report_names_the_command_that_trained_it(name: str) -> None:
+    from attnlab.explain.model_report import _training_section
+    from attnlab.explain.report_text import REPORT_TEXT
+
+    log = read_log(locate(name))
+    assert log is not None
+    for lang in ("en", "zh"):
+        assert _training_section(log, REPORT_TEXT[lang], lang, figures=False).code == f"attnlab train {name}"

@@ -186,7 +186,7 @@ def _training_section(log: TrainLog, txt: dict[str, str], lang: str, *, figures:
         key="training",
         title=title,
         text=text,
-        code="attnlab train induction",
+        code=f"attnlab train {log.task}" if log.task else "attnlab train TASK  # this log does not name its task",
         value="\n".join(
             f"step {s:>6}: eval loss {x:.3f}"
             for s, x in zip(log.eval_step[::every], log.eval_loss[::every], strict=True)

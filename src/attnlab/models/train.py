@@ -115,6 +115,7 @@ class TrainLog:
     eval_seconds: list[float] = field(default_factory=list)  # training time when each evaluation began
     extra: dict[str, list[Any]] = field(default_factory=dict)  # e.g. "heads": head scores at each evaluation
     seconds: float = 0.0  # training time, evaluations included
+    task: str = ""  # what it trained on ("induction", "text"), as `attnlab train TASK` names it; "" if not said
     stopped: str = ""  # why the loop ended before config.steps, if it did
     interrupted: bool = False  # stopped by Ctrl-C (SIGINT) or SIGTERM, after a whole step, and saved
 
@@ -304,6 +305,7 @@ def train(
             raise ValueError("resume needs the checkpoint folder to continue from")
         start, log = _resume(Path(checkpoint), optimizer, generator)
         log.stopped, log.interrupted = "", False  # how the earlier run ended is not how this one will
+    log.task = str((run or {}).get("task") or log.task)
     wrapped: torch.nn.Module = model
     if size > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
