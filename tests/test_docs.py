@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from attnlab.functional import Visibility, causal_mask, padding_mask, sliding_window_mask
@@ -38,28 +39,57 @@ def test_architecture_doc_names_every_module() -> None:
             assert path.name in text, f"docs/architecture.md does not mention {path.relative_to(src)}"
 
 
-def test_docs_python_examples_run() -> None:
-    """The runnable ```python blocks (those that start with an import) of the pages on attention and mods run as
-    written, in order, one namespace per page. (The ring's need processes: tests/test_ring.py runs that path.)"""
-    for name in ("backends.md", "mods.md", "caches.md"):
-        namespace: dict[str, object] = {}
-        text = (DOCS / name).read_text(encoding="utf-8")
-        for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
-            if block.startswith(("import ", "from ")) or "namespace_started" in namespace:
-                namespace["namespace_started"] = True
-                exec(compile(block, name, "exec"), namespace)
+CONTINUES = "continuing the example above"  # said in the prose before a block that needs the one before it
+ELSEWHERE = re.compile(r"needs (several processes|GPUs)", re.I)  # said before a block that cannot run in-process
 
 
-def test_readme_python_examples_run() -> None:
-    """Every ```python block of the README runs as written, in order, in one namespace."""
-    import re
+def python_blocks(page: str) -> list[tuple[str, str]]:
+    """Each ```python block of a page, with the prose between it and the block before it."""
+    found, end = [], 0
+    for match in re.finditer(r"```python\n(.*?)```", page, flags=re.S):
+        found.append((page[end : match.start()], match.group(1)))
+        end = match.end()
+    return found
 
-    readme = (DOCS.parent / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-    assert len(blocks) >= 4
+
+@pytest.mark.parametrize("name", ["README.md", "docs/backends.md", "docs/mods.md", "docs/caches.md", "docs/ring.md"])
+def test_every_python_example_runs_as_written_alone_or_after_the_one_it_says_it_continues(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader copies one block into a fresh interpreter, in a folder of their own: each block runs so, in a
+    fresh namespace, unless the prose before it says it continues the example above (then after that one). A
+    block the prose says needs several processes or GPUs runs elsewhere: tests/test_ring.py, and the GPU one
+    on a lent GPU (docs/ring.md says whether it ran)."""
+    monkeypatch.chdir(tmp_path)
+    page = (DOCS.parent / name).read_text(encoding="utf-8")
+    blocks = python_blocks(page)
+    assert blocks, f"{name} has no python example"
     namespace: dict[str, object] = {}
-    for block in blocks:
-        exec(compile(block, "README.md", "exec"), namespace)  # our own README, run as a user would
+    for n, (prose, block) in enumerate(blocks):
+        if ELSEWHERE.search(prose.strip().split("\n\n")[-1]):
+            continue
+        if CONTINUES not in " ".join(prose.lower().split()):
+            namespace = {"__name__": "__main__"}
+        elif n == 0:
+            raise AssertionError(f"{name}'s first example says it continues one above it")
+        exec(compile(block, f"{name} example {n + 1}", "exec"), namespace)  # our own docs, run as a reader would
+
+
+@pytest.mark.slow  # two real processes under torchrun
+def test_the_ring_pages_script_runs_under_torchrun_as_the_page_says(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    page = (DOCS / "ring.md").read_text(encoding="utf-8")
+    prose, script = next((p, b) for p, b in python_blocks(page) if "ring_example.py" in p)
+    (tmp_path / "ring_example.py").write_text(script, encoding="utf-8")
+    command = "torchrun --standalone --nproc-per-node 2 ring_example.py"
+    assert command in prose
+    torchrun = Path(sys.executable).with_name("torchrun")
+    done = subprocess.run(
+        [str(torchrun), *command.split()[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 PICTURE_NAMES = {
