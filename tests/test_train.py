@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -450,3 +451,43 @@ def test_a_shipped_models_report_names_the_command_that_trained_it(name: str) ->
     assert log is not None
     for lang in ("en", "zh"):
         assert _training_section(log, REPORT_TEXT[lang], lang, figures=False).code == f"attnlab train {name}"
+
+
+def test_train_help_states_each_tasks_own_defaults() -> None:
+    """`attnlab train -h` says "(induction A, text B)" for each setting: A and B are what each task trains with."""
+    from attnlab.cli.train import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    helps = {a.dest: a.help for a in parser._subparsers._group_actions[0].choices["train"]._actions}  # type: ignore[union-attr]
+    settings = {
+        "steps": ("steps", TASK_DEFAULTS),
+        "lr": ("lr", TASK_DEFAULTS),
+        "layers": ("n_layers", TASK_MODELS),
+        "emb_dim": ("emb_dim", TASK_MODELS),
+        "context": ("context_length", TASK_MODELS),
+    }
+    for flag, (field, table) in settings.items():
+        found = re.search(r"induction ([\de.-]+), text ([\de.-]+)", helps[flag] or "")
+        assert found, (flag, helps[flag])
+        for task, said in zip(("induction", "text"), found.groups(), strict=True):
+            assert float(said) == float(getattr(table[task], field)), (flag, task, said)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+        (["--batch-size", "-2"], "--batch-size must be >= 1, got -2"),
+        (["--warmup", "-1"], "--warmup must be a number of steps >= 0, got -1"),
+        (["--lr", "0"], "--lr must be a number > 0, got 0.0"),
+        (["--minutes", "nan"], "--minutes must be a number > 0, got nan"),
+        (["--emb-dim", "0"], "--emb-dim must be >= 1, got 0"),
+    ],
+)
+def test_train_flags_are_checked_by_name_before_anything_runs(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["train", "--out", str(tmp_path / "run"), *argv]) == 2
+    assert message in capsys.readouterr().err.replace("\n", " ")
+    assert not (tmp_path / "run").exists()
