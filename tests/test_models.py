@@ -268,7 +268,7 @@ def test_generate_command_streams_and_refuses_slips(hf_dir: Path, capsys: pytest
     assert cli.main(["generate", "--model", str(hf_dir), long, "--max-new-tokens", "8", "--truncate", "left"]) == 0
     capsys.readouterr()
     for argv, message in (
-        (["--top-p", "0"], "top_p must be in (0, 1]"),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
         (["--temperature", "-1"], "temperature must be a finite number >= 0"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
     ):

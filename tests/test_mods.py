@@ -415,3 +415,73 @@ def test_is_causal_and_window_mean_what_causal_and_sliding_window_mean(backend: 
         attention(q, k, v, is_causal=True, mask_mod=mods.document(DOCS), **kw),
         attention(q, k, v, mask_mod=mods.and_masks(mods.causal(), mods.document(DOCS)), **kw),
     )
+
+
+# A user's score_mod reading a float64 table: on float32 scores its result is float64 (type promotion), and every
+# backend casts it back to the scores' dtype, as the built-in mods do (a 1-element tensor promotes; a 0-dim one would not).
+WIDE = torch.randn(12, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(5))  # (Tq, Tk)
+
+
+def _wide(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    return score * torch.tensor([1.5], dtype=torch.float64) + WIDE[q_idx, kv]
+
+
+def _narrow(
+    score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv: torch.Tensor
+) -> torch.Tensor:
+    return score * 1.5 + WIDE.float()[q_idx, kv]  # the same mod written in float32
+
+
+def _wide_bias(
+    score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv: torch.Tensor
+) -> torch.Tensor:
+    return score + WIDE[q_idx, kv]
+
+
+def _narrow_bias(
+    score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv: torch.Tensor
+) -> torch.Tensor:
+    return score + WIDE.float()[q_idx, kv]
+
+
+for _fn in (_wide_bias, _narrow_bias):
+    _fn.is_bias = True  # type: ignore[attr-defined]  # declared additive: sdpa takes only a bias
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "flash", "flex"])
+def test_a_score_mod_returning_float64_on_float32_scores_is_cast_back_on_every_backend(backend: str) -> None:
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 12, 8, generator=g) for _ in range(3))
+    wide, narrow, factor = (_wide_bias, _narrow_bias, 1.0) if backend == "sdpa" else (_wide, _narrow, 1.5)
+    assert wide(torch.zeros(1, 1, 1, 1), *(torch.zeros(1, 1, 1, 1, dtype=torch.long),) * 4).dtype == torch.float64
+    run = tiles(backend, 4, 4)
+    with torch.no_grad():
+        out = attention(q, k, v, score_mod=wide, is_causal=True, backend=run)
+        # flex compiles once per mod (seconds): its float32 twin runs on eager, the readable path
+        same = attention(q, k, v, score_mod=narrow, is_causal=True, backend="eager" if backend == "flex" else run)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, same, atol=1e-6, rtol=1e-5)
+    q64, k64, v64 = q.double(), k.double(), v.double()  # the definition, written out here in float64
+    s = (q64 @ k64.transpose(-2, -1) / math.sqrt(8)) * factor + WIDE
+    ref = torch.softmax(s.masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1), -math.inf), dim=-1) @ v64
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
+
+
+def test_a_float64_table_in_a_score_mod_trains_through_flash_as_through_eager() -> None:
+    """The cast is part of the graph: flash's backward replays the mod and the float64 table gets its gradient."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 12, 8, generator=g, requires_grad=True) for _ in range(3))
+    table = WIDE.clone().requires_grad_()
+
+    def mod(
+        score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv: torch.Tensor
+    ) -> torch.Tensor:
+        return score + table[q_idx, kv]
+
+    grads = []
+    for backend in ("eager", Flash(block_q=4, block_k=4)):
+        out = attention(q, k, v, score_mod=mod, is_causal=True, backend=backend)
+        grads.append(torch.autograd.grad((out * out).sum(), (q, k, v, table)))
+    assert grads[1][3].dtype == torch.float64 and bool(grads[1][3].abs().sum() > 0)
+    for name, a, b in zip(("dq", "dk", "dv", "dtable"), *grads, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4, msg=name)

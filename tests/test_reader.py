@@ -131,7 +131,7 @@ SLIPS = [
     (["bench", "--model", "gpt9"], "--model takes a preset, one of ['gpt2-small'"),
     (["bench", "--model", "--new-tokens", "2000"], "exceeds the context of 1024"),
     (["generate", "--model", "/no/such/model", "hi"], "--model '/no/such/model' does not exist"),
-    (["generate", "--model", "{tmp}", "hi", "--top-k", "0"], "top_k must be >= 1, got 0"),
+    (["generate", "--model", "{tmp}", "hi", "--top-k", "0"], "--top-k must be >= 1, got 0"),
 ]  # the slips of train and heads, in process: tests/test_train.py
 
 

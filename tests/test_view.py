@@ -205,3 +205,70 @@ def test_a_model_report_takes_a_text_past_its_grids_into_its_view(monkeypatch: p
         ValueError, match=r"the model report in the terminal \(with --html, up to 1024\) shows at most 8"
     ):
         report_module.model_report(model, tokenizer, "ab" * 10, name="induction", figures=False)
+
+
+def test_tokens_with_replacement_patterns_show_verbatim_and_each_layer_strikes_its_own_keys(tmp_path: Path) -> None:
+    """JavaScript's String.replace reads "$&", "$'", "$`" and "$$" in its replacement; the status line must not,
+    nor fill a placeholder a token carries ("{w}"); a layer strikes out the keys its own cache let go."""
+    executable = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    tokens = ["$&", "$'", "$`", "$$", "{w}", "end"]
+    t = len(tokens)
+    weights = torch.eye(t).expand(2, 1, t, t)  # each query on itself alone: the heaviest key is the query's own
+    held = torch.ones(2, t, dtype=torch.bool)
+    held[0, 2] = held[1, 1] = held[1, 4] = False  # layer 0 let one key go, layer 1 two others
+    view = AttentionView(tokens=tokens, weights=weights, held=held, cache="$&$'")
+    assert view.tokens == tokens  # nothing here is a control character or a space to show otherwise
+    path = view.save(tmp_path / "dollars.html")
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.goto(path.as_uri())
+        page.wait_for_selector(".attnview[data-ready='1']", timeout=10_000)
+        for layer, kept in ((0, 5), (1, 4)):
+            page.select_option("select.layer", str(layer))
+            gone = page.locator(".col.k div").evaluate_all(
+                "rows => rows.flatMap((d, j) => d.classList.contains('gone') ? [j] : [])"
+            )
+            assert gone == (~held[layer]).nonzero().flatten().tolist(), layer
+            for q, token in enumerate(tokens):
+                page.locator(".col.q div").nth(q).hover()
+                page.wait_for_selector(f".attnview[data-focus='{q}']", timeout=10_000)
+                status = page.locator(".status").text_content()
+                held_text = f"the $&$' cache holds {kept} of {t} keys in this layer (the rest struck out)"
+                assert status == f"query {q}: {token} · {token}: 1.00 · {held_text}", (layer, q)
+        browser.close()
+    assert problems == []
+
+
+@pytest.mark.parametrize("cache", ["h2o", "snapkv"])
+def test_the_view_strikes_out_each_layers_own_evicted_keys(cache: str) -> None:
+    """An evicting cache chooses per layer: the view's keys for layer l are those layer l's cache let go, on a
+    model whose two layers let different keys go (so layer 0's choice in every layer would show)."""
+    import json
+
+    from attnlab.explain.model_report import attention_view
+    from attnlab.models import GPT, ByteTokenizer, GPTConfig
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=256, context_length=64, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0))
+        for block in model.trf_blocks:  # sharper attention than random weights give: each layer's heavy hitters
+            block.att.qkv.weight.data.mul_(4.0)  # type: ignore[union-attr]
+    model.eval()
+    tokenizer, text = ByteTokenizer(), "the cat sat on the mat, then the dog sat"
+    ids = tokenizer.encode(text)
+    caches = model.make_caches(batch_size=1, max_len=len(ids) + 1, cache=cache)  # the sizes the view shows
+    with torch.no_grad():
+        model(torch.tensor([ids]), caches=caches)
+    evicted = [set(c.evicted[0]) for c in caches]  # type: ignore[attr-defined]
+    assert evicted[0] and evicted[1] and evicted[0] != evicted[1]  # the layers chose differently
+    view = attention_view(model, tokenizer, text, cache=cache)
+    page = view.to_fragment()
+    data = json.loads(page.split('class="attnview-data">')[1].split("</script>")[0])
+    for layer in range(2):
+        struck = {j for j, kept in enumerate(data["held"][layer]) if not kept}
+        assert struck == evicted[layer], layer

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from attnlab.cli._common import error, load_checkpoint
+
+if TYPE_CHECKING:
+    from attnlab.models import GPT
 
 # attnlab.cache.CACHES by name, here without importing torch for --help (tests/test_cache_lab.py compares them)
 CACHE_NAMES = ("plain", "paged", "prefix", "sink", "int8", "int4", "h2o", "snapkv")
@@ -48,31 +52,78 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """The flags that need no model, each named as typed: --max-new-tokens, --temperature, --top-k, --top-p, --seed."""
+    from attnlab._checks import check_positive_int, check_seed
+    from attnlab.models.generate import check_sampling, is_greedy
+
+    if args.max_new_tokens is not None:
+        check_positive_int("--max-new-tokens", args.max_new_tokens, limit=1_000_000)
+    try:  # the library's one wording, with the flag in place of the parameter it names first
+        check_sampling(args.temperature, args.top_k, args.top_p)
+    except (ValueError, TypeError) as err:
+        name, _, rest = str(err).partition(" ")
+        raise type(err)(f"{SAMPLING_FLAGS.get(name, name)} {rest}") from None
+    for flag, value in (("--top-k", args.top_k), ("--top-p", args.top_p)):
+        if value is not None and is_greedy(args.temperature):  # a flag that would change nothing is a slip
+            raise ValueError(
+                f"{flag} {value} samples, but --temperature {args.temperature:g} is greedy (always the most likely "
+                f"token): give --temperature above 0 to sample, or leave out {flag}"
+            )
+    check_seed(args.seed, name="--seed")
+
+
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
+
+
+def check_cache(model: GPT, cache: str) -> None:
+    """--cache against the model, before any output: its caches made for one row of one token (a prefix cache's
+    pools for the prefix cache, which no layer makes alone), refused in the flag's words."""
+    from attnlab.cache import PrefixCache
+
+    try:
+        if cache == "prefix":
+            PrefixCache.for_model(model, batch_size=1, max_len=1)
+        else:
+            model.make_caches(batch_size=1, max_len=1, cache=cache)
+    except ValueError as err:
+        window = model.config.window
+        if window is None:
+            raise ValueError(f"--cache {cache}: {err}") from None
+        # on a windowed model only the plain cache's factory passes: the others refuse the window first
+        what = "shares paged blocks between prompts, which do" if cache == "prefix" else "does"
+        raise ValueError(
+            f"--cache {cache} {what} not keep a sliding window's ring, and this model attends in a window of "
+            f"{window} tokens: use --cache plain (a ring buffer of the window)"
+        ) from None
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     import torch
 
-    from attnlab._checks import check_positive_int, check_seed
-    from attnlab.models.generate import check_sampling
     from attnlab.models.tokenizer import Decoder
 
-    try:  # every argument before the model is read
-        if args.max_new_tokens is not None:
-            check_positive_int("--max-new-tokens", args.max_new_tokens, limit=1_000_000)
-        check_sampling(args.temperature, args.top_k, args.top_p)
-        check_seed(args.seed, name="--seed")
+    try:  # every flag before any output: those that need no model before it is read, then the rest against it
+        check_flags(args)
         model, tokenizer = load_checkpoint(args.model, args.tokenizer, backend=args.backend)
+        check_cache(model, args.cache)
     except (ValueError, TypeError) as err:
         return error(console, err)
+    context = model.positions_for(args.cache)  # None: a sink cache on a RoPE model, no context limit
+    if context is not None and args.max_new_tokens is not None and args.max_new_tokens > context:
+        return error(  # the prompt's last token and every new one but the last must fit: t + n - 1 <= context
+            console,
+            f"--max-new-tokens {args.max_new_tokens} is more than the model's context of {context} tokens, which "
+            f"holds the prompt too: give --max-new-tokens {context} or fewer",
+        )
     ids = tokenizer.encode(args.prompt)
-    context = model.config.context_length
     if not ids:
         return error(console, f"the prompt {args.prompt!r} has no tokens; give some text to continue")
-    endless = model.positions_for(args.cache) is None  # a sink cache on a RoPE model: no context limit
     if args.max_new_tokens is None:  # 50, or what fits: the last new token is never fed back, so t + n - 1 <= context
-        args.max_new_tokens = 50 if endless else max(1, min(50, context + 1 - len(ids)))
-    room = len(ids) if endless else context + 1 - args.max_new_tokens
+        args.max_new_tokens = 50 if context is None else max(1, min(50, context + 1 - len(ids)))
+    room = len(ids) if context is None else context + 1 - args.max_new_tokens
     if len(ids) > room:
-        if args.truncate != "left" or room < 1:
+        if args.truncate != "left":
             return error(
                 console,
                 f"the prompt has {len(ids)} tokens and --max-new-tokens is {args.max_new_tokens}: more than the "
@@ -89,20 +140,23 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return error(
             console, f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}"
         )
-    generator = torch.Generator().manual_seed(args.seed)
+    try:  # the stream checks its arguments and makes its caches when called: before the prompt is printed
+        tokens = model.stream(
+            torch.tensor([ids]),
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            generator=torch.Generator().manual_seed(args.seed),
+            cache=args.cache,
+        )
+    except (ValueError, TypeError) as err:
+        return error(console, err)
     decoder = Decoder(tokenizer)
     out = sys.stdout
     out.write(tokenizer.decode(ids))
     out.flush()
-    for token in model.stream(
-        torch.tensor([ids]),
-        args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        generator=generator,
-        cache=args.cache,
-    ):
+    for token in tokens:
         out.write(decoder.add(int(token)))
         out.flush()
     out.write(decoder.flush() + "\n")

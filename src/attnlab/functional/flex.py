@@ -78,7 +78,8 @@ def block_mask(vis: Visibility, batch: int, heads: int) -> tuple[Any, Callable[.
         from torch.nn.attention.flex_attention import create_block_mask
 
         tq, tk = _round_up(vis.tq), _round_up(vis.tk)
-        mask_mod, score_mod = vis.flex_mods(tq, tk)
+        mask_mod, modded = vis.flex_mods(tq, tk)
+        score_mod = None if modded is None else _in_scores_dtype(modded)
         by_batch, by_head = vis.depends_on_batch_and_head()  # a mask shared by every head is built once
         made = create_block_mask(
             mask_mod, batch if by_batch else None, heads if by_head else None, tq, tk, device=vis.q_pos.device
@@ -87,6 +88,18 @@ def block_mask(vis: Visibility, batch: int, heads: int) -> tuple[Any, Callable[.
 
     built: tuple[Any, Callable[..., torch.Tensor] | None] = vis.keep("flex", build)
     return built
+
+
+def _in_scores_dtype(mod: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``mod`` with its result cast to the scores' dtype, as on every other backend (``mods.apply_score_mod``):
+    compiled on CPU, a float64 result on float32 scores came out wrong with no error (PyTorch 2.13, seen here)."""
+
+    def score_mod(
+        score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
+        return mod(score, b, h, q_idx, kv_idx).to(score.dtype)
+
+    return score_mod
 
 
 def flex_attention_kernel(

@@ -390,7 +390,8 @@ def evaluate_mask(
 def apply_score_mod(
     score_mod: ScoreMod, score: torch.Tensor, *, q_idx: torch.Tensor, kv_idx: torch.Tensor, scratch: bool = False
 ) -> torch.Tensor:
-    """The mod on (B, H, Tq, Tk) scores, checked: the same shape, floating point; errors name the mod.
+    """The mod on (B, H, Tq, Tk) scores, checked: the same shape, floating point; errors name the mod. Its
+    result comes back in the scores' dtype (a float64 table in a mod on float32 scores is cast back).
 
     The mod gets a tensor of its own: one that writes in place (``score.mul_(2)``) gives what its
     out-of-place form gives, and never changes the caller's scores. ``scratch=True``: the caller's
@@ -410,7 +411,8 @@ def apply_score_mod(
             f"score_mod {mod_name(score_mod)} returned shape {tuple(out.shape)} for scores of shape "
             f"{tuple(score.shape)}; it must return one score per score"
         )
-    return out
+    # cast, not refused: the built-in mods and FlexAttention (its score buffer) keep the scores' dtype too
+    return out.to(score.dtype)
 
 
 def score_mod_tensors(

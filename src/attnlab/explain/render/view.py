@@ -141,6 +141,12 @@ _SCRIPT = r"""
     var start = p * block + rowStart[q], end = data.causal ? q + 1 : T;
     for (var k = 0; k < end; k++) { fn(k, bytes[start + k]); }
   }
+  // every placeholder in one pass, by a function: a token's "$&" (a replacement pattern) or "{w}" stays as it is
+  function fill(template, values) {
+    return template.replace(/\{(\w+)\}/g, function (whole, name) {
+      return Object.prototype.hasOwnProperty.call(values, name) ? values[name] : whole;
+    });
+  }
   var state = { layer: 0, heads: [], focus: T - 1 };
   for (var h = 0; h < H; h++) { state.heads.push(true); }
   var qcol = root.querySelector(".col.q"), kcol = root.querySelector(".col.k");
@@ -198,9 +204,9 @@ _SCRIPT = r"""
         d.classList.toggle("gone", gone); if (!gone) { kept++; }
       });
     }
-    status.textContent = txt.focus.replace("{i}", String(q)).replace("{token}", data.tokens[q]) +
-      (best >= 0 ? " · " + txt.weight.replace("{key}", data.tokens[best]).replace("{w}", bestW.toFixed(2)) : "") +
-      (kept >= 0 && state.layer < L ? " · " + txt.held.replace("{n}", String(kept)).replace("{t}", String(T)) : "");
+    status.textContent = fill(txt.focus, { i: String(q), token: data.tokens[q] }) +
+      (best >= 0 ? " · " + fill(txt.weight, { key: data.tokens[best], w: bestW.toFixed(2) }) : "") +
+      (kept >= 0 && state.layer < L ? " · " + fill(txt.held, { n: String(kept), t: String(T) }) : "");
     root.querySelectorAll(".cell").forEach(function (c) {  // the patterns the head view shows now
       var l = +c.getAttribute("data-layer");
       c.classList.toggle("open", l === state.layer && state.heads[+c.getAttribute("data-head")]);
@@ -420,7 +426,7 @@ class AttentionView:
             "text": {
                 "focus": txt["focus"],
                 "weight": txt["weight"],
-                "held": txt["held"].replace("{cache}", self.cache),
+                "held": txt["held"].replace("{cache}", self.cache),  # Python's replace: no replacement patterns
             },
             "held": None if self.held is None else self.held.int().tolist(),
             **self._packed,
