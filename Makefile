@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnlab-installed
 
-.PHONY: demo test setup fonts browser lint smoke clean
+.PHONY: demo test docs-test setup fonts browser lint smoke clean
 
 setup: $(STAMP) fonts
 
@@ -56,10 +56,15 @@ lint: $(STAMP)
 # where PYTHONDONTWRITEBYTECODE is set no process would write its own cache and each would compile again.
 test: setup browser lint
 	$(PY) -m compileall -q src tests benchmarks
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not docs"
 	@echo "second stage: the checks slow by nature (pytest -m slow)"
 	$(PY) -m pytest -q -m slow
 	$(MAKE) --no-print-directory smoke
+
+# Every shell command and Python example of README.md and docs/, as written, in page order, each page in a fresh
+# folder; long ones in the quick form their comment states (tests/test_journeys.py). Minutes: CI runs it after make test.
+docs-test: setup
+	$(PY) -m pytest -q -m docs tests/test_journeys.py
 
 # Every benchmark script on tiny sizes: each runs its checks and timing end to end (seconds each), so a script
 # that no longer runs fails `make test`. Outside pytest, whose budget is the suite's.
