@@ -87,3 +87,33 @@ def test_truncate_takes_only_left_and_says_so_before_anything(
     argv = ["generate", "--model", str(checkpoints["learned"]), "x" * 40, "--max-new-tokens", "4"]
     assert cli.main([*argv, "--truncate", "left"]) == 0  # 40 + 4 - 1 > 32: the start dropped, then it runs
     assert capsys.readouterr().out.startswith("x" * 29)  # 32 + 1 - 4 = 29 tokens of the prompt kept
+
+
+def test_model_and_tokenizer_slips_say_which_flag_and_what_to_give(
+    checkpoints: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnlab.models import GPT, GPTConfig
+
+    (tmp_path / "notes.md").write_text("# not a model\n", encoding="utf-8")
+    (tmp_path / "empty").mkdir()
+    untokenized = GPT(GPTConfig(vocab_size=256, context_length=16, emb_dim=16, n_heads=2, n_layers=1))
+    untokenized.save_pretrained(tmp_path / "no-tokenizer")
+    learned = str(checkpoints["learned"])
+    cases = [
+        (["--model", learned, "--tokenizer", "nope", "hi"], "--tokenizer 'nope' is not a folder; give the folder"),
+        (["--model", str(tmp_path / "notes.md"), "hi"], "is a file but not a checkpoint (.pth, .pt, .bin)"),
+        (["--model", str(tmp_path / "empty"), "hi"], "the folder has no config.json; give the folder that"),
+        (
+            ["--model", str(tmp_path / "no-tokenizer"), "hi"],
+            "pass --tokenizer DIR, or, for a model whose ids are bytes, save it with "
+            "model.save_pretrained(folder, tokenizer='bytes')",
+        ),
+        (["--model", learned, "  \n "], "is only whitespace; give some text to continue"),
+    ]
+    for argv, said in cases:
+        assert said in _refused(argv, capsys), argv
+
+
+def test_a_ring_run_shorter_than_its_check_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["ring", "--seq-len", "3"]) == 2
+    assert "--seq-len 3 is shorter than the check (--check-len 512)" in capsys.readouterr().err

@@ -307,7 +307,7 @@ def test_a_book_checkpoint_generates_and_explains_from_the_command_line(
     torch.save(book.state_dict(), tmp_path / "gpt.pth")  # a GPT-2 width: the heads come from the preset
     argv = ["generate", "--model", str(tmp_path / "gpt.pth"), "Your journey", "--max-new-tokens", "6"]
     assert cli.main(argv) == 2
-    assert "a checkpoint file (the book's .pth) carries none, so pass --tokenizer DIR" in capsys.readouterr().err
+    assert "is a checkpoint file, which carries no tokenizer: pass --tokenizer DIR" in capsys.readouterr().err
     assert cli.main([*argv, "--tokenizer", str(hf_dir)]) == 0
     ids = Tokenizer.from_dir(hf_dir).encode("Your journey")
     with torch.no_grad():  # the book's own model, greedy, all six tokens (no cache: the whole context each step)

@@ -76,17 +76,43 @@ def model_path(model: str) -> Path:
     return where
 
 
+CHECKPOINT_FILES = (".pth", ".pt", ".bin")  # a state dict file; every other checkpoint is a folder
+
+
 def load_checkpoint(model: str, tokenizer: str | None, *, backend: str = "auto") -> tuple[GPT, TextTokenizer]:
     """``--model`` and ``--tokenizer`` (default: the model's folder), each checked with a message that says the fix."""
     from attnlab.models import GPT, load_tokenizer
     from attnlab.models.checkpoints import locate
 
-    model_path(model)
+    where = model_path(model)
+    if where.is_file() and where.suffix not in CHECKPOINT_FILES:
+        raise ValueError(
+            f"--model {model!r} is a file but not a checkpoint ({', '.join(CHECKPOINT_FILES)}): give a checkpoint "
+            "folder (config.json and model.safetensors), the book's .pth state dict, or a shipped name"
+        )
+    if where.is_dir() and not (where / "config.json").is_file():
+        raise ValueError(
+            f"no checkpoint in --model {model!r}: the folder has no config.json; give the folder that "
+            "save_pretrained (attnlab's or Hugging Face's) wrote"
+        )
+    if tokenizer is not None and not Path(tokenizer).is_dir():
+        raise ValueError(
+            f"--tokenizer {tokenizer!r} is not a folder; give the folder that holds tokenizer.json "
+            "(or vocab.json and merges.txt)"
+        )
     token_dir = locate(tokenizer or model)
     if not token_dir.is_dir():
         raise ValueError(
-            f"{str(token_dir)!r} is not a folder with tokenizer files: a checkpoint file (the book's .pth) carries "
-            "none, so pass --tokenizer DIR (tokenizer.json, or vocab.json and merges.txt)"
+            f"--model {model!r} is a checkpoint file, which carries no tokenizer: pass --tokenizer DIR "
+            "(a folder with tokenizer.json, or vocab.json and merges.txt)"
         )
-    text_tokenizer = load_tokenizer(token_dir)  # before the weights: a missing tokenizer is the cheaper error
+    try:
+        text_tokenizer = load_tokenizer(token_dir)  # before the weights: a missing tokenizer is the cheaper error
+    except ValueError as err:
+        if tokenizer is not None or "no tokenizer in" not in str(err):
+            raise
+        raise ValueError(
+            f"{err}; pass --tokenizer DIR, or, for a model whose ids are bytes, save it with "
+            "model.save_pretrained(folder, tokenizer='bytes') (or 'ascii' for 128 ids)"
+        ) from None
     return GPT.from_pretrained(model, backend=backend), text_tokenizer

@@ -59,6 +59,8 @@ def check_flags(args: argparse.Namespace) -> None:
 
     if args.max_new_tokens is not None:
         check_positive_int("--max-new-tokens", args.max_new_tokens, limit=1_000_000)
+    if not args.prompt.strip():
+        raise ValueError(f"the prompt {args.prompt!r} is only whitespace; give some text to continue")
     try:  # the library's one wording, with the flag in place of the parameter it names first
         check_sampling(args.temperature, args.top_k, args.top_p)
     except (ValueError, TypeError) as err:

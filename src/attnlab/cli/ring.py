@@ -55,6 +55,12 @@ def _check(args: argparse.Namespace) -> None:
     check_positive_int("--heads", args.heads, limit=256)
     check_positive_int("--head-dim", args.head_dim, limit=1024)
     check_positive_int("--check-len", args.check_len, limit=1 << 16)
+    if args.seq_len < max(args.check_len, 2 * args.nproc):  # then the "long" run measures nothing past the check
+        raise ValueError(
+            f"--seq-len {args.seq_len} is shorter than the check (--check-len {args.check_len}) or than two chunks "
+            f"per process ({2 * args.nproc}): the long run is what is timed; give --seq-len >= "
+            f"{max(args.check_len, 2 * args.nproc)}, or a smaller --check-len"
+        )
     if args.memory_limit is not None:
         check_positive_int("--memory-limit", args.memory_limit, limit=1 << 20)
         if int(os.environ.get("WORLD_SIZE", "1")) > 1 and _has_cuda():
