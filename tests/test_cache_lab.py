@@ -286,30 +286,6 @@ def test_the_command_line_knows_every_cache_by_name() -> None:
     assert CACHE_NAMES == tuple(CACHES)
 
 
-def test_the_cache_benchmark_measures_every_cache_and_holds_the_lossless_ones_to_every_token() -> None:
-    from dataclasses import replace
-
-    from attnlab.bench.caches import QUICK_CACHES, measure, verdicts
-
-    m = model(context=20)  # RoPE: the 64 tokens the bytes are counted over may pass the context
-    config = replace(QUICK_CACHES, prompt_len=8, held_out=12, new_tokens=4, long_tokens=8, shared=16)
-    table = measure(m, label="tiny", prompts=ids(2, 8), held_out=ids(2, 20), config=config)
-    rows = {r.cache: r for r in table.rows}
-    assert all(r.status == "ok" for r in table.rows), [r.status for r in table.rows]
-    for name in ("plain", "paged", "prefix"):
-        assert rows[name].agreement == 1.0 and rows[name].perplexity == rows["plain"].perplexity
-    per_token = 2 * 2 * 2 * 8 * 4  # layers x (k, v) x kv heads x head_dim x float32 bytes
-    assert rows["plain"].bytes_per_token == per_token
-    kept = per_token + 2 * (8 + 4)  # H2O also keeps each token's position (int64) and score (float32) per layer
-    assert rows["sink"].bytes_per_token == 0 and rows["h2o 25%"].bytes_per_token == kept / 4
-    # int8: codes of 8 bits, a float16 scale and zero per channel for 32 keys and per value token
-    assert rows["int8"].bytes_per_token == 2 * 2 * (8 + 4 * 8 / 32 + 8 + 4)
-    assert rows["paged"].waste < 16
-    assert table.sink["kv_mib_4x"] == table.sink["kv_mib_1x"]
-    lines = verdicts(table)
-    assert any(line.endswith("x less per token)") and "int4" in line for line in lines)
-
-
 def test_a_recorder_sees_the_models_own_steps_once_beside_an_evicting_cache() -> None:
     from attnlab.observe import Recorder
 
