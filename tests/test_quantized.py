@@ -1,16 +1,39 @@
-"""Weight-only int8 (attnlab.nn.quantized, GPT.quantize): the kernels agree with the readable path."""
+"""Weight-only int8 (attnlab.nn.quantized, GPT.quantize): the kernels agree with the readable path; on the dynamic
+kernel a token's numbers never depend on the other tokens of the call, and a packed weight follows its sources;
+"auto" picks what its own probe measured fastest (issue 30)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from attnlab.models import GPT
-from attnlab.nn.quantized import Int8Linear, available_kernels, quantize_rows
+from attnlab.models import GPT, GPTConfig
+from attnlab.nn import quantized
+from attnlab.nn.quantized import Int8Linear, available_kernels, quantize_linears, quantize_rows
 from conftest import small
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """fbgemm's threads wait on each other on a busy 2-core machine (15 ms a call, 0.06 ms on one thread);
+    its numbers do not depend on the thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def needs_dynamic() -> None:
+    if "dynamic" not in available_kernels():
+        message = "this PyTorch build has no x86 dynamic int8 kernel"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)  # in CI a missing prerequisite is a failure, never a silent skip
+        pytest.skip(message)
 
 
 def test_each_weight_is_within_half_a_step_of_its_row() -> None:
@@ -84,12 +107,157 @@ def test_quantize_refuses_what_it_cannot_do_and_leaves_the_model_as_it_was(tmp_p
 
 
 def test_a_compiled_step_refuses_the_kernel_it_would_break_at() -> None:
-    if "dynamic" not in available_kernels():
-        message = "this PyTorch build has no x86 dynamic int8 kernel: nothing here to refuse"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)  # in CI a missing prerequisite is a failure, never a silent skip
-        pytest.skip(message)
+    needs_dynamic()
     model = GPT(small()).eval()
     model.quantize(kernel="dynamic")
     with pytest.raises(ValueError, match="cannot hold int8 weights on the 'dynamic' kernel in one graph"):
         model.generate(torch.zeros(1, 3, dtype=torch.long), 2, compile=True)
+
+
+# ---- the dynamic kernel: each token quantized on its own ----
+
+
+def rows_of_every_kind(d_in: int) -> torch.Tensor:
+    """(8, d_in): ranges a thousandfold apart, all positive, all negative, zeros, a range so small that PyTorch
+    snaps its scale (a per-call scale would round the small rows to a few steps of the large one), and a row
+    of near-ties: -64..63 is a scale of 1 and a zero point of 64, where x + 64 rounds to a half in float32
+    before it rounds to a step (fbgemm's fma), so rounding x first and adding 64 after gives other steps."""
+    x = torch.randn(8, d_in, generator=torch.Generator().manual_seed(1))
+    x = x * torch.tensor([0.01, 1.0, 10.0, 1.0, 1.0, 0.0, 1e-4, 0.0])[:, None]
+    x[3], x[4] = x[3].abs(), -x[4].abs()
+    x[7, 0::2], x[7, 1::2], x[7, :2] = 0.5 + 2**-20, -1.5 - 2**-20, torch.tensor([-64.0, 63.0])
+    return x
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_rows_output_in_a_call_is_its_output_alone_bitwise(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fast: several rows rounded and multiplied here at once (what this x86 build does); else one by one (where
+    that would not be bitwise linear_dynamic's numbers)."""
+    needs_dynamic()
+    monkeypatch.setattr(quantized, "_ROWS_MATCH", {torch.backends.quantized.engine: fast})
+    torch.manual_seed(0)
+    layer = Int8Linear(linear=nn.Linear(100, 37), kernel="dynamic")  # odd widths: the kernel's tails too
+    x = rows_of_every_kind(100)
+    with torch.no_grad():
+        alone = torch.cat([layer(row[None]) for row in x])  # (8, 37): one row a call, the decode step's kernel
+        assert torch.equal(layer(x), alone)
+        assert torch.equal(layer(x.reshape(8, 1, 100)).reshape(8, 37), alone)  # (B, T, in) the same
+        assert torch.equal(layer(x[[6, 2, 0]]), alone[[6, 2, 0]])  # in any company
+        if fast:  # the fast path runs: every row but zeros and the tiny one rounded here, bitwise linear_dynamic's
+            got, plain = quantized._per_row(x, layer.weight_int8, layer.scale, layer.bias)
+            assert plain.tolist() == [True] * 5 + [False] * 2 + [True] and torch.equal(got[plain], alone[plain])
+        want = F.linear(x[:7], layer.dequantized(), layer.bias)  # the readable path: 7-bit activations stay close
+        assert float((alone[:7] - want).abs().amax(dim=1).div(want.abs().amax(dim=1) + 1e-3).max()) < 0.03
+
+
+def tiny_lm(seed: int, *, layers: int = 2, dim: int = 32) -> GPT:
+    """test_speculative's model, quantized on the dynamic kernel."""
+    torch.manual_seed(seed)
+    config = GPTConfig(
+        vocab_size=64, context_length=128, emb_dim=dim, n_heads=4, n_layers=layers, rope=True, drop_rate=0.0
+    )
+    model = GPT(config).eval()
+    model.quantize(kernel="dynamic")
+    return model
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_every_exact_decoding_path_gives_plain_greedys_tokens_on_the_dynamic_kernel() -> None:
+    """Lookup and a draft check several tokens in one pass, a batch and generate_many run rows together, and
+    use_cache=False runs the whole text each step: each token must still get the numbers it gets alone."""
+    needs_dynamic()
+    m, draft = tiny_lm(0), tiny_lm(3, layers=1, dim=16)
+    part = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(2))
+    prompts = torch.cat([part, part, part[:, :8]], dim=1)  # (2, 48): texts that repeat, so lookup guesses
+    with torch.no_grad():  # the logits first: a row's in a batch are its own
+        assert torch.equal(m(prompts)[1], m(prompts[1:])[0])
+    plain = [m.generate(prompts[b : b + 1], 16) for b in range(2)]  # (per-call scales fail all five below)
+    assert torch.equal(m.generate(prompts[:1], 16, lookup=4), plain[0])
+    assert torch.equal(m.generate(prompts[:1], 16, draft=draft, draft_tokens=3), plain[0])
+    assert torch.equal(m.generate(prompts[:1], 16, use_cache=False), plain[0])
+    assert torch.equal(m.generate(prompts, 16), torch.cat(plain))
+    many = m.generate_many([p.tolist() for p in prompts], 16, slots=2)
+    assert many == [p[0, 48:].tolist() for p in plain]
+
+
+# ---- a packed weight follows what it was packed from ----
+
+
+def test_a_packed_weight_follows_load_state_dict_in_place_edits_and_new_tensors() -> None:
+    needs_dynamic()
+    torch.manual_seed(0)
+    layer = Int8Linear(linear=nn.Linear(48, 40), kernel="dynamic")
+    x = rows_of_every_kind(48)[:5]
+
+    def agrees_with_the_readable_path() -> bool:  # what its buffers hold now, by F.linear: no packed weight
+        want = F.linear(x, layer.dequantized(), layer.bias)
+        alone = torch.cat([layer(row[None]) for row in x])  # (5, 40): the decode step's kernel, one row a call
+        return all(
+            bool(((got - want).abs().amax(dim=1) < 0.03 * want.abs().amax(dim=1)).all()) for got in (alone, layer(x))
+        )
+
+    other = Int8Linear(linear=nn.Linear(48, 40), kernel="dynamic")
+    with torch.no_grad():
+        assert agrees_with_the_readable_path()
+        edits = [  # a new tensor first, while every version is still 0: only its identity tells it apart
+            lambda: setattr(layer, "weight_int8", layer.weight_int8.flip(1).contiguous()),
+            lambda: layer.weight_int8.neg_(),
+            lambda: layer.scale.mul_(3),
+            lambda: layer.bias.add_(5),  # type: ignore[union-attr]
+        ]
+        for edit in edits:
+            before = layer(x)
+            edit()
+            assert not torch.allclose(layer(x), before, atol=0.5)  # the edit moved every output far
+            assert agrees_with_the_readable_path()
+        layer.load_state_dict(other.state_dict())
+        assert torch.equal(layer(x), other(x)) and torch.equal(layer(x[:1]), other(x[:1]))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_model_loaded_into_an_int8_model_gives_the_loaded_models_logits() -> None:
+    needs_dynamic()
+    target, source = tiny_lm(0), tiny_lm(1)
+    idx = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        target(idx), target(idx[:1, :1])  # packed: a stale packed weight would keep these numbers
+        target.load_state_dict(source.state_dict())
+        assert torch.equal(target(idx), source(idx)) and torch.equal(target(idx[:1, :1]), source(idx[:1, :1]))
+    assert torch.equal(target.generate(idx[:1], 6), source.generate(idx[:1], 6))
+    with torch.inference_mode():  # tensors made here keep no version: loading must still be seen
+        target = tiny_lm(0)
+        target(idx)
+        target.load_state_dict(source.state_dict())
+        assert torch.equal(target(idx), source(idx)) and torch.equal(target(idx[:1, :1]), source(idx[:1, :1]))
+
+
+# ---- "auto": what its own probe measured fastest, for each weight's shape ----
+
+
+def test_auto_picks_the_kernel_its_probe_measured_fastest_for_each_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rates injected where the probe reports them, the fastest never listed first: wider than tall streams
+    fastest with int8pack, the others with dequantize. Each weight must get its own shape's pick."""
+    if "int8pack" not in available_kernels():
+        pytest.skip("this PyTorch build has no _weight_int8pack_mm: one kernel to pick from besides the readable")
+    probed: list[tuple[int, int]] = []
+
+    def rates(d_in: int, d_out: int) -> dict[str, float]:
+        probed.append((d_in, d_out))
+        best = "int8pack" if d_out > d_in else "dequantize"
+        slow = [k for k in available_kernels() if k != best]
+        return {slow[0]: 2.0, best: 9.0, **{k: 1.0 for k in slow[1:]}}
+
+    monkeypatch.setattr(quantized, "int8_stream_rates", rates)
+    monkeypatch.setattr(quantized, "_CHOSEN", {})
+    assert quantized.fastest_int8_kernel(64, 256) == "int8pack"
+    assert quantized.fastest_int8_kernel(256, 64) == "dequantize"
+    torch.manual_seed(0)
+    model = GPT(small()).eval()  # qkv 64 -> 128, out_proj 64 -> 64, ff 64 -> 256 -> 64, out_head 64 -> 256
+    chosen = quantize_linears(model, "auto")
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, Int8Linear)}
+    assert set(layers) == set(chosen) and len(layers) == 9
+    for name, m in layers.items():
+        want = "int8pack" if m.out_features > m.in_features else "dequantize"
+        assert m.kernel == chosen[name] == want, name
+    assert {"int8pack", "dequantize"} == set(chosen.values())
+    assert sorted(probed) == [(64, 64), (64, 128), (64, 256), (256, 64)]  # each shape measured once

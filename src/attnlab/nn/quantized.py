@@ -14,11 +14,21 @@ machine and picks one per weight shape:
 * ``"int8pack"``: PyTorch's weight-only ``torch._weight_int8pack_mm``, the
   same numbers as dequantize up to float rounding;
 * ``"dynamic"``: the x86/fbgemm dynamic quantized linear, which also rounds
-  each call's activations to 8 bits (per tensor, computed on the fly); its
-  int8 x int8 products are the fastest here, at a small cost in accuracy
-  that ``benchmarks/precision.py`` measures.
+  the activations to 7 bits on the fly, each token (row) with its own scale
+  and zero point, so a token's output never depends on the other tokens of
+  the call (issue 30): a prompt, a batch, a speculative check and a decode
+  step give each token the same numbers. One row (a decode step) goes to
+  ``quantized.linear_dynamic`` itself; several rows are rounded here with
+  the scale and zero point it would choose for each row alone, multiplied
+  with ``torch._int_mm`` and finished with its float epilogue, bitwise what
+  it gives row by row (checked once per process; where it is not, the rows
+  run one by one). Its int8 x int8 products are the fastest here, at a small
+  cost in accuracy that ``benchmarks/precision.py`` measures. Its packed
+  weight is derived from ``weight_int8``, ``scale`` and ``bias``: it is
+  packed again when any of them changes (``load_state_dict``, an in-place
+  edit, a new tensor).
 
-Shapes: B = batch, T = tokens, in / out = the weight's features.
+Shapes: B = batch, T = tokens, N = rows (B*T), in / out = the weight's features.
 """
 
 from __future__ import annotations
@@ -70,6 +80,70 @@ def _pack(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> to
     return packed
 
 
+# PyTorch's ChooseQuantizationParams (quant_utils.h) snaps scales below this to it; such rows run alone.
+_SMALL_SCALE = float(torch.tensor(6.1e-5, dtype=torch.float32))
+_ROWS_MATCH: dict[str, bool] = {}  # per quantized engine: whether _per_row gives linear_dynamic's numbers here
+
+
+def _activation_qparams(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's scale (N,) float32 and zero point (N,) int32 as ``linear_dynamic`` chooses them for that row
+    alone (ChooseQuantizationParams, reduce_range: codes 0..127, the range widened to hold 0), and which rows
+    (N,) bool follow that rule without its special cases (a tiny range, a non-finite value)."""
+    lo, hi = torch.aminmax(flat, dim=1)  # (N,) each
+    lo, hi = lo.clamp(max=0).double(), hi.clamp(min=0).double()
+    scale = (hi - lo) / 127  # in double, as PyTorch does, then kept as float32
+    plain = (scale >= _SMALL_SCALE) & torch.isfinite(scale.float()) & torch.isfinite(flat).all(dim=1)
+    scale = torch.where(plain, scale, torch.ones_like(scale))  # the special rows: any harmless value
+    from_min, from_max = -lo / scale, 127 - hi / scale  # (N,): the zero point each end asks for
+    zero = torch.where(-(lo / scale).abs() < 127 - (hi / scale).abs(), from_min, from_max)
+    zero = torch.round(zero.clamp(0, 127)).to(torch.int32)  # nearbyint, ties to even
+    return scale.float(), zero, plain
+
+
+def _per_row(
+    flat: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (N, out), plain (N,)): every row rounded with its own scale and zero point, fbgemm's arithmetic
+    step by step; the rows ``plain`` is False for are to be run alone."""
+    x_scale, zero, plain = _activation_qparams(flat)
+    inverse = 1.0 / x_scale  # float32, as fbgemm multiplies by it
+    # fbgemm rounds fma(x, 1/scale, zero): float64 holds the product exactly, so only a tie finer than float64 differs
+    codes = torch.round((flat.double() * inverse.double()[:, None] + zero[:, None]).float()).clamp_(0, 255)
+    centered = (codes - zero[:, None]).to(torch.int8)  # (N, in): x / x_scale, in -127..127
+    acc = torch._int_mm(centered, weight_int8.t())  # (N, in) @ (in, out) -> (N, out) int32, exact
+    multiplier = x_scale[:, None] * scale[None, :]  # (N, out), rounded to float32 first, as fbgemm does
+    if bias is None:
+        return acc.float() * multiplier, plain
+    return torch.addcmul(bias, acc.float(), multiplier), plain  # fbgemm's fma(float(acc), multiplier, bias)
+
+
+def _rows_match_alone() -> bool:
+    """Whether :func:`_per_row` gives, bitwise, what ``linear_dynamic`` gives each row alone with this engine:
+    checked once per process on seeded rows of every kind (an odd width, a bias, all-positive, all-negative,
+    near-ties that only fbgemm's fma rounds as it does)."""
+    engine = torch.backends.quantized.engine
+    if engine not in _ROWS_MATCH:
+        generator = torch.Generator().manual_seed(0)
+        linear = torch.nn.utils.skip_init(nn.Linear, 100, 37)  # no draw from the global generator
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(37, 100, generator=generator))
+            linear.bias.copy_(torch.randn(37, generator=generator))
+        layer = Int8Linear(linear=linear, kernel="dynamic")
+        x = torch.randn(24, 100, generator=generator) * torch.rand(24, 1, generator=generator) * 4  # (N, in)
+        x[1], x[2] = x[1].abs(), -x[2].abs()
+        x[3, 0::2], x[3, 1::2], x[3, :2] = 0.5 + 2**-20, -1.5 - 2**-20, torch.tensor([-64.0, 63.0])  # fma's ties
+        got, plain = _per_row(x, layer.weight_int8, layer.scale, layer.bias)
+        _ROWS_MATCH[engine] = bool(plain.all()) and torch.equal(got, layer._alone(x))
+    return _ROWS_MATCH[engine]
+
+
+def _repack_after_load(module: nn.Module, incompatible_keys: object) -> None:
+    """A load_state_dict post hook: the packed weight is built again from what was loaded (also into tensors
+    made under torch.inference_mode, which keep no version to compare)."""
+    assert isinstance(module, Int8Linear)  # registered by Int8Linear alone
+    module._packed_from = ()
+
+
 class Int8Linear(nn.Module):
     """A linear layer with an int8 weight and one scale per output channel; float32 activations in and out.
 
@@ -98,12 +172,42 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)  # (out,)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.register_buffer("bias", bias)
-        self._packed = _pack(q, scale, bias) if kernel == "dynamic" else None
+        self._packed: torch.ScriptObject | None = None  # the dynamic kernel's
+        self._packed_from: tuple[object, ...] = ()  # what it was packed from: see _sources
+        self.register_load_state_dict_post_hook(_repack_after_load)
+        if kernel == "dynamic":
+            self.packed()  # now, so that a decode step never waits for it
         self.dtype = torch.float32  # what it takes and returns
 
     def dequantized(self) -> torch.Tensor:
         """The float weight (out, in) these int8 values stand for."""
         return self.weight_int8.float() * self.scale[:, None]
+
+    def _sources(self) -> tuple[object, ...]:
+        """weight_int8, scale and bias, each with its version and storage: an in-place edit, a new tensor or a
+        new storage changes one. (A tensor made under torch.inference_mode keeps no version: read as -1.)"""
+        found: list[object] = []
+        for t in (self.weight_int8, self.scale, self.bias):
+            found += [t, -1, 0] if t is None else [t, -1 if t.is_inference() else t._version, t.data_ptr()]
+        return tuple(found)
+
+    def packed(self) -> torch.ScriptObject:
+        """The dynamic kernel's packed weight, packed again whenever its sources changed since it was packed."""
+        sources = self._sources()
+        same = len(sources) == len(self._packed_from) and all(
+            a is b if isinstance(a, torch.Tensor) or a is None else a == b
+            for a, b in zip(sources, self._packed_from, strict=False)
+        )
+        if self._packed is None or not same:
+            self._packed = _pack(self.weight_int8, self.scale, self.bias)
+            self._packed_from = sources
+        return self._packed
+
+    def _alone(self, flat: torch.Tensor) -> torch.Tensor:
+        """(N, in) -> (N, out): ``linear_dynamic`` on each row by itself, so each row gets its own scale."""
+        packed = self.packed()
+        rows = [torch.ops.quantized.linear_dynamic(row[None], packed, reduce_range=True) for row in flat]  # (1, out)
+        return torch.cat(rows) if rows else flat.new_empty(0, self.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32:
@@ -113,16 +217,21 @@ class Int8Linear(nn.Module):
                 f"the 'dynamic' int8 kernel runs on the CPU and its packed weight stays there; got input on "
                 f"{x.device}: quantize with kernel='int8pack' or 'dequantize' there"
             )
-        flat = x.reshape(-1, self.in_features)  # (B, T, in) -> (B*T, in)
-        if self.kernel == "dynamic":
-            assert self._packed is not None
-            out = torch.ops.quantized.linear_dynamic(flat, self._packed, reduce_range=True)  # bias packed in
+        flat = x.reshape(-1, self.in_features)  # (B, T, in) -> (N, in)
+        if self.kernel == "dynamic" and flat.shape[0] == 1:  # a decode step: the kernel itself, bias packed in
+            out = torch.ops.quantized.linear_dynamic(flat, self.packed(), reduce_range=True)
+        elif self.kernel == "dynamic" and _rows_match_alone():
+            out, plain = _per_row(flat, self.weight_int8, self.scale, self.bias)
+            if not bool(plain.all()):
+                out[~plain] = self._alone(flat[~plain])
+        elif self.kernel == "dynamic":
+            out = self._alone(flat)
         elif self.kernel == "int8pack":
             out = torch._weight_int8pack_mm(flat.contiguous(), self.weight_int8, self.scale)
             out = out if self.bias is None else out + self.bias
         else:
             out = F.linear(flat, self.dequantized(), self.bias)
-        return out.reshape(*x.shape[:-1], self.out_features)  # (B*T, out) -> (B, T, out)
+        return out.reshape(*x.shape[:-1], self.out_features)  # (N, out) -> (B, T, out)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel!r}"
