@@ -1,12 +1,17 @@
 """Issue 24, part 4: what speculative decoding buys, as ratios in one run, the tokens checked first.
 
-    .venv/bin/python benchmarks/speculative.py [--new-tokens 128] [--lookup 4] [--rounds 5] [--smoke]
+    .venv/bin/python benchmarks/speculative.py [--new-tokens 128] [--lookup 4] [--rounds 5] [--only TEXT] [--smoke]
 
-On the shipped text model (``--model text``), greedy, batch 1, three kinds of text:
+On the shipped text model (``--model text``), greedy, batch 1, four kinds of text:
 
 - **repeats its context**: a listing given once and begun again, so the
   continuation copies it (what prompt lookup is for);
-- **does not**: a window of the held-out documentation, continued freely;
+- **held-out documentation**: a window of it, continued freely; it repeats in
+  part (the continuation reuses its words, and the model's own);
+- **does not repeat**: 96 random bytes, continued freely: the model's text
+  shares little with them or with itself, so lookup's guesses are mostly
+  refused (the share kept is printed beside it), what lookup costs when it
+  does not pay;
 - **a model that copies**: the shipped induction model (``--model
   induction``, which has an induction head), given a block of distinct
   tokens and the block's first tokens again, as its task trains it;
@@ -48,7 +53,11 @@ def texts() -> dict[str, tuple[GPT, torch.Tensor]]:
     block = torch.randperm(copier.config.vocab_size, generator=torch.Generator().manual_seed(0))[:24]
     return {
         "repeats its context": (text, torch.tensor([again[: len(LISTING) + 12]])),
-        "does not": (text, held_out[:, :96]),
+        "held-out documentation": (text, held_out[:, :96]),
+        "does not repeat: random bytes": (
+            text,
+            torch.randint(0, 256, (1, 96), generator=torch.Generator().manual_seed(0)),
+        ),
         "a model that copies, a block given again": (copier, torch.cat([block, block[:4]])[None]),
     }
 
@@ -59,11 +68,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lookup", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="a few tokens, one round: that it runs")
+    parser.add_argument(
+        "--only", metavar="TEXT", help="run the kinds of text whose label contains TEXT (say 'does not repeat')"
+    )
     args = parser.parse_args(argv)
     new, rounds = (8, 1) if args.smoke else (args.new_tokens, args.rounds)
+    every = texts()
+    chosen = {label: case for label, case in every.items() if args.only is None or args.only in label}
+    if not chosen:
+        parser.error(f"--only {args.only!r} is in no label; the texts are {list(every)}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, the shipped models, greedy, {new} tokens")
     asked = new
-    for label, (model, prompt) in texts().items():
+    for label, (model, prompt) in chosen.items():
         new = min(asked, model.config.context_length - prompt.shape[1] - args.lookup)  # what its context holds
         plain = model.generate(prompt, new)
         stats: dict[str, int] = {}

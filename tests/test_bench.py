@@ -16,6 +16,7 @@ from attnlab.bench.worker import run_case
 from attnlab.models.loaders import from_book
 
 
+@pytest.mark.slow  # a whole benchmark run, each case in its own process
 def test_quick_run_checks_and_times_every_implementation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     assert cli.main(["bench", "--quick", "--json", str(out), "--plot", str(png)]) == 0
@@ -163,6 +164,37 @@ def test_bad_configs_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert "'out.txt' should end in .png or .svg or .pdf" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--caches", "--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--caches", "int8", "--repeats", "0"], "--repeats must be >= 1, got 0"),
+        (["--caches", "--model", "text", "--prompt-len", "-3"], "--prompt-len must be >= 1, got -3"),
+        (["--caches", "--new-tokens", "0"], "--new-tokens must be >= 1, got 0"),
+        (["--model", "--threads", "5000"], "--threads must be <= 4096, got 5000; is it a typo?"),
+        (["--model", "--quick", "--new-tokens", "0"], "--new-tokens must be >= 1, got 0"),
+        (["--quick", "--seq-lens", "64", "0"], "--seq-lens must be >= 1, got 0"),
+        (["--quick", "--batch", "0"], "--batch must be >= 1, got 0"),
+        (["--quick", "--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--quick", "--d-model", "0"], "--d-model must be >= 1, got 0"),
+    ],
+)
+def test_every_bench_flag_is_checked_by_name_before_any_model_loads(
+    argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bench --caches --threads 0` once loaded both models, then died in torch.set_num_threads."""
+    from attnlab.bench import caches, models, runner
+
+    started: list[str] = []
+    monkeypatch.setattr(caches, "load", lambda *a, **k: started.append("a cache model loaded"))
+    monkeypatch.setattr(models, "run_models", lambda *a, **k: started.append("the model bench ran"))
+    monkeypatch.setattr(runner, "measure_machine", lambda *a, **k: started.append("the sweep started"))
+    assert cli.main(["bench", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {said}\n" and captured.out == ""
+    assert started == []
+
+
 def test_interleaved_rounds_give_paired_ratio_spreads_and_flag_noisy_findings() -> None:
     """A fake machine: flash is steadily 2x faster; book-mha has one slow round at T=2048."""
     groups: list[dict[str, Any]] = []
@@ -205,6 +237,7 @@ def test_longest_alone_runs_only_the_search(
     assert swept == [] and "longest attnlab-flash: T=8192" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a whole benchmark run, each case in its own process
 def test_model_bench_runs_each_generator_on_the_same_weights(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

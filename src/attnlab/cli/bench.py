@@ -77,8 +77,35 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     bench.add_argument("--plot", metavar="PATH", help="write a log-log plot of time and memory against T")
 
 
+# Every sized flag, with the most it takes; checked before any mode starts work or loads a model.
+SIZED_FLAGS = {
+    "--seq-lens": 1 << 24,
+    "--batch": 1 << 16,
+    "--d-model": 1 << 16,
+    "--heads": 1 << 16,
+    "--repeats": 10_000,
+    "--threads": 4096,
+    "--prompt-len": 1 << 20,
+    "--new-tokens": 1 << 20,
+}
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Each sized flag given is a whole number in [1, its limit], the error naming the flag."""
+    from attnlab._checks import check_positive_int
+
+    for flag, limit in SIZED_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        for one in value if isinstance(value, list) else [] if value is None else [value]:
+            check_positive_int(flag, one, limit=limit)
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     console = Console(highlight=False, width=max(console.width, 118))  # the tables need the width
+    try:
+        check_flags(args)
+    except (ValueError, TypeError) as err:
+        return error(console, err)
     if args.caches is not None:
         from attnlab.cli.bench_caches import run_caches
 

@@ -26,7 +26,7 @@ def run_caches(args: argparse.Namespace, console: Console) -> int:
         if unknown:
             raise ValueError(f"--caches: unknown {unknown}; the caches are {list(CACHES)}")
         if args.caches:
-            config = replace(config, caches=tuple(dict.fromkeys(["plain", *args.caches])))  # plain: the reference
+            config = replace(config, caches=tuple(dict.fromkeys(["plain", *args.caches])))  # plain: for bytes
         models = CACHE_MODELS if args.model is None else (args.model,)
         for name in models:
             if name != "text" and name not in PRESETS:
@@ -112,7 +112,7 @@ def _table(table: object, config: object) -> Table:
         f"held-out tokens; {config.rounds} rounds, medians"
     )
     columns = ("cache", "bytes/token", "KV MiB", "peak MiB", "tokens/s", f"longest in {config.cap_mib:.0f} MiB")
-    for col in (*columns, "agreement", "perplexity", "vs plain"):
+    for col in (*columns, "agreement", "perplexity", "vs recompute"):
         out.add_column(col, justify="left" if col == "cache" else "right")
     for r in table.rows:
         if r.status != "ok":
