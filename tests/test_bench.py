@@ -247,7 +247,9 @@ def test_model_bench_runs_each_generator_on_the_same_weights(
     assert "[0/4] attnlab, round 1" in said and "[4/4] done" in said  # piped: progress as lines, not a silent bar
     data = json.loads(out.read_text())
     status = {c["impl"]: c["status"] for c in data["cases"]}
-    assert code == (0 if all(s == "ok" for s in status.values()) else 1)
+    # exit 0 unless attnlab failed or a peer's tokens were refused: a peer failing on its own side is a row
+    assert code == (1 if status["attnlab"] != "ok" or any(v.startswith("refused") for v in status.values()) else 0)
+    assert code == 0 and any(s != "ok" for s in status.values()), status  # the book's cached GPT fails upstream
     for impl in ("attnlab", "hf-generate", "book-ch05"):  # same greedy tokens as attnlab's, or they would be refused
         assert status[impl] == "ok", status
     for c in data["cases"]:

@@ -334,7 +334,9 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         with open(args.json, "w", encoding="utf-8") as out:
             out.write(dumps(base, cases, roofline=roofline))
         console.print(f"wrote {args.json}")
-    return 0 if all(c.ok for c in cases) else 1
+    # a peer that failed on its side is a row that says so; attnlab failing, or a peer's tokens refused, is exit 1
+    broken = [c for c in cases if not c.ok and (c.impl == "attnlab" or c.status.startswith("refused"))]
+    return 1 if broken else 0
 
 
 def _roofline(base: Any, cases: list[Any], console: Console) -> dict[str, Any]:
