@@ -277,3 +277,25 @@ def _drive_the_view(page: object, report: object) -> None:
     assert VIEW_TEXT["en"]["head_view"] in view.inner_text()
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     view.screenshot(path=str(SCREENSHOTS / "heads-view.png"))
+
+
+def test_the_colours_the_cache_sentences_name_are_the_colours_drawn() -> None:
+    """The cache figures draw 1 (kept), 0.5 (let go) and 0 (not read yet) with the heatmaps' colour map; the
+    sentences under them, in both languages and in the tour, name those colours."""
+    import matplotlib
+
+    from attnlab.explain.render.heatmap import CMAP
+    from attnlab.explain.report_text import REPORT_TEXT
+    from attnlab.explain.tour import en, zh
+
+    colours = matplotlib.colormaps[CMAP]
+    kept, gone, unseen = (colours(v)[:3] for v in (1.0, 0.5, 0.0))
+    assert kept[0] > 0.8 and kept[1] > 0.8 and kept[2] < 0.3  # yellow
+    assert gone[1] > gone[0] + 0.3 and gone[2] > gone[0] + 0.3 and abs(gone[1] - gone[2]) < 0.15  # teal
+    assert sum(unseen) / 3 < 0.35  # dark
+    for name in ("cache_sink", "cache_h2o", "cache_snapkv"):
+        assert "teal; yellow = kept, dark = not read yet" in REPORT_TEXT["en"][name]
+        assert "青色；黄色 = 保留，深色 = 尚未读到" in REPORT_TEXT["zh"][name]
+        assert "grey" not in REPORT_TEXT["en"][name] and "灰" not in REPORT_TEXT["zh"][name]
+    assert "teal = let go" in Path(en.__file__).read_text(encoding="utf-8")
+    assert "青色 = 丢弃" in Path(zh.__file__).read_text(encoding="utf-8")

@@ -119,7 +119,7 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "cache_prefix": "The text twice, as two sequences sharing one tree of blocks keyed by token ids: the second "
         "takes the first's full blocks (the same ids) instead of computing them, and computes only the rest.",
         "cache_sink": "StreamingLLM: the first 4 tokens (the attention sinks) and the latest 16 are kept, the "
-        "middle is let go (grey); with RoPE the sinks are moved next to the window, so the model can go on past "
+        "middle is let go (teal; yellow = kept, dark = not read yet); with RoPE the sinks are moved next to the window, so the model can go on past "
         "its context with flat memory.",
         "cache_int8": "Keys stored in 8 bits per channel (groups of 8 tokens), values in 8 bits per token, the "
         "latest 8 exact (KIVI). "
@@ -128,9 +128,9 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "latest 8 exact (KIVI). "
         "Each cell is the largest error of that token's keys in one layer: zero for the latest tokens.",
         "cache_h2o": "H2O keeps half the tokens it has seen: the latest, and the heavy hitters that received the "
-        "most attention so far; the others are let go (grey). Layer 0 is drawn; each layer chooses its own.",
+        "most attention so far; the others are let go (teal; yellow = kept, dark = not read yet). Layer 0 is drawn; each layer chooses its own.",
         "cache_snapkv": "SnapKV compresses the prompt to half: the prompt's last queries vote for the tokens they "
-        "attend to, and the others are let go (grey); generated tokens are all kept. Layer 0 is drawn.",
+        "attend to, and the others are let go (teal; yellow = kept, dark = not read yet); generated tokens are all kept. Layer 0 is drawn.",
     },
     "zh": {
         "tour_title": "attnlab：第三章逐步讲解",
@@ -232,15 +232,15 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "只有上一块满了才取新块，所以每个序列最多有一块没有填满。",
         "cache_prefix": "同一段文本作为两个序列，共用一棵以 Token 编号为键的块树：第二个序列直接使用第一个的满块"
         "(块编号相同)，不再重新计算，只计算剩下的部分。",
-        "cache_sink": "StreamingLLM：保留开头 4 个 Token (注意力汇聚点) 和最近的 16 个，中间的丢弃 (灰色)；"
+        "cache_sink": "StreamingLLM：保留开头 4 个 Token (注意力汇聚点) 和最近的 16 个，中间的丢弃 (青色；黄色 = 保留，深色 = 尚未读到)；"
         "使用 RoPE 时汇聚点被移到窗口前面，模型可以在内存不变的情况下生成超过上下文长度的文本。",
         "cache_int8": "键向量按通道用 8 位存储 (每 8 个 Token 一组)，值向量按 Token 用 8 位存储，最近 8 个保持精确 (KIVI)。"
         "每个格子是该 Token 在这一层的键向量最大误差：最近的 Token 误差为零。",
         "cache_int4": "键向量按通道用 4 位存储 (每 8 个 Token 一组)，值向量按 Token 用 4 位存储，最近 8 个保持精确 (KIVI)。"
         "每个格子是该 Token 在这一层的键向量最大误差：最近的 Token 误差为零。",
         "cache_h2o": "H2O 只保留读过的 Token 的一半：最近的，以及到目前为止得到注意力最多的 (heavy hitters)；"
-        "其余的丢弃 (灰色)。图中是第 0 层；每一层各自选择。",
+        "其余的丢弃 (青色；黄色 = 保留，深色 = 尚未读到)。图中是第 0 层；每一层各自选择。",
         "cache_snapkv": "SnapKV 把提示词压缩到一半：提示词最后几个查询向量为它们关注的 Token 投票，其余的丢弃 "
-        "(灰色)；生成的 Token 全部保留。图中是第 0 层。",
+        "(青色；黄色 = 保留，深色 = 尚未读到)；生成的 Token 全部保留。图中是第 0 层。",
     },
 }

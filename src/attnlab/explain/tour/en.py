@@ -196,7 +196,7 @@ STEPS: dict[str, tuple[str, str]] = {
         "latest 3, forget the middle, and generation can go on forever (StreamingLLM). int8: store each key "
         "channel in 8 bits with a scale per group of 2 tokens, the latest 2 exact (KIVI). H2O: keep 4 keys, the "
         "latest 2 and the 2 that received the most attention. The first is exact; the others trade exactness "
-        "for memory. The heatmap shows H2O's choice at each step: bright = kept, grey = let go.",
+        "for memory. The heatmap shows H2O's choice at each step: yellow = kept, teal = let go, dark = not read yet.",
     ),
     "summary": (
         "Summary",
