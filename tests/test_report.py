@@ -299,3 +299,12 @@ def test_the_colours_the_cache_sentences_name_are_the_colours_drawn() -> None:
         assert "grey" not in REPORT_TEXT["en"][name] and "灰" not in REPORT_TEXT["zh"][name]
     assert "teal = let go" in Path(en.__file__).read_text(encoding="utf-8")
     assert "青色 = 丢弃" in Path(zh.__file__).read_text(encoding="utf-8")
+
+
+def test_a_model_reports_title_says_the_text_is_the_users_own(tmp_path: Path) -> None:
+    """Markup in the text shows as typed (escaped) and the title says it is the user's text, in both languages."""
+    from attnlab.explain.report_text import REPORT_TEXT
+
+    for lang, said in (("en", "on your text, as typed: "), ("zh", "(你输入的原文) ")):
+        title = REPORT_TEXT[lang]["model_title"].format(name="induction", text="<b>a</b>")
+        assert title.endswith(said + "'<b>a</b>'"), title

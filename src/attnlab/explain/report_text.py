@@ -96,7 +96,7 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "probe_text": "The {heads} heads on the first sequence of the probe (token ids; the second half repeats "
         "the first). An induction head draws a diagonal one step right of the copy's position; a previous-token "
         "head, the line just below the main diagonal.",
-        "model_title": "attnlab: every head of {name} on {text!r}",
+        "model_title": "attnlab: every head of {name} on your text, as typed: {text!r}",
         "model_intro": "A real checkpoint ({layers} layers, {heads} heads, {emb} dimensions) on {tokens} tokens, "
         "labelled as its tokenizer cuts the text. One forward pass, recorded layer by layer.",
         "colon": ": ",
@@ -212,7 +212,7 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "probe_title": "第 {layer} 层在探针序列上",
         "probe_text": "{heads} 个头在探针的第一条序列上 (标签是 Token 编号；后一半重复前一半)。"
         "归纳头画出一条在副本位置右边一格的对角线；前一个 Token 头画出紧贴主对角线下方的一条线。",
-        "model_title": "attnlab：{name} 的每个注意力头，输入 {text!r}",
+        "model_title": "attnlab：{name} 的每个注意力头，输入 (你输入的原文) {text!r}",
         "model_intro": "一个真实的模型检查点 ({layers} 层，{heads} 个头，{emb} 维)，输入 {tokens} 个 Token，"
         "标签是分词器切出的 Token。一次前向传播，逐层记录。",
         "colon": "：",
