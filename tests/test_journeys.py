@@ -27,13 +27,14 @@ from pathlib import Path
 
 import pytest
 
+from test_docs import CONTINUES, ELSEWHERE  # one rule for which examples continue or run elsewhere
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))]
 QUICK = re.compile(r"\(quick try: (.+?)\)\s*$")
 MARK = re.compile(r"\((CI runs it|fails: exit (\d+))\)")
 LONG = re.compile(r"\b(minutes?|hours?|\d+ ?min)\b", re.I)
-CONTINUES = "continuing the example above"
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def steps(page: str) -> list[Step]:
         end = match.end()
         if match.group(1) == "python":
             last = prose.strip().split("\n\n")[-1]
-            if re.search(r"needs (several processes|GPUs)", last, re.I):  # tests/test_docs.py runs the first
+            if ELSEWHERE.search(last):  # tests/test_docs.py runs the several-process one under torchrun
                 continue
             script = (script if CONTINUES in " ".join(prose.lower().split()) else "") + body
             found.append(Step(page, line, "python", script))

@@ -201,8 +201,8 @@ class PrefixCache:
     def make_room(self) -> None:
         """Let go of least recently used leaves that no sequence holds until every running sequence has room for
         the blocks it will still take (or none is left to let go: the pool then says it is full when written)."""
-        pool = self.pools[0]
-        while pool.free_blocks() < self.blocks_to_come():
+        pool, need = self.pools[0], self.blocks_to_come()  # letting go of a leaf no sequence holds leaves it as is
+        while pool.free_blocks() < need:
             leaves = [
                 n
                 for n in self._nodes()
