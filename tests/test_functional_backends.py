@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attnlab.functional import Flash, attention, flash_attention, padding_mask
+from attnlab.functional.blocks import Running, attend_block, merge
 from conftest import tiles
 
 FAST = ("sdpa", "flash", "flash-tiles")  # flash-tiles: every tile walked in PyTorch, no fused kernel
@@ -134,6 +135,41 @@ def test_flash_returns_the_row_log_sum_exp() -> None:
     scores = scores.masked_fill(torch.triu(torch.ones(9, 9, dtype=torch.bool), 1), float("-inf"))
     torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1))
     torch.testing.assert_close(out, attention(q, k, v, is_causal=True, backend="eager"))
+
+
+def _readable_part(s: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block attended the readable way: softmax over its scores, @ v, and the scores' log-sum-exp; a row
+    that sees nothing gives 0 and lse +inf, the kernels' contract."""
+    lse = s.logsumexp(dim=-1)
+    out = torch.softmax(s, dim=-1).nan_to_num(0.0) @ v  # a row of -inf scores: NaN weights, 0 output
+    return out, lse.masked_fill(torch.isneginf(lse), float("inf"))
+
+
+def test_blocks_attended_or_merged_equal_one_softmax_over_all_their_scores() -> None:
+    """The online softmax shared by flash and the ring: blocks folded in by their scores (attend_block) or as
+    finished parts (merge), in any mix, equal one softmax over the concatenated scores. The first block hides
+    every key (its lse is -inf against a state that has seen nothing), a middle one too, and query row 1 sees
+    nothing at all: it stays 0 with lse +inf."""
+    g = torch.Generator().manual_seed(3)
+    s = 3 * torch.randn(2, 3, 5, 12, generator=g, dtype=torch.float64)  # (B, H, Tq, Tk)
+    v = torch.randn(2, 3, 12, 4, generator=g, dtype=torch.float64)  # (B, H, Tk, Dv)
+    cuts = [(0, 3), (3, 7), (7, 9), (9, 12)]
+    for j0, j1 in (cuts[0], cuts[2]):
+        s[..., j0:j1] = float("-inf")  # two blocks hide all their keys
+    s[:, :, 1] = float("-inf")  # query row 1 sees no key
+    want_out, want_lse = _readable_part(s, v)
+    assert torch.isposinf(want_lse[:, :, 1]).all() and want_lse.isfinite().sum() == 2 * 3 * 4
+    for how in ("merge", "attend", "mixed"):
+        state = Running.start(2, 3, 5, 4, dtype=torch.float64, device=torch.device("cpu"))
+        for n, (j0, j1) in enumerate(cuts):
+            if how == "merge" or (how == "mixed" and n % 2):
+                for r0, r1 in ((0, 2), (2, 5)):  # rows() are views: folding into them folds into the state
+                    merge(state.rows(r0, r1), *_readable_part(s[:, :, r0:r1, j0:j1], v[:, :, j0:j1]))
+            else:
+                attend_block(state, s[..., j0:j1].clone(), v[:, :, j0:j1])
+        out, lse = state.finish()
+        torch.testing.assert_close(out, want_out, rtol=0, atol=1e-12, msg=how)
+        torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-12, msg=how)
 
 
 def _fused_calls(run: object) -> int:

@@ -4,8 +4,8 @@ With P processes, rank r holds its queries and one block of keys and values.
 At step s it attends its queries to the block that started on rank r - s
 (with attnlab's flash kernel, which returns each row's log-sum-exp), while the
 block moves on to rank r + 1 with ``batch_isend_irecv``; the partial results
-merge by their log-sum-exp in the stable form
-``lse = logaddexp(lse_a, lse_b); out = out_a * exp(lse_a - lse) + out_b * exp(lse_b - lse)``.
+merge by their log-sum-exp, ``lse = logaddexp(lse_a, lse_b); out = out_a * exp(lse_a - lse) +
+out_b * exp(lse_b - lse)``, with the flash backend's own running softmax (``functional/blocks.py``).
 In the forward pass the blocks travel in pieces (``piece_bounds``), pipelined, so
 a rank holds a few pieces in flight instead of a whole block in hand and another
 arriving: its memory stays within about 1.2x of 1/P of one process. The
@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from attnlab._checks import check_scale, check_window
+from attnlab.functional.blocks import Running, merge
 from attnlab.functional.eager import accumulation_dtype, repeat_kv
 from attnlab.functional.flash import DEFAULT_BLOCK, flash_backward, flash_forward
 from attnlab.functional.mods import MaskMod, ScoreMod
@@ -279,9 +280,7 @@ class _Ring(torch.autograd.Function):
         rank, size = _world(options.group)
         b, h, tl, _ = q.shape
         groups = h // k.shape[1]
-        ad = accumulation_dtype(q.dtype)
-        out = torch.zeros(b, h, tl, v.shape[-1], dtype=ad, device=q.device)
-        lse = torch.full((b, h, tl), float("-inf"), dtype=ad, device=q.device)
+        state = Running.start(b, h, tl, v.shape[-1], dtype=accumulation_dtype(q.dtype), device=q.device)
 
         def fold(kb: torch.Tensor, vb: torch.Tensor, k_pos: torch.Tensor) -> None:
             kb, vb = repeat_kv(kb, groups), repeat_kv(vb, groups)  # (B, H, piece, D)
@@ -289,7 +288,7 @@ class _Ring(torch.autograd.Function):
                 c1 = min(c0 + QUERY_CHUNK, tl)
                 vis = _block_visibility(q_pos[c0:c1], k_pos, options, b, h)
                 part, part_lse = flash_forward(q[:, :, c0:c1], kb, vb, vis, **_kernel_options(vis, options))
-                _merge(out[:, :, c0:c1], lse[:, :, c0:c1], part, part_lse)
+                merge(state.rows(c0, c1), part, part_lse)  # by log-sum-exp, in place
 
         pieces = piece_bounds(tl, size)
         held: list[list[torch.Tensor]] = []  # received last tick, hops 1, 2, ...: computed now, forwarded now
@@ -321,7 +320,7 @@ class _Ring(torch.autograd.Function):
         for piece in held:
             fold(*piece)
         del held
-        lse.masked_fill_(torch.isneginf(lse), float("inf"))  # the kernels' contract: +inf where nothing is seen
+        out, lse = state.finish()  # lse +inf where nothing is seen: the kernels' contract
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, q_pos, out, lse, *params)
         ctx.options = options
@@ -373,15 +372,6 @@ class _Ring(torch.autograd.Function):
             if requests is not None:
                 block = buffers[step % 2]
         return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype), None, None, *dparams
-
-
-def _merge(out: torch.Tensor, lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor) -> None:
-    """Fold one block's (part, part_lse) into the running (out, lse), in place, in the stable form."""
-    part_lse = part_lse.to(lse.dtype).masked_fill(torch.isposinf(part_lse), float("-inf"))  # saw nothing: weight 0
-    merged = torch.logaddexp(lse, part_lse)
-    safe = merged.masked_fill(torch.isneginf(merged), 0.0)
-    out.mul_(torch.exp(lse - safe)[..., None]).addcmul_(part.to(out.dtype), torch.exp(part_lse - safe)[..., None])
-    lse.copy_(merged)
 
 
 def ring_attention(

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from attnlab._checks import check_positive_int
+from attnlab.functional.blocks import Running, attend_block, merge
 from attnlab.functional.eager import accumulation_dtype, repeat_kv
 from attnlab.functional.visibility import EMPTY, FULL, PARTIAL, Visibility
 
@@ -164,10 +165,7 @@ def flash_forward(
         block_q, block_k, kinds = _fused_blocks(vis, block_q, block_k, kinds)
     for bi, i0, i1 in _blocks(tq, block_q):
         qi: torch.Tensor | None = None  # the scaled queries, made when a tile is walked here
-        m = torch.full((b, h, i1 - i0), float("-inf"), dtype=ad, device=q.device)  # running row max
-        l = torch.zeros(b, h, i1 - i0, dtype=ad, device=q.device)  # running sum of exp  # noqa: E741
-        acc = torch.zeros(b, h, i1 - i0, dv, dtype=ad, device=q.device)
-        fresh = True  # nothing folded in yet
+        state = Running.start(b, h, i1 - i0, dv, dtype=ad, device=q.device)  # m = -inf, l = 0, acc = 0
         # fused, a span of FULL tiles costs one call however long: it never holds a tile of scores
         for kind, tiles, j0, j1 in _spans(bi, _blocks(tk, block_k), kinds, len(kinds) if fused else SPAN_TILES):
             diagonal = kind == PARTIAL and vis.tile_is_aligned_causal(i0, i1, j0, j1)
@@ -175,44 +173,21 @@ def flash_forward(
                 part, part_lse = _FUSED_CPU(
                     q[:, :, i0:i1], k[:, :, j0:j1], v[:, :, j0:j1], 0.0, diagonal, scale=scale
                 )  # (B, H, bq, Dv), (B, H, bq): every row sees at least one key, so part_lse is finite
-                # the kernel lays its results out (B, T, H, ..): contiguous, so the tile path's views apply
-                part, part_lse = part.to(ad).contiguous(), part_lse.to(ad).contiguous()
-                if fresh:  # the span is all there is so far: its normalized output with weight 1 under its lse
-                    m, l, acc = part_lse, torch.ones_like(part_lse), part  # noqa: E741
-                else:  # the span folds in as one score part_lse carrying the value part
-                    m_new = torch.maximum(m, part_lse)
-                    alpha, beta = (m - m_new).exp_(), (part_lse - m_new).exp_()
-                    l.mul_(alpha).add_(beta)
-                    acc.mul_(alpha[..., None]).addcmul_(part, beta[..., None])
-                    m = m_new
-                fresh = False
+                merge(state, part.to(ad), part_lse)  # the span folds in as one score part_lse carrying the value part
                 continue
-            fresh = False
             if qi is None:
                 qi = q[:, :, i0:i1].to(ad) * scale  # scaling q once is cheaper than scaling every tile
-            s = _scores(qi, k[:, :, j0:j1].to(ad), vis, kind, i0, i1, j0, j1)
-            m_new = torch.maximum(m, s.amax(dim=-1))
-            m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-            p = s.sub_(m_safe[..., None]).exp_()  # (B, H, bq, bk), in place: s is not needed again
-            alpha = torch.exp(m - m_safe)  # rescales what was accumulated under the old max
-            l = l * alpha + p.sum(dim=-1)  # noqa: E741
+            s = _scores(qi, k[:, :, j0:j1].to(ad), vis, kind, i0, i1, j0, j1)  # (B, H, bq, span)
+            keep = None
             if dropout_p > 0.0:  # each tile's own mask, as the backward draws it tile by tile
                 keep = torch.cat(
-                    [_keep_mask(seed, bi, bj, (*p.shape[:-1], t1 - t0), dropout_p, q.device) for bj, t0, t1 in tiles],
+                    [_keep_mask(seed, bi, bj, (*s.shape[:-1], t1 - t0), dropout_p, q.device) for bj, t0, t1 in tiles],
                     dim=-1,
                 )  # (B, H, bq, span)
-                p = p * keep / (1.0 - dropout_p)
-            acc = torch.baddbmm(
-                acc.view(-1, *acc.shape[2:]) * alpha.view(-1, alpha.shape[-1], 1),
-                p.view(-1, *p.shape[2:]),
-                v[:, :, j0:j1].to(ad).reshape(-1, j1 - j0, dv),
-            ).view(acc.shape)  # acc * alpha + p @ v, fused; (B*H, bq, Dv) -> (B, H, bq, Dv)
-            m = m_new
-            del s, p  # the next span's scores need not sit beside this one's
-        dead = l == 0
-        out[:, :, i0:i1] = (acc / torch.where(dead, torch.ones_like(l), l)[..., None]).to(q.dtype)
-        m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-        lse[:, :, i0:i1] = torch.where(dead, torch.full_like(l, float("inf")), m_safe + torch.log(l))
+            attend_block(state, s, v[:, :, j0:j1].to(ad), keep=keep, dropout_p=dropout_p)
+            del s, keep  # the next span's scores need not sit beside this one's
+        part, part_lse = state.finish()
+        out[:, :, i0:i1], lse[:, :, i0:i1] = part.to(q.dtype), part_lse
     return out, lse
 
 
