@@ -298,6 +298,24 @@ def test_the_ring_command_starts_its_ranks_and_says_when_a_length_does_not_fit(
     assert "--seq-len must be <=" in capsys.readouterr().err
 
 
+def test_the_ring_module_refuses_a_mask_cache_or_visibility_before_it_reaches_the_group() -> None:
+    """Attention's forward with the ring's own checks: what the ring cannot take is refused first, in this one
+    process (no group yet); then the call needs torch.distributed."""
+    ring = ContextParallelAttention(d_in=8, num_heads=2, rope=True)
+    x = torch.randn(1, 4, 8)
+    refused = {
+        "mask": torch.ones(4, 4, dtype=torch.bool),
+        "cache": ring.make_cache(batch_size=1, max_len=4),
+        "visibility": ring.visibility_for(x),
+    }
+    for name, value in refused.items():
+        with pytest.raises(ValueError, match=r"ContextParallelAttention takes no mask, cache or visibility"):
+            ring(x, **{name: value})
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match=r"ring attention needs torch.distributed initialized"):
+        ring(x)
+
+
 # ---- the launcher: a failing or vanished rank ends the run at once, with its error ----
 
 

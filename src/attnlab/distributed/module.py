@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from attnlab.cache import Cache
 from attnlab.distributed.ring import (
     LAYOUTS,
     Layout,
@@ -24,16 +23,20 @@ from attnlab.distributed.ring import (
     ring_attention,
     sequence_positions,
 )
-from attnlab.functional.mods import MaskMod, ScoreMod, and_masks, check_document_ids, document, document_positions
+from attnlab.functional.mods import and_masks, check_document_ids, document, document_positions
 from attnlab.functional.visibility import Visibility
-from attnlab.nn.attention import Attention
-from attnlab.nn.rotary import apply_rotary
+from attnlab.nn.attention import Attention, ForwardArgs
 
 
 class ContextParallelAttention(Attention):
     """``Attention(**kwargs)`` whose sequence is split over ``group`` (default: the whole world).
 
     ``seq_len``: the real global length, when the shards were padded to a multiple of the chunks.
+    Called on this rank's shard x (B, T / P, d_in), it returns (B, T / P, d_out), with RoPE at the shard's
+    global positions. ``document_ids``: this rank's shard (B, T / P) of the packed documents' ids
+    (``shard_sequence(ids, 1)``): no token sees another document, and RoPE restarts at each document, as in
+    ``Attention``. ``mask_mod`` / ``score_mod`` see global positions, as in ``ring_attention``. No mask,
+    cache or visibility: the ring builds its own per block.
     """
 
     def __init__(
@@ -58,25 +61,10 @@ class ContextParallelAttention(Attention):
         made.load_state_dict(module.state_dict())
         return made.to(next(module.parameters()).dtype)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        mask: torch.Tensor | None = None,
-        positions: torch.Tensor | None = None,
-        cache: Cache | None = None,
-        document_ids: torch.Tensor | None = None,
-        mask_mod: MaskMod | None = None,
-        score_mod: ScoreMod | None = None,
-        visibility: Visibility | None = None,
-    ) -> torch.Tensor:
-        """This rank's shard x (B, T / P, d_in) -> (B, T / P, d_out); RoPE at the shard's global positions.
-
-        ``document_ids``: this rank's shard (B, T / P) of the packed documents' ids (``shard_sequence(ids, 1)``).
-        No token sees another document, and RoPE restarts at each document, as in ``Attention``.
-        ``mask_mod`` / ``score_mod`` see global positions, as in ``ring_attention``.
-        """
-        if mask is not None or cache is not None or visibility is not None:
+    def _prepare(self, x: torch.Tensor, given: ForwardArgs) -> tuple[Visibility, torch.Tensor]:
+        """Checked on every rank (a collective where ranks could disagree): this shard's queries at their global
+        positions with the call's restrictions, and the RoPE positions (global, or each document's from 0)."""
+        if given.mask is not None or given.cache is not None or given.visibility is not None:
             raise ValueError(
                 "ContextParallelAttention takes no mask, cache or visibility (the ring builds its own per block): "
                 "hide other documents "
@@ -85,13 +73,15 @@ class ContextParallelAttention(Attention):
         self._check_input(x)
         rank, size = _world(self.group)
         b, t, _ = x.shape
-        packed = None
-        given = every_rank(document_ids is not None, self.group, x.device)  # all agree, or all raise
-        if any(given) and not all(given):
+        document_ids, positions, mask_mod = given.document_ids, given.positions, given.mask_mod
+        given_ids = every_rank(document_ids is not None, self.group, x.device)  # all agree, or all raise
+        if any(given_ids) and not all(given_ids):
             raise ValueError(
                 "document_ids must be given on every rank or on none; ranks "
-                f"{[r for r, g in enumerate(given) if not g]} gave None and ranks {[r for r, g in enumerate(given) if g]} did not"
+                f"{[r for r, g in enumerate(given_ids) if not g]} gave None and ranks "
+                f"{[r for r, g in enumerate(given_ids) if g]} did not"
             )
+        local = sequence_positions(t * size, rank, size, self.layout, x.device)  # (T / P,) global
         if document_ids is not None:
             fits = isinstance(document_ids, torch.Tensor) and tuple(document_ids.shape) == (b, t)
             wrong = [
@@ -106,24 +96,34 @@ class ContextParallelAttention(Attention):
             whole = gather_sequence(document_ids, 1, length=t * size, group=self.group, layout=self.layout)
             check_document_ids(whole[:, : self.seq_len or t * size], b, self.seq_len or t * size)  # not the padding
             packed = document(whole)  # (B, T) ids, read at global positions
+            mask_mod = packed if mask_mod is None else and_masks(packed, mask_mod)
             if positions is None:
-                local = sequence_positions(t * size, rank, size, self.layout, x.device)  # (T / P,) global
                 positions = document_positions(whole)[:, local]  # (B, T / P): each document starts at 0
         if positions is None:
-            positions = sequence_positions(t * size, rank, size, self.layout, x.device)  # (T / P,) global
+            positions = local
         else:
             self._check_positions(positions, b, t)
-        queries, keys, values = self.split_qkv(x)
-        if self.rotary is not None:
-            cos, sin = self.rotary(positions, dtype=queries.dtype)
-            queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
-        user = mask_mod if packed is None else packed if mask_mod is None else and_masks(packed, mask_mod)
+        visibility = Visibility(  # what attend() reads of it: the mods; the ring binds its own per block
+            q_pos=local,
+            causal=self.is_causal,
+            window=self.window,
+            mask_mod=mask_mod,
+            score_mod=given.score_mod,
+            batch=b,
+            heads=self.num_heads,
+        )
+        return visibility, positions
+
+    def attend(
+        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, visibility: Visibility
+    ) -> torch.Tensor:
+        """Ring attention and out_proj on this rank's projected, rotated q (B, H, T / P, D), k, v (B, Hkv, T / P, D)."""
         context_vec = ring_attention(  # (B, H, T / P, D): who may attend is worked out per block on the ring
             queries,
             keys,
             values,
-            mask_mod=user,
-            score_mod=score_mod,
+            mask_mod=visibility.mask_mod,
+            score_mod=visibility.score_mod,
             group=self.group,
             is_causal=self.is_causal,
             window=self.window,

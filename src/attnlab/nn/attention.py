@@ -11,7 +11,7 @@ Shapes: B = batch, T = tokens, H = query heads, Hkv = kv heads, D = head_dim.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -25,6 +25,18 @@ from attnlab.functional.visibility import Visibility
 from attnlab.nn.rotary import RotaryEmbedding, apply_rotary
 
 _CACHE_CLASSES: set[type] = set()  # classes that passed the Cache protocol check
+
+
+class ForwardArgs(NamedTuple):
+    """What one call of :meth:`Attention.forward` was given besides x (its Args, in its order), passed on as one."""
+
+    mask: torch.Tensor | None
+    positions: torch.Tensor | None
+    cache: Cache | None
+    document_ids: torch.Tensor | None
+    mask_mod: MaskMod | None
+    score_mod: ScoreMod | None
+    visibility: Visibility | None
 
 
 class Attention(nn.Module):
@@ -208,24 +220,10 @@ class Attention(nn.Module):
             ValueError, TypeError: naming the bad value. Everything is checked
             before the cache is written, so a call that raises leaves it as it was.
         """
-        self._check_input(x)
-        b, t, _ = x.shape
-        if cache is not None:
-            self._check_cache(cache)
-        if visibility is None:
-            visibility = self.visibility_for(
-                x, mask=mask, cache=cache, document_ids=document_ids, mask_mod=mask_mod, score_mod=score_mod
-            )
-        elif mask is not None or document_ids is not None or mask_mod is not None or score_mod is not None:
-            raise ValueError("pass visibility= or mask, document_ids, mask_mod and score_mod, not both")
-        if positions is None and document_ids is not None:
-            positions = document_positions(document_ids)  # (B, T): each document starts at 0
-        if positions is not None:
-            self._check_positions(positions, b, t)
+        given = ForwardArgs(mask, positions, cache, document_ids, mask_mod, score_mod, visibility)  # in this order
+        visibility, positions = self._prepare(x, given)  # everything checked: nothing is written before this
         queries, keys, values = self.split_qkv(x)
         if self.rotary is not None:
-            if positions is None:
-                positions = visibility.q_pos  # the next T positions: 0..T-1, or after the cache
             cos, sin = self.rotary(positions, dtype=queries.dtype)
             queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
         if cache is not None:
@@ -236,6 +234,36 @@ class Attention(nn.Module):
         if observe is not None:
             observe(queries, keys, values, visibility=visibility, scale=self.scale)
         return out
+
+    def _prepare(self, x: torch.Tensor, given: ForwardArgs) -> tuple[Visibility, torch.Tensor]:
+        """Check a call before anything is projected or written: who may attend, and the RoPE positions (given,
+        each document's from 0, or the queries' own). ``ContextParallelAttention`` answers it on the ring."""
+        self._check_input(x)
+        b, t, _ = x.shape
+        if given.cache is not None:
+            self._check_cache(given.cache)
+        visibility, positions = given.visibility, given.positions
+        if visibility is None:
+            visibility = self.visibility_for(
+                x,
+                mask=given.mask,
+                cache=given.cache,
+                document_ids=given.document_ids,
+                mask_mod=given.mask_mod,
+                score_mod=given.score_mod,
+            )
+        elif (
+            given.mask is not None
+            or given.document_ids is not None
+            or given.mask_mod is not None
+            or given.score_mod is not None
+        ):
+            raise ValueError("pass visibility= or mask, document_ids, mask_mod and score_mod, not both")
+        if positions is None and given.document_ids is not None:
+            positions = document_positions(given.document_ids)  # (B, T): each document starts at 0
+        if positions is not None:
+            self._check_positions(positions, b, t)
+        return visibility, visibility.q_pos if positions is None else positions  # default: 0..T-1, or after the cache
 
     def visibility_for(
         self,
