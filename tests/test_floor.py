@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import graphlib
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +63,28 @@ def test_imports_point_down_the_floors() -> None:
             if target in FLOORS and FLOORS[target] > own:
                 up.append(f"{path.relative_to(SRC)} imports attnlab.{target} (floor {FLOORS[target]} > {own})")
     assert not up, "\n".join(up)
+
+
+def test_no_folders_import_each_other_in_a_circle() -> None:
+    """Zero circles, type-only imports included: on one floor too, folders import one way (nn uses the caches,
+    so rotary, which a sink cache rotates by, sits a floor below both)."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in SRC.rglob("*.py"):
+        if path.parent == SRC and path.name == "__init__.py":
+            continue
+        own = _package(path)
+        for target in _attnlab_imports(path):
+            if target in FLOORS and target != own:
+                edges.setdefault((own, target), []).append(str(path.relative_to(SRC)))
+    graph: dict[str, set[str]] = {}
+    for own, target in edges:
+        graph.setdefault(own, set()).add(target)
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as err:
+        circle = err.args[1]  # [a, b, ..., a]: each imported by the next
+        arrows = [f"{b} imports {a} ({', '.join(edges[b, a])})" for a, b in itertools.pairwise(circle)]
+        pytest.fail("folders import each other in a circle: " + "; ".join(arrows))
 
 
 def test_every_backend_keeps_one_contract() -> None:

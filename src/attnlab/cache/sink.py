@@ -35,8 +35,8 @@ import torch
 from attnlab._checks import check_positive_int
 from attnlab.cache.kv import _CacheBase
 
-if TYPE_CHECKING:  # nn/ imports the caches: the layer's RotaryEmbedding comes in as an argument
-    from attnlab.nn.rotary import RotaryEmbedding
+if TYPE_CHECKING:  # the type only: the layer's RotaryEmbedding comes in as an argument
+    from attnlab.functional.rotary import RotaryEmbedding
 
 
 class SinkCache(_CacheBase):

@@ -21,8 +21,8 @@ from attnlab.cache import Cache, CacheFactory, FactoryArgs, cache_factory
 from attnlab.functional.attention import attention, check_mask
 from attnlab.functional.mods import MaskMod, ScoreMod, and_masks, check_document_ids, document, document_positions
 from attnlab.functional.registry import Backend, check_backend
+from attnlab.functional.rotary import RotaryEmbedding, apply_rotary
 from attnlab.functional.visibility import Visibility
-from attnlab.nn.rotary import RotaryEmbedding, apply_rotary
 
 _CACHE_CLASSES: set[type] = set()  # classes that passed the Cache protocol check
 

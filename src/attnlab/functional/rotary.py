@@ -5,6 +5,9 @@ by an angle proportional to the token's position, so that q_m . k_n depends
 only on m - n. The rotate-half layout pairs dimension i with i + D/2 (not
 2i with 2i+1), which is what Llama checkpoints and Hugging Face expect.
 
+A function of positions, so it sits on the floor below both ``nn`` (the Attention module rotates its
+queries and keys) and ``cache`` (a sink cache rotates its sinks on); ``attnlab.nn`` exports it too.
+
 Shapes: B = batch, H = heads, T = tokens, D = head_dim.
 """
 
