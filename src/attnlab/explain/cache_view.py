@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from attnlab.cache import CACHES, EvictingCache, KVCache, PagedKVCache, PrefixCache, QuantizedKVCache, SinkCache
-from attnlab.explain.render.heatmap import heatmap, png_bytes
-from attnlab.explain.render.html import Figure, Section
+from attnlab.explain.render.heatmap import heatmap, page_figure
+from attnlab.explain.render.html import Section
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.models.generate import prefill
 from attnlab.models.gpt import GPT
@@ -83,7 +83,7 @@ def cache_sections(
             annotate=cache in ("paged", "prefix"),
             limits=None,
         )
-        drawn = [Figure(png=png_bytes(fig), alt=title, caption=title)]
+        drawn = [page_figure(fig, title)]
     return [
         Section(
             key=f"cache-{cache}",
@@ -93,12 +93,14 @@ def cache_sections(
             value=value,
             figures=drawn,
             checks=[],
+            wide=True,  # steps x tokens, wrapped into panels as wide as the section
         )
     ]
 
 
 def _short(label: str) -> str:
-    return label.replace("\n", "⏎") or "·"
+    """A token as a column label: a space or a new line drawn as a sign (a blank label reads as a missing one)."""
+    return label.replace("\n", "⏎").replace(" ", "␣") or "·"
 
 
 def _watch(

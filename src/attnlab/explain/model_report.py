@@ -7,7 +7,7 @@ import torch
 from attnlab.explain.checks import holds
 from attnlab.explain.heads import SCORES, HeadScores, describe_run, head_scores, probe
 from attnlab.explain.render.curves import training_curves
-from attnlab.explain.render.heatmap import head_grid, heatmap, png_bytes
+from attnlab.explain.render.heatmap import head_grid, heatmap, page_figure
 from attnlab.explain.render.html import Figure, Report, Section
 from attnlab.explain.render.view import MAX_VIEW_TOKENS, AttentionView
 from attnlab.explain.report import MAX_TOKENS
@@ -16,8 +16,6 @@ from attnlab.explain.tour import fmt
 from attnlab.models.gpt import GPT
 from attnlab.models.tokenizer import TextTokenizer
 from attnlab.models.train import TrainLog
-
-PAGE_INCHES = 13.0  # a per-layer grid at 90 dpi is about 1170 px wide: the report shows it at its own size
 
 
 def model_weights(
@@ -69,9 +67,8 @@ def _layer_sections(
                 head_title=txt["head"],
                 head_titles=named,
                 annotate=t <= 8,
-                width=PAGE_INCHES,
-            )
-            drawn = [Figure(png=png_bytes(fig), alt=heading, caption=heading)]
+            )  # the page's width: the report shows it at its own size
+            drawn = [page_figure(fig, heading)]
         sections.append(
             Section(
                 key=f"{key}-{layer}",
@@ -95,7 +92,7 @@ def _score_figure(grid: torch.Tensor, title: str, txt: dict[str, str], cells: li
     layers, heads = [str(i) for i in range(grid.shape[0])], [str(j) for j in range(grid.shape[1])]
     axes = (txt["heads_axis"], txt["layers_axis"])
     fig = heatmap(grid, layers, heads, title=title, axes=axes, annotate=True, cells=cells, limits=(0, 1))
-    return Figure(png=png_bytes(fig), alt=title, caption=title)
+    return page_figure(fig, title)
 
 
 def _names_section(scores: HeadScores, txt: dict[str, str], *, figures: bool) -> Section:
@@ -191,7 +188,7 @@ def _training_section(log: TrainLog, txt: dict[str, str], lang: str, *, figures:
             f"step {s:>6}: eval loss {x:.3f}"
             for s, x in zip(log.eval_step[::every], log.eval_loss[::every], strict=True)
         ),
-        figures=[Figure(png=png_bytes(training_curves(log, lang=lang)), alt=title, caption=title)] if figures else [],
+        figures=[page_figure(training_curves(log, lang=lang), title)] if figures else [],
         checks=[],
     )
 

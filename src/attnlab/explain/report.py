@@ -14,7 +14,7 @@ import torch
 from attnlab import book
 from attnlab._checks import check_dropout, check_heads, check_positive_int, check_seed
 from attnlab.explain.checks import Check, holds
-from attnlab.explain.render.heatmap import head_grid, heatmap, png_bytes
+from attnlab.explain.render.heatmap import head_grid, heatmap, page_figure
 from attnlab.explain.render.html import Figure, Report, Section
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.explain.tour import LANGS, build_tour, fmt, kv_cache_steps, kv_step_lines, text_for
@@ -52,7 +52,7 @@ def _figure(
         fig = head_grid(matrix, labels, title=title, col_labels=col_labels, axes=axes, head_title=txt["head"])
     else:
         fig = heatmap(matrix, labels, col_labels, title=title, axes=axes)
-    return Figure(png=png_bytes(fig), alt=title, caption=title)
+    return page_figure(fig, title)
 
 
 def _kv_section(

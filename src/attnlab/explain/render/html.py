@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import html
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,10 @@ section.step { background: white; border: 1px solid var(--line); border-radius: 
 section.step h2 { margin: 0 0 6px; font-size: 17px; grid-column: 1 / -1; }
 section.step .n { color: var(--muted); font-weight: normal; margin-right: 6px; }
 pre { background: #f1f3f4; padding: 8px 10px; border-radius: 6px; overflow-x: auto; font-size: 12.5px; margin: 6px 0; }
+/* Numbers wrap, never scroll (issue 31). torch prints 80 columns, which at 11.5 px (6.9 px a column) fit half a
+   section (560 px) at a 1280 px window; a block with longer lines takes the section's width (wide-text), and only
+   what is longer still, a long list, wraps. */
+pre.value { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 11.5px; }
 pre.code { background: #202124; color: #e8eaed; }
 figure { margin: 0; }
 figure img { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 4px; background: white;
@@ -56,7 +61,10 @@ ul.checks .detail { color: var(--muted); font-size: 12px; }
 body.hide-numbers pre.value { display: none; }
 section.step.text-only { grid-template-columns: 1fr; }
 section.step .view { grid-column: 1 / -1; min-width: 0; }
-section.step.wide .figures { grid-column: 1 / -1; }
+section.step.wide .figures { grid-column: 1 / -1; display: flex; flex-wrap: wrap; gap: 12px 18px;
+                             align-items: flex-start; }
+section.step.wide-text .explain { grid-column: 1 / -1; min-width: 0; }
+section.step.wide-text .explain > p { max-width: 60em; }
 @media (max-width: 800px) { section.step { grid-template-columns: 1fr; } }
 """
 
@@ -92,13 +100,31 @@ _SCRIPT = """
 _NOT_IN_HTML = {c: "\ufffd" for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F]}
 
 
+# At a 1280 px window a section's content is 1178 px wide (1280 - 2 x 32 main padding - 2 x 18 section padding
+# - 2 border), and each of its two columns 580 px (an 18 px gap): a wider figure takes the whole width.
+HALF_PX = 580
+VALUE_COLUMNS = 80  # the characters of a value line that fit half a section (pre.value in _CSS)
+
+
+def text_width(line: str) -> int:
+    """A line's width in characters of a monospace font: a wide (CJK) character takes two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in line)
+
+
 @dataclass
 class Figure:
-    """A heatmap as PNG bytes, with alternative text and a caption."""
+    """A heatmap as PNG bytes, with alternative text and a caption; ``text_px``: its smallest text in PNG pixels
+    (``render.heatmap.page_figure`` measures it), written on the page for its browser test."""
 
     png: bytes
     alt: str
     caption: str = ""
+    text_px: float | None = None
+
+    @property
+    def width_px(self) -> int:
+        """The PNG's width, from its header (bytes 16-20 of the IHDR chunk)."""
+        return int.from_bytes(self.png[16:20], "big")
 
 
 @dataclass
@@ -111,7 +137,7 @@ class Section:
     figures: list[Figure] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     view: str | None = None  # an interactive fragment made here (render.view.AttentionView), the section's width
-    wide: bool = False  # its figures take the section's whole width, below the text (a grid of heads)
+    wide: bool = False  # its figures take the section's whole width, below the text (as any wider than half does)
 
 
 @dataclass
@@ -162,12 +188,16 @@ class Report:
             )
             left += f'<ul class="checks">{items}</ul>'
         right = "".join(
-            f'<figure><img class="heatmap" alt="{e(f.alt)}" '
-            f'src="data:image/png;base64,{base64.b64encode(f.png).decode("ascii")}">'
+            f'<figure><img class="heatmap" alt="{e(f.alt)}"'
+            + ("" if f.text_px is None else f' data-text-px="{f.text_px:.2f}"')
+            + f' src="data:image/png;base64,{base64.b64encode(f.png).decode("ascii")}">'
             f"<figcaption>{e(f.caption)}</figcaption></figure>"
             for f in s.figures
         )
-        kind = ("step wide" if s.wide else "step") if s.figures else "step text-only"
+        long_value = max(map(text_width, (s.value or "").splitlines()), default=0) > VALUE_COLUMNS
+        wide = s.wide or long_value or any(f.width_px > HALF_PX for f in s.figures)  # half a section would shrink it
+        kind = ("step wide" if wide else "step") if s.figures else "step text-only"
+        kind += " wide-text" if long_value else ""
         return (
             f'<section class="{kind}" id="{e(s.key)}"><h2><span class="n">{n}.</span>{e(s.title)}</h2>'
             f'<div class="explain">{left}</div>'
