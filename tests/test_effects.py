@@ -171,7 +171,7 @@ def test_a_prefix_store_kept_across_calls_makes_room_for_every_running_row() -> 
         prompts = [torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(10 + call)).tolist()] * 3
         alone = m.generate(torch.tensor(prompts[:1]), 10)[0, 30:].tolist()
         assert m.generate_many(prompts, 10, slots=2, cache=store) == [alone] * 3
-    assert all(int(n) == 0 for n in store.pools[0].lengths)  # every row given back at the end of its call
+    assert all(int(n) == 0 for n in store.table.lengths)  # every row given back at the end of its call
 
 
 def test_a_prefix_store_refuses_other_weights_than_those_that_filled_it() -> None:

@@ -262,11 +262,11 @@ def test_damaged_files_get_one_line_naming_the_file_and_exit_2(
 
 
 def test_a_temperature_that_underflows_float32_is_greedy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from attnlab.models.generate import pick
+    from attnlab.models.generation import Sampling
 
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     for t in (1e-46, 1e-300):
-        assert torch.equal(pick(logits, temperature=t), logits.argmax(-1, keepdim=True))
+        assert torch.equal(Sampling(temperature=t).draw(logits), logits.argmax(-1, keepdim=True))
     m = _saved(tmp_path / "m")
     assert cli.main(["generate", "--model", str(m), "ab", "--temperature", "1e-300", "--max-new-tokens", "3"]) == 0
     greedy = capsys.readouterr().out

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnlab.models import GPT, GPTConfig
-from attnlab.models.speculative import accept, lookup_guess
+from attnlab.models.generation import Draft, Sampling, Stop, decode, lookup_guess
 
 
 def model(backend: str = "sdpa", *, layers: int = 2, dim: int = 32, rope: bool = True, seed: int = 0) -> GPT:
@@ -49,12 +49,13 @@ def test_greedy_speculation_gives_the_tokens_of_plain_greedy_decoding(backend: s
 
 
 def test_a_model_checking_its_own_guesses_keeps_every_one() -> None:
-    from attnlab.models.speculative import speculate
-
     m = model()
-    stats: dict[str, int] = {}
-    tokens = list(speculate(m, repeated(), 20, k=4, draft=m, stats=stats))
-    assert len(tokens) == 20 and stats["kept"] == stats["guessed"] and stats["passes"] == 4  # 5 tokens a pass
+    draft = Draft(m, k=4, capacity=128)
+    cache = m.make_caches(batch_size=1, max_len=128)
+    passes = list(
+        decode(m, repeated().tolist(), cache=cache, sampling=Sampling(), stop=Stop(max_new_tokens=20), proposer=draft)
+    )
+    assert sum(map(len, passes)) == 20 and draft.kept == draft.guessed == 16 and draft.passes == len(passes) == 4
 
 
 @pytest.mark.parametrize("point_mass", [True, False])
@@ -64,12 +65,13 @@ def test_a_refused_guess_is_redrawn_so_the_token_has_the_models_distribution(poi
     p = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
     q = torch.tensor([0.1, 0.1, 0.6, 0.1, 0.1])
     generator = torch.Generator().manual_seed(0)
+    sampling = Sampling(temperature=1.0, generator=generator)
     counts = torch.zeros(5)
     n = 8_000
     for _ in range(n):
         guess = 2 if point_mass else int(torch.multinomial(q, 1, generator=generator))
-        kept, instead = accept(p, None if point_mass else q, guess, generator)
-        counts[guess if kept else instead] += 1
+        instead = sampling.accept(p, None if point_mass else q, guess)
+        counts[guess if instead is None else instead] += 1
     expected = p * n
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 18.47, (counts / n).tolist()  # 4 degrees of freedom, p = 0.001

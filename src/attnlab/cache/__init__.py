@@ -13,33 +13,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Protocol, TypedDict, runtime_checkable
+from typing import Any, TypedDict
 
 import torch
 
+from attnlab.cache.base import Cache, Capabilities, LayerCache
 from attnlab.cache.evicting import EvictingCache
 from attnlab.cache.kv import KVCache, SlidingWindowCache
-from attnlab.cache.paged import PagedKVCache
+from attnlab.cache.model import ModelCache
+from attnlab.cache.paged import BlockTable, PagedKVCache
 from attnlab.cache.prefix import PrefixCache
 from attnlab.cache.quantized import QuantizedKVCache
 from attnlab.cache.sink import SinkCache
-
-
-@runtime_checkable
-class Cache(Protocol):
-    """What ``attnlab.Attention`` asks of a cache, and all it asks.
-
-    ``next_positions(t)``: absolute positions (T,) of the next ``t`` tokens,
-    or (B, T) for a cache whose sequences have lengths of their own.
-    ``update(k, v)``: check k, v (B, Hkv, T, D) and raise before writing
-    anything if they do not fit; then store them and return the keys and
-    values to attend over, (B, Hkv, S, D), with each one's absolute position
-    (S,) or (B, S), -1 for a slot that holds nothing.
-    """
-
-    def next_positions(self, t: int) -> torch.Tensor: ...
-
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
 class FactoryArgs(TypedDict):
@@ -113,9 +98,6 @@ def sink(*, sinks: int = 4, recent: int | None = None, **kw: Any) -> Cache:
     )
 
 
-sink.endless = True  # type: ignore[attr-defined]  # with RoPE it generates past context_length
-
-
 def quantized(*, bits: int = 8, group_size: int = 32, residual: int = 32, **kw: Any) -> Cache:
     """KIVI-style: keys per channel and values per token in ``bits`` bits, the latest ``residual`` tokens exact."""
     _no_window(f"int{bits}", kw["window"])
@@ -176,38 +158,61 @@ def cache_factory(cache: object) -> CacheFactory:
 
 
 def stored_bytes(caches: object) -> int:
-    """Bytes a cache (or a list of them, or a ``PrefixCache``) holds in its tensors: codes, scales, positions."""
-    if isinstance(caches, PrefixCache):
-        return stored_bytes(caches.pools)
+    """Bytes a cache (a layer's, a list of them, or a model's) holds in its tensors: codes, scales, positions,
+    and a block table once however many layers share it."""
+    if isinstance(caches, ModelCache):
+        return stored_bytes(caches.layers) + (caches.table.nbytes() if caches.table is not None else 0)
     if isinstance(caches, (list, tuple)):
         return sum(stored_bytes(c) for c in caches)
     if isinstance(caches, torch.nn.Module):
-        return sum(b.numel() * b.element_size() for b in caches.buffers())
+        own = caches.table.nbytes() if isinstance(caches, PagedKVCache) and caches.table.layers == 1 else 0
+        return own + sum(b.numel() * b.element_size() for b in caches.buffers())
     raise TypeError(f"stored_bytes counts the buffers of attnlab's caches, got {type(caches).__name__}")
+
+
+def capabilities_of(cache: object) -> Capabilities:
+    """What the caches a name or factory makes can do, read off one made at the smallest size."""
+    if cache == "prefix":
+        return PagedKVCache.capabilities
+    probe = cache_factory(cache)(
+        batch_size=1,
+        num_kv_heads=1,
+        head_dim=1,
+        max_len=4,
+        window=None,
+        dtype=torch.float32,
+        device=None,
+        rotary=None,
+        context_length=4,
+    )
+    made: Capabilities = probe.capabilities
+    return made
 
 
 def runs_past_context(cache: object) -> bool:
     """Whether generation with this cache may go past the model's context_length (a sink cache, with RoPE)."""
-    factory = CACHES.get(cache) if isinstance(cache, str) else cache
-    while isinstance(factory, functools.partial):
-        factory = factory.func
-    return bool(getattr(factory, "endless", False))
+    return capabilities_of(cache).past_context
 
 
 __all__ = [
     "CACHES",
     "LOSSLESS",
+    "BlockTable",
     "Cache",
     "CacheFactory",
+    "Capabilities",
     "EvictingCache",
     "FactoryArgs",
     "KVCache",
+    "LayerCache",
+    "ModelCache",
     "PagedKVCache",
     "PrefixCache",
     "QuantizedKVCache",
     "SinkCache",
     "SlidingWindowCache",
     "cache_factory",
+    "capabilities_of",
     "runs_past_context",
     "stored_bytes",
 ]

@@ -31,17 +31,17 @@ Shapes: B = batch, H = heads, Hkv = kv heads, D = head_dim, T = new tokens, S = 
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from attnlab._checks import check_positive_int
+from attnlab.cache.base import Capabilities, LayerCache
 from attnlab.functional.eager import attention_weights
 from attnlab.functional.visibility import Visibility
 
 POLICIES = ("h2o", "snapkv")
 
 
-class EvictingCache(nn.Module):
+class EvictingCache(LayerCache):
     """At most ``budget`` tokens (H2O), or a prompt compressed to ``budget`` (SnapKV), per layer and sequence.
 
     Args:
@@ -53,6 +53,8 @@ class EvictingCache(nn.Module):
         pool: SnapKV's smoothing over neighbouring keys (odd; 7).
         dtype, device: of the buffers.
     """
+
+    capabilities = Capabilities(observes=True)
 
     def __init__(
         self,
@@ -68,9 +70,7 @@ class EvictingCache(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        super().__init__()
-        for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            check_positive_int(name, value, limit=2**20)
+        super().__init__(batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
         check_positive_int("budget", budget, limit=2**27)
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -84,9 +84,6 @@ class EvictingCache(nn.Module):
                 raise ValueError(f"{name} ({value}) must be below budget ({budget}): the rest is chosen by attention")
         if isinstance(pool, bool) or not isinstance(pool, int) or pool < 1 or pool % 2 == 0:
             raise ValueError(f"pool must be an odd int >= 1 (a window centred on each key), got {pool!r}")
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"cache dtype must be a floating-point torch.dtype, got {dtype!r}")
-        self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
         self.budget, self.policy, self.recent, self.observe_window, self.pool = budget, policy, recent, observe, pool
         empty = torch.zeros(batch_size, num_kv_heads, 0, head_dim, dtype=dtype, device=device)
         # buffers that grow and shrink (reassigned, still buffers): they follow .to() and count in buffers()
@@ -106,7 +103,7 @@ class EvictingCache(nn.Module):
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Append k, v (B, Hkv, T, D); return every token held, (B, Hkv, S, D), and positions (B, S)."""
-        self._check(k, v)
+        self.check(k, v)
         t = k.shape[2]
         new = self.next_positions(t).expand(self.batch_size, t)  # (B, T)
         self.keys = torch.cat([self.keys, k], dim=2)
@@ -169,22 +166,3 @@ class EvictingCache(nn.Module):
         self.values = self.values.gather(2, per_head)
         self.positions = self.positions.gather(1, index)
         self.scores = self.scores.gather(1, index)
-
-    def _check(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        for name, x in (("keys", k), ("values", v)):
-            if not isinstance(x, torch.Tensor) or x.dim() != 4:
-                shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                raise ValueError(f"{name} must be a 4-D tensor (batch, kv_heads, T, head_dim), got {shape}")
-            expected = (self.batch_size, self.num_kv_heads, self.head_dim)
-            if (x.shape[0], x.shape[1], x.shape[3]) != expected:
-                raise ValueError(
-                    f"this cache holds (batch, kv_heads, head_dim) = {expected}, got {name} of shape {tuple(x.shape)}"
-                )
-            if x.dtype != self.keys.dtype or x.device != self.keys.device:
-                raise ValueError(
-                    f"{name} are {x.dtype} on {x.device}; the cache holds {self.keys.dtype} on {self.keys.device}"
-                )
-            if torch.is_grad_enabled() and x.requires_grad:
-                raise ValueError(f"{name} require grad, but a KV cache is for inference: decode under torch.no_grad()")
-        if k.shape[2] != v.shape[2]:
-            raise ValueError(f"keys and values must hold the same number of tokens, got {k.shape[2]} and {v.shape[2]}")

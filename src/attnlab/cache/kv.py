@@ -28,12 +28,14 @@ Shapes: B = batch, Hkv = kv heads, D = head_dim, T = new tokens, S = slots retur
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
 from attnlab._checks import check_positive_int
+from attnlab.cache.base import Capabilities, LayerCache
 
 
-class _CacheBase(nn.Module):
+class _CacheBase(LayerCache):
+    """A layer's cache with (B, Hkv, capacity, D) key and value buffers and a length, all in tensors."""
+
     def __init__(
         self,
         *,
@@ -44,18 +46,13 @@ class _CacheBase(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str | None,
     ) -> None:
-        super().__init__()
-        for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            check_positive_int(name, value, limit=2**20)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"cache dtype must be a floating-point torch.dtype, got {dtype!r}")
+        super().__init__(batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
         elements = batch_size * num_kv_heads * capacity * head_dim
         if elements > 2**34:
             raise ValueError(
                 f"this cache would hold 2 x {elements:,} elements (batch {batch_size} x {num_kv_heads} heads x "
                 f"{capacity} positions x head_dim {head_dim}); that is beyond any device: check the sizes"
             )
-        self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
         shape = (batch_size, num_kv_heads, capacity, head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
@@ -73,38 +70,6 @@ class _CacheBase(nn.Module):
         """Absolute positions of the next ``t`` tokens, (T,): L, L+1, ..., L+t-1."""
         return self._length + torch.arange(t, device=self.k_cache.device)
 
-    def check(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Refuse keys/values that do not fit this cache, naming both sides; writes nothing."""
-        for name, t in (("keys", k), ("values", v)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 4:
-                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise ValueError(f"{name} must be a 4-D tensor (batch, kv_heads, T, head_dim), got {shape}")
-            if t.shape[0] != self.batch_size:
-                raise ValueError(
-                    f"this cache was built for batch_size={self.batch_size}, got {name} for a batch of {t.shape[0]}; "
-                    "a cache holds one batch (reset() keeps its size): build a new cache for this batch"
-                )
-            if (t.shape[1], t.shape[3]) != (self.num_kv_heads, self.head_dim):
-                raise ValueError(
-                    f"this cache holds num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}; got {name} with "
-                    f"{t.shape[1]} heads of head_dim {t.shape[3]}; build it with the model's make_cache()"
-                )
-            if t.dtype != self.k_cache.dtype:
-                raise TypeError(
-                    f"{name} are {t.dtype} but the cache holds {self.k_cache.dtype}; build it with dtype={t.dtype}"
-                )
-            if t.device != self.k_cache.device:
-                raise ValueError(
-                    f"{name} are on {t.device} but the cache is on {self.k_cache.device}; use cache.to({t.device})"
-                )
-            if torch.is_grad_enabled() and t.requires_grad:
-                raise ValueError(
-                    f"{name} require grad, but a KV cache is for inference: the next step would overwrite what "
-                    "backward needs. Decode under torch.no_grad() (or torch.inference_mode()); train without a cache"
-                )
-        if k.shape[2] != v.shape[2]:
-            raise ValueError(f"keys and values must hold the same number of tokens, got {k.shape[2]} and {v.shape[2]}")
-
     def reset(self) -> None:
         """Forget everything; the buffers are kept (and overwritten)."""
         self._length.zero_()
@@ -118,6 +83,8 @@ class KVCache(_CacheBase):
         max_len: positions it can hold; one more raises.
         dtype, device: of the buffers; follow the model.
     """
+
+    capabilities = Capabilities(crop=True)
 
     def __init__(
         self,

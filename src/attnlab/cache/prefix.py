@@ -3,10 +3,10 @@
 A prompt that begins like an earlier one need not compute that beginning
 again: the keys and values of a token depend only on the tokens up to it, so
 the blocks an earlier prompt filled are the blocks this one would fill.
-:class:`PrefixCache` holds one :class:`~attnlab.cache.paged.PagedKVCache`
-per layer and a tree whose every edge is one full block of token ids
-(``block_size`` of them) and whose every node holds that block's id in each
-layer's pool. A new prompt walks the tree as far as its tokens match, takes
+:class:`PrefixCache` is a model cache (:class:`~attnlab.cache.model.ModelCache`)
+of paged layers, which share one block table, and a tree whose every edge is
+one full block of token ids (``block_size`` of them) and whose every node
+holds that block's id (the same in every layer's pool). A new prompt walks the tree as far as its tokens match, takes
 those blocks into its block table (no copy: a block shared is a reference
 more), and only its remaining tokens run through the model. Only full blocks
 are shared, and a prompt always computes at least its last token (its logits
@@ -15,7 +15,7 @@ are the point), so nothing shared is ever written.
 The tree holds a reference to each block it names, so a finished sequence's
 prompt stays reusable; when the pool runs short, the least recently used
 leaves that no running sequence holds are let go (:meth:`make_room`), until
-every running sequence has room for all the tokens it will hold (``attach``
+every running sequence has room for all the tokens it will hold (``admit``
 is told how many), so a cache kept across calls never fills up mid-run.
 
 The blocks hold keys and values of one model's weights: :meth:`bind` records
@@ -35,53 +35,54 @@ tree for one call: rows of a batch share their common prefix) or
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from attnlab._checks import check_positive_int
-from attnlab.cache.paged import PagedKVCache
+from attnlab.cache.base import Cache
+from attnlab.cache.model import ModelCache
+from attnlab.cache.paged import BlockTable
 
 
 @dataclass
 class _Node:
-    blocks: list[int]  # the block's id in each layer's pool (empty at the root)
+    block: int  # the block's id (-1 at the root)
     children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
     parent: _Node | None = None
     key: tuple[int, ...] = ()
     used: int = 0  # when it was last matched or added (a counter): least recently used goes first
 
 
-class PrefixCache:
-    """Paged pools, one per layer, and a radix tree over token ids that lets prompts share full blocks.
+class PrefixCache(ModelCache):
+    """Paged layers sharing one block table, and a radix tree over token ids that lets prompts share full blocks.
 
     Args:
-        pools: one ``PagedKVCache`` per layer, all of one shape (``for_model`` makes them).
+        layers: one ``PagedKVCache`` per layer, all of one shape (``for_model`` makes them).
     """
 
-    def __init__(self, pools: list[PagedKVCache]) -> None:
-        if not pools or not all(isinstance(p, PagedKVCache) for p in pools):
-            raise TypeError("pools must be a non-empty list of PagedKVCache, one per layer (use PrefixCache.for_model)")
-        shapes = {(p.batch_size, p.num_blocks, p.block_size, p.blocks_per_seq) for p in pools}
-        if len(shapes) != 1:
-            raise ValueError(f"every layer's pool must have the same rows, blocks and block size, got {shapes}")
-        self.pools = pools
-        first = pools[0]
-        self.batch_size, self.block_size = first.batch_size, first.block_size
-        self.max_len = first.blocks_per_seq * first.block_size
-        self.root = _Node(blocks=[])
+    def __init__(self, layers: list[Cache]) -> None:
+        super().__init__(layers)
+        if self.table is None or not self.capabilities.rows:
+            raise TypeError("a PrefixCache's layers must all be PagedKVCache (use PrefixCache.for_model)")
+        self.blocks: BlockTable = self.table
+        self.capabilities = replace(self.capabilities, shares_prefixes=True)
+        self.batch, self.block_size = self.blocks.batch_size, self.blocks.block_size
+        self.max_len = self.blocks.blocks_per_seq * self.block_size
+        self.root = _Node(block=-1)
         self.clock = 0
         self.looked_up = 0  # prompt tokens asked for
         self.reused = 0  # of them, tokens taken from the tree
-        self.planned = [0] * self.batch_size  # tokens each running sequence will hold at its end (0: not running)
+        self.planned = [0] * self.batch  # tokens each running sequence will hold at its end (0: not running)
+        self.in_tree = [0] * self.batch  # full blocks of each running sequence the tree has
         self.weights: tuple[tuple[str, int, int, int], ...] | None = None  # what filled the tree (bind)
 
     @classmethod
     def for_model(cls, model: Any, *, batch_size: int, max_len: int, num_blocks: int | None = None) -> PrefixCache:
-        """Pools for every layer of ``model`` (anything with ``make_caches``): ``batch_size`` sequences at once,
-        each up to ``max_len`` tokens, ``num_blocks`` blocks (default: room for twice what the rows can hold,
-        the rest kept for prefixes)."""
+        """Paged layers for every layer of ``model`` (anything with ``make_caches``): ``batch_size`` sequences at
+        once, each up to ``max_len`` tokens, ``num_blocks`` blocks (default: room for twice what the rows can
+        hold, the rest kept for prefixes)."""
         from attnlab.cache import _no_window, paged  # the named factory, with a pool of its own size
 
         check_positive_int("batch_size", batch_size, limit=4096)
@@ -94,7 +95,7 @@ class PrefixCache:
             _no_window("prefix", kw["window"])  # named as the user named it, not as the paged pools under it
             return paged(**kw, num_blocks=num_blocks)
 
-        return cls(model.make_caches(batch_size=batch_size, max_len=max_len, cache=factory))
+        return cls(list(model.make_caches(batch_size=batch_size, max_len=max_len, cache=factory)))
 
     @property
     def hit_rate(self) -> float:
@@ -103,9 +104,9 @@ class PrefixCache:
 
     def check_fits(self, rows: int, tokens: int) -> None:
         """Refuse, before anything changes, ``rows`` sequences of ``tokens`` tokens that this cache cannot hold."""
-        if rows > self.batch_size:
+        if rows > self.batch:
             raise ValueError(
-                f"this prefix cache runs {self.batch_size} sequences at once, got {rows}; build it with "
+                f"this prefix cache runs {self.batch} sequences at once, got {rows}; build it with "
                 f"PrefixCache.for_model(model, batch_size={rows}, ...)"
             )
         if tokens > self.max_len:
@@ -114,10 +115,10 @@ class PrefixCache:
                 f"max_len={self.max_len}; build it with max_len >= {tokens}"
             )
         need = rows * -(-tokens // self.block_size)
-        if need > self.pools[0].num_blocks:
+        if need > self.blocks.num_blocks:
             raise ValueError(
                 f"{rows} sequences of {tokens} tokens need {need} blocks of {self.block_size} at once, more than this "
-                f"prefix cache's num_blocks={self.pools[0].num_blocks}; build it with num_blocks >= {need}"
+                f"prefix cache's num_blocks={self.blocks.num_blocks}; build it with num_blocks >= {need}"
             )
 
     def bind(self, model: Any) -> None:
@@ -135,12 +136,11 @@ class PrefixCache:
     def clear(self) -> None:
         """Forget every cached prefix (the tree's blocks go back to the pool); running sequences keep theirs."""
         for node in self._nodes():
-            for layer, pool in enumerate(self.pools):
-                pool.refcount[node.blocks[layer]] -= 1
-        self.root = _Node(blocks=[])
+            self.blocks.drop(node.block)
+        self.root = _Node(block=-1)
         self.weights = None
 
-    def attach(self, row: int, tokens: list[int], *, total: int | None = None) -> int:
+    def admit(self, row: int, tokens: list[int], *, total: int | None = None) -> int:
         """Start sequence ``row`` on ``tokens``: take the blocks of its longest cached prefix (full blocks, not its
         last token), then make room for the ``total`` tokens it will hold (default: ``tokens``) beside what every
         other running sequence will; return how many tokens it already holds, from where the model must run."""
@@ -153,23 +153,26 @@ class PrefixCache:
             node = child
             matched.append(node)
         self.clock += 1
-        for depth, held in enumerate(matched):
+        for held in matched:
             held.used = self.clock
-            for layer, pool in enumerate(self.pools):
-                pool.block_table[row, depth] = held.blocks[layer]
-                pool.refcount[held.blocks[layer]] += 1
         reused = len(matched) * self.block_size
-        for pool in self.pools:
-            pool.lengths[row] = reused
+        self.blocks.take(row, [n.block for n in matched], reused)
         self.looked_up += len(tokens)
         self.reused += reused
         self.planned[row] = len(tokens) if total is None else max(total, len(tokens))
+        self.in_tree[row] = len(matched)
         self.make_room()
         return reused
 
+    def written(self, row: int, tokens: list[int]) -> None:
+        """Sequence ``row`` holds ``tokens``: when that filled a block, put its full blocks in the tree."""
+        if len(tokens) // self.block_size > self.in_tree[row]:
+            self.remember(row, tokens)
+            self.in_tree[row] = len(tokens) // self.block_size
+
     def remember(self, row: int, tokens: list[int]) -> None:
         """Put the full blocks of sequence ``row``, which holds ``tokens``, in the tree (a reference each)."""
-        held = int(self.pools[0].lengths[row])
+        held = self.blocks.length[row]
         if held != len(tokens):
             raise ValueError(f"sequence {row} holds {held} tokens, not the {len(tokens)} given")
         node = self.root
@@ -178,41 +181,32 @@ class PrefixCache:
             key = tuple(tokens[depth * self.block_size : (depth + 1) * self.block_size])
             child = node.children.get(key)
             if child is None:  # new to the tree: it keeps this sequence's block
-                blocks = [int(pool.block_table[row, depth]) for pool in self.pools]
-                for layer, pool in enumerate(self.pools):
-                    pool.refcount[blocks[layer]] += 1
-                child = _Node(blocks=blocks, parent=node, key=key)
+                child = _Node(block=self.blocks.held[row][depth], parent=node, key=key)
+                self.blocks.hold(child.block)
                 node.children[key] = child
             child.used = self.clock
             node = child
 
     def release(self, row: int) -> None:
         """Sequence ``row`` is done: its blocks go back, except those the tree keeps."""
-        for pool in self.pools:
-            pool.release(row)
+        self.blocks.release(row)
         self.planned[row] = 0
 
     def blocks_to_come(self) -> int:
-        """Blocks the running sequences will still take from the pool to reach the tokens they were attached for."""
-        pool = self.pools[0]
-        held = (pool.block_table >= 0).sum(dim=1).tolist()  # (B,): blocks each sequence holds now
+        """Blocks the running sequences will still take from the pool to reach the tokens they were admitted for."""
+        held = [len(h) for h in self.blocks.held]
         return sum(max(0, -(-plan // self.block_size) - n) for plan, n in zip(self.planned, held, strict=True))
 
     def make_room(self) -> None:
         """Let go of least recently used leaves that no sequence holds until every running sequence has room for
         the blocks it will still take (or none is left to let go: the pool then says it is full when written)."""
-        pool, need = self.pools[0], self.blocks_to_come()  # letting go of a leaf no sequence holds leaves it as is
-        while pool.free_blocks() < need:
-            leaves = [
-                n
-                for n in self._nodes()
-                if not n.children and all(p.refcount[b] == 1 for p, b in zip(self.pools, n.blocks, strict=True))
-            ]
+        need = self.blocks_to_come()  # letting go of a leaf no sequence holds leaves it as is
+        while self.blocks.free_blocks() < need:
+            leaves = [n for n in self._nodes() if not n.children and self.blocks.refcount[n.block] == 1]
             if not leaves:
                 return
             oldest = min(leaves, key=lambda n: n.used)
-            for layer, p in enumerate(self.pools):
-                p.refcount[oldest.blocks[layer]] -= 1
+            self.blocks.drop(oldest.block)
             assert oldest.parent is not None  # a leaf is never the root
             del oldest.parent.children[oldest.key]
 

@@ -20,7 +20,7 @@ refuses them, and ``GPT.generate`` says so before it starts.
 
 A chunk of several tokens that would push tokens out of the window while its
 own first queries still need them is refused; :meth:`room` says how many the
-next call may bring, and ``attnlab.models.generate`` feeds a longer prompt in
+next call may bring, and ``attnlab.models.generation`` feeds a longer prompt in
 pieces that fit (then one token at a time, which runs forever).
 
 Shapes: B = batch, Hkv = kv heads, D = head_dim, T = new tokens, S = slots returned.
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from attnlab._checks import check_positive_int
+from attnlab.cache.base import Capabilities
 from attnlab.cache.kv import _CacheBase
 
 if TYPE_CHECKING:  # the type only: the layer's RotaryEmbedding comes in as an argument
@@ -49,6 +50,8 @@ class SinkCache(_CacheBase):
         rotary: the layer's ``RotaryEmbedding``, to move the sinks next to the window (None without RoPE).
         dtype, device: of the buffers.
     """
+
+    capabilities = Capabilities(past_context=True)  # with rotary positions; learned ones end at context_length
 
     def __init__(
         self,

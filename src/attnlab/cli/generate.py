@@ -55,19 +55,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def check_flags(args: argparse.Namespace) -> None:
     """The flags that need no model, each named as typed: --max-new-tokens, --temperature, --top-k, --top-p, --seed."""
     from attnlab._checks import check_positive_int, check_seed
-    from attnlab.models.generate import check_sampling, is_greedy
+    from attnlab.models.generation import Sampling
 
     if args.max_new_tokens is not None:
         check_positive_int("--max-new-tokens", args.max_new_tokens, limit=1_000_000)
     if not args.prompt.strip():
         raise ValueError(f"the prompt {args.prompt!r} is only whitespace; give some text to continue")
     try:  # the library's one wording, with the flag in place of the parameter it names first
-        check_sampling(args.temperature, args.top_k, args.top_p)
+        greedy = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p).greedy
     except (ValueError, TypeError) as err:
         name, _, rest = str(err).partition(" ")
         raise type(err)(f"{SAMPLING_FLAGS.get(name, name)} {rest}") from None
     for flag, value in (("--top-k", args.top_k), ("--top-p", args.top_p)):
-        if value is not None and is_greedy(args.temperature):  # a flag that would change nothing is a slip
+        if value is not None and greedy:  # a flag that would change nothing is a slip
             raise ValueError(
                 f"{flag} {value} samples, but --temperature {args.temperature:g} is greedy (always the most likely "
                 f"token): give --temperature above 0 to sample, or leave out {flag}"

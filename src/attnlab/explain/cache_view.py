@@ -27,7 +27,7 @@ from attnlab.cache import CACHES, EvictingCache, KVCache, PagedKVCache, PrefixCa
 from attnlab.explain.render.heatmap import heatmap, page_figure
 from attnlab.explain.render.html import Section
 from attnlab.explain.report_text import REPORT_TEXT
-from attnlab.models.generate import prefill
+from attnlab.models.generation import Sampling, Stop, decode, prefill
 from attnlab.models.gpt import GPT
 from attnlab.models.tokenizer import TextTokenizer
 
@@ -109,21 +109,19 @@ def _watch(
     """Generate greedily through ``cache`` and an exact cache fed the same tokens; a grid of what it holds."""
     total = len(ids) + NEW_TOKENS
     caches = model.make_caches(batch_size=1, max_len=total, cache=SHOWN.get(cache, cache))
-    exact = model.make_caches(batch_size=1, max_len=total, cache="plain")
     tokens = list(ids)
     snapshots: list[torch.Tensor] = []  # per step: (T,) 1 held, 0.5 let go / block ids for paged
-    step = torch.tensor([ids])
-    for _ in range(NEW_TOKENS):
-        logits = prefill(model, step, caches)  # a sink cache takes a long prompt in pieces
-        model(step, caches=exact, last_only=True)
-        snapshots.append(_held(caches[0], len(tokens), total))
-        token = int(logits.argmax(-1))
-        tokens.append(token)
-        step = torch.tensor([[token]])
+    said: list[str] = []  # per step: what the cache holds, said then (a paged row is given back at the end)
+    for drawn in decode(model, [ids], cache=caches, sampling=Sampling(), stop=Stop(max_new_tokens=NEW_TOKENS)):
+        snapshots.append(_held(caches[0], len(tokens), total))  # after the pass that fed every token so far
+        said.append(_describe(caches[0], snapshots[-1], txt))
+        tokens += [token for _, token in drawn]
+    exact = model.make_caches(batch_size=1, max_len=total, cache="plain")
+    prefill(model, torch.tensor([tokens[:-1]]), exact)  # the tokens the cache was fed (the last one never is)
     grid = torch.stack(snapshots)  # (steps, total)
     rows = [txt["cache_step"].format(n=len(ids) + s) for s in range(NEW_TOKENS)]
     colon = txt["colon"]
-    lines = [f"{r}{colon}{_describe(caches[0], s, txt)}" for r, s in zip(rows, snapshots, strict=True)]
+    lines = [f"{r}{colon}{line}" for r, line in zip(rows, said, strict=True)]
     first = caches[0]
     if isinstance(first, QuantizedKVCache):
         errors = torch.stack([_key_error(c, e, len(tokens) - 1) for c, e in zip(caches, exact, strict=True)])
@@ -192,10 +190,10 @@ def _prefix(model: GPT, ids: list[int], txt: dict[str, str]) -> tuple[torch.Tens
     grid = torch.zeros(2, len(ids))
     rows, lines = [], []
     for row in (0, 1):
-        done = store.attach(row, ids)  # the first finds an empty tree; the second, the first's full blocks
-        model(torch.tensor([ids[done:]]), caches=[pool.sequence(row) for pool in store.pools], last_only=True)
-        store.remember(row, ids)
-        table = store.pools[0].block_table[row]
+        done = store.admit(row, ids)  # the first finds an empty tree; the second, the first's full blocks
+        model(torch.tensor([ids[done:]]), caches=store.views([row]), last_only=True)
+        store.written(row, ids)
+        table = store.blocks.table[row]
         for p in range(len(ids)):
             grid[row, p] = float(table[p // store.block_size])
         rows.append(txt["cache_sequence"].format(n=row))

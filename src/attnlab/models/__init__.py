@@ -3,7 +3,6 @@ the decoders after it) with checkpoints and generation, the loaders of peers' at
 tokenizers."""
 
 from attnlab.models.config import PRESETS, GPTConfig
-from attnlab.models.generate import generate, stream
 from attnlab.models.gpt import GPT
 from attnlab.models.loaders import from_book, from_hf_gpt2, from_hf_llama, from_torch_mha
 from attnlab.models.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
@@ -18,7 +17,5 @@ __all__ = [
     "from_hf_gpt2",
     "from_hf_llama",
     "from_torch_mha",
-    "generate",
     "load_tokenizer",
-    "stream",
 ]

@@ -21,29 +21,67 @@ import torch
 import torch.nn as nn
 
 from attnlab._checks import check_positive_int
-from attnlab.cache import Cache, CacheFactory, PrefixCache, runs_past_context
+from attnlab.cache import Cache, CacheFactory, ModelCache, PrefixCache, capabilities_of
 from attnlab.functional.mods import MaskMod, ScoreMod, chain_scores, check_document_ids, document_positions
 from attnlab.functional.visibility import Visibility
 from attnlab.models.checkpoints import fit, read_checkpoint, save_gpt
 from attnlab.models.config import GPTConfig, score_mod_from_name
-from attnlab.models.generate import (
-    check_prompt,
-    check_sampling,
-    generate,
-    generate_many,
-    positions_and_padding,
-    stream,
-)
-from attnlab.models.speculative import check_speculation, speculate
+from attnlab.models.generation import Sampling, Stop, decode, plan
 from attnlab.nn.attention import Attention
 from attnlab.observe import Recorder
 
 
-def _decode_step(model: GPT, token: torch.Tensor, caches: list[Cache]) -> torch.Tensor:
+def _decode_step(model: GPT, token: torch.Tensor, caches: ModelCache) -> torch.Tensor:
     return model.decode_step(token, caches)
 
 
 _COMPILED_STEPS: dict[object, Any] = {}  # _decode_step under torch.compile, per backend (a guard per model)
+STEP_CAPACITY = 256  # a compiled step's cache holds a multiple of this: one graph serves many lengths
+
+
+def positions_and_padding(
+    idx: torch.Tensor, attention_mask: torch.Tensor | None, caches: ModelCache | list[Cache] | None, *, layers: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Positions of the new tokens (T,) or (B, T), and the key padding mask (B, 1, 1, Tk) or None.
+
+    ``attention_mask`` (B, Tk) covers cached and new tokens, 1 on real tokens
+    and 0 on left padding. Positions count real tokens only, so a left-padded
+    row gets the positions it would have alone.
+    """
+    b, t = idx.shape
+    if caches is not None and len(caches) != layers:
+        raise ValueError(f"expected {layers} caches (one per layer), got {len(caches)}")
+    if attention_mask is None:  # the cache's own positions: (T,), or (B, T) for a cache whose sequences differ
+        return caches[0].next_positions(t) if caches else torch.arange(t, device=idx.device), None
+    ahead = caches[0].next_positions(1) if caches else None
+    if ahead is not None and ahead.dim() == 2:
+        raise ValueError(
+            "attention_mask pads sequences to one length; this cache keeps each sequence's own length "
+            "(a paged cache): give it the sequences as they are, without padding or attention_mask"
+        )
+    start = int(ahead[0]) if ahead is not None else 0
+    if tuple(attention_mask.shape) != (b, start + t):
+        raise ValueError(
+            f"attention_mask must be (batch, cached + new tokens) = {(b, start + t)}, got {tuple(attention_mask.shape)}"
+        )
+    real = attention_mask.bool()
+    positions = (real.long().cumsum(dim=-1) - 1).clamp(min=0)[:, start:]  # (B, T)
+    return positions, real[:, None, None, :]  # (B, 1, 1, Tk): key padding
+
+
+def _by_position(
+    passes: Iterator[list[tuple[int, int]]], rows: int, stop: Stop, device: torch.device
+) -> Iterator[torch.Tensor]:
+    """The loop's passes as one token per row at a time, (B, 1); a row that ended gets ``eos_id`` again."""
+    pending: list[list[int]] = [[] for _ in range(rows)]
+    ended = [False] * rows
+    for drawn in passes:
+        for index, token in drawn:
+            pending[index].append(token)
+        while all(pending[r] or ended[r] for r in range(rows)) and not all(ended):
+            tokens = [pending[r].pop(0) if pending[r] else stop.eos_id for r in range(rows)]
+            ended = [e or t == stop.eos_id for e, t in zip(ended, tokens, strict=True)]
+            yield torch.tensor(tokens, device=device)[:, None]
 
 
 class TransformerBlock(nn.Module):
@@ -101,21 +139,24 @@ class GPT(nn.Module):
     def blocks(self) -> list[TransformerBlock]:
         return [cast(TransformerBlock, block) for block in self.trf_blocks]  # nn.ModuleList yields plain Modules
 
-    def make_caches(self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain") -> list[Cache]:
-        """One KV cache per layer, for ``max_len`` positions: a name in ``attnlab.cache.CACHES`` or a factory."""
-        return [
-            block.att.make_cache(
-                batch_size=batch_size, max_len=max_len, cache=cache, context_length=self.config.context_length
-            )
-            for block in self.blocks
-        ]
+    def make_caches(self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain") -> ModelCache:
+        """The model's cache: one per layer, for ``max_len`` positions, from a name in ``attnlab.cache.CACHES`` or
+        a factory; its paged layers share one block table."""
+        return ModelCache(
+            [
+                block.att.make_cache(
+                    batch_size=batch_size, max_len=max_len, cache=cache, context_length=self.config.context_length
+                )
+                for block in self.blocks
+            ]
+        )
 
     def forward(
         self,
         idx: torch.Tensor,
         *,
         attention_mask: torch.Tensor | None = None,
-        caches: list[Cache] | None = None,
+        caches: ModelCache | list[Cache] | None = None,
         last_only: bool = False,
         document_ids: torch.Tensor | None = None,
         mask_mod: MaskMod | None = None,
@@ -133,7 +174,7 @@ class GPT(nn.Module):
         at absolute positions; the score_mod runs after the config's. Who may attend is worked out
         once per call and shared by every layer: a mask_mod is not called more often in a deeper model.
         """
-        check_prompt(idx, vocab_size=self.config.vocab_size)
+        plan.check_prompt(idx, vocab_size=self.config.vocab_size)
         if document_ids is not None:
             if caches is not None or attention_mask is not None:
                 raise ValueError("document_ids pack documents for training; pass them without caches or attention_mask")
@@ -148,14 +189,19 @@ class GPT(nn.Module):
                     f"position {last} is past the model's context_length {self.config.context_length}; "
                     "GPT-2's learned position embeddings end there: shorten the input"
                 )
-        return self._run(idx, positions, mask, caches, last_only, document_ids, mask_mod, score_mod)
+        try:
+            return self._run(idx, positions, mask, caches, last_only, document_ids, mask_mod, score_mod)
+        except Exception:
+            if isinstance(caches, ModelCache):  # a paged write some layers made is undone
+                caches.abort()
+            raise
 
     def _run(
         self,
         idx: torch.Tensor,
         positions: torch.Tensor,
         mask: torch.Tensor | None,
-        caches: list[Cache] | None,
+        caches: ModelCache | list[Cache] | None,
         last_only: bool,
         document_ids: torch.Tensor | None = None,
         mask_mod: MaskMod | None = None,
@@ -201,40 +247,23 @@ class GPT(nn.Module):
         lookup: int | None = None,
         draft: GPT | None = None,
         draft_tokens: int = 4,
+        compile: bool | str | Callable[..., Any] = False,
     ) -> Iterator[torch.Tensor]:
-        """Each new token (B, 1) as it is chosen: see :func:`attnlab.models.generate.stream`; with ``lookup`` or
-        ``draft``, speculative decoding (:mod:`attnlab.models.speculative`)."""
-        self._check_eos(eos_id)
-        if lookup is not None or draft is not None:
-            return self._speculate(
-                idx,
-                max_new_tokens,
-                attention_mask,
-                temperature,
-                top_k,
-                top_p,
-                eos_id,
-                generator,
-                use_cache,
-                cache,
-                lookup,
-                draft,
-                draft_tokens,
-            )
-        return stream(
-            self,
-            idx,
-            max_new_tokens,
-            attention_mask=attention_mask,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            eos_id=eos_id,
-            generator=generator,
-            use_cache=use_cache,
-            max_positions=self.positions_for(cache),
-            cache=cache,
-        )
+        """Each new token (B, 1) as it is chosen (a row that drew ``eos_id`` gets it again until every row has):
+        :meth:`generate`'s arguments, checked here, when it is called, not at the first ``next()``."""
+        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        stop = self._stop(max_new_tokens, eos_id)
+        prompts = plan.prompt_rows(idx, attention_mask, vocab_size=self.config.vocab_size)
+        longest, ahead = max(map(len, prompts)) + max_new_tokens - 1, max(map(len, prompts)) + max_new_tokens
+        step = self._compiled_step(compile, lookup, draft, attention_mask, use_cache, cache) if compile else None
+        capacity = ahead if step is None else -(-ahead // STEP_CAPACITY) * STEP_CAPACITY  # one graph, many lengths
+        proposer = plan.proposer_for(self, lookup=lookup, draft=draft, draft_tokens=draft_tokens, capacity=ahead + 64)
+        if not use_cache and cache != "plain":
+            raise ValueError(f"use_cache=False runs without a cache; leave out cache={cache!r}")
+        held = plan.cache_for(self, cache, rows=len(prompts), longest=longest, capacity=capacity) if use_cache else None
+        plan.check_plan(self, prompts, held, stop, proposer)
+        passes = decode(self, prompts, cache=held, sampling=sampling, stop=stop, proposer=proposer, step=step)
+        return _by_position(passes, len(prompts), stop, idx.device)
 
     def generate(
         self,
@@ -254,53 +283,19 @@ class GPT(nn.Module):
         draft_tokens: int = 4,
         compile: bool | str | Callable[..., Any] = False,
     ) -> torch.Tensor:
-        """Greedy by default (temperature 0); returns (B, T + n). Call ``model.eval()`` first: dropout stays as set.
+        """Greedy by default (temperature 0); returns (B, T + n), n <= max_new_tokens (fewer when every row ended
+        at ``eos_id``). Call ``model.eval()`` first: dropout stays as set. ``attention_mask`` (B, T): 1 on real
+        tokens, 0 on left padding; each row gets what it would alone.
         ``cache``: which KV cache each layer keeps: a name in ``attnlab.cache.CACHES`` ("plain", "paged", "prefix",
         "sink", "int8", "int4", "h2o", "snapkv"), a factory, or a ``PrefixCache`` kept across calls. With RoPE,
         a "sink" cache generates past context_length.
         ``lookup=k``: guess k tokens from the text so far and check them in one pass (prompt lookup); ``draft=``
         a smaller model with the same vocabulary guesses ``draft_tokens``. The same tokens greedy, the same
-        distribution sampled (:mod:`attnlab.models.speculative`); one sequence, the plain cache.
+        distribution sampled (:mod:`attnlab.models.generation.proposers`); one sequence, the plain cache.
         ``compile=True``: decode with :meth:`decode_step` under ``torch.compile`` (inductor; or a backend's name),
         the plain cache, no attention_mask: one graph per cache capacity, rounded up to a multiple of 256 so that
         calls of similar length share it; the prefill runs uncompiled. The first call compiles (tens of seconds)."""
-        self._check_eos(eos_id)
-        step = None
-        if compile is not False:
-            if lookup is not None or draft is not None or attention_mask is not None or not use_cache:
-                raise ValueError(
-                    "compile= decodes one token a step with the KV cache: leave out lookup, draft and "
-                    "attention_mask, and keep use_cache=True"
-                )
-            if cache != "plain":
-                raise ValueError(
-                    f"compile= decodes with the plain cache, whose shapes never change; got cache={cache!r}"
-                )
-            if any(getattr(m, "kernel", None) == "dynamic" for m in self.modules()):
-                raise ValueError(
-                    "compile= cannot hold int8 weights on the 'dynamic' kernel in one graph (torch.compile breaks "
-                    "at its packed weight); decode them uncompiled, or quantize(kernel='int8pack')"
-                )
-            step = self._compiled_step(compile)
-        if lookup is not None or draft is not None:
-            new = self._speculate(
-                idx,
-                max_new_tokens,
-                attention_mask,
-                temperature,
-                top_k,
-                top_p,
-                eos_id,
-                generator,
-                use_cache,
-                cache,
-                lookup,
-                draft,
-                draft_tokens,
-            )
-            return torch.cat([idx, *new], dim=1)
-        return generate(
-            self,
+        new = self.stream(
             idx,
             max_new_tokens,
             attention_mask=attention_mask,
@@ -310,18 +305,86 @@ class GPT(nn.Module):
             eos_id=eos_id,
             generator=generator,
             use_cache=use_cache,
-            max_positions=self.positions_for(cache),
             cache=cache,
-            step=step,
+            lookup=lookup,
+            draft=draft,
+            draft_tokens=draft_tokens,
+            compile=compile,
         )
+        return torch.cat([idx, *new], dim=1)
 
-    def decode_step(self, token: torch.Tensor, caches: list[Cache]) -> torch.Tensor:
+    def generate_many(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        *,
+        slots: int = 4,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+        cache: str | PrefixCache = "paged",
+    ) -> list[list[int]]:
+        """Continuous batching: the new tokens of each prompt, in the prompts' order. Up to ``slots`` prompts run
+        at once, each at its own length; when one ends (``max_new_tokens``, or ``eos_id``), its blocks go back
+        and the next prompt takes its place. Greedy, each prompt gets what it gets alone. ``cache="prefix"`` (or
+        a ``PrefixCache`` kept across calls) also shares the blocks of common prompt prefixes."""
+        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        stop = self._stop(max_new_tokens, eos_id)
+        check_positive_int("slots", slots, limit=4096)
+        rows = plan.many_rows(prompts, vocab_size=self.config.vocab_size)
+        for n, prompt in enumerate(rows):
+            if len(prompt) + max_new_tokens - 1 > self.config.context_length:
+                raise ValueError(
+                    f"prompt {n} has {len(prompt)} tokens and max_new_tokens is {max_new_tokens}: more than the "
+                    f"model's context_length {self.config.context_length}; shorten it or ask for fewer tokens"
+                )
+        if cache not in ("paged", "prefix") and not isinstance(cache, PrefixCache):
+            raise ValueError(
+                f"generate_many runs on 'paged' or 'prefix' blocks (or a PrefixCache), got cache={cache!r}"
+            )
+        width, longest = min(slots, len(rows)), max(map(len, rows)) + max_new_tokens - 1
+        held = plan.cache_for(self, cache, rows=width, longest=longest, capacity=longest)
+        results: list[list[int]] = [[] for _ in rows]
+        for drawn in decode(self, rows, cache=held, sampling=sampling, stop=stop, slots=width):
+            for index, token in drawn:
+                results[index].append(token)
+        return results
+
+    def positions_for(self, cache: object) -> int | None:
+        """The most positions generation may run: context_length, or no limit for a sink cache with RoPE."""
+        return None if self.config.rope and capabilities_of(cache).past_context else self.config.context_length
+
+    def _stop(self, max_new_tokens: int, eos_id: int | None) -> Stop:
+        stop = Stop(max_new_tokens=max_new_tokens, eos_id=eos_id)
+        if eos_id is not None and eos_id >= self.config.vocab_size:
+            raise ValueError(
+                f"eos_id {eos_id} is not a token of this model: its ids are 0..{self.config.vocab_size - 1}"
+            )
+        return stop
+
+    def decode_step(self, token: torch.Tensor, caches: ModelCache) -> torch.Tensor:
         """Logits (B, 1, V) of one new token per row (B, 1) after what ``caches`` hold, unchecked: the step
         ``generate(compile=...)`` compiles. It reads no tensor's value, so it is one graph."""
         return self._run(token, caches[0].next_positions(1), None, caches, True)
 
-    def _compiled_step(self, backend: object) -> Callable[[torch.Tensor, list[Cache]], torch.Tensor]:
-        """:meth:`decode_step` under ``torch.compile(backend=...)``, made once per backend and kept."""
+    def _compiled_step(self, backend: object, *refused: object) -> Callable[[torch.Tensor, ModelCache], torch.Tensor]:
+        """:meth:`decode_step` under ``torch.compile(backend=...)``, made once per backend and kept; ``refused``:
+        lookup, draft, attention_mask, use_cache and cache, which a compiled step cannot take but as defaults."""
+        lookup, draft, attention_mask, use_cache, cache = refused
+        if lookup is not None or draft is not None or attention_mask is not None or not use_cache:
+            raise ValueError(
+                "compile= decodes one token a step with the KV cache: leave out lookup, draft and "
+                "attention_mask, and keep use_cache=True"
+            )
+        if cache != "plain":
+            raise ValueError(f"compile= decodes with the plain cache, whose shapes never change; got cache={cache!r}")
+        if any(getattr(m, "kernel", None) == "dynamic" for m in self.modules()):
+            raise ValueError(
+                "compile= cannot hold int8 weights on the 'dynamic' kernel in one graph (torch.compile breaks "
+                "at its packed weight); decode them uncompiled, or quantize(kernel='int8pack')"
+            )
         if backend is True:
             backend = "inductor"
         if isinstance(backend, bool) or not (isinstance(backend, str) or callable(backend)):
@@ -334,62 +397,6 @@ class GPT(nn.Module):
             _COMPILED_STEPS[backend] = torch.compile(_decode_step, backend=backend)
         compiled = _COMPILED_STEPS[backend]
         return lambda token, caches: compiled(self, token, caches)
-
-    def _speculate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        attention_mask: torch.Tensor | None,
-        temperature: float,
-        top_k: int | None,
-        top_p: float | None,
-        eos_id: int | None,
-        generator: torch.Generator | None,
-        use_cache: bool,
-        cache: object,
-        lookup: int | None,
-        draft: GPT | None,
-        draft_tokens: int,
-    ) -> Iterator[torch.Tensor]:
-        """Speculative decoding, every argument checked first."""
-        check_prompt(idx, vocab_size=self.config.vocab_size)
-        check_positive_int("max_new_tokens", max_new_tokens)
-        check_sampling(temperature, top_k, top_p)
-        check_speculation(self, lookup, draft, 3, idx.shape[0])
-        if draft is not None:
-            check_positive_int("draft_tokens", draft_tokens, limit=64)
-            if not isinstance(draft, GPT):
-                raise TypeError(
-                    f"draft must be a GPT (a smaller model with the same vocabulary), got {type(draft).__name__}"
-                )
-        if attention_mask is not None or not use_cache or cache != "plain":
-            raise ValueError(
-                "speculative decoding (lookup=, draft=) runs one unpadded sequence on the plain cache, which it crops "
-                "after each pass: drop attention_mask, use_cache=False and cache="
-            )
-        k = lookup if lookup is not None else draft_tokens
-        # What is fed: a pass guesses at most the tokens still to come but one, so no position runs past the one
-        # plain decoding feeds last (prompt + new - 1 positions): the same limit, counted on what is written.
-        positions = idx.shape[1] + max_new_tokens - 1
-        limit = min(m.config.context_length for m in (self, draft) if m is not None)  # as plain decoding keeps to
-        if positions > limit:
-            whose = "" if draft is None else " (the smaller of the model's and the draft's)"
-            raise ValueError(
-                f"the prompt has {idx.shape[1]} tokens and max_new_tokens is {max_new_tokens}: {positions} positions "
-                f"to run, more than context_length {limit}{whose}; shorten the prompt or ask for fewer tokens"
-            )
-        return speculate(
-            self,
-            idx,
-            max_new_tokens,
-            k=k,
-            draft=draft,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            eos_id=eos_id,
-            generator=generator,
-        )
 
     def set_layout(self, layout: str = "auto") -> dict[str, str]:
         """Store every linear weight row by row ("rows", nn.Linear's own), column by column ("columns", the
@@ -431,47 +438,6 @@ class GPT(nn.Module):
         from attnlab.nn.quantized import Int8Linear
 
         return isinstance(self.out_head, Int8Linear)
-
-    def positions_for(self, cache: object) -> int | None:
-        """The most positions generation may run: context_length, or no limit for a sink cache with RoPE."""
-        return None if self.config.rope and runs_past_context(cache) else self.config.context_length
-
-    def _check_eos(self, eos_id: object) -> None:
-        if isinstance(eos_id, int) and not isinstance(eos_id, bool) and eos_id >= self.config.vocab_size:
-            raise ValueError(
-                f"eos_id {eos_id} is not a token of this model: its ids are 0..{self.config.vocab_size - 1}"
-            )
-
-    def generate_many(
-        self,
-        prompts: list[list[int]],
-        max_new_tokens: int,
-        *,
-        slots: int = 4,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos_id: int | None = None,
-        generator: torch.Generator | None = None,
-        cache: str | PrefixCache = "paged",
-    ) -> list[list[int]]:
-        """Continuous batching over a paged cache ("paged", or "prefix" / a ``PrefixCache`` to share prompt
-        prefixes): see :func:`attnlab.models.generate.generate_many`."""
-        self._check_eos(eos_id)
-        return generate_many(
-            self,
-            prompts,
-            max_new_tokens,
-            slots=slots,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            eos_id=eos_id,
-            generator=generator,
-            max_positions=self.config.context_length,
-            vocab_size=self.config.vocab_size,
-            cache=cache,
-        )
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -230,9 +230,8 @@ class Attention(nn.Module):
             keys, values, key_pos = cache.update(keys, values)  # the only write; everything above is checked
             visibility = visibility.for_keys(key_pos)  # the next layer's cache returns the same positions: kept
         out = self.attend(queries, keys, values, visibility=visibility)
-        observe = getattr(cache, "observe", None)  # a cache that evicts by the attention its keys get
-        if observe is not None:
-            observe(queries, keys, values, visibility=visibility, scale=self.scale)
+        if cache is not None and cache.capabilities.observes:  # a cache that evicts by the attention its keys get
+            cache.observe(queries, keys, values, visibility=visibility, scale=self.scale)
         return out
 
     def _prepare(self, x: torch.Tensor, given: ForwardArgs) -> tuple[Visibility, torch.Tensor]:

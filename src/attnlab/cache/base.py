@@ -1,0 +1,154 @@
+"""What every layer's cache shares: the protocol Attention speaks, declared capabilities, one set of checks.
+
+A cache declares what it can do in :class:`Capabilities` (a class attribute,
+never discovered by looking for a method): whether it can be cropped back
+(speculative decoding), whether its sequences come and go on their own
+(paged blocks), whether generation may run past the model's context (a sink
+cache with rotary positions), whether a prompt may start from blocks an
+earlier one filled (a prefix cache), and whether it weighs the attention its keys
+get (an evicting cache: Attention then calls :meth:`LayerCache.observe`).
+``attnlab.cache.ModelCache`` combines its layers' capabilities once, when
+generation is planned.
+
+:meth:`LayerCache.check` is the one check of keys and values every cache
+runs before it writes anything, in one wording.
+
+Shapes: B = batch, Hkv = kv heads, D = head_dim, T = new tokens, S = slots returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+
+import torch
+import torch.nn as nn
+
+from attnlab._checks import check_positive_int
+
+if TYPE_CHECKING:
+    from attnlab.functional.visibility import Visibility
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a cache can do; a model's cache can do what every one of its layers can."""
+
+    crop: bool = False  # cut back to its first n tokens (speculation refuses a cache that cannot)
+    rows: bool = False  # sequences admitted, run and released on their own (a paged pool)
+    past_context: bool = False  # generation may go past context_length (with rotary positions)
+    observes: bool = False  # weighs the attention its keys get (Attention calls observe after attending)
+    shares_prefixes: bool = False  # a prompt may start from blocks an earlier one filled (admitted one a pass)
+
+    def __and__(self, other: Capabilities) -> Capabilities:
+        return Capabilities(
+            crop=self.crop and other.crop,
+            rows=self.rows and other.rows,
+            past_context=self.past_context and other.past_context,
+            observes=self.observes or other.observes,  # not a capability to share: any layer that observes
+            shares_prefixes=self.shares_prefixes and other.shares_prefixes,
+        )
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """What ``attnlab.Attention`` asks of a layer's cache, and all it asks.
+
+    ``next_positions(t)``: absolute positions (T,) of the next ``t`` tokens,
+    or (B, T) for a cache whose sequences have lengths of their own.
+    ``update(k, v)``: check k, v (B, Hkv, T, D) and raise before writing
+    anything if they do not fit; then store them and return the keys and
+    values to attend over, (B, Hkv, S, D), with each one's absolute position
+    (S,) or (B, S), -1 for a slot that holds nothing.
+    ``capabilities``: what else it can do; ``observe``: called after attending when it ``observes``.
+    """
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def next_positions(self, t: int) -> torch.Tensor: ...
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def room(self) -> int | None: ...
+
+    def observe(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        visibility: Visibility,
+        scale: float | None,
+    ) -> None: ...
+
+
+class LayerCache(nn.Module):
+    """The base of every layer's cache: its shape, checked once, and :meth:`check` for what it is given."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def __init__(self, *, batch_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            check_positive_int(name, value, limit=2**20)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"cache dtype must be a floating-point torch.dtype, got {dtype!r}")
+        self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
+
+    def _held(self) -> torch.Tensor:
+        """A tensor of what it holds, whose dtype and device the keys must have (it follows ``.to()``)."""
+        return next(self.buffers())
+
+    def check(self, k: torch.Tensor, v: torch.Tensor, *, batch: int | None = None) -> None:
+        """Refuse keys/values (``batch`` rows, default every row) that do not fit this cache; writes nothing."""
+        batch = self.batch_size if batch is None else batch
+        held = self._held()
+        for name, t in (("keys", k), ("values", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be a 4-D tensor (batch, kv_heads, T, head_dim), got {shape}")
+            if t.shape[0] != batch:
+                raise ValueError(
+                    f"this cache was built for batch_size={batch}, got {name} for a batch of {t.shape[0]}; "
+                    "a cache holds one batch (reset() keeps its size): build a new cache for this batch"
+                )
+            if (t.shape[1], t.shape[3]) != (self.num_kv_heads, self.head_dim):
+                raise ValueError(
+                    f"this cache holds num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}; got {name} with "
+                    f"{t.shape[1]} heads of head_dim {t.shape[3]}; build it with the model's make_cache()"
+                )
+            if t.dtype != held.dtype:
+                raise TypeError(f"{name} are {t.dtype} but the cache holds {held.dtype}; build it with dtype={t.dtype}")
+            if t.device != held.device:
+                raise ValueError(
+                    f"{name} are on {t.device} but the cache is on {held.device}; use cache.to({t.device})"
+                )
+            if torch.is_grad_enabled() and t.requires_grad:
+                raise ValueError(
+                    f"{name} require grad, but a KV cache is for inference: the next step would overwrite what "
+                    "backward needs. Decode under torch.no_grad() (or torch.inference_mode()); train without a cache"
+                )
+        if k.shape[2] != v.shape[2]:
+            raise ValueError(f"keys and values must hold the same number of tokens, got {k.shape[2]} and {v.shape[2]}")
+
+    def room(self) -> int | None:
+        """How many tokens the next call may bring (None: any number that fits)."""
+        return None
+
+    def crop(self, n: int) -> None:
+        raise ValueError(
+            f"a {type(self).__name__} cannot be cropped back to {n} tokens (speculative decoding needs a cache that "
+            "can: the plain one)"
+        )
+
+    def observe(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        visibility: Visibility,
+        scale: float | None,
+    ) -> None:
+        """After attention; a cache whose capabilities say ``observes`` weighs its keys here."""

@@ -1,0 +1,86 @@
+"""Guesses for speculative decoding: prompt lookup and a draft model, two proposers for the one decode loop.
+
+A decode step reads every weight to produce one token. Speculative decoding
+(Leviathan et al., 2023; Chen et al., 2023) guesses tokens cheaply, then runs
+the model once over all of them; ``Sampling.verify`` keeps the guesses the
+model agrees with (exactly: greedy gives greedy's tokens, sampling the
+model's distribution), so a pass yields at least one token and up to k + 1.
+
+- :class:`Lookup` (prompt lookup, Saxena 2023): what followed the latest
+  earlier occurrence of the last few tokens in the text so far. Free to make;
+  it pays on text that repeats its context (code, a quote given again).
+- :class:`Draft`: a smaller model with the same vocabulary proposes k tokens,
+  one at a time, with its own cache, cropped back to what the model kept.
+
+Each counts ``passes`` of the model, and ``guessed`` / ``kept`` tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from attnlab._checks import check_positive_int
+from attnlab.models.generation.sampling import Sampling
+
+
+def lookup_guess(tokens: list[int], k: int, ngram: int) -> list[int]:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the last ``ngram`` tokens (or fewer)."""
+    for n in range(min(ngram, len(tokens) - 1), 0, -1):
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # latest first; not the tail itself
+            if tokens[start : start + n] == tail:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+class Lookup:
+    """Guess ``k`` tokens from the text itself (the last ``ngram`` tokens, then fewer, seen before)."""
+
+    def __init__(self, *, k: int, ngram: int = 3) -> None:
+        check_positive_int("lookup", k, limit=64)
+        check_positive_int("ngram", ngram, limit=64)
+        self.k, self.ngram = k, ngram
+        self.passes = self.guessed = self.kept = 0
+
+    def propose(self, tokens: list[int], want: int, sampling: Sampling) -> tuple[list[int], list[torch.Tensor] | None]:
+        """Up to ``want`` guesses after ``tokens``, and None: a lookup guess is a point mass."""
+        return lookup_guess(tokens, want, self.ngram), None
+
+    def crop(self, held: int) -> None:
+        """The model's cache holds the first ``held`` tokens now (a lookup holds nothing of its own)."""
+
+
+class Draft:
+    """Guess ``k`` tokens with a smaller ``model`` of the same vocabulary, its cache of ``capacity`` tokens."""
+
+    def __init__(self, model: Any, *, k: int, capacity: int) -> None:
+        check_positive_int("draft_tokens", k, limit=64)
+        self.model, self.k = model, k
+        self.cache = model.make_caches(batch_size=1, max_len=capacity)
+        self.held = 0  # tokens the draft's cache holds: a prefix of the text
+        self.passes = self.guessed = self.kept = 0
+
+    def propose(self, tokens: list[int], want: int, sampling: Sampling) -> tuple[list[int], list[torch.Tensor] | None]:
+        """``want`` guesses, one draft step each, and the distributions they were drawn from (None: greedy)."""
+        guesses: list[int] = []
+        qs: list[torch.Tensor] = []
+        feed = tokens[self.held :]
+        device = self.cache[0].next_positions(1).device
+        for _ in range(want):
+            logits = self.model(torch.tensor([feed], device=device), caches=self.cache, last_only=True)[0, -1]
+            self.held += len(feed)
+            x, q = sampling.guess(logits)
+            guesses.append(x)
+            qs += [q] if q is not None else []
+            feed = [x]
+        return guesses, qs or None
+
+    def crop(self, held: int) -> None:
+        """The model kept the first ``held`` tokens: the draft's cache keeps no more."""
+        self.held = min(self.held, held)
+        self.cache.crop(self.held)
+
+
+Proposer = Lookup | Draft
