@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from attnlab import Attention
+from attnlab.bench.timing import interleaved, timed_rounds
 from attnlab.cache import KVCache
 from attnlab.models import GPT, GPTConfig
 
@@ -78,13 +78,7 @@ def generation(new_tokens: int, d_model: int, layers: int, heads: int, rounds: i
         reference = ways["no cache"]()
         for name, way in ways.items():  # checked first: the same tokens, or it is not timed
             assert torch.equal(way(), reference), f"{name} generates other tokens than no cache"
-        times: dict[str, list[float]] = {name: [] for name in ways}
-        names = list(ways)
-        for r in range(rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                start = time.perf_counter()
-                ways[name]()
-                times[name].append(time.perf_counter() - start)
+        times = interleaved(ways, rounds, warmup=0)  # the check above was each one's warm-up
     rates = {name: new_tokens / statistics.median(ts) for name, ts in times.items()}
     print(
         f"\ngenerate {new_tokens} new tokens, GPT (RoPE) d={d_model}, {layers} layers, {heads} heads, prompt 16, greedy; "
@@ -95,13 +89,13 @@ def generation(new_tokens: int, d_model: int, layers: int, heads: int, rounds: i
 
 
 def _median_step(step: Callable[[], object], reset: Callable[[], None], repeats: int) -> float:
-    samples = []
-    for _ in range(repeats + 3):
-        start = time.perf_counter()
-        step()
-        samples.append(time.perf_counter() - start)
+    """The median of ``repeats`` timed steps (3 warm-up steps first), ``reset`` untimed before each."""
+
+    def prepared() -> Callable[[], object]:
         reset()
-    return statistics.median(samples[3:])  # the first 3 are warm-up
+        return step
+
+    return statistics.median(took["step"] for took in timed_rounds({"step": prepared}, repeats, warmup=3))
 
 
 def step_latency(repeats: int, positions: tuple[int, ...]) -> None:

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from attnlab.bench.timing import NOISY, interleaved
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.checkpoints import locate
 from attnlab.models.tasks import TextTask, stdlib_text
@@ -77,21 +78,13 @@ def quality(prompts: int, length: int) -> None:
 
 
 def timed(cases: dict[str, Callable[[], object]], rounds: int, new: int, floors: dict[str, float]) -> None:
-    for fn in cases.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    names = list(cases)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            start = time.perf_counter()
-            cases[name]()
-            times[name].append(time.perf_counter() - start)
+    times = interleaved(cases, rounds)
     base = times["hf float32"]
     for name, ts in times.items():
         ratios = [b / t for t, b in zip(ts, base, strict=True)]  # speed relative to HF float32
         ratio = statistics.median(ratios)
         spread = (max(ratios) - min(ratios)) / ratio
-        flag = "" if spread <= 0.25 else "  (too noisy to trust)"
+        flag = "" if spread <= NOISY else "  (too noisy to trust)"
         step = statistics.median(ts) / new
         floor = f"  {floors[name] / step:4.2f} of its floor" if name in floors else ""
         print(

@@ -14,19 +14,19 @@ the spread of those ratios; a spread over 25% is called too noisy to trust.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
-import time
 from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attnlab.bench.timing import NOISY, interleaved
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.tasks import TASK_MODELS
 
 SHAPES = {"induction": (TASK_MODELS["induction"], 32), "text": (TASK_MODELS["text"], 32)}
-NOISY = 0.25
 
 
 class PlainBlock(nn.Module):
@@ -111,26 +111,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         optims = {k: torch.optim.AdamW(m.parameters(), lr=1e-3) for k, m in models.items()}
         batches = [torch.randint(0, config.vocab_size, (batch, config.context_length + 1)) for _ in range(args.steps)]
 
-        def steps(key: str) -> float:
+        def steps(key: str) -> None:
             model, opt = models[key], optims[key]
-            began = time.perf_counter()
             for seq in batches:
                 logits = model(seq[:, :-1])  # (B, T, V)
                 loss = F.cross_entropy(logits.flatten(0, 1), seq[:, 1:].flatten())
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-            return args.steps * batch * config.context_length / (time.perf_counter() - began)  # tokens/s
 
-        steps("attnlab"), steps("plain")  # warm-up
-        ratios: list[float] = []
-        rates: dict[str, list[float]] = {"attnlab": [], "plain": []}
-        for r in range(args.rounds):
-            order = ["attnlab", "plain"] if r % 2 == 0 else ["plain", "attnlab"]
-            got = {key: steps(key) for key in order}
-            for key, value in got.items():
-                rates[key].append(value)
-            ratios.append(got["attnlab"] / got["plain"])
+        # one warm-up each, then rounds alternating which goes first
+        seconds = interleaved({key: functools.partial(steps, key) for key in models}, args.rounds)
+        tokens = args.steps * batch * config.context_length
+        rates = {key: [tokens / s for s in taken] for key, taken in seconds.items()}  # tokens/s
+        ratios = [a / p for a, p in zip(rates["attnlab"], rates["plain"], strict=True)]
         ratio = statistics.median(ratios)
         spread = (max(ratios) - min(ratios)) / ratio
         verdict = "too noisy to trust" if spread > NOISY else "ok"

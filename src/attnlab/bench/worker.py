@@ -15,7 +15,6 @@ import json
 import resource
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch
 
 from attnlab.bench.impls import build, reference_weights
 from attnlab.bench.memory import PeakMemory
+from attnlab.bench.timing import interleaved
 from attnlab.cache import KVCache
 from attnlab.nn.attention import Attention
 
@@ -31,13 +31,7 @@ TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 3e-2, "float16": 1e-2
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int, warmup: int) -> tuple[float, list[float]]:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
+    samples = interleaved({"one": fn}, repeats, warmup=warmup)["one"]
     return statistics.median(samples), samples
 
 
@@ -155,16 +149,8 @@ def time_interleaved(spec: dict[str, Any]) -> dict[str, Any]:
         context = t + 2 if impl.startswith("book-") else spec["check_len"] + 2
         model = build(impl, reference_weights(d, h, context)).to(dtype).eval()
         calls[impl] = _timed_call(model, x, spec["mode"], impl)
-        for _ in range(spec["warmup"]):
-            calls[impl]()
-    names = list(calls)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(spec["repeats"]):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            start = time.perf_counter()
-            calls[name]()
-            samples[name].append((time.perf_counter() - start) * 1e3)
-    return {"samples_ms": samples}
+    seconds = interleaved(calls, spec["repeats"], warmup=spec["warmup"])
+    return {"samples_ms": {name: [s * 1e3 for s in taken] for name, taken in seconds.items()}}
 
 
 def _decode_step(
