@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,16 @@ import torch
 
 from attnlab import cli
 from attnlab.bench.impls import IMPLEMENTATIONS, build, reference_weights
-from attnlab.bench.runner import DECODE_IMPLS, PREFILL_IMPLS, QUICK, BenchConfig, _slope, nominal_flops, run
+from attnlab.bench.runner import (
+    DECODE_IMPLS,
+    PREFILL_IMPLS,
+    QUICK,
+    BenchConfig,
+    LongestPlan,
+    _slope,
+    nominal_flops,
+    run,
+)
 from attnlab.bench.worker import run_case
 from attnlab.models.loaders import from_book
 
@@ -171,6 +182,11 @@ def test_bad_configs_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
         (["--caches", "int8", "--repeats", "0"], "--repeats must be >= 1, got 0"),
         (["--caches", "--model", "text", "--prompt-len", "-3"], "--prompt-len must be >= 1, got -3"),
         (["--caches", "--new-tokens", "0"], "--new-tokens must be >= 1, got 0"),
+        (
+            ["--caches", "--quick", "--full"],
+            "--quick and --full ask for two sizes: give one (--quick: a smoke run; --full: the long run)",
+        ),
+        (["--full", "--quick"], "--full goes with --caches (the cache lab's long run); the sweep's sizes are flags"),
         (["--model", "--threads", "5000"], "--threads must be <= 4096, got 5000; is it a typo?"),
         (["--model", "--quick", "--new-tokens", "0"], "--new-tokens must be >= 1, got 0"),
         (["--quick", "--seq-lens", "64", "0"], "--seq-lens must be >= 1, got 0"),
@@ -232,9 +248,77 @@ def test_longest_alone_runs_only_the_search(
     swept: list[object] = []
     monkeypatch.setattr(runner, "measure_machine", lambda config: (Machine("t", 2, 2, 2**30, 10.0), 0.1))
     monkeypatch.setattr(runner, "run", lambda *a, **k: swept.append(a))
-    monkeypatch.setattr(runner, "longest", lambda impls, progress: [Longest(impls[0], 8192, 1.0, 1, "T=16384: time")])
+    monkeypatch.setattr(
+        runner, "longest", lambda plan, progress: [Longest(plan.impls[0], 8192, 1.0, 1, "T=16384: time")]
+    )
     assert cli.main(["bench", "--longest", "attnlab-flash"]) == 0
-    assert swept == [] and "longest attnlab-flash: T=8192" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert swept == [] and "longest attnlab-flash: T=8192" in out
+    assert out.startswith("the longest search about ")  # the forecast comes first
+
+
+def test_the_longest_search_says_each_step_on_a_pipe_and_keeps_what_it_found_on_ctrl_c(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bench --longest` printed nothing for over 10 minutes into a pipe, and Ctrl-C threw the search away: here
+    Ctrl-C comes in book-mha's third run (T=4096), with T=1024 and 2048 done; flash is never reached."""
+    from attnlab.bench import runner
+    from attnlab.bench.results import Machine
+
+    monkeypatch.setattr(runner, "measure_machine", lambda config: (Machine("t", 2, 2, 2**34, 10.0), 0.1))
+    ran: list[int] = []
+
+    def worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+        ran.append(spec["seq"])
+        if spec["seq"] == 4096:
+            raise KeyboardInterrupt
+        return {**spec, "status": "ok", "median_ms": 1.0, "peak_rss_bytes": 1}
+
+    monkeypatch.setattr(runner, "longest", functools.partial(runner.longest, worker=worker))
+    out = tmp_path / "longest.json"
+    assert cli.main(["bench", "--longest", "book-mha", "attnlab-flash", "--json", str(out)]) == 130
+    said = capsys.readouterr()
+    lines = said.out.splitlines()
+    assert lines[0].startswith("the longest search about ") and " by a rough forecast " in lines[0]
+    assert [line.split(" (")[0] for line in lines[1:4]] == [f"[0/2] longest book-mha T={t}" for t in (1024, 2048, 4096)]
+    assert "longest book-mha: T=2048 (interrupted at T=4096, the longest so far)" in said.out
+    assert "attnlab-flash: T=" not in said.out and ran == [1024, 2048, 4096]
+    assert said.err == "error: interrupted; left unmeasured: longest book-mha, longest attnlab-flash\n"
+    data = json.loads(out.read_text())
+    assert data["longest"][0]["longest_seq"] == 2048 and data["left"] == ["longest book-mha", "longest attnlab-flash"]
+
+
+def test_the_sweep_keeps_the_cases_finished_on_ctrl_c() -> None:
+    """Ctrl-C during the interleaved timing of the second length: the first length's cases are rows; the others
+    are left, named (not timed together, so not comparable), not dropped silently."""
+    timed: list[int] = []
+
+    def worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if spec["mode"] == "matmul":
+            return {"matmul_gflops": 100.0}
+        if "impls" in spec:
+            timed.append(spec["seq"])
+            if spec["seq"] == 128:
+                raise KeyboardInterrupt
+            return {"samples_ms": {name: [1.0, 1.0, 1.0] for name in spec["impls"]}}
+        return {**spec, "status": "ok", "median_ms": 1.0, "peak_allocated_bytes": 1, "peak_rss_bytes": 1}
+
+    config = BenchConfig(seq_lens=(64, 128, 256), impls=("book-mha", "attnlab-flash"), decode=False, repeats=3)
+    result = run(config, worker=worker)
+    status = {(c.impl, c.seq): c.status for c in result.cases}
+    assert timed == [64, 128]
+    assert status[("book-mha", 64)] == status[("attnlab-flash", 64)] == "ok"
+    assert result.left == [f"{i} forward T={t}" for t in (128, 256) for i in ("book-mha", "attnlab-flash")]
+
+    def stopped_in_its_own_run(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if spec.get("seq") == 128 and "impls" not in spec:
+            raise KeyboardInterrupt
+        return worker(spec, timeout)
+
+    timed.clear()
+    result = run(replace(config, impls=("attnlab-flash",)), worker=stopped_in_its_own_run)
+    assert timed == []  # stopped before any length was timed together: no rows, each case named
+    assert result.left == [f"attnlab-flash forward T={t}" for t in (64, 128, 256)]
 
 
 @pytest.mark.slow  # a whole benchmark run, each case in its own process
@@ -290,13 +374,34 @@ def test_the_longest_search_doubles_until_time_memory_or_a_failure_stops_it() ->
     def in_process(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
         return run_case(spec)
 
-    by_time = longest(("attnlab-flash",), start=16, d_model=32, heads=4, time_limit_s=1e-6, worker=in_process)
+    tiny = LongestPlan(impls=("attnlab-flash",), start=16, d_model=32, heads=4, time_limit_s=1e-6)
+    by_time = longest(tiny, worker=in_process)
     assert by_time[0].longest_seq == 16 and "over the 0 s limit" in by_time[0].stopped
 
     def fails_at_64(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
         return run_case(spec) if spec["seq"] < 64 else {**spec, "status": "failed: MemoryError"}
 
-    by_failure = longest(("attnlab-sdpa",), start=16, d_model=32, heads=4, worker=fails_at_64)
+    by_failure = longest(replace(tiny, impls=("attnlab-sdpa",), time_limit_s=300.0), worker=fails_at_64)
     assert by_failure[0].longest_seq == 32 and by_failure[0].stopped == "T=64: failed: MemoryError"
-    by_memory = longest(("book-mha",), start=2**20, d_model=32, heads=4, worker=fails_at_64)
+    by_memory = longest(replace(tiny, impls=("book-mha",), start=2**20), worker=fails_at_64)
     assert by_memory[0].longest_seq is None and "predicted to need" in by_memory[0].stopped
+
+
+def test_the_longest_forecast_follows_the_same_stops() -> None:
+    """The forecast doubles T as the search does: a machine twice as fast forecasts less time per length but one
+    more length before the time limit; memory stops it where the memory model says the search would stop."""
+    from attnlab.bench.results import Machine
+    from attnlab.bench.runner import longest_forecast
+
+    plan = LongestPlan(impls=("attnlab-flash",), time_limit_s=300.0)
+    slow, fast = Machine("t", 2, 2, 2**40, 10.0), Machine("t", 2, 2, 2**40, 20.0)
+    assert 0 < longest_forecast(plan, fast, 0.0) and longest_forecast(plan, slow, 0.0) > 0
+    # each length at a quarter of the matmul rate; stops once 4x the last run would pass the limit
+    rate = 10.0 * 1e9 * 0.25
+    expected, t, last = 0.0, 1024, 0.0
+    while not last or 4 * last <= 300.0:
+        last = nominal_flops("forward", 1, t, 768) / rate
+        expected, t = expected + 3 * last, 2 * t
+    assert longest_forecast(plan, slow, 0.0) == pytest.approx(expected)
+    tight = Machine("t", 2, 2, 2**20, 10.0)  # 1 MiB: not even T=1024 of book-mha's score matrix fits
+    assert longest_forecast(replace(plan, impls=("book-mha",)), tight, 5.0) == 0.0

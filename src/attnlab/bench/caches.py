@@ -37,6 +37,14 @@ blocks taken from its tree.
 Prefix sharing is measured as time to first token for a prompt whose first
 ``shared`` tokens an earlier prompt already put in the tree, against the
 same prompt in a fresh tree (median of ``rounds``).
+
+Three sizes (``DEFAULT_CACHES``, ``FULL_CACHES``, ``QUICK_CACHES``): the
+default measures every cache on the text model at sizes that still judge
+each target (``attnlab.bench.cache_verdicts``), and the gpt2-small shape for
+the shared prefix alone (``measure_prefix``), the target only its context
+holds; the full run, every cache on both at the long sizes; the quick one, a
+smoke run. ``measure`` reports each step through ``progress``, and on Ctrl-C
+returns the rows it finished, naming the rest in the table's ``left``.
 """
 
 from __future__ import annotations
@@ -53,8 +61,17 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.bench.memory import PeakMemory
-from attnlab.cache import CACHES, LOSSLESS, PrefixCache, runs_past_context, stored_bytes
-from attnlab.models.generate import prefill
+from attnlab.bench.timing import Call, spread, timed_rounds
+from attnlab.cache import (
+    CACHES,
+    LOSSLESS,
+    ModelCache,
+    PagedKVCache,
+    PrefixCache,
+    QuantizedKVCache,
+    stored_bytes,
+)
+from attnlab.models.generation import prefill
 from attnlab.models.gpt import GPT
 
 BUDGETS = (0.25, 0.5)
@@ -62,6 +79,8 @@ BUDGETS = (0.25, 0.5)
 # another order): 2.2e-8 (text model) and 1.5e-8 (gpt2-small) relative in docs/benchmarks.md's runs, room left for
 # other backends; int8, the smallest real change seen, moves the text model's by 3.1e-5. So 1e-5, relative.
 PPL_TOLERANCE = 1e-5
+
+Progress = Callable[[int, int, str], None]  # (steps done, steps in all, what runs now)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,11 +93,24 @@ class CacheBenchConfig:
     shared: int = 512  # the shared prefix (capped to fit the model's context)
     rounds: int = 3
     cap_mib: float = 64.0
+    sink_contexts: int = 4  # the sink cache's run, in contexts (RoPE models); 0: none
     caches: tuple[str, ...] = tuple(CACHES)
+    prefix_only: tuple[str, ...] = ()  # models measured for the shared prefix alone (no rows)
+    threads: int | None = None  # torch threads; None: torch's own choice
 
 
+# Every cache on both models at the long sizes, on torch's threads: the figures of docs/benchmarks.md.
+FULL_CACHES = CacheBenchConfig()
+# Every target still judged, in minutes: the text model's rows at smaller sizes (its perplexity steps still read
+# mostly quantized keys, and its sink run is 4 contexts), and the gpt2-small shape for the 512-token prefix only.
+# One thread: on a shared 2-core machine a second thread made the text model's small steps wait for it (the quick
+# table took 69 s on 2 threads and 9 s on 1 at a load of 8, docs/benchmarks.md).
+DEFAULT_CACHES = CacheBenchConfig(
+    prompts=4, new_tokens=32, long_tokens=128, held_out=128, prefix_only=("gpt2-small",), threads=1
+)
+# A smoke run: every path once, too small to judge the quantized caches, the 512-token prefix or the sink.
 QUICK_CACHES = CacheBenchConfig(
-    prompts=2, prompt_len=16, new_tokens=6, long_tokens=24, held_out=24, shared=32, rounds=1
+    prompts=2, prompt_len=16, new_tokens=6, long_tokens=24, held_out=24, shared=32, rounds=1, sink_contexts=0, threads=1
 )
 
 
@@ -92,8 +124,10 @@ class CacheRow:
     tokens_per_s: list[float] = field(default_factory=list)
     longest: float = 0.0  # tokens; math.inf: no limit
     agreement: float = 0.0  # greedy tokens equal to recomputing's (no cache)
+    agreement_tokens: int = 0  # how many were compared
     perplexity: float = 0.0
     perplexity_increase: float = 0.0  # relative to recomputing's
+    quantized_reads: float | None = None  # a quantized cache: the share of keys its perplexity steps read quantized
     waste: int = 0  # a paged cache: the most slots held but unused by one sequence, after the long generation
 
 
@@ -102,11 +136,13 @@ class CacheTable:
     model: str
     context_length: int
     rope: bool
-    rows: list[CacheRow]
+    rows: list[CacheRow]  # the rows measured (an interrupted run: the ones finished)
     held_out: int  # tokens whose perplexity is measured (after the prompt, within the context)
     recompute_perplexity: float  # the same tokens' perplexity from one causal forward, no cache
-    prefix: dict[str, float]  # shared tokens, cold ms, warm ms
-    sink: dict[str, float]  # a sink cache to 4 x context_length: peak and KV MiB at 1x and 4x (RoPE models)
+    prefix: dict[str, float]  # shared tokens, cold ms, warm ms, spread, rounds; empty: not measured
+    sink: dict[str, float]  # a sink cache to sink_contexts x context_length: peak and KV MiB at 1x and at the end
+    left: list[str] = field(default_factory=list)  # what an interruption left unmeasured, in order
+    threads: int = 0  # torch's threads while it was measured
 
 
 def variants(names: tuple[str, ...], prompt_len: int) -> list[tuple[str, Any]]:
@@ -126,7 +162,7 @@ def variants(names: tuple[str, ...], prompt_len: int) -> list[tuple[str, Any]]:
     return out
 
 
-def _caches(model: GPT, cache: Any, batch: int, max_len: int) -> Any:
+def _caches(model: GPT, cache: Any, batch: int, max_len: int) -> ModelCache:
     if cache == "prefix":  # the blocks its rows need, as the paged cache has: the tree keeps what they leave
         return PrefixCache.for_model(model, batch_size=batch, max_len=max_len, num_blocks=batch * -(-max_len // 16))
     return model.make_caches(batch_size=batch, max_len=max_len, cache=cache)
@@ -137,8 +173,7 @@ def _feed(model: GPT, held: Any, ids: torch.Tensor) -> torch.Tensor:
     """The last position's logits (B, 1, V) of ``ids`` run through caches ``held`` (a PrefixCache: its rows in
     order); in pieces where a cache takes only so many tokens a call (a sink cache)."""
     if isinstance(held, PrefixCache):
-        rows = list(range(ids.shape[0]))
-        return model(ids, caches=[pool.rows(rows) for pool in held.pools], last_only=True)
+        return model(ids, caches=held.views(list(range(ids.shape[0]))), last_only=True)
     return prefill(model, ids, held)[:, None]
 
 
@@ -158,6 +193,18 @@ def perplexity(model: GPT, cache: Any, text: torch.Tensor, prompt: int) -> float
     return _perplexity(torch.cat(logits, dim=1), text[:, prompt:])  # (B, N - prompt, V): tokens prompt .. N - 1
 
 
+def quantized_reads(model: GPT, cache: Any, n: int, prompt: int) -> float | None:
+    """The share of the keys that ``perplexity``'s predictions read from quantized codes, over a text of ``n``
+    tokens after a prefill of ``prompt``; None for a cache that is not quantized. A quantized cache reads its
+    latest ``residual`` positions exact, and a prefill exact: a text shorter than that judges nothing."""
+    layer = _caches(model, cache, 1, n)[0]
+    if not isinstance(layer, QuantizedKVCache):
+        return None
+    # the prediction of token p + 1 reads p + 1 keys, the latest residual of them exact; the prefill's, all exact
+    shares = [0.0] + [max(0, p + 1 - layer.residual) / (p + 1) for p in range(prompt, n - 1)]
+    return sum(shares) / len(shares)
+
+
 @torch.no_grad()
 def recomputed_perplexity(model: GPT, text: torch.Tensor, prompt: int) -> float:
     """The same tokens' perplexity with no cache: one causal forward over the whole text (B, N)."""
@@ -174,15 +221,15 @@ def _warm_prefill(model: GPT, store: PrefixCache, prompts: torch.Tensor, total: 
     """Each prompt (B, T) computed once and put in the tree, then started again from the tree: the row takes
     the prompt's full blocks (not its last token's) and runs the rest. The last position's logits (B, 1, V)."""
     for row, ids in enumerate(prompts.tolist()):  # cold: computed and remembered
-        store.attach(row, ids)
-        model(prompts[row : row + 1], caches=[pool.sequence(row) for pool in store.pools], last_only=True)
+        store.admit(row, ids)
+        model(prompts[row : row + 1], caches=store.views([row]), last_only=True)
         store.remember(row, ids)
         store.release(row)
     logits = []
     for row, ids in enumerate(prompts.tolist()):  # warm: what was shared is not computed again
-        done = store.attach(row, ids, total=total)
+        done = store.admit(row, ids, total=total)
         rest = prompts[row : row + 1, done:]  # (1, T - done)
-        logits.append(model(rest, caches=[pool.sequence(row) for pool in store.pools], last_only=True))
+        logits.append(model(rest, caches=store.views([row]), last_only=True))
     return torch.cat(logits)
 
 
@@ -210,6 +257,18 @@ def lossless_mismatch(row: CacheRow, recomputed: float) -> str | None:
     return None
 
 
+def steps_of(model: GPT, config: CacheBenchConfig) -> list[str]:
+    """What ``measure`` does, step by step, in order: each row, each timing round, the prefix, the sink run."""
+    rows = [name for name, _ in variants(config.caches, config.prompt_len)]
+    rounds = [f"timing round {r + 1} of {config.rounds}" for r in range(config.rounds)]
+    sink = [f"sink cache to {config.sink_contexts} x context"] if _runs_sink(model, config) else []
+    return [*rows, *rounds, "shared prefix", *sink]
+
+
+def _runs_sink(model: GPT, config: CacheBenchConfig) -> bool:
+    return model.config.rope and "sink" in config.caches and config.sink_contexts > 0
+
+
 def measure(
     model: GPT,
     *,
@@ -217,71 +276,120 @@ def measure(
     prompts: torch.Tensor,
     held_out: torch.Tensor,
     config: CacheBenchConfig,
-    progress: Callable[[str], None] = lambda _: None,
+    progress: Progress = lambda done, total, what: None,
 ) -> CacheTable:
-    """One table: every cache of ``config`` on ``model``."""
+    """One table: every cache of ``config`` on ``model``. Ctrl-C (KeyboardInterrupt) ends it early: the table
+    holds the rows and timing rounds finished, and ``left`` names the rest."""
     c = model.config
-    past = {name: c.rope and runs_past_context(cache) for name, cache in variants(config.caches, config.prompt_len)}
-    rows = [CacheRow(cache=name) for name, _ in variants(config.caches, config.prompt_len)]
     factories = dict(variants(config.caches, config.prompt_len))
+    past = {name: _runs_past(model, cache) for name, cache in factories.items()}
     held_out = held_out[:, : c.context_length]  # within the context: past it only a sink cache is meant to go
-    reference = _generate(model, prompts, config.new_tokens, None)
-    recomputed = recomputed_perplexity(model, held_out, config.prompt_len)
-    one = prompts[:1]
-    for row in rows:
-        cache = factories[row.cache]
-        progress(f"{label}: {row.cache}")
-        try:
-            out = _generate(model, prompts, config.new_tokens, cache)
-            row.agreement = float((out == reference).float().mean())
-            row.perplexity = perplexity(model, cache, held_out, config.prompt_len)
-            row.perplexity_increase = row.perplexity / recomputed - 1
-            wrong = lossless_mismatch(row, recomputed) if row.cache in LOSSLESS else None
-            if wrong is not None:
-                row.status = f"failed: a lossless cache {wrong}"
-                continue
-            n = 32  # and 64: whole groups of a quantized cache's keys, whole blocks of a paged one
-            row.bytes_per_token = (_held_bytes(model, cache, 2 * n) - _held_bytes(model, cache, n)) / n
-            steps = _steps(model, config, past[row.cache])
-            with PeakMemory() as mem:
-                held = _caches(model, cache, 1, one.shape[1] + steps)
-                _decode(model, held, one, steps)
-            row.peak_mib = mem.peak_bytes / 2**20
-            row.kv_mib = stored_bytes(held) / 2**20
-            pools = held.pools if isinstance(held, PrefixCache) else held
-            if hasattr(pools[0], "waste"):
-                row.waste = max(pool.waste() for pool in pools)
-            cap = config.cap_mib * 2**20
-            limit = math.inf if past[row.cache] else c.context_length
-            row.longest = min(limit, cap / row.bytes_per_token) if row.bytes_per_token > 0 else limit
-        except (ValueError, RuntimeError) as err:
-            row.status = f"failed: {err}"
-    for _ in range(config.rounds):  # interleaved: a busy moment touches every cache
-        for row in rows:
-            if row.status != "ok":
-                continue
-            cache = factories[row.cache]
-            steps = _steps(model, config, past[row.cache])
-            held = _caches(model, cache, 1, one.shape[1] + steps)
-            start = time.perf_counter()
-            _decode(model, held, one, steps)
-            row.tokens_per_s.append(steps / (time.perf_counter() - start))
-    progress(f"{label}: shared prefix")
-    prefix = _prefix_speed(model, config)
-    sink = {}
-    if c.rope and "sink" in config.caches:
-        progress(f"{label}: sink cache to 4 x context_length")
-        sink = _sink_run(model, config)
-    return CacheTable(
+    table = CacheTable(
         model=label,
         context_length=c.context_length,
         rope=c.rope,
-        rows=rows,
+        rows=[],
         held_out=held_out.shape[1] - config.prompt_len,
-        recompute_perplexity=recomputed,
-        prefix=prefix,
-        sink=sink,
+        recompute_perplexity=math.nan,
+        prefix={},
+        sink={},
+        threads=torch.get_num_threads(),
     )
+    plan = steps_of(model, config)
+    done = 0
+
+    def step(what: str) -> None:
+        progress(done, len(plan), f"{label}: {what}")
+
+    try:
+        step("recomputing, the reference")
+        reference = _generate(model, prompts, config.new_tokens, None)
+        table.recompute_perplexity = recomputed_perplexity(model, held_out, config.prompt_len)
+        for name, cache in factories.items():
+            step(name)
+            table.rows.append(_row(model, name, cache, prompts, held_out, reference, table, config))
+            done += 1
+        timed = {r.cache: r for r in table.rows if r.status == "ok"}
+        step(plan[done])
+        for took in timed_rounds(
+            {name: _long_run(model, factories[name], prompts, config, past[name]) for name in timed}, config.rounds
+        ):
+            for name, seconds in took.items():
+                timed[name].tokens_per_s.append(_steps(model, config, past[name]) / seconds)
+            done += 1
+            step(plan[done])
+        table.prefix = _prefix_speed(model, config)
+        done += 1
+        if _runs_sink(model, config):
+            step(plan[done])
+            table.sink = _sink_run(model, config.sink_contexts)
+            done += 1
+    except KeyboardInterrupt:
+        table.left = plan[done:]
+    return table
+
+
+def _row(
+    model: GPT,
+    name: str,
+    cache: Any,
+    prompts: torch.Tensor,
+    held_out: torch.Tensor,
+    reference: torch.Tensor,
+    table: CacheTable,
+    config: CacheBenchConfig,
+) -> CacheRow:
+    """One cache's row: agreement and perplexity against recomputing, bytes per token, the long generation's
+    memory; a failed row for a lossless cache that is not lossless, or a cache that raises."""
+    row = CacheRow(cache=name)
+    past = _runs_past(model, cache)  # the long generation may go past the context
+    try:
+        out = _generate(model, prompts, config.new_tokens, cache)
+        row.agreement, row.agreement_tokens = float((out == reference).float().mean()), reference.numel()
+        row.perplexity = perplexity(model, cache, held_out, config.prompt_len)
+        row.perplexity_increase = row.perplexity / table.recompute_perplexity - 1
+        row.quantized_reads = quantized_reads(model, cache, held_out.shape[1], config.prompt_len)
+        wrong = lossless_mismatch(row, table.recompute_perplexity) if name in LOSSLESS else None
+        if wrong is not None:
+            row.status = f"failed: a lossless cache {wrong}"
+            return row
+        n = 32  # and 64: whole groups of a quantized cache's keys, whole blocks of a paged one
+        row.bytes_per_token = (_held_bytes(model, cache, 2 * n) - _held_bytes(model, cache, n)) / n
+        steps = _steps(model, config, past)
+        one = prompts[:1]
+        with PeakMemory() as mem:
+            held = _caches(model, cache, 1, one.shape[1] + steps)
+            _decode(model, held, one, steps)
+        row.peak_mib = mem.peak_bytes / 2**20
+        row.kv_mib = stored_bytes(held) / 2**20
+        paged = [layer for layer in held if isinstance(layer, PagedKVCache)]
+        if paged:
+            row.waste = max(layer.waste() for layer in paged)
+        cap = config.cap_mib * 2**20
+        limit = math.inf if past else table.context_length
+        row.longest = min(limit, cap / row.bytes_per_token) if row.bytes_per_token > 0 else limit
+    except (ValueError, RuntimeError) as err:
+        row.status = f"failed: {err}"
+    return row
+
+
+def _long_run(
+    model: GPT, cache: Any, prompts: torch.Tensor, config: CacheBenchConfig, past: bool
+) -> Callable[[], Call]:
+    """The timed long generation: its caches made fresh, untimed; then the decode that is timed."""
+    steps, one = _steps(model, config, past), prompts[:1]
+
+    def prepared() -> Call:
+        held = _caches(model, cache, 1, one.shape[1] + steps)
+        return lambda: _decode(model, held, one, steps)
+
+    return prepared
+
+
+def _runs_past(model: GPT, cache: Any) -> bool:
+    """Whether this cache may generate past the model's context (a sink cache, with RoPE): what the model's cache
+    declares, made at this model's shape (``runs_past_context`` probes a shape that int4 refuses)."""
+    return model.config.rope and _caches(model, cache, 1, 16).capabilities.past_context
 
 
 def _steps(model: GPT, config: CacheBenchConfig, past: bool) -> int:
@@ -289,18 +397,23 @@ def _steps(model: GPT, config: CacheBenchConfig, past: bool) -> int:
     return config.long_tokens if past else min(config.long_tokens, model.config.context_length - config.prompt_len)
 
 
-def _sink_run(model: GPT, config: CacheBenchConfig) -> dict[str, float]:
-    """Peak memory of a sink cache generating one context_length of tokens, and four."""
+def _sink_run(model: GPT, contexts: int) -> dict[str, float]:
+    """Peak memory of a sink cache generating ``contexts`` x context_length tokens in one run, read after the
+    first context and at the end (the peak after one context is the peak of a run of one context)."""
     context = model.config.context_length
     prompt = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(3))
-    peaks = {}
-    for times in (1, 4):
-        with PeakMemory() as mem:
-            held = _caches(model, "sink", 1, 8 + times * context)
-            _decode(model, held, prompt, times * context)
-        peaks[f"peak_mib_{times}x"] = mem.peak_bytes / 2**20
-        peaks[f"kv_mib_{times}x"] = stored_bytes(held) / 2**20
-    return {"tokens": 4 * context, **peaks}
+    with PeakMemory() as mem:
+        held = _caches(model, "sink", 1, 8 + contexts * context)
+        token = _decode(model, held, prompt, context)
+        first = {"peak_mib_1x": mem.peak_bytes / 2**20, "kv_mib_1x": stored_bytes(held) / 2**20}
+        _decode(model, held, token, (contexts - 1) * context)
+    return {
+        "tokens": contexts * context,
+        "contexts": contexts,
+        **first,
+        "peak_mib_end": mem.peak_bytes / 2**20,
+        "kv_mib_end": stored_bytes(held) / 2**20,
+    }
 
 
 def _held_bytes(model: GPT, cache: Any, n: int) -> int:
@@ -308,20 +421,42 @@ def _held_bytes(model: GPT, cache: Any, n: int) -> int:
     held = _caches(model, cache, 1, n)
     ids = torch.randint(0, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(0))
     if isinstance(held, PrefixCache):
-        held.attach(0, ids[0].tolist())
+        held.admit(0, ids[0].tolist())
     with torch.no_grad():
         _feed(model, held, ids)
     return stored_bytes(held)
 
 
 @torch.no_grad()
-def _decode(model: GPT, held: Any, prompt: torch.Tensor, steps: int) -> None:
-    """A prompt, then ``steps`` greedy tokens, through caches ``held``."""
+def _decode(model: GPT, held: Any, prompt: torch.Tensor, steps: int) -> torch.Tensor:
+    """A prompt, then ``steps`` greedy tokens, through caches ``held``; the last token (B, 1), not yet fed (so a
+    run goes on where it stopped)."""
     if isinstance(held, PrefixCache):
-        held.attach(0, prompt[0].tolist())
+        held.admit(0, prompt[0].tolist())
     token = _feed(model, held, prompt)[:, -1:].argmax(-1)  # (B, 1)
     for _ in range(steps - 1):
         token = _feed(model, held, token)[:, -1:].argmax(-1)
+    return token
+
+
+def measure_prefix(model: GPT, *, label: str, config: CacheBenchConfig) -> CacheTable:
+    """A table of the shared prefix alone (no rows): what the default asks of a model whose rows take long."""
+    table = CacheTable(
+        model=label,
+        context_length=model.config.context_length,
+        rope=model.config.rope,
+        rows=[],
+        held_out=0,
+        recompute_perplexity=math.nan,
+        prefix={},
+        sink={},
+        threads=torch.get_num_threads(),
+    )
+    try:
+        table.prefix = _prefix_speed(model, config)
+    except KeyboardInterrupt:
+        table.left = ["shared prefix"]
+    return table
 
 
 def _prefix_speed(model: GPT, config: CacheBenchConfig) -> dict[str, float]:
@@ -346,108 +481,64 @@ def _prefix_speed(model: GPT, config: CacheBenchConfig) -> dict[str, float]:
         "shared": shared,
         "cold_ms": statistics.median(cold) * 1e3,
         "warm_ms": statistics.median(warm) * 1e3,
-        "spread": max(_spread(cold), _spread(warm)),
+        "spread": max(spread(cold), spread(warm)),
+        "rounds": len(cold),
     }
 
 
-def _spread(values: list[float]) -> float:
-    return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else 0.0
+def forecast_seconds(model: GPT, config: CacheBenchConfig, *, rows: bool = True) -> float:
+    """A rough forecast of one table (``rows``: ``measure``; else ``measure_prefix``), from a probe of this
+    model's decode step and prefill here, now (a second or two): enough to say "about 3 minutes" before a run.
 
-
-def verdicts(table: CacheTable, *, spread_limit: float = 0.25) -> list[str]:
-    """Issue 23's targets, and issue 30's lossless rule, each judged from this table's own figures; then what is so
-    by construction and not a finding (docs/benchmarks.md quotes these lines)."""
-    rows = {r.cache: r for r in table.rows if r.status == "ok"}
-    lines = []
-
-    def say(target: str, met: bool, figures: str) -> None:
-        lines.append(f"{'met' if met else 'NOT met'}: {target} ({figures})")
-
-    for r in (r for r in table.rows if r.cache in LOSSLESS):
-        wrong = lossless_mismatch(r, table.recompute_perplexity)
-        if wrong is None and r.status == "ok":
-            say(
-                f"{r.cache} gives recomputing's tokens and perplexity",
-                True,
-                f"{r.agreement:.0%} of tokens, perplexity {r.perplexity_increase:+.5%}",
-            )
-        else:
-            lines.append(f"failed: {r.cache} is lossless but {wrong or r.status}")
-    plain = rows.get("plain")
-    if "paged" in rows:
-        say(
-            "paged waste at most one block (16 slots) per sequence",
-            rows["paged"].waste < 16,
-            f"{rows['paged'].waste} slots",
-        )
-    p = table.prefix
-    ratio = p["cold_ms"] / p["warm_ms"]
-    figures = (
-        f"{p['shared']:.0f} shared tokens: {p['cold_ms']:.0f} ms computed, {p['warm_ms']:.0f} ms shared, {ratio:.1f}x"
+    It counts the decode steps each part takes at the probed step time (a step under the memory counter timed
+    under it), and the recomputed reference and the shared prefix's runs as prefills at the probed rate; the
+    eviction and quantized caches' own work is a flat 1.5x. Good to a factor of two or so: docs/benchmarks.md
+    sets it beside measured runs."""
+    step, tracked, prefill_s = _probe(model, config.prompt_len)
+    prefix = (3 * config.rounds + 1) * prefill_s * min(config.shared, model.config.context_length) / config.prompt_len
+    if not rows:
+        return prefix
+    c = model.config
+    n = len(variants(config.caches, config.prompt_len))
+    within = min(config.long_tokens, c.context_length - config.prompt_len)
+    held = min(config.held_out, c.context_length - config.prompt_len)
+    batch = 1 + 0.1 * max(config.prompts, 4)  # a step of a few rows costs a little more than one
+    per_row = (config.new_tokens + held) * step * batch + within * (tracked + config.rounds * step) + 4 * prefill_s
+    recompute = (
+        config.new_tokens * prefill_s * config.prompts * (config.prompt_len + config.new_tokens / 2) / config.prompt_len
     )
-    if p["spread"] > spread_limit:
-        lines.append(f"not established: prefix 5x ({figures}; rounds spread {p['spread']:.0%})")
-    else:
-        say(f"a shared {p['shared']:.0f}-token prefix answers at least 5x faster", ratio >= 5, figures)
-    for name, most, less in (("int8", 0.005, 3.5), ("int4", 0.02, 6.0)):
-        if name not in rows:
-            continue
-        target = f"{name}: perplexity at most +{most:.1%} at {less}x less KV memory than float32"
-        r = rows[name]
-        if plain is None or r.bytes_per_token <= 0:
-            lines.append(f"not established: {target} (no plain row to compare its bytes with)")
-            continue
-        smaller = plain.bytes_per_token / r.bytes_per_token
-        say(
-            target,
-            r.perplexity_increase <= most and smaller >= less,
-            f"{r.perplexity_increase:+.2%}, {smaller:.2f}x less per token",
-        )
-    if table.sink:
-        k = table.sink
-        say(
-            "a sink cache generates 4x its context_length with flat memory (peak within 10%)",
-            k["peak_mib_4x"] <= 1.1 * k["peak_mib_1x"],
-            f"{k['tokens']:.0f} tokens: peak {k['peak_mib_4x']:.2f} MiB against {k['peak_mib_1x']:.2f} for one context",
-        )
-    for name, r in rows.items():
-        if name.startswith(("h2o", "snapkv")):
-            lines.append(
-                f"measured: {name} budget: {r.agreement:.1%} greedy agreement, perplexity {r.perplexity_increase:+.2%}"
-            )
-    return lines + _by_construction(table)
+    sink = config.sink_contexts * c.context_length * tracked if _runs_sink(model, config) else 0.0
+    return 1.5 * n * per_row + recompute + sink + prefix
 
 
-def _by_construction(table: CacheTable) -> list[str]:
-    """The figures that the caches' design fixes, said as such so that they are not read as results."""
-    names = {r.cache for r in table.rows if r.status == "ok"}
-    lines = []
-    if "sink" in names:  # the default window: 4 sinks and context_length - 4 recent tokens
-        lines.append(
-            f"by construction: sink holds {table.context_length} tokens, all that the agreement and perplexity "
-            "runs feed it, so there it is the plain cache; it allocates them at the start, so its bytes/token is 0 "
-            "and its KV MiB does not grow (the peak, activations included, is what the sink target measures)"
-        )
-    if any(n.startswith("h2o") for n in names):
-        lines.append("by construction: h2o's bytes/token is its budget's share of the tokens it is built for")
-    if any(n.startswith("snapkv") for n in names):
-        lines.append(
-            "by construction: snapkv's bytes/token is 0 because the 32 and 64 tokens it is counted on are a prompt, "
-            "which it compresses to its budget; each generated token then costs what a plain one does"
-        )
-    capped = [r.cache for r in table.rows if r.status == "ok" and r.longest == table.context_length]
-    if capped:
-        lines.append(
-            f"by construction: 'longest in cap' of {', '.join(capped)} is the model's context "
-            f"({table.context_length}), not the cap: the model runs no further"
-        )
-    return lines
+@torch.no_grad()
+def _probe(model: GPT, prompt_len: int) -> tuple[float, float, float]:
+    """Seconds of one decode step (plain cache), of one under the memory counter, and of a prefill of
+    ``prompt_len`` tokens: the medians of a few, after one of each untimed."""
+    ids = torch.zeros(1, prompt_len, dtype=torch.long)
+    held = _caches(model, "plain", 1, prompt_len + 16)
+    _feed(model, held, ids)
+    token = ids[:, :1]
+
+    def timed(call: Call, n: int) -> float:
+        seconds = []
+        for _ in range(n):
+            began = time.perf_counter()
+            call()
+            seconds.append(time.perf_counter() - began)
+        return statistics.median(seconds)
+
+    step = timed(lambda: _feed(model, held, token), 5)
+    with PeakMemory():
+        tracked = timed(lambda: _feed(model, held, token), 3)
+    prefill_s = timed(lambda: _feed(model, _caches(model, "plain", 1, prompt_len), ids), 3)
+    return step, tracked, prefill_s
 
 
 def to_json(tables: list[CacheTable], config: CacheBenchConfig) -> dict[str, Any]:
     def clean(value: Any) -> Any:
-        if isinstance(value, float) and math.isinf(value):
-            return "inf"
+        if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
+            return str(value)
         if isinstance(value, dict):
             return {k: clean(v) for k, v in value.items()}
         if isinstance(value, list):

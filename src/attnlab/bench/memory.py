@@ -25,7 +25,17 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    """The tensors in an operator's arguments or results: nested tuples, lists and dicts (what aten passes)."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, (tuple, list)):
+        return [t for item in tree for t in _tensors(item)]
+    if isinstance(tree, dict):
+        return [t for item in tree.values() for t in _tensors(item)]
+    return []
 
 
 def _key(t: torch.Tensor) -> int:
@@ -58,12 +68,10 @@ class PeakMemory(TorchDispatchMode):
             self.current_bytes -= entry[0]
             del self._live[key]
 
-    def _track(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        key = _key(t)
+    def _track(self, t: torch.Tensor, key: int) -> None:
         entry = self._live.get(key)
         if entry is None:
-            entry = self._live[key] = [storage.nbytes(), 0]
+            entry = self._live[key] = [t.untyped_storage().nbytes(), 0]
             self.current_bytes += entry[0]
             self.peak_bytes = max(self.peak_bytes, self.current_bytes)
         entry[1] += 1
@@ -71,8 +79,11 @@ class PeakMemory(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        given = {_key(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and (_key(t) in self._live or _key(t) not in given):
-                self._track(t)  # not a view or in-place result of a tensor made before the block: that is not new
+        made = _tensors(out)
+        if made:
+            given = {_key(t) for t in _tensors((args, kwargs))}
+            for t in made:
+                key = _key(t)
+                if key in self._live or key not in given:
+                    self._track(t, key)  # not a view or in-place result of a tensor made before the block: not new
         return out

@@ -106,6 +106,7 @@ class BenchResult:
     cases: list[Case] = field(default_factory=list)
     fits: dict[str, Fit] = field(default_factory=dict)
     longest: list[Longest] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)  # what an interruption (Ctrl-C) left unmeasured
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -115,4 +116,5 @@ class BenchResult:
             "cases": [{**asdict(c), "spread": c.spread, "ratio_noisy": c.ratio_noisy} for c in self.cases],
             "fits": {key: {**asdict(fit), "time_noisy": fit.time_noisy} for key, fit in self.fits.items()},
             "longest": [asdict(row) for row in self.longest],
+            "left": self.left,
         }

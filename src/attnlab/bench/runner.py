@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -101,16 +101,39 @@ def nominal_flops(mode: str, b: int, t: int, d: int) -> float:
     return 3 * forward if mode == "backward" else forward  # backward is about twice the forward
 
 
+_CHILDREN: set[subprocess.Popen[str]] = set()  # the worker processes running now (two threads may start them)
+_CHILDREN_LOCK = threading.Lock()
+
+
 def _spawn(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "attnlab.bench.worker", json.dumps(spec)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {**spec, "status": f"failed: exceeded {timeout:.0f} s"}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        with _CHILDREN_LOCK:
+            _CHILDREN.add(proc)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return {**spec, "status": f"failed: exceeded {timeout:.0f} s"}
+        except BaseException:  # Ctrl-C in this thread: the worker goes too
+            proc.kill()
+            raise
+        finally:
+            with _CHILDREN_LOCK:
+                _CHILDREN.discard(proc)
     if proc.returncode != 0:
-        tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        tail = (err or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
         return {**spec, "status": f"failed: {tail[0][:200]}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    answer: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return answer
+
+
+def stop_workers() -> None:
+    """Kill every worker process running now (Ctrl-C: the threads waiting on them then return)."""
+    with _CHILDREN_LOCK:
+        for proc in _CHILDREN:
+            proc.kill()
 
 
 Worker = Callable[[dict[str, Any], float], dict[str, Any]]
@@ -204,10 +227,13 @@ def run(
     # when two of the largest fit in memory together
     jobs = 2 if 2 * max(needs, default=0) <= budget else 1
     lock = threading.Lock()
+    stopping = threading.Event()  # Ctrl-C: no new case starts
 
     def own_run(item: tuple[dict[str, Any], int, float]) -> dict[str, Any]:
         nonlocal done
         spec, need, estimate = item
+        if stopping.is_set():
+            return {**spec, "status": INTERRUPTED}
         if need > budget:
             answer = {
                 **spec,
@@ -217,14 +243,24 @@ def run(
         else:
             own = {**spec, "repeats": 1, "warmup": 1, "memory_limit_bytes": int(budget / jobs)}
             answer = worker(own, config.timeout_s)
+        if stopping.is_set():  # its worker was stopped by Ctrl-C (or finished as it came): not kept
+            return {**spec, "status": INTERRUPTED}
         with lock:
             done += estimate
             if progress:
                 progress(done, total, f"{spec['impl']} {spec['mode']} T={spec['seq']}")
         return answer
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        answers = list(pool.map(own_run, zip(specs, needs, estimates, strict=True)))
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    futures = [pool.submit(own_run, item) for item in zip(specs, needs, estimates, strict=True)]
+    try:
+        answers = [future.result() for future in futures]
+    except KeyboardInterrupt:  # the cases finished stay; the rest, and the one each worker was running, do not
+        stopping.set()
+        stop_workers()
+        pool.shutdown(wait=True, cancel_futures=True)
+        answers = [_finished(future, spec) for future, spec in zip(futures, specs, strict=True)]
+    pool.shutdown()
     groups: dict[tuple[str, int], list[Case]] = {}
     for spec, need, answer in zip(specs, needs, answers, strict=True):
         case = Case.from_worker({**spec, **answer})
@@ -232,13 +268,33 @@ def run(
         result.cases.append(case)
         groups.setdefault((spec["mode"], spec["seq"]), []).append(case)
     for (mode, seq), cases in groups.items():
+        if stopping.is_set():  # not timed together: not a row of the tables
+            for c in (c for c in cases if c.ok):
+                c.status = INTERRUPTED
+            continue
         if progress:
             progress(done, total, f"interleaved timing, {mode} T={seq}")
-        _time_together([c for c in cases if c.ok], config, worker)
-    if progress:
+        try:
+            _time_together([c for c in cases if c.ok], config, worker)
+        except KeyboardInterrupt:  # this length's cases were not timed together: not rows either
+            stopping.set()
+            for c in (c for c in cases if c.ok):
+                c.status = INTERRUPTED
+    result.left = [f"{c.impl} {c.mode} T={c.seq}" for c in result.cases if c.status == INTERRUPTED]
+    if progress and not stopping.is_set():
         progress(total, total, "done")
     summarize(result)
     return result
+
+
+INTERRUPTED = "not measured: interrupted"
+
+
+def _finished(future: Future[dict[str, Any]], spec: dict[str, Any]) -> dict[str, Any]:
+    """A case's answer if its worker finished before Ctrl-C, else that it was interrupted."""
+    if future.cancelled() or future.exception() is not None:
+        return {**spec, "status": INTERRUPTED}
+    return future.result()
 
 
 def _time_together(cases: list[Case], config: BenchConfig, worker: Worker) -> None:
@@ -314,67 +370,106 @@ def _slope(xs: list[float], ys: list[float]) -> float | None:
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
 
 
+@dataclass(frozen=True)
+class LongestPlan:
+    """What the longest search runs: each implementation from ``start``, doubling T (batch 1, forward)."""
+
+    impls: tuple[str, ...]
+    start: int = 1024
+    d_model: int = 768
+    heads: int = 12
+    time_limit_s: float = 300.0
+    memory_fraction: float = 0.7
+
+
+def longest_forecast(plan: LongestPlan, machine: Machine, spawn_s: float) -> float:
+    """A rough forecast of the search, in seconds: the doubling simulated with each length's nominal FLOPs at a
+    quarter of the matmul rate (as ``estimate_seconds``) and the memory model, to the same stops."""
+    rate = (machine.matmul_gflops or 10.0) * 1e9 * 0.25
+    total = 0.0
+    for impl in plan.impls:
+        t, last = plan.start, None
+        while True:
+            need = memory_model(impl, batch=1, seq=t, d=plan.d_model, heads=plan.heads, dtype_bytes=4, backward=False)
+            if need > plan.memory_fraction * machine.available_bytes or (last and 4 * last > plan.time_limit_s):
+                break
+            last = nominal_flops("forward", 1, t, plan.d_model) / rate
+            total += spawn_s + 3 * last  # its own process: the check, one run, one under the memory counter
+            t *= 2
+    return total
+
+
 def longest(
-    impls: tuple[str, ...],
+    plan: LongestPlan,
     *,
-    start: int = 1024,
-    d_model: int = 768,
-    heads: int = 12,
-    time_limit_s: float = 300.0,
-    memory_fraction: float = 0.7,
     worker: Worker = _spawn,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> list[Longest]:
-    """The longest sequence each implementation runs (batch 1, forward), doubling T.
+    """The longest sequence each implementation of ``plan`` runs (batch 1, forward), doubling T.
 
     Stops at the first length predicted to exceed free memory, predicted to
     take longer than ``time_limit_s`` (time grows about 4x per doubling), or
-    that fails. Returns, per implementation, the longest length that ran and why it stopped.
+    that fails. Returns, per implementation, the longest length that ran and why it stopped. Ctrl-C
+    (KeyboardInterrupt) ends the search: the implementation it was on keeps the longest that ran so far
+    ("interrupted at T=..."), and those it had not started have no row.
     """
+    impls, d_model, heads, time_limit_s = plan.impls, plan.d_model, plan.heads, plan.time_limit_s
+    memory_fraction = plan.memory_fraction
     free = available_bytes()
     rows: list[Longest] = []
     for n, impl in enumerate(impls):
-        t, best, last_ms, reason = start, None, None, ""
-        while True:
-            if progress:
-                progress(n, len(impls), f"longest {impl} T={t}")
-            need = memory_model(impl, batch=1, seq=t, d=d_model, heads=heads, dtype_bytes=4, backward=False)
-            if need > memory_fraction * free:
-                reason = f"T={t} predicted to need {need / 2**30:.1f} GiB of {free / 2**30:.1f} GiB available"
-                break
-            if last_ms is not None and 4 * last_ms / 1e3 > time_limit_s:
-                reason = f"T={t} predicted to take about {4 * last_ms / 1e3:.0f} s, over the {time_limit_s:.0f} s limit"
-                break
-            spec = dict(
-                impl=impl,
-                seq=t,
-                batch=1,
-                d_model=d_model,
-                heads=heads,
-                dtype="float32",
-                mode="forward",
-                repeats=1,
-                warmup=0,
-                check_len=256,
-                threads=None,
-                memory_limit_bytes=int(memory_fraction * free),
-            )
-            case = worker(spec, max(time_limit_s * 2, 60.0))
-            if case.get("status") != "ok":
-                reason = f"T={t}: {case.get('status')}"
-                break
-            best, last_ms = case, case["median_ms"]
-            t *= 2
-        rows.append(
-            Longest(
-                impl=impl,
-                longest_seq=best["seq"] if best else None,
-                median_ms=best["median_ms"] if best else None,
-                peak_rss_bytes=best["peak_rss_bytes"] if best else None,
-                stopped=reason,
-            )
-        )
+        t, best, last_ms, reason = plan.start, None, None, ""
+        try:
+            while True:
+                if progress:
+                    progress(n, len(impls), f"longest {impl} T={t}")
+                need = memory_model(impl, batch=1, seq=t, d=d_model, heads=heads, dtype_bytes=4, backward=False)
+                if need > memory_fraction * free:
+                    reason = f"T={t} predicted to need {need / 2**30:.1f} GiB of {free / 2**30:.1f} GiB available"
+                    break
+                if last_ms is not None and 4 * last_ms / 1e3 > time_limit_s:
+                    reason = (
+                        f"T={t} predicted to take about {4 * last_ms / 1e3:.0f} s, over the {time_limit_s:.0f} s limit"
+                    )
+                    break
+                spec = dict(
+                    impl=impl,
+                    seq=t,
+                    batch=1,
+                    d_model=d_model,
+                    heads=heads,
+                    dtype="float32",
+                    mode="forward",
+                    repeats=1,
+                    warmup=0,
+                    check_len=256,
+                    threads=None,
+                    memory_limit_bytes=int(memory_fraction * free),
+                )
+                case = worker(spec, max(time_limit_s * 2, 60.0))
+                if case.get("status") != "ok":
+                    reason = f"T={t}: {case.get('status')}"
+                    break
+                best, last_ms = case, case["median_ms"]
+                t *= 2
+        except KeyboardInterrupt:
+            rows.append(_longest_row(impl, best, f"{INTERRUPTED_AT}{t}, the longest so far"))
+            return rows
+        rows.append(_longest_row(impl, best, reason))
     return rows
+
+
+INTERRUPTED_AT = "interrupted at T="
+
+
+def _longest_row(impl: str, best: dict[str, Any] | None, stopped: str) -> Longest:
+    return Longest(
+        impl=impl,
+        longest_seq=best["seq"] if best else None,
+        median_ms=best["median_ms"] if best else None,
+        peak_rss_bytes=best["peak_rss_bytes"] if best else None,
+        stopped=stopped,
+    )
 
 
 def with_overrides(config: BenchConfig, **changes: Any) -> BenchConfig:

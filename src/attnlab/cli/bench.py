@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from typing import Any
 
 from rich.console import Console
@@ -55,7 +56,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "(default: book-mha attnlab-auto attnlab-flash); takes minutes; runs only this search unless "
         "--seq-lens or --quick asks for the sweep too",
     )
-    bench.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds: a smoke run")
+    bench.add_argument("--quick", action="store_true", help="tiny shapes: a smoke run")
+    bench.add_argument(
+        "--full",
+        action="store_true",
+        help="with --caches: every cache on both models at the long sizes, on torch's threads (an hour or more on "
+        "2 cores); the default judges every target in about a minute: the text model's every cache, and the "
+        "gpt2-small shape's shared prefix, on one thread",
+    )
     bench.add_argument(
         "--model",
         nargs="?",
@@ -106,6 +114,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         check_flags(args)
     except (ValueError, TypeError) as err:
         return error(console, err)
+    if args.full and args.caches is None:
+        return error(console, "--full goes with --caches (the cache lab's long run); the sweep's sizes are flags")
     if args.caches is not None:
         from attnlab.cli.bench_caches import run_caches
 
@@ -116,10 +126,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return error(console, "--prompt-len and --new-tokens go with --model")
     from attnlab.bench.results import BenchResult
     from attnlab.bench.runner import (
+        INTERRUPTED,
+        INTERRUPTED_AT,
         QUICK,
         BenchConfig,
+        LongestPlan,
         estimate_seconds,
         longest,
+        longest_forecast,
         measure_machine,
         plan,
         run,
@@ -155,13 +169,20 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return error(console, err)
     with console.status("measuring this machine (matmul rate, free memory)"):
         machine, spawn_s = measure_machine(config)
-    if sweep:
-        forecast = sum(estimate_seconds(config, machine, spawn_s))
-        if forecast > 60:
-            console.print(
-                f"{len(plan(config))} cases, about {forecast / 60:.0f} min by a rough forecast "
-                "(nominal FLOPs at a quarter of the matmul rate); --quick is a smoke run of seconds"
-            )
+    search = LongestPlan(impls=longest_impls) if longest_impls else None
+    forecast = sum(estimate_seconds(config, machine, spawn_s)) if sweep else 0.0
+    search_forecast = longest_forecast(search, machine, spawn_s) if search else 0.0
+    if forecast > 60 or search:
+        parts = [f"{len(plan(config))} cases, about {_minutes(forecast)}"] if sweep else []
+        if search:
+            parts.append(f"the longest search about {_minutes(search_forecast)}")
+        console.print(
+            f"{'; '.join(parts)} by a rough forecast (nominal FLOPs at a quarter of the matmul rate); Ctrl-C stops "
+            "it and keeps what finished" + ("" if args.quick else "; --quick is a smoke run of seconds"),
+            markup=False,
+            soft_wrap=True,
+        )
+    started = time.perf_counter()
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -176,23 +197,36 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
         def progress(done: float, total: float, label: str) -> None:
             bar.update(task, completed=done, total=total, description=label)
+            if not console.is_terminal:  # piped: the bar is not drawn, so say each step as a line
+                elapsed = time.perf_counter() - started
+                console.print(f"{label} ({done / max(total, 1e-9):.0%} of the forecast, {elapsed:.0f} s)", markup=False)
+
+        def searching(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=label)
+            if not console.is_terminal:
+                console.print(f"[{done}/{total}] {label} ({time.perf_counter() - started:.0f} s)", markup=False)
 
         result = run(config, progress=progress, machine=(machine, spawn_s)) if sweep else BenchResult(machine, {})
-        if longest_impls:
-            result.longest = longest(longest_impls, progress=progress)
+        if search and result.left:
+            result.left.append("the longest search")
+        elif search:
+            result.longest = longest(search, progress=searching)
+            if result.longest and result.longest[-1].stopped.startswith(INTERRUPTED_AT):  # that one and the rest
+                result.left += [f"longest {impl}" for impl in search.impls[len(result.longest) - 1 :]]
     machine = result.machine
     rate = f"{machine.matmul_gflops:.1f} GFLOP/s" if machine.matmul_gflops else "not measured"
     console.print(
         f"torch {machine.torch}, {machine.threads} threads, matmul {rate} (the practical roofline), "
         f"{machine.available_bytes / 2**30:.1f} GiB available"
     )
-    for mode in dict.fromkeys(c.mode for c in result.cases):
+    shown = [c for c in result.cases if c.status != INTERRUPTED]  # an interrupted case is in the last line
+    for mode in dict.fromkeys(c.mode for c in shown):
         what = MODE_TITLES.get(mode, mode)
         table = Table(title=f"{what}: batch {config.batch}, d={config.d_model}, {config.heads} heads, {config.dtype}")
         table.add_column("implementation", no_wrap=True)
         for col in ("T", "median ms", "spread", "x fastest", "peak alloc MiB", "peak RSS MiB", "GFLOP/s", "of matmul"):
             table.add_column(col, justify="right")
-        for c in (c for c in result.cases if c.mode == mode):
+        for c in (c for c in shown if c.mode == mode):
             if not c.ok:
                 table.add_row(c.impl, str(c.seq), f"[yellow]{c.status}[/yellow]", "", "", "", "", "", "")
                 continue
@@ -230,7 +264,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             fits.add_row(key, time_text, rounds, memory)
         console.print(fits)
     for r in result.longest:
-        console.print(f"longest {r.impl}: T={r.longest_seq} ({r.stopped})")
+        console.print(f"longest {r.impl}: T={r.longest_seq} ({r.stopped})", markup=False)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(result.to_json(), out, indent=1)
@@ -239,8 +273,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
         from attnlab.bench.plot import plot
 
         console.print(f"wrote {plot(result, args.plot)}")
+    if result.left:
+        error(console, f"interrupted; left unmeasured: {', '.join(result.left)}")
+        return 130
     refused = [c for c in result.cases if c.status.startswith("refused")]
     return 1 if refused else 0
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def run_model(args: argparse.Namespace, console: Console) -> int:
