@@ -137,7 +137,14 @@ def table(*rows: CacheRow, cold_ms: float = 800.0, spread: float = 0.1, peak_4x:
         rows=list(rows),
         held_out=192,
         recompute_perplexity=10.0,
-        prefix={"shared": 512, "cold_ms": cold_ms, "warm_ms": 100.0, "spread": spread, "rounds": 3},
+        prefix={
+            "shared": 512,
+            "cold_ms": cold_ms,
+            "warm_ms": 100.0,
+            "ratio": cold_ms / 100,
+            "spread": spread,
+            "rounds": 3,
+        },
         sink={
             "tokens": 1024,
             "contexts": 4,
@@ -216,7 +223,7 @@ def test_a_target_the_figures_cannot_judge_is_not_established_never_met() -> Non
     )
     assert said(good, "prefix") == (  # the threads too: the ratio depends on them
         "met: a shared 512-token prefix answers at least 5x faster (512 shared tokens: 2000 ms computed, 100 ms "
-        "shared, 20.0x, 2 threads; rounds spread 10%)"
+        "shared, 20.0x, 2 threads; per-round ratios spread 10%)"
     )
     half = replace(good, sink={**good.sink, "contexts": SINK_CONTEXTS // 2, "tokens": 512})
     assert said(half, "sink cache generates").startswith("not established: a sink cache") and "2 contexts only" in said(

@@ -65,7 +65,7 @@ def _prefix(table: CacheTable, spread_limit: float) -> list[str]:
     if not p:
         why = "interrupted before it" if "shared prefix" in table.left else "not run"
         return [f"not established: {target} ({why})"]
-    ratio = p["cold_ms"] / p["warm_ms"]
+    ratio = p["ratio"]  # the median of the rounds' ratios, each from one round's pair
     threads = f"{table.threads} thread{'s' if table.threads != 1 else ''}"  # the ratio depends on them
     figures = (
         f"{p['shared']:.0f} shared tokens: {p['cold_ms']:.0f} ms computed, {p['warm_ms']:.0f} ms shared, {ratio:.1f}x, "
@@ -76,8 +76,8 @@ def _prefix(table: CacheTable, spread_limit: float) -> list[str]:
     if p["rounds"] < MIN_ROUNDS:
         return [f"not established: {target} ({figures}; {p['rounds']:.0f} round(s), no spread to judge the noise by)"]
     if p["spread"] > spread_limit:
-        return [f"not established: {target} ({figures}; rounds spread {p['spread']:.0%})"]
-    return [f"{'met' if ratio >= 5 else 'NOT met'}: {target} ({figures}; rounds spread {p['spread']:.0%})"]
+        return [f"not established: {target} ({figures}; per-round ratios spread {p['spread']:.0%})"]
+    return [f"{'met' if ratio >= 5 else 'NOT met'}: {target} ({figures}; per-round ratios spread {p['spread']:.0%})"]
 
 
 def _quantized(rows: dict[str, CacheRow]) -> list[str]:

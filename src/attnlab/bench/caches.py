@@ -460,7 +460,9 @@ def measure_prefix(model: GPT, *, label: str, config: CacheBenchConfig) -> Cache
 
 
 def _prefix_speed(model: GPT, config: CacheBenchConfig) -> dict[str, float]:
-    """Time to first token of a prompt whose first ``shared`` tokens are in the tree (warm) or not (cold)."""
+    """Time to first token of a prompt whose first ``shared`` tokens are in the tree (warm) or not (cold), each
+    round a pair; the ratio is the median of the rounds' ratios, its spread theirs (a busy moment slows both of a
+    pair, so the ratio holds where each time alone wobbles)."""
     shared = min(config.shared, model.config.context_length - 17)  # then 16 tokens of its own, and one new
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(7)
@@ -477,11 +479,13 @@ def _prefix_speed(model: GPT, config: CacheBenchConfig) -> dict[str, float]:
         start = time.perf_counter()
         model.generate(torch.tensor([prefix + tail]), 1, cache=fresh)
         warm.append(time.perf_counter() - start)
+    ratios = [c / w for c, w in zip(cold, warm, strict=True)]  # each round's pair, from the same moments
     return {
         "shared": shared,
         "cold_ms": statistics.median(cold) * 1e3,
         "warm_ms": statistics.median(warm) * 1e3,
-        "spread": max(spread(cold), spread(warm)),
+        "ratio": statistics.median(ratios),
+        "spread": spread(ratios),
         "rounds": len(cold),
     }
 
