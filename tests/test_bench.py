@@ -288,6 +288,37 @@ def test_the_longest_search_says_each_step_on_a_pipe_and_keeps_what_it_found_on_
     assert data["longest"][0]["longest_seq"] == 2048 and data["left"] == ["longest book-mha", "longest attnlab-flash"]
 
 
+def test_the_sweep_says_each_step_on_a_pipe_and_names_what_ctrl_c_left(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sweep's bar is not drawn on a pipe: each case finished is a line; a run that Ctrl-C cut short prints
+    its rows, then one line naming what was left, and exits 130."""
+    from attnlab.bench import runner
+    from attnlab.bench.results import BenchResult, Case, Machine
+
+    machine = Machine("t", 2, 2, 2**30, 10.0)
+    monkeypatch.setattr(runner, "measure_machine", lambda config: (machine, 0.1))
+
+    def fake_run(config: BenchConfig, *, progress: Any, machine: Any) -> BenchResult:
+        progress(1.0, 4.0, "attnlab-flash forward T=64")
+        progress(2.0, 4.0, "interleaved timing, forward T=64")
+        done = Case(impl="attnlab-flash", seq=64, mode="forward", batch=2, d_model=64, heads=4, dtype="float32")
+        done.status, done.median_ms = "ok", 1.0
+        left = Case(impl="attnlab-flash", seq=128, mode="forward", batch=2, d_model=64, heads=4, dtype="float32")
+        left.status = runner.INTERRUPTED
+        return BenchResult(machine[0], {}, cases=[done, left], left=["attnlab-flash forward T=128"])
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    assert cli.main(["bench", "--quick", "--impls", "attnlab-flash"]) == 130
+    said = capsys.readouterr()
+    lines = said.out.splitlines()
+    assert lines[0].startswith("attnlab-flash forward T=64 (25% of the forecast, ")
+    assert lines[1].startswith("interleaved timing, forward T=64 (50% of the forecast, ")
+    table = [line for line in lines if line.startswith("│ attnlab-flash")]
+    assert len(table) == 1 and table[0].split("│")[2].strip() == "64"  # the case finished; T=128 is not a row
+    assert said.err == "error: interrupted; left unmeasured: attnlab-flash forward T=128\n"
+
+
 def test_the_sweep_keeps_the_cases_finished_on_ctrl_c() -> None:
     """Ctrl-C during the interleaved timing of the second length: the first length's cases are rows; the others
     are left, named (not timed together, so not comparable), not dropped silently."""

@@ -103,8 +103,8 @@ class CacheBenchConfig:
 FULL_CACHES = CacheBenchConfig()
 # Every target still judged, in minutes: the text model's rows at smaller sizes (its perplexity steps still read
 # mostly quantized keys, and its sink run is 4 contexts), and the gpt2-small shape for the 512-token prefix only.
-# One thread: on a shared 2-core machine a second thread made the text model's small steps wait for it (the quick
-# table took 69 s on 2 threads and 9 s on 1 at a load of 8, docs/benchmarks.md).
+# One thread: on a shared 2-core machine a second thread makes the text model's small steps wait for it
+# (`bench --caches --quick --model text`: 80 s on 2 threads, 10 s on 1, at a load of 5; docs/benchmarks.md).
 DEFAULT_CACHES = CacheBenchConfig(
     prompts=4, new_tokens=32, long_tokens=128, held_out=128, prefix_only=("gpt2-small",), threads=1
 )
