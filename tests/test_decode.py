@@ -151,3 +151,31 @@ def test_sampled_generation_draws_through_sampling_with_its_generator() -> None:
     m, ids = model(), torch.tensor([prompt(8)])
     runs = [m.generate(ids, 16, temperature=1.5, generator=torch.Generator().manual_seed(s)) for s in (5, 5, 6)]
     assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+
+
+def test_a_kept_prefix_cache_that_saw_a_layer_fail_gives_the_right_tokens_after() -> None:
+    """A forward that fails between layers inside generate_many (the loop hands the model per-row views): the
+    kept store's half-made write is undone, and the next call gives the reference tokens (it gave others)."""
+    m = model()
+    prompts = [list(range(1, 24)), [*range(1, 21), 9]]
+    reference = m.generate_many(prompts, 12, slots=2)
+    store = PrefixCache.for_model(m, batch_size=2, max_len=40)
+
+    def boom(module: object, args: object) -> None:
+        raise RuntimeError("layer 1 failed")
+
+    hook = m.trf_blocks[1].register_forward_pre_hook(boom)  # layer 0 writes, layer 1 never does
+    try:
+        with pytest.raises(RuntimeError, match="layer 1 failed"):
+            m.generate_many(prompts, 12, slots=2, cache=store)
+    finally:
+        hook.remove()
+    assert store.blocks.pending is None
+    assert m.generate_many(prompts, 12, slots=2, cache=store) == reference
+    assert m.generate_many(prompts, 12, slots=2, cache=store) == reference
+
+
+def test_a_call_past_the_context_is_refused_before_any_cache_is_made() -> None:
+    """10**8 new tokens would be a cache of gigabytes: the context says no first, at once."""
+    with pytest.raises(ValueError, match=r"more than the model's context_length 64"):
+        model().generate(torch.tensor([prompt(4)]), 10**8)

@@ -177,7 +177,7 @@ def capabilities_of(cache: object) -> Capabilities:
     probe = cache_factory(cache)(
         batch_size=1,
         num_kv_heads=1,
-        head_dim=1,
+        head_dim=2,  # even: 4-bit codes go two a byte
         max_len=4,
         window=None,
         dtype=torch.float32,

@@ -111,7 +111,7 @@ class LayerCache(nn.Module):
             if t.shape[0] != batch:
                 raise ValueError(
                     f"this cache was built for batch_size={batch}, got {name} for a batch of {t.shape[0]}; "
-                    "a cache holds one batch (reset() keeps its size): build a new cache for this batch"
+                    "a cache holds one batch: build a new cache for this batch"
                 )
             if (t.shape[1], t.shape[3]) != (self.num_kv_heads, self.head_dim):
                 raise ValueError(

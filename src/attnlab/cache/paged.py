@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -214,6 +215,7 @@ class BlockTable:
     def release(self, row: int) -> None:
         """Sequence ``row`` is finished: its blocks go back to the pool (shared ones when no one holds them)."""
         self.check_row("row", row)
+        self.abort()  # a write planned by a forward that did not finish is not this row's to keep
         for block in self.held[row]:
             self.drop(block)
         self.held[row] = []
@@ -269,6 +271,13 @@ class PagedKVCache(LayerCache):
         self.register_buffer("v_pool", torch.zeros(pool, dtype=dtype, device=device), persistent=False)
         self.k_pool: torch.Tensor
         self.v_pool: torch.Tensor
+
+    def _apply(self, fn: Any, recurse: bool = True) -> PagedKVCache:
+        """``.to()`` and the like move the block table with the pool (a shared one is moved once per layer,
+        which leaves it where the last put it)."""
+        super()._apply(fn, recurse)
+        self.table.table, self.table.lengths = fn(self.table.table), fn(self.table.lengths)
+        return self
 
     def share(self, table: BlockTable) -> None:
         """Write through ``table`` (another layer's, of the same shape, before anything is written)."""

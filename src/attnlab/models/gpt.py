@@ -191,7 +191,7 @@ class GPT(nn.Module):
                 )
         try:
             return self._run(idx, positions, mask, caches, last_only, document_ids, mask_mod, score_mod)
-        except Exception:
+        except BaseException:  # Ctrl-C too
             if isinstance(caches, ModelCache):  # a paged write some layers made is undone
                 caches.abort()
             raise
@@ -257,11 +257,14 @@ class GPT(nn.Module):
         longest, ahead = max(map(len, prompts)) + max_new_tokens - 1, max(map(len, prompts)) + max_new_tokens
         step = self._compiled_step(compile, lookup, draft, attention_mask, use_cache, cache) if compile else None
         capacity = ahead if step is None else -(-ahead // STEP_CAPACITY) * STEP_CAPACITY  # one graph, many lengths
-        proposer = plan.proposer_for(self, lookup=lookup, draft=draft, draft_tokens=draft_tokens, capacity=ahead + 64)
+        plan.check_proposer(self, lookup=lookup, draft=draft, draft_tokens=draft_tokens)
         if not use_cache and cache != "plain":
             raise ValueError(f"use_cache=False runs without a cache; leave out cache={cache!r}")
+        caps = plan.capabilities(cache) if use_cache else None
+        plan.check_plan(self, prompts, caps, stop, draft=draft, speculating=lookup is not None or draft is not None)
+        proposer = plan.proposer_for(self, lookup=lookup, draft=draft, draft_tokens=draft_tokens, capacity=ahead + 64)
         held = plan.cache_for(self, cache, rows=len(prompts), longest=longest, capacity=capacity) if use_cache else None
-        plan.check_plan(self, prompts, held, stop, proposer)
+        plan.check_sinks(held, prompts, stop)
         passes = decode(self, prompts, cache=held, sampling=sampling, stop=stop, proposer=proposer, step=step)
         return _by_position(passes, len(prompts), stop, idx.device)
 

@@ -129,9 +129,10 @@ def decode(
                 cache.release(slot)
                 del running[slot]
                 free.append(slot)
-    finally:  # after an error or a stream left unfinished too: a cache kept across calls gets its rows back
-        if cache is not None and not together:
-            for slot in running:
+    finally:  # after an error, Ctrl-C or a stream left unfinished too: a write some layers made is undone, and a
+        if cache is not None:  # cache kept across calls gets its rows back
+            cache.abort()
+            for slot in running if not together else ():
                 cache.release(slot)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from attnlab._checks import check_positive_int
-from attnlab.cache import ModelCache, PrefixCache, SinkCache
+from attnlab.cache import Capabilities, ModelCache, PrefixCache, SinkCache, capabilities_of
 from attnlab.models.generation.decode import Stop
 from attnlab.models.generation.proposers import Draft, Lookup, Proposer
 
@@ -65,12 +65,12 @@ def many_rows(prompts: object, *, vocab_size: int) -> list[list[int]]:
     return prompts
 
 
-def proposer_for(model: Any, *, lookup: object, draft: Any, draft_tokens: int, capacity: int) -> Proposer | None:
-    """The proposer that ``lookup=`` or ``draft=`` asks for (None for neither), every argument checked."""
+def check_proposer(model: Any, *, lookup: object, draft: Any, draft_tokens: object) -> None:
+    """What ``lookup=`` or ``draft=`` asks for, checked before anything is made."""
     if lookup is not None and draft is not None:
         raise ValueError("give lookup=K (guesses from the text) or draft=MODEL (guesses from a model), not both")
     if lookup is None and draft is None:
-        return None
+        return
     if model.config.window is not None:
         raise ValueError(
             f"speculative decoding crops the cache after each pass; a sliding window (window={model.config.window}) "
@@ -78,7 +78,8 @@ def proposer_for(model: Any, *, lookup: object, draft: Any, draft_tokens: int, c
         )
     if lookup is not None:
         check_positive_int("lookup", lookup, limit=64)
-        return Lookup(k=int(lookup))  # type: ignore[call-overload]
+        return
+    check_positive_int("draft_tokens", draft_tokens, limit=64)
     if not isinstance(draft, type(model)):
         raise TypeError(f"draft must be a GPT (a smaller model with the same vocabulary), got {type(draft).__name__}")
     if draft.config.vocab_size != model.config.vocab_size:
@@ -88,7 +89,18 @@ def proposer_for(model: Any, *, lookup: object, draft: Any, draft_tokens: int, c
         )
     if draft.config.window is not None:
         raise ValueError("the draft model has a sliding window, whose cache cannot be cropped: use another draft")
-    return Draft(draft, k=draft_tokens, capacity=capacity)
+
+
+def proposer_for(model: Any, *, lookup: int | None, draft: Any, draft_tokens: int, capacity: int) -> Proposer | None:
+    """The proposer ``lookup=`` or ``draft=`` asks for (None for neither), once :func:`check_proposer` passed."""
+    if lookup is not None:
+        return Lookup(k=lookup)
+    return None if draft is None else Draft(draft, k=draft_tokens, capacity=capacity)
+
+
+def capabilities(cache: object) -> Capabilities:
+    """What the cache a call asks for can do, known before it is made."""
+    return cache.capabilities if isinstance(cache, ModelCache) else capabilities_of(cache)
 
 
 def cache_for(model: Any, cache: object, *, rows: int, longest: int, capacity: int) -> ModelCache:
@@ -108,10 +120,13 @@ def cache_for(model: Any, cache: object, *, rows: int, longest: int, capacity: i
     return cache
 
 
-def check_plan(model: Any, prompts: list[list[int]], cache: ModelCache | None, stop: Stop, proposer: object) -> None:
-    """What the cache, the proposer and the context allow together."""
+def check_plan(
+    model: Any, prompts: list[list[int]], caps: Capabilities | None, stop: Stop, *, draft: Any, speculating: bool
+) -> None:
+    """What the cache (``caps``: None for no cache), a proposer and the context allow together, before either
+    is made."""
     padded = len({len(p) for p in prompts}) > 1  # rows with rows of their own run each at its length, unpadded
-    if proposer is not None and (len(prompts) != 1 or cache is None or not cache.capabilities.crop or padded):
+    if speculating and (len(prompts) != 1 or caps is None or not caps.crop or padded):
         if len(prompts) != 1:
             raise ValueError(
                 f"speculative decoding runs one sequence at a time (its passes accept different numbers of "
@@ -122,24 +137,30 @@ def check_plan(model: Any, prompts: list[list[int]], cache: ModelCache | None, s
             "after each pass: drop attention_mask, use_cache=False and cache="
         )
     written = max(len(p) for p in prompts) + stop.max_new_tokens - 1  # the last new token is never fed back
-    past = model.config.rope and cache is not None and cache.capabilities.past_context
+    past = model.config.rope and caps is not None and caps.past_context
     limit = model.config.context_length
-    if isinstance(proposer, Draft):  # the draft runs the same positions
-        limit = min(limit, proposer.model.config.context_length)
+    if draft is not None:  # the draft runs the same positions
+        limit = min(limit, draft.config.context_length)
     if not past and written > limit:
-        sink = cache is not None and cache.capabilities.past_context
+        sink = caps is not None and caps.past_context
         hint = (
             "; a sink cache runs past context_length only with rotary positions (GPTConfig(rope=True)): learned "
             "positions such as GPT-2's end at context_length"
             if sink
             else ""
         )
-        whose = " (the smaller of the model's and the draft's)" if isinstance(proposer, Draft) else ""
+        whose = " (the smaller of the model's and the draft's)" if draft is not None else ""
         raise ValueError(
             f"the prompt has {max(len(p) for p in prompts)} tokens and max_new_tokens is {stop.max_new_tokens}: "
             f"{written} positions to run, more than the model's context_length {limit}{whose}; shorten the prompt "
             f"or ask for fewer tokens{hint}"
         )
+
+
+def check_sinks(cache: ModelCache | None, prompts: list[list[int]], stop: Stop) -> None:
+    """Left padding on a sink cache: refused once the window would keep pads in the sinks' place."""
+    padded = len({len(p) for p in prompts}) > 1
+    written = max(len(p) for p in prompts) + stop.max_new_tokens - 1
     sink_cache = cache[0] if cache is not None else None
     if isinstance(sink_cache, SinkCache) and padded and written > sink_cache.sinks + sink_cache.recent:
         raise ValueError(  # left padding fills the sink slots with pads, which the window would then keep as sinks
