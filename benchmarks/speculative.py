@@ -36,7 +36,7 @@ import torch
 from _timing import interleaved, report
 from attnlab.models import GPT
 from attnlab.models.checkpoints import locate
-from attnlab.models.speculative import speculate
+from attnlab.models.generation import Lookup, Sampling, Stop, decode
 from attnlab.models.tasks import TextTask, stdlib_text
 
 LISTING = """for i in range(10):
@@ -82,14 +82,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, (model, prompt) in chosen.items():
         new = min(asked, model.config.context_length - prompt.shape[1] - args.lookup)  # what its context holds
         plain = model.generate(prompt, new)
-        stats: dict[str, int] = {}
-        guessed = torch.cat([prompt, *speculate(model, prompt, new, k=args.lookup, stats=stats)], dim=1)
+        lookup = Lookup(k=args.lookup)
+        cache = model.make_caches(batch_size=1, max_len=prompt.shape[1] + new + args.lookup)
+        passes = decode(
+            model, prompt.tolist(), cache=cache, sampling=Sampling(), stop=Stop(max_new_tokens=new), proposer=lookup
+        )
+        guessed = torch.cat([prompt, torch.tensor([[t for drawn in passes for _, t in drawn]])], dim=1)
         if not torch.equal(guessed, plain):
             raise SystemExit(f"{label}: lookup gave other tokens than plain greedy decoding")
-        kept = stats["kept"] / max(stats["guessed"], 1)
+        kept = lookup.kept / max(lookup.guessed, 1)
         print(
-            f"{label}: {new} tokens in {stats['passes']} passes with lookup={args.lookup} "
-            f"({stats['kept']} of {stats['guessed']} guesses kept, {kept:.0%}); tokens identical to plain"
+            f"{label}: {new} tokens in {lookup.passes} passes with lookup={args.lookup} "
+            f"({lookup.kept} of {lookup.guessed} guesses kept, {kept:.0%}); tokens identical to plain"
         )
         started = time.perf_counter()
         model.generate(prompt, new)
