@@ -21,12 +21,14 @@ import torch.nn.functional as F
 
 from attnlab import Attention
 from attnlab.bench.timing import interleaved, timed_rounds
-from attnlab.cache import KVCache
+from attnlab.cache import Capabilities, KVCache
 from attnlab.models import GPT, GPTConfig
 
 
 class ConcatCache:
     """The naive cache, through the same protocol (attnlab.cache.Cache): torch.cat onto the whole past, every step."""
+
+    capabilities = Capabilities(crop=True)
 
     def __init__(self) -> None:
         self.k_all: torch.Tensor | None = None
@@ -47,6 +49,12 @@ class ConcatCache:
     def crop(self, n: int) -> None:
         assert self.k_all is not None and self.v_all is not None
         self.k_all, self.v_all = self.k_all[:, :, :n], self.v_all[:, :, :n]
+
+    def room(self) -> int | None:
+        return None  # any number of tokens a call
+
+    def observe(self, *args: object, **kwargs: object) -> None:
+        """It weighs nothing (capabilities.observes is False)."""
 
 
 def generation(new_tokens: int, d_model: int, layers: int, heads: int, rounds: int) -> None:
