@@ -66,12 +66,12 @@ from attnlab.cache import (
     CACHES,
     LOSSLESS,
     ModelCache,
-    PagedKVCache,
     PrefixCache,
     QuantizedKVCache,
+    runs_past_context,
     stored_bytes,
 )
-from attnlab.models.generation import prefill
+from attnlab.models.generation import Sampling, Stop, decode, prefill
 from attnlab.models.gpt import GPT
 
 BUDGETS = (0.25, 0.5)
@@ -357,14 +357,18 @@ def _row(
         row.bytes_per_token = (_held_bytes(model, cache, 2 * n) - _held_bytes(model, cache, n)) / n
         steps = _steps(model, config, past)
         one = prompts[:1]
+        wasted: list[int] = []  # a paged row's unused slots at its last step, before it is given back
+
+        def waste(made: int) -> None:
+            if made == steps and held.table is not None:
+                wasted.append(held.table.waste())
+
         with PeakMemory() as mem:
             held = _caches(model, cache, 1, one.shape[1] + steps)
-            _decode(model, held, one, steps)
+            _decode(model, held, one, steps, each=waste)
         row.peak_mib = mem.peak_bytes / 2**20
         row.kv_mib = stored_bytes(held) / 2**20
-        paged = [layer for layer in held if isinstance(layer, PagedKVCache)]
-        if paged:
-            row.waste = max(layer.waste() for layer in paged)
+        row.waste = max(wasted, default=0)
         cap = config.cap_mib * 2**20
         limit = math.inf if past else table.context_length
         row.longest = min(limit, cap / row.bytes_per_token) if row.bytes_per_token > 0 else limit
@@ -387,9 +391,8 @@ def _long_run(
 
 
 def _runs_past(model: GPT, cache: Any) -> bool:
-    """Whether this cache may generate past the model's context (a sink cache, with RoPE): what the model's cache
-    declares, made at this model's shape (``runs_past_context`` probes a shape that int4 refuses)."""
-    return model.config.rope and _caches(model, cache, 1, 16).capabilities.past_context
+    """Whether this cache may generate past the model's context (a sink cache, with RoPE)."""
+    return model.config.rope and runs_past_context(cache)
 
 
 def _steps(model: GPT, config: CacheBenchConfig, past: bool) -> int:
@@ -402,11 +405,15 @@ def _sink_run(model: GPT, contexts: int) -> dict[str, float]:
     first context and at the end (the peak after one context is the peak of a run of one context)."""
     context = model.config.context_length
     prompt = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(3))
+    first: dict[str, float] = {}
+
+    def after_one(made: int) -> None:  # the peak of a run of one context, read inside the long run
+        if made == context:
+            first.update(peak_mib_1x=mem.peak_bytes / 2**20, kv_mib_1x=stored_bytes(held) / 2**20)
+
     with PeakMemory() as mem:
         held = _caches(model, "sink", 1, 8 + contexts * context)
-        token = _decode(model, held, prompt, context)
-        first = {"peak_mib_1x": mem.peak_bytes / 2**20, "kv_mib_1x": stored_bytes(held) / 2**20}
-        _decode(model, held, token, (contexts - 1) * context)
+        _decode(model, held, prompt, contexts * context, each=after_one)
     return {
         "tokens": contexts * context,
         "contexts": contexts,
@@ -427,16 +434,16 @@ def _held_bytes(model: GPT, cache: Any, n: int) -> int:
     return stored_bytes(held)
 
 
-@torch.no_grad()
-def _decode(model: GPT, held: Any, prompt: torch.Tensor, steps: int) -> torch.Tensor:
-    """A prompt, then ``steps`` greedy tokens, through caches ``held``; the last token (B, 1), not yet fed (so a
-    run goes on where it stopped)."""
-    if isinstance(held, PrefixCache):
-        held.admit(0, prompt[0].tolist())
-    token = _feed(model, held, prompt)[:, -1:].argmax(-1)  # (B, 1)
-    for _ in range(steps - 1):
-        token = _feed(model, held, token)[:, -1:].argmax(-1)
-    return token
+def _decode(
+    model: GPT, held: ModelCache, prompt: torch.Tensor, steps: int, *, each: Callable[[int], None] | None = None
+) -> None:
+    """A prompt (1, T), then ``steps`` greedy tokens through ``held``, by the one decode loop; ``each(made)`` is
+    called after every pass, while the cache still holds what the pass left (the loop gives a row back after)."""
+    made = 0
+    for drawn in decode(model, prompt.tolist(), cache=held, sampling=Sampling(), stop=Stop(max_new_tokens=steps)):
+        made += len(drawn)
+        if each is not None:
+            each(made)
 
 
 def measure_prefix(model: GPT, *, label: str, config: CacheBenchConfig) -> CacheTable:

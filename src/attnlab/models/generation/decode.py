@@ -166,7 +166,7 @@ def _take(
                 proposer.passes, proposer.kept = proposer.passes + 1, proposer.kept + kept
                 cache.crop(row.held)
                 proposer.crop(row.held)
-            cache.written(slot, row.tokens[: row.held] + drawn[slot][:kept])
+            cache.written(slot, row.tokens + drawn[slot][:kept])  # what it holds: what was fed and kept
         if row.done:
             row.tokens.append(stop.eos_id if stop.eos_id is not None else drawn[slot][0])
             continue
