@@ -179,3 +179,28 @@ def test_a_call_past_the_context_is_refused_before_any_cache_is_made() -> None:
     """10**8 new tokens would be a cache of gigabytes: the context says no first, at once."""
     with pytest.raises(ValueError, match=r"more than the model's context_length 64"):
         model().generate(torch.tensor([prompt(4)]), 10**8)
+
+
+def test_no_generation_function_takes_more_than_eight_parameters_and_only_front_doors_say_temperature() -> None:
+    """Issue 32's targets, read from the generation code (gpt.py and generation/; train.py's three wide functions
+    are training's, not yet folded): a parameter is passed on once, not re-declared by every wrapper."""
+    import ast
+    from pathlib import Path
+
+    import attnlab.models
+
+    front_doors = {"stream", "generate", "generate_many"}
+    wide, temperature = [], []
+    models = Path(attnlab.models.__file__).parent
+    for path in [models / "gpt.py", *sorted((models / "generation").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)]
+                names = [n for n in names if n not in ("self", "cls")]
+                where = f"{path.name}:{node.name}"
+                if len(names) > 8 and node.name not in front_doors:
+                    wide.append(where)
+                if "temperature" in names:
+                    temperature.append(where)
+    assert wide == []
+    assert sorted(temperature) == ["gpt.py:generate", "gpt.py:generate_many", "gpt.py:stream"]
