@@ -5,7 +5,9 @@
 One ``BlockTable`` of 8 rows, as every paged layer of a model shares it, runs
 ``--steps`` decode steps (each row one token: plan the write, then commit
 it) in pools of 64 blocks and of 65,536 (and in between); the time a step
-takes is the figure, and its ratio to the smallest pool's. The old per-layer
+takes is the figure, and its ratio to the smallest pool's; beside them, the
+same steps with the old design's scan of every refcount (once a step: the old
+code did it once a step of every layer). The old per-layer
 bookkeeping scanned every block's refcount at each step of each layer, so it
 grew with the pool; a queue of free ids and a plan that reads only the blocks
 written keep it flat. Rounds are interleaved (``attnlab.bench.timing``), and a
@@ -24,9 +26,10 @@ from attnlab.cache import BlockTable
 ROWS, BLOCK = 8, 16
 
 
-def steps(blocks: int, n: int) -> Callable[[], Callable[[], None]]:
+def steps(blocks: int, n: int, *, scan: bool = False) -> Callable[[], Callable[[], None]]:
     """Makes (untimed: a table's size is paid once, when it is built) a call that runs ``n`` decode steps of
-    every row in a fresh table of ``blocks`` blocks."""
+    every row in a fresh table of ``blocks`` blocks; ``scan``: each step also lists the free blocks by reading
+    every refcount, as the old per-layer bookkeeping did (once per layer; here once), for comparison."""
 
     def prepare() -> Callable[[], None]:
         table = BlockTable(batch_size=ROWS, num_blocks=blocks, max_len=n + 1, block_size=BLOCK)
@@ -35,6 +38,8 @@ def steps(blocks: int, n: int) -> Callable[[], Callable[[], None]]:
 
         def call() -> None:
             for _ in range(n):
+                if scan:
+                    [b for b, r in enumerate(table.refcount) if r == 0]  # the old plan's first line
                 table.wrote(table.plan(rows, 1))
 
         return call
@@ -52,12 +57,15 @@ def main() -> None:
     sizes = (64, 65_536) if args.smoke else (64, 1_024, 16_384, 65_536)
     pools = [max(p, ROWS * -(-(n + 1) // BLOCK)) for p in sizes]  # every row's blocks fit
     cases = {f"{p:,} blocks": steps(p, n) for p in pools}
+    cases |= {f"{p:,} blocks, old scan": steps(p, n, scan=True) for p in (pools[0], pools[-1])}
     times: dict[str, list[float]] = {name: [] for name in cases}
     for took in timed_rounds(cases, 1 if args.smoke else args.rounds, warmup=1):
         for name, seconds in took.items():
             times[name].append(seconds)
-    print(f"{n} decode steps of {ROWS} rows, blocks of {BLOCK} tokens: one table, whatever the pool")
-    report({k: [t / n for t in v] for k, v in times.items()}, base=f"{pools[0]:,} blocks")
+    print(
+        f"{n} decode steps of {ROWS} rows, blocks of {BLOCK} tokens, the time of all {n}: one table, whatever the pool"
+    )
+    report(times, base=f"{pools[0]:,} blocks")
 
 
 if __name__ == "__main__":
