@@ -167,7 +167,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     from attnlab.distributed.launch import join_from_environment
     from attnlab.explain.heads import head_scores, watch
-    from attnlab.models.train import train, world
+    from attnlab.models.train import RunRecord, train, world
 
     try:
         check_flags(args)
@@ -222,8 +222,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 on_eval=watch(),
                 checkpoint=out,
                 resume=args.resume,
-                tokenizer=tokenizer,
-                run=run_info,
+                record=RunRecord(tokenizer=tokenizer, run=run_info),
             )
         if not loud:
             return 130 if log.interrupted else 0

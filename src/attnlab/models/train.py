@@ -20,7 +20,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -140,6 +140,27 @@ Progress = Callable[[int, int, float, float], None]  # (step, steps, train loss,
 OnEval = Callable[[int, GPT, TrainLog], None]
 
 
+@dataclass
+class TrainState:
+    """What a step moves on and a checkpoint saves for ``resume``: the step, the optimizer, the batches'
+    generator and the log (its ``seconds`` is the training time of every run before this one)."""
+
+    step: int
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    log: TrainLog
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    """What a checkpoint records about the run, for a later load or resume to check: the tokenizer
+    (written in config.json) and what the run trains on (``run``: task, data, the data's digest; kept in the
+    state, and its ``task`` names the log's)."""
+
+    tokenizer: str | None = None
+    run: Mapping[str, Any] = field(default_factory=dict)
+
+
 def world() -> tuple[int, int]:
     """(rank, world size): (0, 1) unless torch.distributed is initialized."""
     if dist.is_available() and dist.is_initialized():
@@ -232,25 +253,15 @@ def available_memory() -> int | None:
     return None
 
 
-def _resume(checkpoint: Path, optimizer: torch.optim.Optimizer, generator: torch.Generator) -> tuple[int, TrainLog]:
-    state = read_state(checkpoint)
-    optimizer.load_state_dict(state["optimizer"])
-    generator.set_state(state["generator"])
-    log = read_log(checkpoint) or TrainLog()
-    return int(state["step"]), log
+def _resume(checkpoint: Path, state: TrainState) -> None:
+    saved = read_state(checkpoint)
+    state.optimizer.load_state_dict(saved["optimizer"])
+    state.generator.set_state(saved["generator"])
+    state.step, state.log = int(saved["step"]), read_log(checkpoint) or TrainLog()
 
 
 def save_checkpoint(
-    model: GPT,
-    directory: str | Path,
-    *,
-    step: int,
-    optimizer: torch.optim.Optimizer,
-    generator: torch.Generator,
-    config: TrainConfig,
-    log: TrainLog,
-    tokenizer: str | None = None,
-    run: dict[str, Any] | None = None,
+    model: GPT, directory: str | Path, *, state: TrainState, config: TrainConfig, record: RunRecord | None = None
 ) -> Path:
     """The model, its training log and what ``resume`` needs, in one folder.
 
@@ -258,11 +269,14 @@ def save_checkpoint(
     belongs to: a run stopped anywhere in here leaves files that are each whole, and ``read_state`` refuses
     a folder whose weights and state are from different steps.
     """
-    target = model.save_pretrained(directory, tokenizer=tokenizer)
+    record = record or RunRecord()
+    target = model.save_pretrained(directory, tokenizer=record.tokenizer)
+    log = state.log
     write_atomic(target / LOG_FILE, lambda tmp: tmp.write_text(json.dumps(log.to_dict()) + "\n", encoding="utf-8"))
-    state = {"step": step, "optimizer": optimizer.state_dict(), "generator": generator.get_state()}
-    state |= {"config": config.to_dict(), "run": run or {}, "weights_sha256": file_digest(target / "model.safetensors")}
-    write_atomic(target / STATE_FILE, lambda tmp: torch.save(state, tmp))
+    weights = file_digest(target / "model.safetensors")
+    saved = {"step": state.step, "optimizer": state.optimizer.state_dict(), "generator": state.generator.get_state()}
+    saved |= {"config": config.to_dict(), "run": dict(record.run), "weights_sha256": weights}
+    write_atomic(target / STATE_FILE, lambda tmp: torch.save(saved, tmp))
     return target
 
 
@@ -275,15 +289,14 @@ def train(
     on_eval: OnEval | None = None,
     checkpoint: str | Path | None = None,
     resume: bool = False,
-    tokenizer: str | None = None,
-    run: dict[str, Any] | None = None,
+    record: RunRecord | None = None,
 ) -> TrainLog:
     """Train ``model`` in place on ``task``; returns the log. ``on_eval`` runs at every evaluation.
 
     With ``checkpoint`` the result is saved there (rank 0 only); ``resume``
     continues from the optimizer, generator and log saved there (load the
-    model from the same folder first). ``tokenizer`` is recorded in config.json,
-    ``run`` (what the run trains on: task, data) in the state, for a resume to check.
+    model from the same folder first). ``record`` says what the checkpoint records about the
+    run: the tokenizer in config.json, what the run trains on (task, data) in the state, for a resume to check.
 
     A first Ctrl-C (SIGINT) or a SIGTERM lets the step in progress finish, then the loop stops, saves and
     returns a log with ``interrupted`` set; a second Ctrl-C interrupts at once. Resumed, an interrupted run
@@ -299,38 +312,23 @@ def train(
         betas=(0.9, 0.95),
     )
     generator = torch.Generator().manual_seed(config.seed)
-    log, start = TrainLog(), 0
+    state = TrainState(step=0, optimizer=optimizer, generator=generator, log=TrainLog())
     if resume:
         if checkpoint is None:
             raise ValueError("resume needs the checkpoint folder to continue from")
-        start, log = _resume(Path(checkpoint), optimizer, generator)
-        log.stopped, log.interrupted = "", False  # how the earlier run ended is not how this one will
-    log.task = str((run or {}).get("task") or log.task)
+        _resume(Path(checkpoint), state)
+        state.log.stopped, state.log.interrupted = "", False  # how the earlier run ended is not how this one will
+    record = record or RunRecord()
+    state.log.task = str(record.run.get("task") or state.log.task)
     wrapped: torch.nn.Module = model
     if size > 1:
         wrapped = torch.nn.parallel.DistributedDataParallel(model)
-    began, before = time.perf_counter(), log.seconds
-    step = start
     model.train()
-    with _StopRequest() as stop:
-        step = _loop(
-            model, wrapped, task, config, optimizer, generator, log, step, began, before, stop, progress, on_eval
-        )
+    _loop(model, wrapped, task, config, state, progress, on_eval)
     model.eval()
-    log.seconds = before + time.perf_counter() - began
     if checkpoint is not None and rank == 0:
-        save_checkpoint(
-            model,
-            checkpoint,
-            step=step,
-            optimizer=optimizer,
-            generator=generator,
-            config=config,
-            log=log,
-            tokenizer=tokenizer,
-            run=run,
-        )
-    return log
+        save_checkpoint(model, checkpoint, state=state, config=config, record=record)
+    return state.log
 
 
 class _StopRequest:
@@ -362,61 +360,60 @@ def _loop(
     wrapped: torch.nn.Module,
     task: Task,
     config: TrainConfig,
-    optimizer: torch.optim.Optimizer,
-    generator: torch.Generator,
-    log: TrainLog,
-    step: int,
-    began: float,
-    before: float,
-    stop: _StopRequest,
+    state: TrainState,
     progress: Progress | None,
     on_eval: OnEval | None,
-) -> int:
-    """The steps from ``step`` on; returns the step it ended after."""
+) -> None:
+    """The steps from ``state.step`` on, until ``config.steps``, the time budget or a stop request (a first
+    SIGINT or SIGTERM lets the step in progress finish); moves ``state`` on, its log's ``seconds`` included."""
+    optimizer, generator, log = state.optimizer, state.generator, state.log
     rank, size = world()
     rows = config.batch_size // size
-    while step < config.steps:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, config)
-        tick = time.perf_counter()
-        inputs, targets = task.batch(config.batch_size, generator)  # the global batch, the same on every rank
-        inputs, targets = inputs[rank * rows : (rank + 1) * rows], targets[rank * rows : (rank + 1) * rows]
-        logits = wrapped(inputs)  # (B / size, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP averages the gradients over the processes
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        seen = loss.detach()
-        if size > 1:
-            dist.all_reduce(seen)
-            seen /= size
-        step += 1
-        speed = config.batch_size * task.seq_len / max(time.perf_counter() - tick, 1e-9)
-        log.step.append(step)
-        log.train_loss.append(float(seen))
-        log.lr.append(lr_at(step - 1, config))
-        log.tokens_per_s.append(speed)
-        if progress:
-            progress(step, config.steps, float(seen), speed)
-        out_of_time = config.minutes is not None and time.perf_counter() - began > 60 * config.minutes
-        interrupted = bool(stop.asked)
-        if size > 1:  # every rank stops at the same step, or DDP waits forever
-            flags = torch.tensor([float(out_of_time), float(interrupted)])
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            out_of_time, interrupted = bool(flags[0]), bool(flags[1])
-        if interrupted:  # saved as it stands after this whole step; resume goes on from here
-            log.interrupted = True
-            log.stopped = f"interrupted ({stop.asked or 'on another rank'}) after {step} of {config.steps} steps"
-            break
-        if step % config.eval_every == 0 or step == config.steps or out_of_time:
-            log.eval_step.append(step)
-            log.eval_seconds.append(before + time.perf_counter() - began)
-            log.eval_loss.append(evaluate(model, task, config))
-            if on_eval:
-                on_eval(step, model, log)
-            model.train()
-        if out_of_time:
-            log.stopped = f"the {config.minutes} minute budget ran out after {step} of {config.steps} steps"
-            break
-    return step
+    began, before = time.perf_counter(), log.seconds
+    with _StopRequest() as stop:
+        while state.step < config.steps:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(state.step, config)
+            tick = time.perf_counter()
+            inputs, targets = task.batch(config.batch_size, generator)  # the global batch, the same on every rank
+            inputs, targets = inputs[rank * rows : (rank + 1) * rows], targets[rank * rows : (rank + 1) * rows]
+            logits = wrapped(inputs)  # (B / size, T, V)
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # DDP averages the gradients over the processes
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            seen = loss.detach()
+            if size > 1:
+                dist.all_reduce(seen)
+                seen /= size
+            state.step += 1
+            step = state.step
+            speed = config.batch_size * task.seq_len / max(time.perf_counter() - tick, 1e-9)
+            log.step.append(step)
+            log.train_loss.append(float(seen))
+            log.lr.append(lr_at(step - 1, config))
+            log.tokens_per_s.append(speed)
+            if progress:
+                progress(step, config.steps, float(seen), speed)
+            out_of_time = config.minutes is not None and time.perf_counter() - began > 60 * config.minutes
+            interrupted = bool(stop.asked)
+            if size > 1:  # every rank stops at the same step, or DDP waits forever
+                flags = torch.tensor([float(out_of_time), float(interrupted)])
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+                out_of_time, interrupted = bool(flags[0]), bool(flags[1])
+            if interrupted:  # saved as it stands after this whole step; resume goes on from here
+                log.interrupted = True
+                log.stopped = f"interrupted ({stop.asked or 'on another rank'}) after {step} of {config.steps} steps"
+                break
+            if step % config.eval_every == 0 or step == config.steps or out_of_time:
+                log.eval_step.append(step)
+                log.eval_seconds.append(before + time.perf_counter() - began)
+                log.eval_loss.append(evaluate(model, task, config))
+                if on_eval:
+                    on_eval(step, model, log)
+                model.train()
+            if out_of_time:
+                log.stopped = f"the {config.minutes} minute budget ran out after {step} of {config.steps} steps"
+                break
+    log.seconds = before + time.perf_counter() - began
