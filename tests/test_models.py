@@ -185,8 +185,11 @@ def test_weights_that_do_not_fit_are_listed_by_name_in_one_error(hf_dir: Path, t
     with pytest.raises(ValueError, match=r"missing \(1\): transformer\.h\.1\.mlp\.c_fc\.bias \(192,\)") as err:
         GPT.from_pretrained(wrong)
     assert "unexpected (1): transformer.h.7.attn.c_attn.weight" in str(err.value)
-    (wrong / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
-    with pytest.raises(ValueError, match=r"is a 'llama' model; attnlab's GPT loads model_type 'gpt2'"):
+    (wrong / "config.json").write_text(json.dumps({**config, "model_type": "falcon"}))
+    with pytest.raises(ValueError, match=r"is a 'falcon' model; attnlab reads model_type 'gpt2' and \['llama', "):
+        GPT.from_pretrained(wrong)
+    (wrong / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))  # GPT-2's keys, not Llama's
+    with pytest.raises(ValueError, match=r"config.json' has no 'num_attention_heads'; a llama config needs it"):
         GPT.from_pretrained(wrong)
     with pytest.raises(ValueError, match=r"no checkpoint at '.*nowhere'"):
         GPT.from_pretrained(tmp_path / "nowhere")

@@ -8,13 +8,80 @@ only on m - n. The rotate-half layout pairs dimension i with i + D/2 (not
 A function of positions, so it sits on the floor below both ``nn`` (the Attention module rotates its
 queries and keys) and ``cache`` (a sink cache rotates its sinks on); ``attnlab.nn`` exports it too.
 
-Shapes: B = batch, H = heads, T = tokens, D = head_dim.
+Two things today's checkpoints add. Llama 3's frequency scaling (``RopeScaling(kind="llama3")``) stretches the
+wavelengths longer than the original context by ``factor``, keeps the short ones and blends those between, so a
+model trained on 8k positions reads 128k. Linear scaling (``kind="linear"``) divides every position by
+``factor``. Partial rotation (``rotary_dim`` < D) rotates the first ``rotary_dim`` dimensions of each head and
+passes the rest through.
+
+Shapes: B = batch, H = heads, T = tokens, D = head_dim, R = rotary_dim.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
 import torch
 import torch.nn as nn
+
+SCALINGS = ("llama3", "linear")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """How a checkpoint stretches RoPE past the length it was first trained on (Hugging Face's ``rope_scaling``).
+
+    kind: "llama3" (Llama 3.1's wavelength-dependent scaling) or "linear" (positions divided by ``factor``).
+    factor: how many times longer; low_freq_factor, high_freq_factor, original_context_length: Llama 3's
+    band edges, as its config.json names them (8192 positions, factors 1 and 4 in Llama 3.1).
+    """
+
+    kind: Literal["llama3", "linear"]
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context_length: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCALINGS:
+            raise ValueError(f"rope scaling kind must be one of {list(SCALINGS)}, got {self.kind!r}")
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"rope scaling {name} must be a number > 0, got {value!r}")
+        if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+            raise ValueError(
+                f"rope scaling high_freq_factor ({self.high_freq_factor}) must be above low_freq_factor "
+                f"({self.low_freq_factor}): they bound the band of wavelengths that is blended"
+            )
+        o = self.original_context_length
+        if isinstance(o, bool) or not isinstance(o, int) or o < 1:
+            raise ValueError(f"rope scaling original_context_length must be a positive int, got {o!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RopeScaling:
+        known = {"kind", "factor", "low_freq_factor", "high_freq_factor", "original_context_length"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown rope scaling fields {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    def inv_freq(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        """The scaled inverse frequencies for the unscaled ones (D/2,)."""
+        if self.kind == "linear":
+            return inv_freq / self.factor  # every position divided by factor
+        wavelen = 2 * math.pi / inv_freq
+        low_wavelen = self.original_context_length / self.low_freq_factor  # longer than this: divided by factor
+        high_wavelen = self.original_context_length / self.high_freq_factor  # shorter than this: kept
+        smooth = (self.original_context_length / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )  # 0 at low_wavelen, 1 at high_wavelen
+        blended = (1 - smooth) * inv_freq / self.factor + smooth * inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / self.factor, inv_freq)
+        between = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(between, blended, scaled)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -24,8 +91,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (B, H, T, D) by angles whose cos/sin are (T, D) or (B, 1, T, D)."""
-    return x * cos + rotate_half(x) * sin
+    """Rotate x (B, H, T, D) by angles whose cos/sin are (T, R) or (B, 1, T, R); with R < D (partial rotation)
+    the first R dimensions turn and the other D - R pass through."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    turned, kept = x[..., :r], x[..., r:]  # (B, H, T, R), (B, H, T, D - R)
+    return torch.cat((turned * cos + rotate_half(turned) * sin, kept), dim=-1)
 
 
 class RotaryEmbedding(nn.Module):
@@ -33,23 +105,35 @@ class RotaryEmbedding(nn.Module):
 
     Args:
         head_dim: D, even.
-        base: theta in inv_freq_i = base^(-2i / D); 10000 in RoFormer and Llama 2.
+        base: theta in inv_freq_i = base^(-2i / R); 10000 in RoFormer and Llama 2, 500000 in Llama 3.
+        scaling: a :class:`RopeScaling`, or None.
+        rotary_dim: R, the dimensions that turn (even, <= D); None is all of them.
     """
 
-    def __init__(self, *, head_dim: int, base: float = 10000.0) -> None:
+    def __init__(
+        self, *, head_dim: int, base: float = 10000.0, scaling: RopeScaling | None = None, rotary_dim: int | None = None
+    ) -> None:
         super().__init__()
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
             raise ValueError(f"rotary embedding needs an even head_dim >= 2, got {head_dim!r}")
         if not base > 1.0:
             raise ValueError(f"rotary base must be > 1, got {base!r}")
-        self.head_dim = head_dim
+        if scaling is not None and not isinstance(scaling, RopeScaling):
+            raise TypeError(f"scaling must be a RopeScaling or None, got {type(scaling).__name__}")
+        r = head_dim if rotary_dim is None else rotary_dim
+        if isinstance(r, bool) or not isinstance(r, int) or r < 2 or r % 2 or r > head_dim:
+            raise ValueError(f"rotary_dim must be an even int in [2, head_dim={head_dim}], got {rotary_dim!r}")
+        self.head_dim, self.rotary_dim = head_dim, r
         self.base = float(base)
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.scaling = scaling
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, r, 2, dtype=torch.float32) / r))  # (R/2,)
+        if scaling is not None:
+            inv_freq = scaling.inv_freq(inv_freq)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.inv_freq: torch.Tensor
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape (T, D) for positions (T,), or (B, 1, T, D) for positions (B, T)."""
+        """cos, sin of shape (T, R) for positions (T,), or (B, 1, T, R) for positions (B, T)."""
         if positions.dtype.is_floating_point or positions.dim() not in (1, 2):
             raise ValueError(
                 f"positions must be an integer tensor of shape (T,) or (B, T), got {positions.dtype} {tuple(positions.shape)}"
@@ -58,10 +142,10 @@ class RotaryEmbedding(nn.Module):
             not torch.compiler.is_compiling() and positions.numel() and int(positions.min()) < 0
         ):  # no sync when compiled
             raise ValueError(f"positions must be >= 0, got a minimum of {int(positions.min())}")
-        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # (.., T, D/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (.., T, D): rotate-half layout
+        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # (.., T, R/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (.., T, R): rotate-half layout
         if positions.dim() == 2:
-            emb = emb[:, None]  # (B, 1, T, D): broadcast over heads
+            emb = emb[:, None]  # (B, 1, T, R): broadcast over heads
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

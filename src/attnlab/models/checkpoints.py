@@ -28,6 +28,7 @@ import json
 import os
 import pickle
 import warnings
+from collections import abc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +39,12 @@ import torch.nn as nn
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from attnlab.models import families
 from attnlab.models.config import PRESETS, GPTConfig
+from attnlab.models.families import Rows
 
 Tensors = dict[str, torch.Tensor]
+Weights = abc.Mapping[str, torch.Tensor | Rows]  # in attnlab's names: a Rows stacks several of the file's tensors
 # (name in the file, name in attnlab, stored transposed): GPT-2 keeps its Conv1D weights as (in, out).
 Mapping = list[tuple[str, str, bool]]
 
@@ -151,14 +155,14 @@ def _flag(raw: dict[str, Any], key: str, default: bool, where: Path) -> bool:
     return value
 
 
-def _reconcile(config: GPTConfig, tensors: Tensors, where: Path) -> GPTConfig:
+def _reconcile(config: GPTConfig, tensors: Weights, where: Path) -> GPTConfig:
     """The file's tensors are the truth. Sizes they fix (vocabulary, width, context, layers) that the config
     contradicts are refused, naming both; q/k/v biases the file holds are kept (a config that said there
     were none, carried over by another tool after fine-tuning, is corrected); so is an untied head."""
     found: dict[str, int] = {}
-    if "tok_emb.weight" in tensors and tensors["tok_emb.weight"].dim() == 2:
+    if "tok_emb.weight" in tensors and len(tensors["tok_emb.weight"].shape) == 2:
         found["vocab_size"], found["emb_dim"] = tensors["tok_emb.weight"].shape
-    if "pos_emb.weight" in tensors and tensors["pos_emb.weight"].dim() == 2:
+    if "pos_emb.weight" in tensors and len(tensors["pos_emb.weight"].shape) == 2:
         found["context_length"] = tensors["pos_emb.weight"].shape[0]
     layers = {k.split(".")[1] for k in tensors if k.startswith("trf_blocks.")}
     if layers:
@@ -166,18 +170,26 @@ def _reconcile(config: GPTConfig, tensors: Tensors, where: Path) -> GPTConfig:
     wrong = [f"{k}={getattr(config, k)} but the tensors hold {v}" for k, v in found.items() if getattr(config, k) != v]
     if wrong:
         raise ValueError(f"{str(where)!r}: config.json says {'; '.join(wrong)}; the file's tensors are the truth")
-    biases = [v for k, v in tensors.items() if k.endswith("att.qkv.bias")]
+    biases = [v for k, v in tensors.items() if k.endswith("att.qkv.bias") and isinstance(v, torch.Tensor)]
     if not config.qkv_bias and any(bool(b.any()) for b in biases):
         config = config.with_(qkv_bias=True)  # trained biases: kept, not dropped
     head, embedding = tensors.get("out_head.weight"), tensors.get("tok_emb.weight")
-    if config.tie_weights and head is not None and embedding is not None and not torch.equal(head, embedding):
+    if (
+        config.tie_weights
+        and isinstance(head, torch.Tensor)
+        and isinstance(embedding, torch.Tensor)
+        and not torch.equal(head, embedding)
+    ):
         config = config.with_(tie_weights=False)  # a head of its own: kept
     return config
 
 
 def _config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
     if raw.get("model_type") != "gpt2":
-        raise ValueError(f"{str(where)!r} is a {raw.get('model_type')!r} model; attnlab's GPT loads model_type 'gpt2'")
+        raise ValueError(
+            f"{str(where)!r} is a {raw.get('model_type')!r} model; attnlab reads model_type 'gpt2' and "
+            f"{sorted(families.READERS)}"
+        )
     unsupported = {
         "activation_function": (raw.get("activation_function", "gelu_new"), ("gelu_new", "gelu_pytorch_tanh")),
         "scale_attn_weights": (raw.get("scale_attn_weights", True), (True,)),
@@ -282,7 +294,7 @@ def fit(model: nn.Module, checkpoint: Checkpoint, *, check_only: bool = False) -
 
 
 def _fit(
-    model: nn.Module, config: GPTConfig, tensors: Tensors, origin: dict[str, str], source: str, check_only: bool
+    model: nn.Module, config: GPTConfig, tensors: Weights, origin: dict[str, str], source: str, check_only: bool
 ) -> None:
     """Copy tensors into the model after one check that lists every problem by its name in the file."""
     expected = model.state_dict()
@@ -315,9 +327,12 @@ def _fit(
         )
     if check_only:
         return
-    with torch.no_grad():
+    with torch.no_grad():  # one tensor at a time from the memory-mapped file: no second copy of the model is held
         for key, tensor in tensors.items():
-            expected[key].copy_(tensor)
+            if isinstance(tensor, Rows):
+                tensor.copy_into(expected[key])
+            else:
+                expected[key].copy_(tensor)
 
 
 SHIPPED = (
@@ -339,7 +354,7 @@ class Checkpoint:
     """What a checkpoint holds, in attnlab's names: the config, the tensors, each one's name in the file."""
 
     config: GPTConfig
-    tensors: Tensors
+    tensors: Weights
     origin: dict[str, str]
     source: str
 
@@ -359,10 +374,21 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> Checkpoint:
         ours = raw.get("attnlab")
         if ours is not None and not isinstance(ours, dict):
             raise ValueError(f"{str(config_file)!r}: 'attnlab' must be an object of GPTConfig fields, got {ours!r:.60}")
-        config = GPTConfig.from_dict({**ours, **overrides}) if ours else _config_from_hf(raw, where).with_(**overrides)
+        if ours:
+            config = GPTConfig.from_dict({**ours, **overrides})
+        elif raw.get("model_type") in families.READERS:
+            config = families.config_from_hf(raw, where).with_(**overrides)
+        else:
+            config = _config_from_hf(raw, where).with_(**overrides)
         if raw.get("format") == "attnlab":  # attnlab's own names: a model GPT-2 cannot hold
             tensors = _read_safetensors(where / "model.safetensors")
             return Checkpoint(_reconcile(config, tensors, where), tensors, {k: k for k in tensors}, str(where))
+        if raw.get("model_type") in families.READERS:  # Llama, Mistral, Qwen2, Qwen3
+            weights, origin = families.from_hf(_hf_weights(where), config)
+            config = _reconcile(config, weights, where)
+            if config.tie_weights:  # a head equal to the embedding: the same tensor, loaded once
+                weights = {k: v for k, v in weights.items() if k != "out_head.weight"}
+            return Checkpoint(config, weights, origin, str(where))
         tensors, origin = _from_hf(_hf_weights(where), config)
         config = _reconcile(config, tensors, where)
         if not config.qkv_bias:  # all-zero q/k/v biases (attnlab writes them for Hugging Face): not part of this model
@@ -468,8 +494,10 @@ def save_gpt(model: nn.Module, directory: str | Path, *, tokenizer: str | None =
     if target.exists() and not target.is_dir():
         raise ValueError(f"{str(target)!r} is a file; give a folder to write config.json and model.safetensors into")
     # everything that can fail runs before the first write
-    if config.is_gpt2:
+    if config.is_gpt2 and config.family in (None, "gpt2"):
         tensors, described = hf_state_dict(model, config), hf_config(config)
+    elif families.holds(config):  # the Hugging Face family it was read as (Llama, Mistral, Qwen2, Qwen3)
+        tensors, described = families.to_hf(model.state_dict(), config)
     else:  # attnlab's own names: GPT-2's layout has no place for RoPE, kv heads, a window or a score_mod
         tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
         if config.tie_weights:

@@ -1,5 +1,11 @@
 """GPTConfig: the book's names and defaults (chapter 4's GPT_CONFIG_124M), and the four GPT-2 sizes.
 
+The same config describes today's decoders, in the names the book's Llama 3 and Qwen3 chapters use where they
+have one (``hidden_dim``, ``head_dim``, ``qk_norm``, ``rope_base``): the norm (LayerNorm or RMSNorm, before or
+after each sublayer), the MLP (GELU or gated SwiGLU), biases, QK-norm, RoPE with its scaling and partial rotation,
+and a per-layer pattern of full and sliding-window attention (``layer_types``). Llama 3, Mistral, Qwen2 and Qwen3
+are each one setting of these fields (``attnlab.models.families``); GPT-2 is the defaults.
+
 >>> GPTConfig.preset("gpt2-medium").emb_dim
 1024
 """
@@ -7,11 +13,18 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_positive_int, check_window
 from attnlab.functional.mods import ScoreMod, alibi, softcap
 from attnlab.functional.registry import BACKENDS, Backend
+from attnlab.functional.rotary import RopeScaling
+
+NORMS = ("layernorm", "rmsnorm")
+PLACEMENTS = ("pre", "post")
+MLPS = ("gelu", "swiglu")
+LAYER_TYPES = ("full", "sliding")
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")  # the Hugging Face classes a config can be saved as
 
 SCORE_MODS = ("alibi", "learned-alibi", "softcap:<cap>")  # what GPTConfig(score_mod=...) can name
 
@@ -61,13 +74,33 @@ class GPTConfig:
     rope_base: float = 10000.0
     window: int | None = None
     score_mod: str | None = None
+    # Today's decoders (Llama, Mistral, Qwen): the norm and where it sits ("pre": x + f(norm(x)), GPT-2's and
+    # Llama's; "post": x + norm(f(x)), OLMo 2's), the MLP ("swiglu": fc3(silu(fc1(x)) * fc2(x)), the book's
+    # Llama 3 FeedForward) and its width (None: 4 * emb_dim), biases on out_proj and the MLP, head_dim when it is
+    # not emb_dim // n_heads, QK-norm, RoPE's scaling and rotated dimensions, which layers slide (None: every
+    # layer if window is set), and the Hugging Face family it was read from (what save_pretrained writes).
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_placement: Literal["pre", "post"] = "pre"
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    hidden_dim: int | None = None
+    bias: bool = True
+    head_dim: int | None = None
+    qk_norm: bool = False
+    rope_scaling: RopeScaling | None = None
+    rotary_dim: int | None = None
+    layer_types: tuple[Literal["full", "sliding"], ...] | None = None
+    family: str | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
         check_positive_int("context_length", self.context_length, limit=2**24)
         check_positive_int("emb_dim", self.emb_dim, limit=2**16)
         check_positive_int("n_layers", self.n_layers, limit=4096)
-        check_heads(self.emb_dim, self.n_heads, names=("emb_dim", "n_heads"))
+        if self.head_dim is None:
+            check_heads(self.emb_dim, self.n_heads, names=("emb_dim", "n_heads"))
+        else:
+            check_positive_int("head_dim", self.head_dim, limit=2**12)
+            check_positive_int("n_heads", self.n_heads, limit=2**12)
         check_dropout(self.drop_rate, name="drop_rate")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {self.backend!r}")
@@ -85,11 +118,82 @@ class GPTConfig:
             check_window(self.window)
         if self.score_mod is not None:
             score_mod_from_name(self.score_mod, self.n_heads)  # names the known ones when it is not one of them
+        self._check_parts()
+
+    def _check_parts(self) -> None:
+        for name, value, allowed in (
+            ("norm", self.norm, NORMS),
+            ("norm_placement", self.norm_placement, PLACEMENTS),
+            ("mlp", self.mlp, MLPS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+        for name in ("bias", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.hidden_dim is not None:
+            check_positive_int("hidden_dim", self.hidden_dim, limit=2**20)
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise TypeError(f"rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}")
+        if (self.rope_scaling is not None or self.rotary_dim is not None) and not self.rope:
+            raise ValueError("rope_scaling and rotary_dim shape RoPE: set rope=True with them, or leave them out")
+        if self.rotary_dim is not None and (
+            isinstance(self.rotary_dim, bool)
+            or not isinstance(self.rotary_dim, int)
+            or self.rotary_dim % 2
+            or not 2 <= self.rotary_dim <= self.d_head
+        ):
+            raise ValueError(f"rotary_dim must be an even int in [2, head_dim={self.d_head}], got {self.rotary_dim!r}")
+        if self.layer_types is not None:
+            if not isinstance(self.layer_types, tuple) or len(self.layer_types) != self.n_layers:
+                raise ValueError(
+                    f"layer_types must be a tuple of n_layers={self.n_layers} entries, got {self.layer_types!r}"
+                )
+            odd = sorted({t for t in self.layer_types if t not in LAYER_TYPES}, key=str)
+            if odd:
+                raise ValueError(f"layer_types may hold {list(LAYER_TYPES)}, got {odd}")
+            if "sliding" in self.layer_types and self.window is None:
+                raise ValueError("layer_types has 'sliding' layers but window is None: set window=<tokens>")
+        if self.family is not None and self.family not in FAMILIES:
+            raise ValueError(f"family must be None or one of {list(FAMILIES)}, got {self.family!r}")
+
+    @property
+    def d_head(self) -> int:
+        """D, each head's size: head_dim, or emb_dim // n_heads."""
+        return self.head_dim if self.head_dim is not None else self.emb_dim // self.n_heads
+
+    @property
+    def ff_dim(self) -> int:
+        """The MLP's hidden width: hidden_dim, or GPT-2's 4 * emb_dim."""
+        return self.hidden_dim if self.hidden_dim is not None else 4 * self.emb_dim
+
+    def layer_window(self, layer: int) -> int | None:
+        """The window layer ``layer`` attends through: ``window`` on a sliding layer, None on a full one."""
+        if self.layer_types is None:
+            return self.window
+        return self.window if self.layer_types[layer] == "sliding" else None
 
     @property
     def is_gpt2(self) -> bool:
         """Whether Hugging Face's GPT2LMHeadModel holds this model (learned positions, full heads, no window or mod)."""
-        return not self.rope and self.n_kv_heads in (None, self.n_heads) and self.window is None and not self.score_mod
+        return (
+            not self.rope
+            and self.n_kv_heads in (None, self.n_heads)
+            and self.window is None
+            and not self.score_mod
+            and self.is_gpt2_block
+        )
+
+    @property
+    def is_gpt2_block(self) -> bool:
+        """GPT-2's block: pre-LayerNorm, a 4x GELU MLP with biases, heads of emb_dim // n_heads, no QK-norm."""
+        return (
+            (self.norm, self.norm_placement, self.mlp) == ("layernorm", "pre", "gelu")
+            and self.hidden_dim in (None, 4 * self.emb_dim)
+            and self.bias
+            and self.head_dim in (None, self.emb_dim // self.n_heads)
+            and not self.qk_norm
+        )
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> GPTConfig:
@@ -99,7 +203,10 @@ class GPTConfig:
         return cls(**{**PRESETS[name], **overrides})
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        values = asdict(self)  # rope_scaling becomes a dict of its fields
+        if self.layer_types is not None:
+            values["layer_types"] = list(self.layer_types)
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
@@ -107,6 +214,11 @@ class GPTConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown GPTConfig fields {unknown}; known: {sorted(known)}")
+        values = dict(values)
+        if isinstance(values.get("rope_scaling"), dict):
+            values["rope_scaling"] = RopeScaling.from_dict(values["rope_scaling"])
+        if isinstance(values.get("layer_types"), list):
+            values["layer_types"] = tuple(values["layer_types"])
         return cls(**values)
 
     def with_(self, **changes: Any) -> GPTConfig:

@@ -27,7 +27,7 @@ from attnlab.functional.visibility import Visibility
 from attnlab.models.checkpoints import fit, read_checkpoint, save_gpt
 from attnlab.models.config import GPTConfig, score_mod_from_name
 from attnlab.models.generation import Sampling, Stop, decode, plan
-from attnlab.nn.attention import Attention
+from attnlab.models.parts import TransformerBlock, make_norm
 from attnlab.observe import Recorder
 
 
@@ -84,36 +84,6 @@ def _by_position(
             yield torch.tensor(tokens, device=device)[:, None]
 
 
-class TransformerBlock(nn.Module):
-    """Pre-LayerNorm: x + drop(att(norm1(x))), then x + drop(ff(norm2(x)))."""
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        e = config.emb_dim
-        self.norm1 = nn.LayerNorm(e, eps=config.layer_norm_eps)
-        self.att = Attention(
-            d_in=e,
-            num_heads=config.n_heads,
-            num_kv_heads=config.n_kv_heads,
-            qkv_bias=config.qkv_bias,
-            dropout=config.drop_rate,
-            is_causal=True,
-            window=config.window,
-            rope=config.rope,
-            rope_base=float(config.rope_base),
-            backend=config.backend,
-        )
-        self.drop_resid = nn.Dropout(config.drop_rate)
-        self.norm2 = nn.LayerNorm(e, eps=config.layer_norm_eps)
-        self.ff = nn.Sequential(nn.Linear(e, 4 * e), nn.GELU(approximate="tanh"), nn.Linear(4 * e, e))
-
-    def forward(
-        self, x: torch.Tensor, *, visibility: Visibility, positions: torch.Tensor | None, cache: Cache | None
-    ) -> torch.Tensor:
-        x = x + self.drop_resid(self.att(self.norm1(x), visibility=visibility, positions=positions, cache=cache))
-        return x + self.drop_resid(self.ff(self.norm2(x)))
-
-
 class GPT(nn.Module):
     """A GPT-2-style model. ``GPT(GPTConfig.preset("gpt2-small"))`` has the book's 163,009,536 parameters
     (124,412,160 with ``tie_weights=True``). ``GPTConfig(n_kv_heads=, rope=True, window=, score_mod=)`` makes
@@ -127,8 +97,8 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.emb_dim)
         self.pos_emb = None if config.rope else nn.Embedding(config.context_length, config.emb_dim)
         self.drop_emb = nn.Dropout(config.drop_rate)
-        self.trf_blocks = nn.ModuleList([TransformerBlock(config) for _ in range(config.n_layers)])
-        self.final_norm = nn.LayerNorm(config.emb_dim, eps=config.layer_norm_eps)
+        self.trf_blocks = nn.ModuleList([TransformerBlock(config, layer=n) for n in range(config.n_layers)])
+        self.final_norm = make_norm(config)
         self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False)
         if config.tie_weights:
             self.out_head.weight = self.tok_emb.weight
@@ -214,19 +184,22 @@ class GPT(nn.Module):
             x = x + self.pos_emb(positions)  # positions (T,) or (B, T) broadcast
         if self.score_mod is not None:
             score_mod = self.score_mod if score_mod is None else chain_scores(self.score_mod, score_mod)
-        visibility = self.blocks[0].att.visibility_for(  # once per call, for every layer
-            x,
-            mask=mask,
-            cache=caches[0] if caches is not None else None,
-            document_ids=document_ids,
-            mask_mod=mask_mod,
-            score_mod=score_mod,
-        )
+        visibility: dict[int | None, Visibility] = {}  # once per call for every layer of a kind: by its window
+        for layer, block in enumerate(self.blocks):
+            if block.att.window not in visibility:
+                visibility[block.att.window] = block.att.visibility_for(
+                    x,
+                    mask=mask,
+                    cache=caches[layer] if caches is not None else None,
+                    document_ids=document_ids,
+                    mask_mod=mask_mod,
+                    score_mod=score_mod,
+                )
         x = self.drop_emb(x)
         rotary_positions = positions if self.config.rope else None
         for layer, block in enumerate(self.blocks):
             cache = caches[layer] if caches is not None else None
-            x = block(x, visibility=visibility, positions=rotary_positions, cache=cache)
+            x = block(x, visibility=visibility[block.att.window], positions=rotary_positions, cache=cache)
         if last_only:
             x = x[:, -1:]  # (B, 1, E)
         return self.out_head(self.final_norm(x))

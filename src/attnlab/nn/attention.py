@@ -21,7 +21,7 @@ from attnlab.cache import Cache, CacheFactory, FactoryArgs, cache_factory
 from attnlab.functional.attention import attention, check_mask
 from attnlab.functional.mods import MaskMod, ScoreMod, and_masks, check_document_ids, document, document_positions
 from attnlab.functional.registry import Backend, check_backend
-from attnlab.functional.rotary import RotaryEmbedding, apply_rotary
+from attnlab.functional.rotary import RopeScaling, RotaryEmbedding, apply_rotary
 from attnlab.functional.visibility import Visibility
 
 _CACHE_CLASSES: set[type] = set()  # classes that passed the Cache protocol check
@@ -56,6 +56,10 @@ class Attention(nn.Module):
         window: sliding-window size, or None.
         rope: apply rotary position embedding to q and k.
         rope_base: RoPE's theta.
+        rope_scaling: a :class:`attnlab.functional.rotary.RopeScaling` (Llama 3's), or None.
+        rotary_dim: how many dimensions of each head RoPE turns (partial rotation); None is head_dim.
+        qk_norm: RMSNorm each head's query and key over head_dim before RoPE (Qwen3's ``q_norm``, ``k_norm``).
+        norm_eps: the QK-norm's epsilon.
         scale: the softmax scale; None is 1/sqrt(head_dim) (GPT-2 variants
             that scale otherwise load with their own).
         backend: "auto", "eager", "sdpa" or "flash".
@@ -80,6 +84,10 @@ class Attention(nn.Module):
         window: int | None = None,
         rope: bool = False,
         rope_base: float = 10000.0,
+        rope_scaling: RopeScaling | None = None,
+        rotary_dim: int | None = None,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
         scale: float | None = None,
         backend: Backend = "auto",
     ) -> None:
@@ -101,6 +109,10 @@ class Attention(nn.Module):
             check_window(window)
         check_scale(scale)
         check_backend(backend)
+        if not isinstance(qk_norm, bool):
+            raise TypeError(f"qk_norm must be a bool, got {qk_norm!r}")
+        if (rope_scaling is not None or rotary_dim is not None) and not rope:
+            raise ValueError("rope_scaling and rotary_dim shape RoPE: pass rope=True with them, or leave them out")
 
         # what it was built with, so a copy (ContextParallelAttention.from_attention) follows the module
         self.settings = dict(
@@ -116,6 +128,10 @@ class Attention(nn.Module):
             window=window,
             rope=rope,
             rope_base=rope_base,
+            rope_scaling=rope_scaling,
+            rotary_dim=rotary_dim,
+            qk_norm=qk_norm,
+            norm_eps=norm_eps,
             scale=scale,
             backend=backend,
         )
@@ -129,7 +145,14 @@ class Attention(nn.Module):
         # One fused projection: rows [0, H*D) are W_query, then W_key, then W_value.
         self.qkv = nn.Linear(d_in, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(num_heads * head_dim, d_out, bias=out_bias)
-        self.rotary = RotaryEmbedding(head_dim=head_dim, base=rope_base) if rope else None
+        # Qwen3's QK-norm: one RMSNorm over head_dim, shared by the heads, for the queries and one for the keys
+        self.q_norm = nn.RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
+        self.k_norm = nn.RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
+        self.rotary = (
+            RotaryEmbedding(head_dim=head_dim, base=rope_base, scaling=rope_scaling, rotary_dim=rotary_dim)
+            if rope
+            else None
+        )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -143,13 +166,15 @@ class Attention(nn.Module):
         return next(t for t in (*self.qkv.parameters(), *self.qkv.buffers())).device
 
     def split_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project x (B, T, d_in) into q (B, H, T, D), k and v (B, Hkv, T, D)."""
+        """Project x (B, T, d_in) into q (B, H, T, D), k and v (B, Hkv, T, D); QK-normed if the module has it."""
         b, t, _ = x.shape
         h, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         queries, keys, values = self.qkv(x).split([h * d, h_kv * d, h_kv * d], dim=-1)
         queries = queries.view(b, t, h, d).transpose(1, 2)  # (B, H, T, D)
         keys = keys.view(b, t, h_kv, d).transpose(1, 2)  # (B, Hkv, T, D)
         values = values.view(b, t, h_kv, d).transpose(1, 2)  # (B, Hkv, T, D)
+        if self.q_norm is not None and self.k_norm is not None:
+            queries, keys = self.q_norm(queries), self.k_norm(keys)  # over D, per head and token
         return queries, keys, values
 
     def make_cache(
@@ -384,5 +409,6 @@ class Attention(nn.Module):
         return (
             f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, is_causal={self.is_causal}, window={self.window}, "
-            f"rope={self.rotary is not None}, scale={self.scale}, backend={self.backend!r}"
+            f"rope={self.rotary is not None}, qk_norm={self.q_norm is not None}, scale={self.scale}, "
+            f"backend={self.backend!r}"
         )

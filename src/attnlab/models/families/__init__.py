@@ -1,0 +1,99 @@
+"""Checkpoint families: one small file each, mapping a family's config.json and tensor names to the decoder's.
+
+GPT-2 and the book's chapter 4 GPTModel are read in ``attnlab.models.checkpoints``; here are the families whose
+block is Llama's (``llama.py``: Llama 3; ``mistral.py``; ``qwen.py``: Qwen2 and Qwen3) and the book's own
+from-scratch Llama 3 and Qwen3 (``book.py``). A new family is one new file, its entry in ``READERS`` and its
+parity test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.models.config import GPTConfig
+from attnlab.models.families import llama, mistral, qwen
+
+READERS = {"llama": llama.config_from_hf, "mistral": mistral.config_from_hf, "qwen2": qwen.config_from_hf}
+READERS["qwen3"] = qwen.config_from_hf
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Tensors from the file stacked as rows of one of attnlab's (q, k and v into the fused qkv), not yet copied:
+    the loader copies each part into its rows, so no stacked copy is ever held beside the model."""
+
+    parts: tuple[torch.Tensor, ...]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((sum(p.shape[0] for p in self.parts), *self.parts[0].shape[1:]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    def is_floating_point(self) -> bool:
+        return all(p.is_floating_point() for p in self.parts)
+
+    def element_size(self) -> int:
+        return min(p.element_size() for p in self.parts)
+
+    def copy_into(self, target: torch.Tensor) -> None:
+        start = 0
+        for part in self.parts:  # (rows of this part, ...) into its slice of the target
+            target[start : start + part.shape[0]].copy_(part)
+            start += part.shape[0]
+
+
+def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
+    """The decoder's config for a Hugging Face config.json of a family in ``READERS``."""
+    kind = raw.get("model_type")
+    if kind not in READERS:
+        raise ValueError(f"{str(where)!r} is a {kind!r} model; attnlab reads model_type 'gpt2' and {sorted(READERS)}")
+    return READERS[kind](raw, where)
+
+
+def from_hf(
+    tensors: dict[str, torch.Tensor], config: GPTConfig
+) -> tuple[dict[str, torch.Tensor | Rows], dict[str, str]]:
+    """Hugging Face names to attnlab's: the tensors (a :class:`Rows` where several stack) and, per attnlab name,
+    the name(s) in the file; what the file holds beyond the model comes back as ``<unexpected>name``."""
+    out: dict[str, torch.Tensor | Rows] = {}
+    origin: dict[str, str] = {}
+    for theirs, ours in llama.names(config):
+        origin[ours] = "/".join(theirs)
+        present = [tensors[name] for name in theirs if name in tensors]
+        if len(present) == len(theirs):
+            out[ours] = present[0] if len(present) == 1 else Rows(tuple(present))
+    if config.tie_weights and "lm_head.weight" in tensors:  # a tied head in the file: kept if it differs
+        out["out_head.weight"], origin["out_head.weight"] = tensors["lm_head.weight"], "lm_head.weight"
+    known = {name for theirs, _ in llama.names(config) for name in theirs} | {"lm_head.weight"}
+    for key in tensors:
+        if key not in known:
+            out[f"<unexpected>{key}"] = tensors[key]
+    return out, origin
+
+
+def holds(config: GPTConfig) -> bool:
+    """Whether the config's ``family`` (a Llama-layout one) holds it exactly, so that it is saved as that family."""
+    if config.family in ("qwen2", "qwen3"):
+        return qwen.holds(config, config.family)
+    return {"llama": llama.holds, "mistral": mistral.holds}.get(str(config.family), lambda c: False)(config)
+
+
+def to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The model's tensors under its family's names, and the family's config.json (``holds`` it first)."""
+    family = str(config.family)
+    described = qwen.hf_config(config, family) if family in ("qwen2", "qwen3") else None
+    described = described or {"llama": llama.hf_config, "mistral": mistral.hf_config}[family](config)
+    d, h, h_kv = config.d_head, config.n_heads, config.n_kv_heads or config.n_heads
+    out: dict[str, torch.Tensor] = {}
+    for theirs, ours in llama.names(config):
+        tensor = state[ours].detach()
+        pieces = tensor.split([h * d, h_kv * d, h_kv * d]) if len(theirs) == 3 else (tensor,)  # rows: q, k, v
+        out |= {name: piece.contiguous().clone() for name, piece in zip(theirs, pieces, strict=True)}
+    return out, described

@@ -1,0 +1,180 @@
+"""Llama (3.x) checkpoints: Hugging Face's ``LlamaForCausalLM`` config and tensor names, both ways.
+
+Mistral, Qwen2 and Qwen3 name their tensors as Llama does (``model.layers.N.self_attn.q_proj`` ...), so their
+files use :func:`names` too and differ only in their configs (``mistral.py``, ``qwen.py``).
+
+Hugging Face to attnlab:
+    model.embed_tokens                       tok_emb
+    model.layers.N.input_layernorm           trf_blocks.N.norm1
+    model.layers.N.self_attn.{q,k,v}_proj    trf_blocks.N.att.qkv (rows: queries, keys, values)
+    model.layers.N.self_attn.{q,k}_norm      trf_blocks.N.att.{q,k}_norm (Qwen3)
+    model.layers.N.self_attn.o_proj          trf_blocks.N.att.out_proj
+    model.layers.N.post_attention_layernorm  trf_blocks.N.norm2
+    model.layers.N.mlp.{gate,up,down}_proj   trf_blocks.N.ff.fc1, fc2, fc3 (the book's Llama 3 names)
+    model.norm                               final_norm
+    lm_head                                  out_head (absent when tied to the embedding)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from attnlab.functional.rotary import RopeScaling
+from attnlab.models.config import GPTConfig
+
+# (names in the file, name in attnlab): several names are stacked as rows (q, k and v into the fused qkv)
+Names = list[tuple[tuple[str, ...], str]]
+MODEL_TYPES = ("llama",)
+
+
+def names(config: GPTConfig) -> Names:
+    """The Llama layout's tensor names for ``config``, each with attnlab's."""
+    out: Names = [(("model.embed_tokens.weight",), "tok_emb.weight")]
+    for i in range(config.n_layers):
+        h, b = f"model.layers.{i}.", f"trf_blocks.{i}."
+        qkv = tuple(f"{h}self_attn.{p}_proj.weight" for p in "qkv")
+        out += [((h + "input_layernorm.weight",), b + "norm1.weight"), (qkv, b + "att.qkv.weight")]
+        if config.qkv_bias:
+            out.append((tuple(f"{h}self_attn.{p}_proj.bias" for p in "qkv"), b + "att.qkv.bias"))
+        if config.qk_norm:
+            out += [((h + f"self_attn.{p}_norm.weight",), b + f"att.{p}_norm.weight") for p in "qk"]
+        out += [
+            ((h + "self_attn.o_proj.weight",), b + "att.out_proj.weight"),
+            ((h + "post_attention_layernorm.weight",), b + "norm2.weight"),
+            ((h + "mlp.gate_proj.weight",), b + "ff.fc1.weight"),
+            ((h + "mlp.up_proj.weight",), b + "ff.fc2.weight"),
+            ((h + "mlp.down_proj.weight",), b + "ff.fc3.weight"),
+        ]
+    out.append((("model.norm.weight",), "final_norm.weight"))
+    if not config.tie_weights:
+        out.append((("lm_head.weight",), "out_head.weight"))
+    return out
+
+
+def need(raw: dict[str, Any], key: str, where: Path) -> Any:
+    if key not in raw:
+        raise ValueError(f"{str(where / 'config.json')!r} has no {key!r}; a {raw.get('model_type')} config needs it")
+    return raw[key]
+
+
+def refuse(raw: dict[str, Any], where: Path, **allowed: tuple[object, ...]) -> None:
+    """Settings this decoder does not have, refused by name rather than loaded into a different model."""
+    for key, values in allowed.items():
+        if raw.get(key) not in values:
+            raise ValueError(
+                f"{str(where / 'config.json')!r}: {key}={raw.get(key)!r} is not supported by attnlab's decoder "
+                f"(it reads {[v for v in values if v is not None]})"
+            )
+
+
+def rope(raw: dict[str, Any], where: Path) -> dict[str, Any]:
+    """RoPE's theta and scaling, from transformers v5's ``rope_parameters`` or v4's ``rope_theta``/``rope_scaling``."""
+    given = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if not isinstance(given, dict):
+        raise ValueError(f"{str(where / 'config.json')!r}: rope_parameters must be an object, got {given!r:.60}")
+    base = float(given.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    kind = given.get("rope_type", given.get("type", "default"))
+    if kind in ("default", None):
+        return {"rope_base": base}
+    if kind not in ("llama3", "linear"):
+        raise ValueError(
+            f"{str(where / 'config.json')!r}: rope_type {kind!r} is not supported (attnlab reads 'default', "
+            "'llama3' and 'linear')"
+        )
+    scaling = RopeScaling(
+        kind=kind,
+        factor=float(need(given, "factor", where)),
+        low_freq_factor=float(given.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(given.get("high_freq_factor", 4.0)),
+        original_context_length=int(given.get("original_max_position_embeddings", 8192)),
+    )
+    return {"rope_base": base, "rope_scaling": scaling}
+
+
+def common(raw: dict[str, Any], where: Path) -> dict[str, Any]:
+    """The GPTConfig fields every Llama-layout family sets the same way."""
+    refuse(raw, where, hidden_act=(None, "silu"), pretraining_tp=(None, 1))  # None: the default, silu
+    heads = need(raw, "num_attention_heads", where)
+    emb = need(raw, "hidden_size", where)
+    head_dim = raw.get("head_dim") or emb // heads
+    tie = raw.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ValueError(f"{str(where / 'config.json')!r}: tie_word_embeddings must be true or false, got {tie!r}")
+    return dict(
+        vocab_size=need(raw, "vocab_size", where),
+        context_length=raw.get("max_position_embeddings", 2048),
+        emb_dim=emb,
+        n_heads=heads,
+        n_layers=need(raw, "num_hidden_layers", where),
+        n_kv_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=None if head_dim * heads == emb else head_dim,
+        hidden_dim=need(raw, "intermediate_size", where),
+        drop_rate=0.0,
+        tie_weights=tie,
+        layer_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        norm="rmsnorm",
+        mlp="swiglu",
+        bias=False,
+        rope=True,
+        **rope(raw, where),
+    )
+
+
+def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
+    refuse(raw, where, attention_bias=(None, False), mlp_bias=(None, False))
+    return GPTConfig(**common(raw, where), family="llama")
+
+
+def hf_common(config: GPTConfig, model_type: str, architecture: str) -> dict[str, Any]:
+    """config.json for a Llama-layout family (what :func:`common` reads back), attnlab's config alongside."""
+    parameters: dict[str, Any] = {"rope_theta": float(config.rope_base), "rope_type": "default"}
+    if config.rope_scaling is not None:
+        s = config.rope_scaling
+        parameters |= {"rope_type": s.kind, "factor": s.factor}
+        if s.kind == "llama3":
+            parameters |= {
+                "low_freq_factor": s.low_freq_factor,
+                "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_context_length,
+            }
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.context_length,
+        "hidden_size": config.emb_dim,
+        "intermediate_size": config.ff_dim,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads or config.n_heads,
+        "head_dim": config.d_head,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.layer_norm_eps,
+        "tie_word_embeddings": config.tie_weights,
+        "rope_parameters": parameters,
+        "rope_theta": float(config.rope_base),  # for transformers v4, which reads these two
+        "rope_scaling": None if config.rope_scaling is None else parameters,
+        "attnlab": config.to_dict(),
+    }
+
+
+def holds(config: GPTConfig) -> bool:
+    """Whether ``LlamaForCausalLM`` holds this config exactly."""
+    return lays_out(config) and not config.qkv_bias and not config.qk_norm and config.window is None
+
+
+def lays_out(config: GPTConfig) -> bool:
+    """The block every Llama-layout family shares: pre-RMSNorm, SwiGLU, RoPE, no biases past q/k/v."""
+    return (
+        (config.norm, config.norm_placement, config.mlp) == ("rmsnorm", "pre", "swiglu")
+        and config.rope
+        and not config.bias
+        and config.score_mod is None
+        and (config.rope_scaling is None or config.rotary_dim is None)
+        and config.rotary_dim is None
+    )
+
+
+def hf_config(config: GPTConfig) -> dict[str, Any]:
+    return {**hf_common(config, "llama", "LlamaForCausalLM"), "attention_bias": False, "mlp_bias": False}
