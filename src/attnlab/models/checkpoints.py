@@ -239,7 +239,7 @@ def _book_config(tensors: Tensors, overrides: dict[str, Any]) -> GPTConfig:
             )
     vocab, emb = tensors["tok_emb.weight"].shape
     layers = len({k.split(".")[1] for k in tensors if k.startswith("trf_blocks.")})
-    heads = next((p["n_heads"] for p in PRESETS.values() if p["emb_dim"] == emb), None)
+    heads = next((p["n_heads"] for n, p in PRESETS.items() if n.startswith("gpt2") and p["emb_dim"] == emb), None)
     if heads is None and "n_heads" not in overrides:
         raise ValueError(
             f"the book's state dict does not say how many heads its attention has (emb_dim {emb} is not a GPT-2 "

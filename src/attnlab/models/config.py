@@ -45,11 +45,37 @@ def score_mod_from_name(name: object, n_heads: int) -> ScoreMod:
 
 
 # The book's table of GPT-2 sizes (chapter 4): embedding size, layers, heads.
-PRESETS: dict[str, dict[str, int]] = {
+PRESETS: dict[str, dict[str, Any]] = {
     "gpt2-small": {"emb_dim": 768, "n_layers": 12, "n_heads": 12},  # 124M
     "gpt2-medium": {"emb_dim": 1024, "n_layers": 24, "n_heads": 16},  # 355M
     "gpt2-large": {"emb_dim": 1280, "n_layers": 36, "n_heads": 20},  # 774M
     "gpt2-xl": {"emb_dim": 1600, "n_layers": 48, "n_heads": 25},  # 1558M
+}
+# Today's decoders, by the shapes of their published config.json files (random weights here: nothing downloads).
+_LLAMA = {"norm": "rmsnorm", "mlp": "swiglu", "bias": False, "rope": True, "drop_rate": 0.0}
+PRESETS |= {
+    "llama-3.2-1b": _LLAMA
+    | {"vocab_size": 128256, "context_length": 131072, "emb_dim": 2048, "n_heads": 32, "n_kv_heads": 8}
+    | {"n_layers": 16, "hidden_dim": 8192, "rope_base": 500000.0, "tie_weights": True, "family": "llama"}
+    | {"rope_scaling": RopeScaling(kind="llama3", factor=32.0, original_context_length=8192)},
+    "llama-3.1-8b": _LLAMA
+    | {"vocab_size": 128256, "context_length": 131072, "emb_dim": 4096, "n_heads": 32, "n_kv_heads": 8}
+    | {"n_layers": 32, "hidden_dim": 14336, "rope_base": 500000.0, "family": "llama"}
+    | {"rope_scaling": RopeScaling(kind="llama3", factor=8.0, original_context_length=8192)},
+    "mistral-7b": _LLAMA
+    | {"vocab_size": 32000, "context_length": 32768, "emb_dim": 4096, "n_heads": 32, "n_kv_heads": 8}
+    | {"n_layers": 32, "hidden_dim": 14336, "window": 4096, "family": "mistral"},
+    "qwen2.5-7b": _LLAMA
+    | {"vocab_size": 152064, "context_length": 32768, "emb_dim": 3584, "n_heads": 28, "n_kv_heads": 4}
+    | {"n_layers": 28, "hidden_dim": 18944, "rope_base": 1e6, "qkv_bias": True, "family": "qwen2"},
+    "qwen3-0.6b": _LLAMA
+    | {"vocab_size": 151936, "context_length": 40960, "emb_dim": 1024, "n_heads": 16, "n_kv_heads": 8}
+    | {"head_dim": 128, "n_layers": 28, "hidden_dim": 3072, "rope_base": 1e6, "qk_norm": True}
+    | {"layer_norm_eps": 1e-6, "tie_weights": True, "family": "qwen3"},
+    "qwen3-8b": _LLAMA
+    | {"vocab_size": 151936, "context_length": 40960, "emb_dim": 4096, "n_heads": 32, "n_kv_heads": 8}
+    | {"head_dim": 128, "n_layers": 36, "hidden_dim": 12288, "rope_base": 1e6, "qk_norm": True}
+    | {"layer_norm_eps": 1e-6, "family": "qwen3"},
 }
 
 
@@ -197,7 +223,8 @@ class GPTConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> GPTConfig:
-        """One of the book's GPT-2 sizes (``gpt2-small`` ... ``gpt2-xl``), with any field overridden."""
+        """One of the book's GPT-2 sizes (``gpt2-small`` ... ``gpt2-xl``) or a shape of today's decoders
+        (``llama-3.2-1b``, ``qwen3-0.6b``, ...: ``PRESETS``), with any field overridden."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; known: {list(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
