@@ -146,6 +146,20 @@ CACHES: dict[str, CacheFactory] = {
 LOSSLESS = ("plain", "paged", "prefix")  # token-identical to KVCache, asserted by the benchmark
 
 
+def is_named(cache: object) -> bool:
+    """Whether ``cache`` is one of attnlab's caches: a name in ``CACHES``, or a named factory with its knobs set
+    (``functools.partial(CACHES["h2o"], budget=64)``); a model gives its sliding layers their window's ring
+    instead of those. A factory of the user's own gets each layer's window and decides."""
+    if isinstance(cache, str):
+        return True
+    named = {id(f) for f in CACHES.values()} | {id(f.func) for f in CACHES.values() if isinstance(f, functools.partial)}
+    while isinstance(cache, functools.partial):
+        if id(cache) in named or id(cache.func) in named:
+            return True
+        cache = cache.func
+    return id(cache) in named
+
+
 def cache_factory(cache: object) -> CacheFactory:
     """A factory by name (``CACHES``), or a factory given as is."""
     if isinstance(cache, str):
@@ -213,6 +227,7 @@ __all__ = [
     "SlidingWindowCache",
     "cache_factory",
     "capabilities_of",
+    "is_named",
     "runs_past_context",
     "stored_bytes",
 ]

@@ -41,7 +41,7 @@ from safetensors.torch import load_file, save_file
 
 from attnlab.models import families
 from attnlab.models.config import PRESETS, GPTConfig
-from attnlab.models.families import Rows
+from attnlab.models.families.rows import Rows
 
 Tensors = dict[str, torch.Tensor]
 Weights = abc.Mapping[str, torch.Tensor | Rows]  # in attnlab's names: a Rows stacks several of the file's tensors
@@ -409,6 +409,30 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> Checkpoint:
     raise ValueError(
         f"no checkpoint at {str(where)!r}: give a Hugging Face GPT-2 or attnlab directory, or the book's .pth file"
     )
+
+
+def read_book(source: object, cfg: abc.Mapping[str, Any], **overrides: Any) -> Checkpoint:
+    """The book's from-scratch Llama 3 or Qwen3: the model itself, its state dict, or a ``.pth``/``.safetensors``
+    file of it, with the config dict it was built from (``families.book``)."""
+    from attnlab.models.families import book
+
+    config = book.config_from_book(cfg, **overrides)
+    state: abc.Mapping[str, Any]
+    if isinstance(source, nn.Module):
+        state, where = source.state_dict(), f"the book's {type(source).__name__}"
+    elif isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(f"no file at {str(path)!r}: give the book's model, its state dict, or its saved file")
+        state, where = _read_safetensors(path) if path.suffix == ".safetensors" else _read_pickle(path), str(path)
+    elif isinstance(source, abc.Mapping):
+        state, where = source, "the book's state dict"
+    else:
+        raise TypeError(f"source must be the book's model, its state dict or a path, got {type(source).__name__}")
+    if not isinstance(state, abc.Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{where} is not a state dict of named tensors")
+    tensors, origin = book.from_book(state)
+    return Checkpoint(_reconcile(config, tensors, Path(where)), tensors, origin, where)
 
 
 # ---------------------------------------------------------------------------------------------- writing

@@ -21,10 +21,10 @@ import torch
 import torch.nn as nn
 
 from attnlab._checks import check_positive_int
-from attnlab.cache import Cache, CacheFactory, ModelCache, PrefixCache, capabilities_of
+from attnlab.cache import Cache, CacheFactory, ModelCache, PrefixCache, capabilities_of, is_named
 from attnlab.functional.mods import MaskMod, ScoreMod, chain_scores, check_document_ids, document_positions
 from attnlab.functional.visibility import Visibility
-from attnlab.models.checkpoints import fit, read_checkpoint, save_gpt
+from attnlab.models.checkpoints import Checkpoint, fit, read_book, read_checkpoint, save_gpt
 from attnlab.models.config import GPTConfig, score_mod_from_name
 from attnlab.models.generation import Sampling, Stop, decode, plan
 from attnlab.models.parts import TransformerBlock, make_norm
@@ -111,11 +111,16 @@ class GPT(nn.Module):
 
     def make_caches(self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain") -> ModelCache:
         """The model's cache: one per layer, for ``max_len`` positions, from a name in ``attnlab.cache.CACHES`` or
-        a factory; its paged layers share one block table."""
+        a factory; its paged layers share one block table. A sliding layer keeps the ring buffer of its window
+        whichever of attnlab's caches is named (it never needs more); a factory of your own gets each layer's
+        window and decides."""
         return ModelCache(
             [
                 block.att.make_cache(
-                    batch_size=batch_size, max_len=max_len, cache=cache, context_length=self.config.context_length
+                    batch_size=batch_size,
+                    max_len=max_len,
+                    cache="plain" if block.att.window is not None and is_named(cache) else cache,
+                    context_length=self.config.context_length,
                 )
                 for block in self.blocks
             ]
@@ -322,6 +327,11 @@ class GPT(nn.Module):
             )
         width, longest = min(slots, len(rows)), max(map(len, rows)) + max_new_tokens - 1
         held = plan.cache_for(self, cache, rows=width, longest=longest, capacity=longest)
+        if not held.capabilities.rows:
+            raise ValueError(
+                "generate_many admits and releases rows of paged blocks, and this model's sliding layers keep a ring "
+                "buffer per row that cannot: call generate per prompt (or in one padded batch)"
+            )
         results: list[list[int]] = [[] for _ in rows]
         for drawn in decode(self, rows, cache=held, sampling=sampling, stop=stop, slots=width):
             for index, token in drawn:
@@ -439,7 +449,17 @@ class GPT(nn.Module):
         for a book state dict of a size that is not GPT-2's). The model comes back in eval() mode, as Hugging
         Face's does.
         """
-        checkpoint = read_checkpoint(path, **overrides)
+        return cls._filled(read_checkpoint(path, **overrides))
+
+    @classmethod
+    def from_book(cls, source: object, cfg: dict[str, Any], **overrides: object) -> GPT:
+        """The book's from-scratch Llama 3 or Qwen3 (``llms_from_scratch.llama3.Llama3Model``, ``qwen3.Qwen3Model``
+        and their KV-cache versions) as this decoder: ``source`` is the book's model, its state dict or its saved
+        file, ``cfg`` the config dict it was built from (``LLAMA32_CONFIG_1B``, ``QWEN_CONFIG_06_B``, ...)."""
+        return cls._filled(read_book(source, cfg, **overrides))
+
+    @classmethod
+    def _filled(cls, checkpoint: Checkpoint) -> GPT:
         with torch.device("meta"):  # shapes first, on no memory: a config that does not fit its file allocates nothing
             fit(cls(checkpoint.config), checkpoint, check_only=True)
         model = cls(checkpoint.config)

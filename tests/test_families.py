@@ -1,0 +1,331 @@
+"""Today's decoders: Llama 3, Mistral, Qwen2 and Qwen3 read from Hugging Face directories, and the book's own
+Llama 3 and Qwen3, exact against their references on random weights from small configs where every feature acts.
+
+Each config makes its family's features matter: Llama 3's frequency scaling with an original length below the
+prompt, a window shorter than the prompt (Mistral; Qwen2's sliding layers), QK-norm weights that are not ones
+(Qwen3, whose heads are wider than emb_dim / n_heads), and norms that are not ones everywhere. A test removes
+each feature and watches the logits move by more than 1e-3, so the parity is not parity by default.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from attnlab import Recorder
+from attnlab.cache import CACHES
+from attnlab.functional.registry import BACKENDS
+from attnlab.models import GPT
+
+VOCAB = 96
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=80,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
+)
+SCALING = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+FAMILIES: dict[str, tuple[type[PreTrainedModel], Callable[[], object]]] = {
+    "llama": (
+        LlamaForCausalLM,
+        lambda: LlamaConfig(
+            **COMMON, rope_theta=500000.0, rope_scaling={**SCALING, "original_max_position_embeddings": 16}
+        ),
+    ),
+    "mistral": (MistralForCausalLM, lambda: MistralConfig(**COMMON, sliding_window=6)),
+    "qwen2": (
+        Qwen2ForCausalLM,
+        lambda: Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=6, max_window_layers=1),
+    ),
+    "qwen3": (
+        Qwen3ForCausalLM,
+        lambda: Qwen3Config(**{**COMMON, "tie_word_embeddings": True}, head_dim=24, rope_theta=1e6),
+    ),
+}
+IDS = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(3))  # longer than every window
+
+
+@functools.cache
+def hf_dir(family: str, root: str) -> Path:
+    """A Hugging Face directory of ``family`` with random weights, its norms and biases moved off their defaults."""
+    cls, make_config = FAMILIES[family]
+    torch.manual_seed(0)
+    model = cls(make_config()).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:  # RMSNorm weights (ones) and q/k/v biases (zeros) made to matter
+                p.add_(torch.randn_like(p) * 0.5)
+    where = Path(root) / family
+    model.save_pretrained(where)
+    return where
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("families"))
+
+
+@functools.cache
+def hf(family: str, root: str) -> PreTrainedModel:
+    return FAMILIES[family][0].from_pretrained(hf_dir(family, root)).eval()
+
+
+@functools.cache
+def hf_logits(family: str, root: str) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(family, root)(IDS).logits
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_hugging_faces_on_every_backend(family: str, root: str) -> None:
+    reference = hf_logits(family, root)
+    for backend in BACKENDS:
+        ours = GPT.from_pretrained(hf_dir(family, root), backend=backend)
+        assert ours.config.family == family
+        err = float((ours(IDS) - reference).abs().max())
+        assert err < 1e-4, (family, backend, err)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_tokens_equal_hugging_faces_generate(family: str, root: str) -> None:
+    prompt = IDS[:1]  # an attention mask given, or transformers masks the prompt's token 0 as padding
+    theirs = hf(family, root).generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=16, do_sample=False, eos_token_id=None
+    )
+    ours = GPT.from_pretrained(hf_dir(family, root)).generate(prompt, 16)
+    assert ours.tolist() == theirs.tolist()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_pretrained_writes_what_the_same_hugging_face_class_loads(family: str, root: str, tmp_path: Path) -> None:
+    ours = GPT.from_pretrained(hf_dir(family, root))
+    ours.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written["model_type"] == family and written["architectures"] == [type(hf(family, root)).__name__]
+    again = FAMILIES[family][0].from_pretrained(tmp_path).eval()
+    assert float((again(IDS).logits - hf_logits(family, root)).abs().max()) < 1e-5
+    assert float((GPT.from_pretrained(tmp_path)(IDS) - ours(IDS)).abs().max()) == 0.0
+
+
+def _without(family: str, root: str, **changes: object) -> torch.Tensor:
+    """Logits of the family's model with one feature taken out (its weights otherwise the same)."""
+    loaded = GPT.from_pretrained(hf_dir(family, root))
+    bare = GPT(loaded.config.with_(**changes)).eval()
+    missing, unexpected = bare.load_state_dict(loaded.state_dict(), strict=False)
+    assert all(".q_norm." in k or ".k_norm." in k for k in [*missing, *unexpected])
+    return bare(IDS)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize(
+    ("family", "changes"),
+    [
+        ("llama", {"rope_scaling": None}),  # Llama 3's frequency scaling
+        ("mistral", {"window": None}),  # the window
+        ("qwen2", {"layer_types": None, "window": None}),  # the sliding layers of the pattern
+        ("qwen2", {"layer_types": ("sliding",) * 3}),  # ... and the full first layer
+        ("qwen3", {"qk_norm": False}),  # QK-norm
+        ("qwen3", {"rope_base": 10000.0}),  # the family's RoPE base
+    ],
+)
+def test_removing_a_feature_moves_the_logits(family: str, changes: dict[str, object], root: str) -> None:
+    """Each feature the parity relies on acts in these configs: without it the logits move by more than 1e-3."""
+    assert float((_without(family, root, **changes) - hf_logits(family, root)).abs().max()) > 1e-3
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_cache_that_applies_gives_the_uncached_tokens(family: str, root: str) -> None:
+    """Lossless caches always; the lossy ones sized to hold all 31 positions (their loss is the cache lab's to
+    measure). A sliding layer keeps its window's ring whichever cache is named; prefix sharing, which needs
+    paged blocks in every layer, is refused for a model with sliding layers."""
+    model = GPT.from_pretrained(hf_dir(family, root))
+    prompt = IDS[:1]
+    uncached = model.generate(prompt, 12, use_cache=False)
+    sized = {
+        "h2o": functools.partial(CACHES["h2o"], budget=64),
+        "snapkv": functools.partial(CACHES["snapkv"], budget=64),
+    }
+    sliding = model.config.window is not None
+    for name in CACHES:
+        if name == "prefix" and sliding:
+            with pytest.raises(ValueError, match=r"the prefix cache does not keep a sliding window's ring"):
+                model.generate(prompt, 12, cache=name)
+            continue
+        assert model.generate(prompt, 12, cache=sized.get(name, name)).tolist() == uncached.tolist(), name  # type: ignore[arg-type]
+    if sliding:
+        with pytest.raises(ValueError, match=r"sliding layers keep a ring buffer per row"):
+            model.generate_many([IDS[0].tolist(), IDS[1, :7].tolist()], 4, slots=1)
+    else:
+        many = model.generate_many([IDS[0].tolist(), IDS[1, :7].tolist()], 6, slots=1)
+        assert many[0] == uncached[0, 20 : 18 + 8].tolist()[:6]
+
+
+@torch.no_grad()
+def test_a_sliding_layer_keeps_only_its_window_whatever_cache_is_named(root: str) -> None:
+    model = GPT.from_pretrained(hf_dir("qwen2", root))  # layer 0 full, layers 1 and 2 slide over 6
+    caches = model.make_caches(batch_size=1, max_len=40, cache="int8")
+    kinds = [type(layer).__name__ for layer in caches]
+    assert kinds == ["QuantizedKVCache", "SlidingWindowCache", "SlidingWindowCache"]
+    assert [getattr(layer, "window", None) for layer in caches][1:] == [6, 6]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_speculative_decoding_gives_greedy_tokens(family: str, root: str) -> None:
+    model = GPT.from_pretrained(hf_dir(family, root))
+    prompt = torch.cat([IDS[:1, :10], IDS[:1, :10]], dim=1)  # repeats, so that lookup finds guesses
+    greedy = model.generate(prompt, 16)
+    assert model.generate(prompt, 16, lookup=3).tolist() == greedy.tolist()
+    assert model.generate(prompt, 16, draft=model, draft_tokens=3).tolist() == greedy.tolist()
+
+
+@torch.no_grad()
+def test_speculative_decoding_on_a_sliding_model_is_refused_by_name(root: str) -> None:
+    model = GPT.from_pretrained(hf_dir("mistral", root))
+    with pytest.raises(ValueError, match=r"a sliding window \(window=6\) keeps a ring that cannot be cropped"):
+        model.generate(IDS[:1], 4, lookup=3)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_layouts_and_int8_weights_keep_the_logits(family: str, root: str) -> None:
+    model = GPT.from_pretrained(hf_dir(family, root))
+    reference = model(IDS)
+    model.set_layout("columns")
+    assert float((model(IDS) - reference).abs().max()) < 1e-5
+    model.set_layout("rows")
+    kernels = model.quantize("int8", kernel="dequantize")
+    assert any(name.endswith("ff.fc1") for name in kernels)  # the gated MLP's linears are quantized too
+    moved = model(IDS) - reference
+    assert 0 < float(moved.abs().max()) < 0.05 * float(reference.abs().max())
+
+
+@torch.no_grad()
+def test_recorded_weights_show_each_layers_own_window(root: str) -> None:
+    """Qwen2's pattern: layer 0 sees every earlier key, layers 1 and 2 the last 6 only."""
+    model = GPT.from_pretrained(hf_dir("qwen2", root))
+    weights = model.attention_weights(IDS[:1])  # (L, B, H, T, T)
+    assert weights.shape == (3, 1, 4, 20, 20)
+    seen = (weights[:, 0] > 0).sum(dim=-1)  # (L, H, T): keys each query sees
+    assert seen[0, :, -1].tolist() == [20] * 4
+    assert seen[1:, :, -1].flatten().tolist() == [6] * 8
+    with Recorder(names=["attn_weights"]) as rec:  # what attention_weights reads, by each layer's dotted name
+        model(IDS[:1])
+    assert torch.equal(rec.get("attn_weights", module="trf_blocks.1.att"), weights[1])
+
+
+def test_a_small_qwen3_style_model_trains_like_the_gpt() -> None:
+    """The same bytes, steps and budget: both fall far below a uniform guess (ln 256 = 5.55), and the Qwen3-style
+    block (RMSNorm, SwiGLU, GQA, QK-norm, RoPE) ends no worse than GPT-2's by more than a quarter nat."""
+    from attnlab.models import GPTConfig
+    from attnlab.models.tasks import TextTask, stdlib_text
+    from attnlab.models.train import TrainConfig, train
+
+    task = TextTask(stdlib_text()[:20000], seq_len=32)
+    budget = TrainConfig(steps=80, batch_size=16, eval_every=40, warmup=10)
+    gpt = GPTConfig(vocab_size=256, context_length=32, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0)
+    qwen = GPTConfig.preset(
+        "qwen3-0.6b", vocab_size=256, context_length=32, emb_dim=32, n_heads=4, n_kv_heads=2, head_dim=16
+    ).with_(n_layers=2, hidden_dim=64, tie_weights=False)
+    final = {}
+    for name, config in (("gpt", gpt), ("qwen3", qwen)):
+        torch.manual_seed(0)
+        final[name] = train(GPT(config), task, budget).eval_loss[-1]
+    assert final["gpt"] < 3.5 and final["qwen3"] < 3.5, final
+    assert final["qwen3"] < final["gpt"] + 0.25, final
+
+
+BOOK_LLAMA = dict(
+    vocab_size=VOCAB,
+    context_length=64,
+    emb_dim=64,
+    n_heads=4,
+    n_layers=2,
+    hidden_dim=96,
+    n_kv_groups=2,
+    rope_base=500000.0,
+    dtype=torch.float32,
+    rope_freq=dict(factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=16),
+)
+BOOK_QWEN = dict(
+    vocab_size=VOCAB,
+    context_length=64,
+    emb_dim=64,
+    n_heads=4,
+    n_layers=2,
+    hidden_dim=96,
+    n_kv_groups=2,
+    rope_base=1e6,
+    dtype=torch.float32,
+    head_dim=24,
+    qk_norm=True,
+)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("which", ["llama3", "qwen3"])
+def test_the_books_llama3_and_qwen3_equal_ours_with_and_without_their_kv_cache(which: str, tmp_path: Path) -> None:
+    if which == "llama3":
+        from llms_from_scratch.kv_cache.llama3 import KVCache
+        from llms_from_scratch.kv_cache.llama3 import Llama3Model as Cached
+        from llms_from_scratch.llama3 import Llama3Model as Plain
+
+        cfg = BOOK_LLAMA
+    else:
+        from llms_from_scratch.kv_cache.qwen3 import KVCache
+        from llms_from_scratch.kv_cache.qwen3 import Qwen3Model as Cached
+        from llms_from_scratch.qwen3 import Qwen3Model as Plain
+
+        cfg = BOOK_QWEN
+    torch.manual_seed(0)
+    book = Plain(cfg).eval()
+    for p in book.parameters():
+        if p.dim() == 1:
+            p.add_(torch.randn_like(p) * 0.5)
+    torch.save(book.state_dict(), tmp_path / "book.pth")
+    ours = GPT.from_book(tmp_path / "book.pth", cfg)
+    assert float((ours(IDS) - book(IDS)).abs().max()) < 1e-4
+    cached = Cached(cfg).eval()
+    cached.load_state_dict(book.state_dict())
+    cache, tokens = KVCache(n_layers=cfg["n_layers"]), []
+    cached.reset_kv_cache()
+    logits = cached(IDS[:1], cache=cache)
+    for _ in range(16):  # the book's own cached greedy loop
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(int(token))
+        logits = cached(token, cache=cache)
+    assert ours.generate(IDS[:1], 16)[0, 20:].tolist() == tokens
+    without = GPT(ours.config.with_(rope_scaling=None) if which == "llama3" else ours.config.with_(qk_norm=False))
+    without.load_state_dict(ours.state_dict(), strict=False)
+    assert float((without.eval()(IDS) - book(IDS)).abs().max()) > 1e-3  # the feature acts
+
+
+def test_the_books_config_dict_is_checked_by_name() -> None:
+    with pytest.raises(ValueError, match=r"the book's config dict lacks \['hidden_dim', 'n_kv_groups', 'rope_base'\]"):
+        GPT.from_book({}, {k: v for k, v in BOOK_LLAMA.items() if k not in ("hidden_dim", "n_kv_groups", "rope_base")})
+    with pytest.raises(ValueError, match=r"neither rope_freq \(Llama 3\) nor qk_norm \(Qwen3\)"):
+        GPT.from_book({}, {k: v for k, v in BOOK_QWEN.items() if k != "qk_norm"})
