@@ -329,3 +329,106 @@ def test_the_books_config_dict_is_checked_by_name() -> None:
         GPT.from_book({}, {k: v for k, v in BOOK_LLAMA.items() if k not in ("hidden_dim", "n_kv_groups", "rope_base")})
     with pytest.raises(ValueError, match=r"neither rope_freq \(Llama 3\) nor qk_norm \(Qwen3\)"):
         GPT.from_book({}, {k: v for k, v in BOOK_QWEN.items() if k != "qk_norm"})
+
+
+@pytest.fixture(scope="module")
+def qwen2_with_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Qwen2 directory as Hugging Face saves one, with a byte-level BPE tokenizer.json trained here."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    where = tmp_path_factory.mktemp("qwen2-tok")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(["the cat sat on the mat. the dog sat on the log."] * 20, trainer)
+    torch.manual_seed(0)
+    config = FAMILIES["qwen2"][1]()
+    config.vocab_size = bpe.get_vocab_size()  # type: ignore[attr-defined]
+    Qwen2ForCausalLM(config).save_pretrained(where)  # type: ignore[arg-type]
+    bpe.save(str(where / "tokenizer.json"))
+    return where
+
+
+def test_the_cli_generates_and_explains_a_hugging_face_decoder(
+    qwen2_with_tokenizer: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnlab import cli
+    from attnlab.models.tokenizer import load_tokenizer
+
+    where = str(qwen2_with_tokenizer)
+    assert cli.main(["generate", "--model", where, "the cat sat", "--max-new-tokens", "5"]) == 0
+    tokenizer = load_tokenizer(where)
+    ids = torch.tensor([tokenizer.encode("the cat sat")])
+    expected = tokenizer.decode(GPT.from_pretrained(where).generate(ids, 5)[0].tolist())
+    assert expected in capsys.readouterr().out
+    assert cli.main(["explain", "--model", where, "the cat sat on the mat"]) == 0
+    out = capsys.readouterr().out
+    assert "Layer 0 · full attention" in out and "Layer 2 · sliding window of 6" in out
+    assert "✓ each query sees at most its window's 6 keys" in out
+    assert cli.main(["explain", "--model", where, "the cat sat on the mat", "--lang", "zh"]) == 0
+    assert "6 个 Token 的滑动窗口" in capsys.readouterr().out
+
+
+LOAD_AND_MEASURE = """
+import sys
+import torch
+from attnlab.models import GPT, GPTConfig
+from attnlab.models.checkpoints import read_checkpoint
+
+with torch.device("meta"):  # the meta device's first use imports its kernels (tens of MB of code, once)
+    GPT(GPTConfig(vocab_size=8, context_length=8, emb_dim=8, n_heads=2, n_layers=1))
+
+def anon():  # resident bytes not backed by a file: what a copy of the weights would take
+    status = open("/proc/self/status").read()
+    return int(status.split("RssAnon:")[1].split()[0]) * 1024
+
+before = anon()
+checkpoint = read_checkpoint(sys.argv[1])
+read = anon() - before
+model = GPT.from_pretrained(sys.argv[1])
+print(read, anon() - before)
+"""
+
+
+def test_safetensors_are_read_lazily_so_loading_holds_one_copy(tmp_path: Path) -> None:
+    """A 29 MB Llama: reading its checkpoint allocates almost nothing (the file is memory-mapped, and q, k and v
+    are copied into the fused rows only when the model is filled); the loaded model holds one copy."""
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**{**COMMON, "hidden_size": 256, "intermediate_size": 256, "num_hidden_layers": 16})
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    size = (tmp_path / "model.safetensors").stat().st_size
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD_AND_MEASURE, str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    read, loaded = map(int, out.split())
+    assert read < 0.05 * size, (read, size)
+    assert loaded < 1.3 * size, (loaded, size)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_a_compiled_decode_step_is_one_graph_over_full_and_sliding_layers(family: str, root: str) -> None:
+    """Qwen2's pattern puts a static cache and two window rings in one graph; Qwen3's QK-norm is in it too."""
+    from torch._dynamo.testing import CompileCounter
+
+    model = GPT.from_pretrained(hf_dir(family, root))
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    compiled = model.generate(IDS[:1], 12, compile=counter)
+    assert compiled.tolist() == model.generate(IDS[:1], 12).tolist()
+    assert counter.frame_count == 1
+
+
+@pytest.mark.slow  # a real inductor compile: tens of seconds on 2 cores
+@torch.no_grad()
+def test_an_inductor_compiled_qwen3_decodes_hugging_faces_tokens(root: str) -> None:
+    model = GPT.from_pretrained(hf_dir("qwen3", root))
+    prompt = IDS[:1]
+    theirs = hf("qwen3", root).generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False, eos_token_id=None
+    )
+    assert model.generate(prompt, 12, compile=True).tolist() == theirs.tolist()

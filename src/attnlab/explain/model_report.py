@@ -49,12 +49,16 @@ def _layer_sections(
     code: str,
     figures: bool,
     names: list[list[str]] | None = None,
+    windows: list[int | None] | None = None,
 ) -> list[Section]:
     t = len(labels)
     upper = torch.ones(t, t, dtype=torch.bool).triu(1)
     sections = []
+    windows = windows or [None] * len(weights)
     for layer, w in enumerate(weights):  # w: (H, T, T)
-        heading = title.format(layer=layer)
+        window = windows[layer]  # the layer's kind: full attention, or a sliding window (Mistral, Qwen2's pattern)
+        kind = txt["layer_full"] if window is None else txt["layer_sliding"].format(window=window)
+        heading = f"{title.format(layer=layer)} · {kind}" if any(windows) else title.format(layer=layer)
         drawn = []
         if figures:
             axes = (txt["keys"], txt["queries"])
@@ -81,6 +85,11 @@ def _layer_sections(
                 checks=[
                     holds(txt["check_rows"], torch.allclose(w.sum(-1), torch.ones(w.shape[:2]), atol=1e-5)),
                     holds(txt["check_upper"], bool((w[:, upper] == 0).all())),
+                    *(
+                        [holds(txt["check_window"].format(window=window), int((w > 0).sum(-1).max()) <= window)]
+                        if window is not None
+                        else []
+                    ),
                 ],
             )
         )
@@ -245,6 +254,7 @@ def model_report(
             code=code,
             figures=figures,
             names=names,
+            windows=[block.att.window for block in model.blocks],
         )
     c = model.config
     return Report(
