@@ -160,8 +160,9 @@ def test_removing_a_feature_moves_the_logits(family: str, changes: dict[str, obj
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_cache_that_applies_gives_the_uncached_tokens(family: str, root: str) -> None:
     """Lossless caches always; the lossy ones sized to hold all 31 positions (their loss is the cache lab's to
-    measure). A sliding layer keeps its window's ring whichever cache is named; prefix sharing, which needs
-    paged blocks in every layer, is refused for a model with sliding layers."""
+    measure). A sliding layer keeps its window's ring whichever cache is named, which then applies to the full
+    layers (Qwen2's first); a cache that would apply to no layer (Mistral's every layer slides) is refused, and
+    so is prefix sharing, which needs paged blocks in every layer."""
     model = GPT.from_pretrained(hf_dir(family, root))
     prompt = IDS[:1]
     uncached = model.generate(prompt, 12, use_cache=False)
@@ -170,14 +171,15 @@ def test_every_cache_that_applies_gives_the_uncached_tokens(family: str, root: s
         "snapkv": functools.partial(CACHES["snapkv"], budget=64),
     }
     sliding = model.config.window is not None
+    every_layer_slides = sliding and model.config.layer_types is None
     for name in CACHES:
-        if name == "prefix" and sliding:
-            with pytest.raises(ValueError, match=r"the prefix cache does not keep a sliding window's ring"):
-                model.generate(prompt, 12, cache=name)
+        if (name == "prefix" and sliding) or (name != "plain" and every_layer_slides):
+            with pytest.raises(ValueError, match=f"the {name} cache does not keep a sliding window's ring"):
+                model.generate(prompt, 12, cache=sized.get(name, name))  # type: ignore[arg-type]
             continue
         assert model.generate(prompt, 12, cache=sized.get(name, name)).tolist() == uncached.tolist(), name  # type: ignore[arg-type]
     if sliding:
-        with pytest.raises(ValueError, match=r"sliding layers keep a ring buffer per row"):
+        with pytest.raises(ValueError, match=r"ring buffer per row|every layer of this model slides"):
             model.generate_many([IDS[0].tolist(), IDS[1, :7].tolist()], 4, slots=1)
     else:
         many = model.generate_many([IDS[0].tolist(), IDS[1, :7].tolist()], 6, slots=1)
@@ -432,3 +434,60 @@ def test_an_inductor_compiled_qwen3_decodes_hugging_faces_tokens(root: str) -> N
         prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False, eos_token_id=None
     )
     assert model.generate(prompt, 12, compile=True).tolist() == theirs.tolist()
+
+
+def test_partial_rotation_turns_the_first_dimensions_and_passes_the_rest() -> None:
+    """rotary_dim=R: the first R dimensions of each head turn as a head of R would, the rest pass through, and
+    q . k still depends on m - n alone."""
+    from attnlab.functional.rotary import RotaryEmbedding
+
+    x = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(5)
+    partial, whole = RotaryEmbedding(head_dim=8, rotary_dim=4), RotaryEmbedding(head_dim=4)
+    turned = partial.rotate(x, positions)
+    assert torch.equal(turned[..., 4:], x[..., 4:])
+    torch.testing.assert_close(turned[..., :4], whole.rotate(x[..., :4].contiguous(), positions))
+    assert not torch.allclose(turned[..., :4], x[..., :4])
+    moved = partial.rotate(x, positions + 7)  # every position moved by 7: each m - n the same
+    dot = lambda t: (t[..., 4, :] * t[..., 1, :]).sum(-1)  # (B, H): query 4 against key 1
+    torch.testing.assert_close(dot(moved), dot(turned))
+    with pytest.raises(ValueError, match=r"rotary_dim must be an even int in \[2, head_dim=8\], got 5"):
+        RotaryEmbedding(head_dim=8, rotary_dim=5)
+
+
+@torch.no_grad()
+def test_post_norm_normalizes_each_sublayers_output_before_it_is_added() -> None:
+    """OLMo 2's placement, x + norm1(att(x)) then x + norm2(ff(x)), written out beside the block."""
+    from attnlab.models import GPTConfig
+
+    torch.manual_seed(0)
+    config = GPTConfig(
+        vocab_size=32, context_length=16, emb_dim=16, n_heads=2, n_layers=1, drop_rate=0.0, rope=True,
+        norm="rmsnorm", mlp="swiglu", bias=False,
+    )  # fmt: skip
+    post, pre = GPT(config.with_(norm_placement="post")).eval(), GPT(config).eval()
+    pre.load_state_dict(post.state_dict())
+    block, ids = post.blocks[0], torch.randint(0, 32, (1, 6))
+    x = post.tok_emb(ids)
+    x = x + block.norm1(block.att(x))
+    x = x + block.norm2(block.ff(x))
+    torch.testing.assert_close(post(ids), post.out_head(post.final_norm(x)))
+    assert float((post(ids) - pre(ids)).abs().max()) > 1e-3  # the placement acts
+
+
+def test_the_decoders_config_refuses_what_does_not_fit_by_name() -> None:
+    from attnlab.models import GPTConfig
+
+    base = dict(vocab_size=32, context_length=16, emb_dim=16, n_heads=2, n_layers=2)
+    with pytest.raises(ValueError, match=r"norm must be one of \['layernorm', 'rmsnorm'\], got 'batchnorm'"):
+        GPTConfig(**base, norm="batchnorm")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"layer_types has 'sliding' layers but window is None"):
+        GPTConfig(**base, layer_types=("full", "sliding"))
+    with pytest.raises(ValueError, match=r"layer_types must be a tuple of n_layers=2 entries"):
+        GPTConfig(**base, window=4, layer_types=("sliding",))
+    with pytest.raises(ValueError, match=r"rope_scaling and rotary_dim shape RoPE: set rope=True"):
+        GPTConfig(**base, rotary_dim=4)
+    with pytest.raises(ValueError, match=r"rope_type 'yarn' is not supported"):
+        from attnlab.models.families.llama import rope
+
+        rope({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, Path("x"))

@@ -146,18 +146,24 @@ CACHES: dict[str, CacheFactory] = {
 LOSSLESS = ("plain", "paged", "prefix")  # token-identical to KVCache, asserted by the benchmark
 
 
-def is_named(cache: object) -> bool:
-    """Whether ``cache`` is one of attnlab's caches: a name in ``CACHES``, or a named factory with its knobs set
-    (``functools.partial(CACHES["h2o"], budget=64)``); a model gives its sliding layers their window's ring
-    instead of those. A factory of the user's own gets each layer's window and decides."""
+def cache_name(cache: object) -> str | None:
+    """The name in ``CACHES`` of one of attnlab's caches: the name itself, its factory, or its factory with knobs
+    set (``functools.partial(CACHES["h2o"], budget=64)`` is "h2o"); None for a factory of the user's own. A model
+    gives its sliding layers their window's ring instead of a named cache; a factory of one's own decides."""
     if isinstance(cache, str):
-        return True
-    named = {id(f) for f in CACHES.values()} | {id(f.func) for f in CACHES.values() if isinstance(f, functools.partial)}
-    while isinstance(cache, functools.partial):
-        if id(cache) in named or id(cache.func) in named:
-            return True
-        cache = cache.func
-    return id(cache) in named
+        return cache
+    given, knobs = _root(cache)  # functools.partial flattens a partial of a partial: compare roots and knobs
+    for name, factory in CACHES.items():
+        root, fixed = _root(factory)
+        if given is root and all(knobs.get(k) == v for k, v in fixed.items()):
+            return name
+    return None
+
+
+def _root(factory: object) -> tuple[object, dict[str, Any]]:
+    if isinstance(factory, functools.partial):
+        return factory.func, dict(factory.keywords)
+    return factory, {}
 
 
 def cache_factory(cache: object) -> CacheFactory:
@@ -226,8 +232,8 @@ __all__ = [
     "SinkCache",
     "SlidingWindowCache",
     "cache_factory",
+    "cache_name",
     "capabilities_of",
-    "is_named",
     "runs_past_context",
     "stored_bytes",
 ]

@@ -1,12 +1,13 @@
-"""GPT: the book's GPTModel (chapter 4) on attnlab's Attention, with a KV cache and generate().
+"""GPT: the book's GPTModel (chapter 4) on attnlab's Attention, with a KV cache and generate(), and every
+decoder after it that ``GPTConfig`` describes (Llama 3, Mistral, Qwen2, Qwen3: ``attnlab.models.parts``).
 
 The book's layout and names, in its order: token and position embeddings
-(``tok_emb``, ``pos_emb``), dropout, ``n_layers`` pre-LayerNorm blocks
+(``tok_emb``, ``pos_emb``: none with RoPE), dropout, ``n_layers`` blocks
 (``norm1``, ``att``, ``drop_resid``, ``norm2``, ``ff``), ``final_norm`` and
-``out_head``. The book's LayerNorm (scale/shift, biased variance, eps 1e-5)
-is ``nn.LayerNorm``; its GELU is the tanh approximation, as GPT-2's. The
+``out_head``. GPT-2's defaults: the book's LayerNorm (scale/shift, biased
+variance, eps 1e-5) is ``nn.LayerNorm``, its GELU the tanh approximation. The
 attention is ``attnlab.Attention``, so every backend, the cache and the
-Recorder work in a whole model.
+Recorder work in a whole model, whatever its family.
 
 Shapes: B = batch, T = tokens, V = vocab_size, E = emb_dim, L = n_layers, H = n_heads.
 """
@@ -21,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from attnlab._checks import check_positive_int
-from attnlab.cache import Cache, CacheFactory, ModelCache, PrefixCache, capabilities_of, is_named
+from attnlab.cache import Cache, CacheFactory, ModelCache, PrefixCache, cache_name, capabilities_of
 from attnlab.functional.mods import MaskMod, ScoreMod, chain_scores, check_document_ids, document_positions
 from attnlab.functional.visibility import Visibility
 from attnlab.models.checkpoints import Checkpoint, fit, read_book, read_checkpoint, save_gpt
@@ -85,9 +86,11 @@ def _by_position(
 
 
 class GPT(nn.Module):
-    """A GPT-2-style model. ``GPT(GPTConfig.preset("gpt2-small"))`` has the book's 163,009,536 parameters
-    (124,412,160 with ``tie_weights=True``). ``GPTConfig(n_kv_heads=, rope=True, window=, score_mod=)`` makes
-    the same decoder with grouped-query heads, rotary positions (then no ``pos_emb``), a sliding window, ALiBi."""
+    """A decoder. ``GPT(GPTConfig.preset("gpt2-small"))`` has the book's 163,009,536 parameters (124,412,160 with
+    ``tie_weights=True``). ``GPTConfig(n_kv_heads=, rope=True, window=, score_mod=)`` makes the same decoder with
+    grouped-query heads, rotary positions (then no ``pos_emb``), a sliding window, ALiBi; ``norm="rmsnorm",
+    mlp="swiglu", qk_norm=True, layer_types=...`` and the rest make Llama's and Qwen's (``GPTConfig.preset
+    ("qwen3-0.6b")``, or ``GPT.from_pretrained`` on their Hugging Face directories)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -112,14 +115,23 @@ class GPT(nn.Module):
     def make_caches(self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain") -> ModelCache:
         """The model's cache: one per layer, for ``max_len`` positions, from a name in ``attnlab.cache.CACHES`` or
         a factory; its paged layers share one block table. A sliding layer keeps the ring buffer of its window
-        whichever of attnlab's caches is named (it never needs more); a factory of your own gets each layer's
-        window and decides."""
+        whichever of attnlab's caches is named (it never needs more), so a named cache applies to the full
+        layers, and one that would apply to none (every layer slides) is refused; a factory of your own gets
+        each layer's window and decides."""
+        name = cache_name(cache)
+        windows = {block.att.window for block in self.blocks}
+        if name not in (None, "plain") and None not in windows:
+            raise ValueError(
+                f"the {name} cache does not keep a sliding window's ring, and every layer "
+                f"of this model slides: a layer with window={sorted(windows, key=str)[0]} needs the 'plain' cache "
+                "(a ring buffer of the window, the default)"
+            )
         return ModelCache(
             [
                 block.att.make_cache(
                     batch_size=batch_size,
                     max_len=max_len,
-                    cache="plain" if block.att.window is not None and is_named(cache) else cache,
+                    cache="plain" if block.att.window is not None and name is not None else cache,
                     context_length=self.config.context_length,
                 )
                 for block in self.blocks
