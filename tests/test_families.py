@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -26,6 +28,8 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from attnlab import Recorder
@@ -60,6 +64,31 @@ FAMILIES: dict[str, tuple[type[PreTrainedModel], Callable[[], object]]] = {
     "qwen3": (
         Qwen3ForCausalLM,
         lambda: Qwen3Config(**{**COMMON, "tie_word_embeddings": True}, head_dim=24, rope_theta=1e6),
+    ),
+    "gemma3_text": (  # local and global layers alternate here (5 : 1 in the real ones), global ones scaled
+        Gemma3ForCausalLM,
+        lambda: Gemma3TextConfig(
+            **{**COMMON, "num_hidden_layers": 4, "tie_word_embeddings": True},
+            head_dim=16,
+            sliding_window=6,
+            sliding_window_pattern=2,
+            query_pre_attn_scalar=24,
+            rope_scaling={"rope_type": "linear", "factor": 4.0},
+            final_logit_softcapping=3.0,
+        ),
+    ),
+    "qwen3_moe": (  # 2 of 6 experts per token, not renormalized; layer 1 dense
+        Qwen3MoeForCausalLM,
+        lambda: Qwen3MoeConfig(
+            **COMMON,
+            head_dim=24,
+            num_experts=6,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            mlp_only_layers=[1],
+            norm_topk_prob=False,
+            rope_theta=1e6,
+        ),
     ),
 }
 IDS = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(3))  # longer than every window
@@ -135,7 +164,7 @@ def _without(family: str, root: str, **changes: object) -> torch.Tensor:
     loaded = GPT.from_pretrained(hf_dir(family, root))
     bare = GPT(loaded.config.with_(**changes)).eval()
     missing, unexpected = bare.load_state_dict(loaded.state_dict(), strict=False)
-    assert all(".q_norm." in k or ".k_norm." in k for k in [*missing, *unexpected])
+    assert all(any(n in k for n in (".q_norm.", ".k_norm.", ".post_norm")) for k in [*missing, *unexpected])
     return bare(IDS)
 
 
@@ -149,6 +178,15 @@ def _without(family: str, root: str, **changes: object) -> torch.Tensor:
         ("qwen2", {"layer_types": ("sliding",) * 3}),  # ... and the full first layer
         ("qwen3", {"qk_norm": False}),  # QK-norm
         ("qwen3", {"rope_base": 10000.0}),  # the family's RoPE base
+        ("gemma3_text", {"norm_placement": "pre"}),  # the sandwich's post norms
+        ("gemma3_text", {"emb_scale": None}),  # embeddings times sqrt(hidden_size)
+        ("gemma3_text", {"attn_scale": None}),  # query_pre_attn_scalar's softmax scale
+        ("gemma3_text", {"rope_local_base": None}),  # the local layers' own RoPE
+        ("gemma3_text", {"rope_scaling": None}),  # the global layers' linear scaling
+        ("gemma3_text", {"final_softcap": None}),  # the softcapped logits
+        ("gemma3_text", {"mlp": "swiglu"}),  # GeGLU
+        ("qwen3_moe", {"norm_topk_prob": True}),  # the router's weights as they are
+        ("qwen3_moe", {"num_experts_per_tok": 1}),  # two experts per token
     ],
 )
 def test_removing_a_feature_moves_the_logits(family: str, changes: dict[str, object], root: str) -> None:
@@ -221,7 +259,7 @@ def test_layouts_and_int8_weights_keep_the_logits(family: str, root: str) -> Non
     assert float((model(IDS) - reference).abs().max()) < 1e-5
     model.set_layout("rows")
     kernels = model.quantize("int8", kernel="dequantize")
-    assert any(name.endswith("ff.fc1") for name in kernels)  # the gated MLP's linears are quantized too
+    assert any(".ff.fc1" in name for name in kernels)  # the gated MLP's (and experts') linears are quantized too
     moved = model(IDS) - reference
     assert 0 < float(moved.abs().max()) < 0.05 * float(reference.abs().max())
 

@@ -21,10 +21,18 @@ from attnlab.functional.registry import BACKENDS, Backend
 from attnlab.functional.rotary import RopeScaling
 
 NORMS = ("layernorm", "rmsnorm")
-PLACEMENTS = ("pre", "post")
-MLPS = ("gelu", "swiglu")
+PLACEMENTS = ("pre", "post", "sandwich")
+MLPS = ("gelu", "swiglu", "geglu")
 LAYER_TYPES = ("full", "sliding")
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")  # the Hugging Face classes a config can be saved as
+FAMILIES = (
+    "gpt2",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3_text",
+    "qwen3_moe",
+)  # the Hugging Face classes a config can be saved as
 
 SCORE_MODS = ("alibi", "learned-alibi", "softcap:<cap>")  # what GPTConfig(score_mod=...) can name
 
@@ -106,8 +114,8 @@ class GPTConfig:
     # not emb_dim // n_heads, QK-norm, RoPE's scaling and rotated dimensions, which layers slide (None: every
     # layer if window is set), and the Hugging Face family it was read from (what save_pretrained writes).
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    norm_placement: Literal["pre", "post"] = "pre"
-    mlp: Literal["gelu", "swiglu"] = "gelu"
+    norm_placement: Literal["pre", "post", "sandwich"] = "pre"
+    mlp: Literal["gelu", "swiglu", "geglu"] = "gelu"
     hidden_dim: int | None = None
     bias: bool = True
     head_dim: int | None = None
@@ -116,6 +124,19 @@ class GPTConfig:
     rotary_dim: int | None = None
     layer_types: tuple[Literal["full", "sliding"], ...] | None = None
     family: str | None = None
+    # Gemma 3: "sandwich" norms (before and after each sublayer), GeGLU, embeddings times emb_scale (sqrt(emb_dim)),
+    # the softmax scale (query_pre_attn_scalar ** -0.5), RoPE's theta on sliding layers (no scaling there), and
+    # Gemma 2's softcapped logits. Mixtures of experts (Qwen3-MoE; the book's Qwen3 names): num_experts experts
+    # of moe_intermediate_size, num_experts_per_tok run per token, on every layer but dense_layers.
+    emb_scale: float | None = None
+    attn_scale: float | None = None
+    rope_local_base: float | None = None
+    final_softcap: float | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int | None = None
+    norm_topk_prob: bool = True
+    dense_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -180,6 +201,26 @@ class GPTConfig:
                 raise ValueError(f"layer_types may hold {list(LAYER_TYPES)}, got {odd}")
             if "sliding" in self.layer_types and self.window is None:
                 raise ValueError("layer_types has 'sliding' layers but window is None: set window=<tokens>")
+        for name in ("emb_scale", "attn_scale", "rope_local_base", "final_softcap"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+                raise ValueError(f"{name} must be None or a number > 0, got {value!r}")
+        if self.rope_local_base is not None and not self.rope:
+            raise ValueError("rope_local_base is RoPE's theta on sliding layers: set rope=True with it")
+        if self.num_experts:
+            check_positive_int("num_experts", self.num_experts, limit=4096)
+            if isinstance(self.num_experts_per_tok, bool) or not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(
+                    f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], got {self.num_experts_per_tok!r}"
+                )
+            if self.moe_intermediate_size is not None:
+                check_positive_int("moe_intermediate_size", self.moe_intermediate_size, limit=2**20)
+        if not isinstance(self.dense_layers, tuple) or any(
+            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers for i in self.dense_layers
+        ):
+            raise ValueError(
+                f"dense_layers must be a tuple of layer indices below {self.n_layers}, got {self.dense_layers!r}"
+            )
         if self.family is not None and self.family not in FAMILIES:
             raise ValueError(f"family must be None or one of {list(FAMILIES)}, got {self.family!r}")
 
@@ -192,6 +233,12 @@ class GPTConfig:
     def ff_dim(self) -> int:
         """The MLP's hidden width: hidden_dim, or GPT-2's 4 * emb_dim."""
         return self.hidden_dim if self.hidden_dim is not None else 4 * self.emb_dim
+
+    def layer_rope(self, layer: int) -> tuple[float, RopeScaling | None]:
+        """RoPE's theta and scaling on layer ``layer``: a sliding layer's own theta (unscaled) if the config has one."""
+        if self.rope_local_base is not None and self.layer_window(layer) is not None:
+            return float(self.rope_local_base), None
+        return float(self.rope_base), self.rope_scaling
 
     def layer_window(self, layer: int) -> int | None:
         """The window layer ``layer`` attends through: ``window`` on a sliding layer, None on a full one."""
@@ -219,6 +266,7 @@ class GPTConfig:
             and self.bias
             and self.head_dim in (None, self.emb_dim // self.n_heads)
             and not self.qk_norm
+            and (self.emb_scale, self.attn_scale, self.final_softcap, self.num_experts) == (None, None, None, 0)
         )
 
     @classmethod
@@ -233,6 +281,7 @@ class GPTConfig:
         values = asdict(self)  # rope_scaling becomes a dict of its fields
         if self.layer_types is not None:
             values["layer_types"] = list(self.layer_types)
+        values["dense_layers"] = list(self.dense_layers)
         return values
 
     @classmethod
@@ -244,8 +293,9 @@ class GPTConfig:
         values = dict(values)
         if isinstance(values.get("rope_scaling"), dict):
             values["rope_scaling"] = RopeScaling.from_dict(values["rope_scaling"])
-        if isinstance(values.get("layer_types"), list):
-            values["layer_types"] = tuple(values["layer_types"])
+        for key in ("layer_types", "dense_layers"):
+            if isinstance(values.get(key), list):
+                values[key] = tuple(values[key])
         return cls(**values)
 
     def with_(self, **changes: Any) -> GPTConfig:

@@ -197,6 +197,8 @@ class GPT(nn.Module):
         """The forward pass proper, on arguments :meth:`forward` checked: nothing here reads a tensor's value,
         so ``torch.compile`` captures it whole (:meth:`decode_step`)."""
         x = self.tok_emb(idx)  # (B, T, E)
+        if self.config.emb_scale is not None:
+            x = x * self.config.emb_scale  # Gemma's sqrt(emb_dim)
         if self.pos_emb is not None:
             x = x + self.pos_emb(positions)  # positions (T,) or (B, T) broadcast
         if self.score_mod is not None:
@@ -219,7 +221,9 @@ class GPT(nn.Module):
             x = block(x, visibility=visibility[block.att.window], positions=rotary_positions, cache=cache)
         if last_only:
             x = x[:, -1:]  # (B, 1, E)
-        return self.out_head(self.final_norm(x))
+        logits = self.out_head(self.final_norm(x))
+        cap = self.config.final_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def stream(
         self,

@@ -34,23 +34,88 @@ def make_norm(config: GPTConfig, size: int | None = None) -> nn.Module:
 
 
 class FeedForward(nn.Module):
-    """The book's Llama 3 FeedForward, SwiGLU (Shazeer, 2020): fc3(silu(fc1(x)) * fc2(x)), (B, T, E) -> (B, T, E)."""
+    """The book's Llama 3 FeedForward, SwiGLU (Shazeer, 2020): fc3(silu(fc1(x)) * fc2(x)), (B, T, E) -> (B, T, E);
+    ``gelu=True``: GeGLU, with the tanh GELU on the gate (Gemma's)."""
 
-    def __init__(self, *, emb_dim: int, hidden_dim: int, bias: bool = False) -> None:
+    def __init__(self, *, emb_dim: int, hidden_dim: int, bias: bool = False, gelu: bool = False) -> None:
         super().__init__()
+        self.act = nn.GELU(approximate="tanh") if gelu else nn.SiLU()
         self.fc1 = nn.Linear(emb_dim, hidden_dim, bias=bias)  # the gate (Hugging Face's gate_proj)
         self.fc2 = nn.Linear(emb_dim, hidden_dim, bias=bias)  # up_proj
         self.fc3 = nn.Linear(hidden_dim, emb_dim, bias=bias)  # down_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc3(nn.functional.silu(self.fc1(x)) * self.fc2(x))  # (B, T, F) -> (B, T, E)
+        return self.fc3(self.act(self.fc1(x)) * self.fc2(x))  # (B, T, F) -> (B, T, E)
 
 
-def make_mlp(config: GPTConfig) -> nn.Module:
-    """GPT-2's GELU MLP (``ff.0``, ``ff.2``: the names its checkpoints keep) or the gated FeedForward."""
+class MoEFeedForward(nn.Module):
+    """A mixture of experts, in the names of the book's Qwen3 ``MoEFeedForward``: a router (``gate``) scores the
+    ``num_experts`` experts for each token, the ``num_experts_per_tok`` best run, and their outputs are summed
+    weighted by the softmax of the router's scores (over all experts, then renormalized over the chosen ones
+    when ``norm_topk_prob``: the softmax of the chosen scores, as the book computes it). Expert e is a SwiGLU
+    of ``fc1[e]`` (gate), ``fc2[e]`` (up) and ``fc3[e]`` (down).
+
+    ``forward`` runs each expert on the tokens routed to it; :meth:`every_expert` is the book's readable form,
+    every expert on every token and the unchosen weighted 0, tested equal.
+    """
+
+    def __init__(self, *, emb_dim: int, hidden_dim: int, num_experts: int, num_experts_per_tok: int,
+                 norm_topk_prob: bool = True) -> None:  # fmt: skip
+        super().__init__()
+        self.num_experts, self.num_experts_per_tok, self.norm_topk_prob = (
+            num_experts,
+            num_experts_per_tok,
+            norm_topk_prob,
+        )
+        self.gate = nn.Linear(emb_dim, num_experts, bias=False)
+        self.fc1 = nn.ModuleList([nn.Linear(emb_dim, hidden_dim, bias=False) for _ in range(num_experts)])
+        self.fc2 = nn.ModuleList([nn.Linear(emb_dim, hidden_dim, bias=False) for _ in range(num_experts)])
+        self.fc3 = nn.ModuleList([nn.Linear(hidden_dim, emb_dim, bias=False) for _ in range(num_experts)])
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chosen experts (B, T, k) of each token and their weights (B, T, k), in x's dtype."""
+        probs = torch.softmax(self.gate(x).float(), dim=-1)  # (B, T, num_experts), in float32 as Qwen3-MoE
+        weights, chosen = probs.topk(self.num_experts_per_tok, dim=-1)  # (B, T, k)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return chosen, weights.to(x.dtype)
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3[e](nn.functional.silu(self.fc1[e](x)) * self.fc2[e](x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chosen, weights = self.route(x)
+        flat, out = x.reshape(-1, x.shape[-1]), torch.zeros_like(x).reshape(-1, x.shape[-1])  # (B*T, E)
+        chosen, weights = chosen.reshape(-1, chosen.shape[-1]), weights.reshape(-1, weights.shape[-1])  # (B*T, k)
+        for e in range(self.num_experts):
+            token, slot = (chosen == e).nonzero(as_tuple=True)  # the tokens routed to e, and where in their top-k
+            if token.numel():
+                out.index_add_(0, token, self.expert(e, flat[token]) * weights[token, slot, None])
+        return out.reshape(x.shape)  # (B, T, E)
+
+    def every_expert(self, x: torch.Tensor) -> torch.Tensor:
+        """The readable form: every expert on every token, weighted by the router (0 for the unchosen)."""
+        chosen, weights = self.route(x)
+        gating = torch.zeros(*x.shape[:-1], self.num_experts, dtype=x.dtype, device=x.device)  # (B, T, experts)
+        gating.scatter_(-1, chosen, weights)
+        outputs = torch.stack([self.expert(e, x) for e in range(self.num_experts)], dim=-2)  # (B, T, experts, E)
+        return (gating[..., None] * outputs).sum(dim=-2)
+
+
+def make_mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
+    """GPT-2's GELU MLP (``ff.0``, ``ff.2``: the names its checkpoints keep), the gated FeedForward, or on a
+    sparse layer the mixture of experts."""
     e, f = config.emb_dim, config.ff_dim
-    if config.mlp == "swiglu":
-        return FeedForward(emb_dim=e, hidden_dim=f, bias=config.bias)
+    if config.num_experts and layer not in config.dense_layers:
+        return MoEFeedForward(
+            emb_dim=e,
+            hidden_dim=config.moe_intermediate_size or f,
+            num_experts=config.num_experts,
+            num_experts_per_tok=config.num_experts_per_tok,
+            norm_topk_prob=config.norm_topk_prob,
+        )
+    if config.mlp in ("swiglu", "geglu"):
+        return FeedForward(emb_dim=e, hidden_dim=f, bias=config.bias, gelu=config.mlp == "geglu")
     return nn.Sequential(
         nn.Linear(e, f, bias=config.bias), nn.GELU(approximate="tanh"), nn.Linear(f, e, bias=config.bias)
     )
@@ -58,12 +123,15 @@ def make_mlp(config: GPTConfig) -> nn.Module:
 
 class TransformerBlock(nn.Module):
     """Pre-norm: x + drop(att(norm1(x))), then x + drop(ff(norm2(x))); post-norm: x + drop(norm1(att(x))), then
-    x + drop(norm2(ff(x))). Layer ``layer`` of the config's pattern: full attention, or its sliding window."""
+    x + drop(norm2(ff(x))); sandwich: x + drop(post_norm1(att(norm1(x)))), then x + drop(post_norm2(ff(norm2(x)))).
+    Layer ``layer`` of the config's pattern: full attention or its sliding window, with that kind's RoPE, and a
+    dense MLP or the mixture of experts."""
 
     def __init__(self, config: GPTConfig, *, layer: int = 0) -> None:
         super().__init__()
         e = config.emb_dim
-        self.post_norm = config.norm_placement == "post"
+        rope_base, rope_scaling = config.layer_rope(layer)
+        self.placement = config.norm_placement
         self.norm1 = make_norm(config)
         self.att = Attention(
             d_in=e,
@@ -76,22 +144,29 @@ class TransformerBlock(nn.Module):
             is_causal=True,
             window=config.layer_window(layer),
             rope=config.rope,
-            rope_base=float(config.rope_base),
-            rope_scaling=config.rope_scaling,
+            rope_base=rope_base,
+            rope_scaling=rope_scaling,
             rotary_dim=config.rotary_dim,
             qk_norm=config.qk_norm,
             norm_eps=config.layer_norm_eps,
+            scale=config.attn_scale,
             backend=config.backend,
         )
         self.drop_resid = nn.Dropout(config.drop_rate)
         self.norm2 = make_norm(config)
-        self.ff = make_mlp(config)
+        self.ff = make_mlp(config, layer)
+        if self.placement == "sandwich":  # Gemma's: a norm after each sublayer too, before it is added back
+            self.post_norm1, self.post_norm2 = make_norm(config), make_norm(config)
 
     def forward(
         self, x: torch.Tensor, *, visibility: Visibility, positions: torch.Tensor | None, cache: Cache | None
     ) -> torch.Tensor:
-        if self.post_norm:
+        if self.placement == "post":
             x = x + self.drop_resid(self.norm1(self.att(x, visibility=visibility, positions=positions, cache=cache)))
             return x + self.drop_resid(self.norm2(self.ff(x)))
+        if self.placement == "sandwich":
+            att = self.att(self.norm1(x), visibility=visibility, positions=positions, cache=cache)
+            x = x + self.drop_resid(self.post_norm1(att))
+            return x + self.drop_resid(self.post_norm2(self.ff(self.norm2(x))))
         x = x + self.drop_resid(self.att(self.norm1(x), visibility=visibility, positions=positions, cache=cache))
         return x + self.drop_resid(self.ff(self.norm2(x)))

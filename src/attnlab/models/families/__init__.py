@@ -14,13 +14,18 @@ from typing import Any
 import torch
 
 from attnlab.models.config import GPTConfig
-from attnlab.models.families import llama, mistral, qwen
+from attnlab.models.families import gemma, llama, mistral, qwen
 from attnlab.models.families.rows import Rows
 
 __all__ = ["READERS", "Rows", "config_from_hf", "from_hf", "holds", "to_hf"]
 
-READERS = {"llama": llama.config_from_hf, "mistral": mistral.config_from_hf, "qwen2": qwen.config_from_hf}
-READERS["qwen3"] = qwen.config_from_hf
+READERS = {"llama": llama.config_from_hf, "mistral": mistral.config_from_hf, "gemma3_text": gemma.config_from_hf}
+READERS |= {kind: qwen.config_from_hf for kind in qwen.MODEL_TYPES}
+
+
+def _offset(config: GPTConfig, ours: str) -> float:
+    """What the file's tensor is short of attnlab's: Gemma stores its norms' weights as w - 1 (it scales by 1 + w)."""
+    return 1.0 if config.family == "gemma3_text" and "norm" in ours.rsplit(".", 2)[-2] else 0.0
 
 
 def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
@@ -43,6 +48,8 @@ def from_hf(
         present = [tensors[name] for name in theirs if name in tensors]
         if len(present) == len(theirs):
             out[ours] = present[0] if len(present) == 1 else Rows(tuple(present))
+            if _offset(config, ours):
+                out[ours] = present[0] + _offset(config, ours)  # a norm's weight: one small vector
     if config.tie_weights and "lm_head.weight" in tensors:  # a tied head in the file: kept if it differs
         out["out_head.weight"], origin["out_head.weight"] = tensors["lm_head.weight"], "lm_head.weight"
     known = {name for theirs, _ in llama.names(config) for name in theirs} | {"lm_head.weight"}
@@ -54,20 +61,24 @@ def from_hf(
 
 def holds(config: GPTConfig) -> bool:
     """Whether the config's ``family`` (a Llama-layout one) holds it exactly, so that it is saved as that family."""
-    if config.family in ("qwen2", "qwen3"):
+    if config.family in qwen.MODEL_TYPES:
         return qwen.holds(config, config.family)
-    return {"llama": llama.holds, "mistral": mistral.holds}.get(str(config.family), lambda c: False)(config)
+    readers = {"llama": llama.holds, "mistral": mistral.holds, "gemma3_text": gemma.holds}
+    return readers.get(str(config.family), lambda c: False)(config)
 
 
 def to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The model's tensors under its family's names, and the family's config.json (``holds`` it first)."""
     family = str(config.family)
-    described = qwen.hf_config(config, family) if family in ("qwen2", "qwen3") else None
-    described = described or {"llama": llama.hf_config, "mistral": mistral.hf_config}[family](config)
+    described = qwen.hf_config(config, family) if family in qwen.MODEL_TYPES else None
+    described = described or {"llama": llama.hf_config, "mistral": mistral.hf_config, "gemma3_text": gemma.hf_config}[
+        family
+    ](config)
     d, h, h_kv = config.d_head, config.n_heads, config.n_kv_heads or config.n_heads
     out: dict[str, torch.Tensor] = {}
     for theirs, ours in llama.names(config):
         tensor = state[ours].detach()
         pieces = tensor.split([h * d, h_kv * d, h_kv * d]) if len(theirs) == 3 else (tensor,)  # rows: q, k, v
+        pieces = tuple(piece - _offset(config, ours) for piece in pieces)
         out |= {name: piece.contiguous().clone() for name, piece in zip(theirs, pieces, strict=True)}
     return out, described

@@ -13,6 +13,9 @@ Hugging Face to attnlab:
     model.layers.N.mlp.{gate,up,down}_proj   trf_blocks.N.ff.fc1, fc2, fc3 (the book's Llama 3 names)
     model.norm                               final_norm
     lm_head                                  out_head (absent when tied to the embedding)
+Gemma 3's sandwich adds pre_feedforward_layernorm (norm2 then) and post_{attention,feedforward}_layernorm
+(post_norm1, post_norm2); a mixture of experts (Qwen3-MoE) has mlp.gate (ff.gate) and, per expert e,
+mlp.experts.e.{gate,up,down}_proj (ff.fc1.e, fc2.e, fc3.e).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from attnlab.models.config import GPTConfig
 # (names in the file, name in attnlab): several names are stacked as rows (q, k and v into the fused qkv)
 Names = list[tuple[tuple[str, ...], str]]
 MODEL_TYPES = ("llama",)
+FC = {"gate": "fc1", "up": "fc2", "down": "fc3"}  # Hugging Face's MLP projections, by the book's names
 
 
 def names(config: GPTConfig) -> Names:
@@ -39,13 +43,22 @@ def names(config: GPTConfig) -> Names:
             out.append((tuple(f"{h}self_attn.{p}_proj.bias" for p in "qkv"), b + "att.qkv.bias"))
         if config.qk_norm:
             out += [((h + f"self_attn.{p}_norm.weight",), b + f"att.{p}_norm.weight") for p in "qk"]
-        out += [
-            ((h + "self_attn.o_proj.weight",), b + "att.out_proj.weight"),
-            ((h + "post_attention_layernorm.weight",), b + "norm2.weight"),
-            ((h + "mlp.gate_proj.weight",), b + "ff.fc1.weight"),
-            ((h + "mlp.up_proj.weight",), b + "ff.fc2.weight"),
-            ((h + "mlp.down_proj.weight",), b + "ff.fc3.weight"),
-        ]
+        out.append(((h + "self_attn.o_proj.weight",), b + "att.out_proj.weight"))
+        if config.norm_placement == "sandwich":
+            out += [
+                ((h + "post_attention_layernorm.weight",), b + "post_norm1.weight"),
+                ((h + "pre_feedforward_layernorm.weight",), b + "norm2.weight"),
+                ((h + "post_feedforward_layernorm.weight",), b + "post_norm2.weight"),
+            ]
+        else:
+            out.append(((h + "post_attention_layernorm.weight",), b + "norm2.weight"))
+        if config.num_experts and i not in config.dense_layers:
+            out.append(((h + "mlp.gate.weight",), b + "ff.gate.weight"))
+            for e in range(config.num_experts):
+                x = f"{h}mlp.experts.{e}."
+                out += [((x + f"{p}_proj.weight",), f"{b}ff.{fc}.{e}.weight") for p, fc in FC.items()]
+        else:
+            out += [((h + f"mlp.{p}_proj.weight",), f"{b}ff.{fc}.weight") for p, fc in FC.items()]
     out.append((("model.norm.weight",), "final_norm.weight"))
     if not config.tie_weights:
         out.append((("lm_head.weight",), "out_head.weight"))

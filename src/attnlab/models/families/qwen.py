@@ -2,7 +2,10 @@
 
 - Qwen2: biases on q, k and v (none on o_proj or the MLP).
 - Qwen3: no biases, and QK-norm: one RMSNorm over head_dim for the queries and one for the keys, before RoPE.
-- Both: a sliding window on the layers ``layer_types`` names "sliding_attention" (transformers v5), or, in older
+- Qwen3-MoE: Qwen3's attention, and a mixture of experts on every ``decoder_sparse_step``-th layer but those in
+  ``mlp_only_layers`` (dense SwiGLU there): ``num_experts`` of ``moe_intermediate_size``, ``num_experts_per_tok``
+  run per token, renormalized when ``norm_topk_prob`` (false by default); head_dim as the file says.
+- All: a sliding window on the layers ``layer_types`` names "sliding_attention" (transformers v5), or, in older
   configs, with ``use_sliding_window`` on every layer from ``max_window_layers``.
 """
 
@@ -14,7 +17,7 @@ from typing import Any
 from attnlab.models.config import GPTConfig
 from attnlab.models.families import llama
 
-MODEL_TYPES = ("qwen2", "qwen3")
+MODEL_TYPES = ("qwen2", "qwen3", "qwen3_moe")
 KINDS = {"full_attention": "full", "sliding_attention": "sliding"}
 
 
@@ -42,17 +45,37 @@ def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
     if raw.get("model_type") == "qwen2":
         return GPTConfig(**common, qkv_bias=True, **pattern, family="qwen2")
     llama.refuse(raw, where, attention_bias=(None, False))
+    if raw.get("model_type") == "qwen3_moe":
+        return GPTConfig(
+            **common, qk_norm=True, **pattern, **_experts(raw, where, common["n_layers"]), family="qwen3_moe"
+        )
     return GPTConfig(**common, qk_norm=True, **pattern, family="qwen3")
 
 
+def _experts(raw: dict[str, Any], where: Path, n_layers: int) -> dict[str, Any]:
+    experts = raw.get("num_experts", raw.get("num_local_experts", 0))
+    step, dense = raw.get("decoder_sparse_step", 1), raw.get("mlp_only_layers") or []
+    if not isinstance(step, int) or step < 1 or not isinstance(dense, list):
+        raise ValueError(f"{str(where / 'config.json')!r}: decoder_sparse_step {step!r}, mlp_only_layers {dense!r}")
+    sparse = [i for i in range(n_layers) if experts > 0 and i not in dense and (i + 1) % step == 0]
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=llama.need(raw, "num_experts_per_tok", where),
+        moe_intermediate_size=llama.need(raw, "moe_intermediate_size", where),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        dense_layers=tuple(i for i in range(n_layers) if i not in sparse),
+    )
+
+
 def holds(config: GPTConfig, family: str) -> bool:
-    qwen2 = config.qkv_bias and not config.qk_norm
-    qwen3 = config.qk_norm and not config.qkv_bias
-    return llama.lays_out(config) and (qwen2 if family == "qwen2" else qwen3)
+    qwen2 = config.qkv_bias and not config.qk_norm and not config.num_experts
+    qwen3 = config.qk_norm and not config.qkv_bias and not config.num_experts
+    moe = config.qk_norm and not config.qkv_bias and config.num_experts > 0
+    return llama.lays_out(config) and {"qwen2": qwen2, "qwen3": qwen3, "qwen3_moe": moe}[family]
 
 
 def hf_config(config: GPTConfig, family: str) -> dict[str, Any]:
-    name = "Qwen2ForCausalLM" if family == "qwen2" else "Qwen3ForCausalLM"
+    name = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[family]
     types = config.layer_types or (("sliding",) if config.window else ("full",)) * config.n_layers
     named = [f"{t}_attention" for t in types]
     return {
@@ -62,4 +85,16 @@ def hf_config(config: GPTConfig, family: str) -> dict[str, Any]:
         "sliding_window": config.window,
         "max_window_layers": next((i for i, t in enumerate(types) if t == "sliding"), config.n_layers),
         "layer_types": named,
+        **(
+            {
+                "num_experts": config.num_experts,
+                "num_experts_per_tok": config.num_experts_per_tok,
+                "moe_intermediate_size": config.moe_intermediate_size or config.ff_dim,
+                "norm_topk_prob": config.norm_topk_prob,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": list(config.dense_layers),
+            }
+            if family == "qwen3_moe"
+            else {}
+        ),
     }
