@@ -19,6 +19,8 @@ import torch
 from transformers import (
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -90,6 +92,19 @@ FAMILIES: dict[str, tuple[type[PreTrainedModel], Callable[[], object]]] = {
             rope_theta=1e6,
         ),
     ),
+    "gpt_oss": (  # banded and full layers alternate; 2 of 6 experts; learned sinks; YaRN
+        GptOssForCausalLM,
+        lambda: GptOssConfig(
+            **{**COMMON, "intermediate_size": 32, "num_hidden_layers": 4},
+            head_dim=16,
+            num_local_experts=6,
+            num_experts_per_tok=2,
+            sliding_window=6,
+            rope_theta=150000.0,
+            rope_scaling={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+            | {"original_max_position_embeddings": 16},
+        ),
+    ),
 }
 IDS = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(3))  # longer than every window
 
@@ -102,7 +117,7 @@ def hf_dir(family: str, root: str) -> Path:
     model = cls(make_config()).eval()
     with torch.no_grad():
         for p in model.parameters():
-            if p.dim() == 1:  # RMSNorm weights (ones) and q/k/v biases (zeros) made to matter
+            if p.dim() == 1 or p.dim() == 2 and p.shape[0] == 6:  # norms (ones), biases and sinks (zeros)
                 p.add_(torch.randn_like(p) * 0.5)
     where = Path(root) / family
     model.save_pretrained(where)
@@ -131,6 +146,10 @@ def test_logits_equal_hugging_faces_on_every_backend(family: str, root: str) -> 
     reference = hf_logits(family, root)
     for backend in BACKENDS:
         ours = GPT.from_pretrained(hf_dir(family, root), backend=backend)
+        if ours.config.sinks and backend in ("sdpa", "flex"):  # a sink is read off each row's log-sum-exp
+            with pytest.raises(ValueError, match=f"which the {backend} backend does not return"):
+                ours(IDS)
+            continue
         assert ours.config.family == family
         err = float((ours(IDS) - reference).abs().max())
         assert err < 1e-4, (family, backend, err)
@@ -164,7 +183,7 @@ def _without(family: str, root: str, **changes: object) -> torch.Tensor:
     loaded = GPT.from_pretrained(hf_dir(family, root))
     bare = GPT(loaded.config.with_(**changes)).eval()
     missing, unexpected = bare.load_state_dict(loaded.state_dict(), strict=False)
-    assert all(any(n in k for n in (".q_norm.", ".k_norm.", ".post_norm")) for k in [*missing, *unexpected])
+    assert all(any(n in k for n in (".q_norm.", ".k_norm.", ".post_norm", ".sinks")) for k in [*missing, *unexpected])
     return bare(IDS)
 
 
@@ -187,6 +206,10 @@ def _without(family: str, root: str, **changes: object) -> torch.Tensor:
         ("gemma3_text", {"mlp": "swiglu"}),  # GeGLU
         ("qwen3_moe", {"norm_topk_prob": True}),  # the router's weights as they are
         ("qwen3_moe", {"num_experts_per_tok": 1}),  # two experts per token
+        ("gpt_oss", {"sinks": False}),  # the learned sinks
+        ("gpt_oss", {"layer_types": None, "window": None}),  # the bands
+        ("gpt_oss", {"rope_scaling": None}),  # YaRN
+        ("gpt_oss", {"mlp": "swiglu"}),  # the clamped SwiGLU
     ],
 )
 def test_removing_a_feature_moves_the_logits(family: str, changes: dict[str, object], root: str) -> None:
@@ -525,7 +548,65 @@ def test_the_decoders_config_refuses_what_does_not_fit_by_name() -> None:
         GPTConfig(**base, window=4, layer_types=("sliding",))
     with pytest.raises(ValueError, match=r"rope_scaling and rotary_dim shape RoPE: set rope=True"):
         GPTConfig(**base, rotary_dim=4)
-    with pytest.raises(ValueError, match=r"rope_type 'yarn' is not supported"):
+    with pytest.raises(ValueError, match=r"rope_type .longrope. is not supported"):
         from attnlab.models.families.llama import rope
 
-        rope({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, Path("x"))
+        rope({"rope_parameters": {"rope_type": "longrope", "factor": 4.0}}, Path("x"))
+
+
+@torch.no_grad()
+def test_gpt_oss_weights_give_their_sinks_what_hugging_face_gives_them(root: str) -> None:
+    """attention_weights equal transformers' output_attentions (eager), rows short of 1 by the sinks' share."""
+    model = GPT.from_pretrained(hf_dir("gpt_oss", root))
+    ours = model.attention_weights(IDS[:1])  # (L, 1, H, T, T)
+    theirs = GptOssForCausalLM.from_pretrained(hf_dir("gpt_oss", root), attn_implementation="eager").eval()
+    attentions = torch.stack(theirs(IDS[:1], output_attentions=True).attentions)  # (L, 1, H, T, T)
+    assert float((ours - attentions).abs().max()) < 1e-5
+    assert float(ours.sum(-1).max()) < 0.999  # every row gave some of its attention to its sink
+
+
+def test_learned_sinks_equal_the_appended_column_with_gradients_on_eager_and_flash() -> None:
+    """The sink as gpt-oss writes it (a column appended to the scores, softmaxed, dropped), in float64."""
+    from attnlab.functional.attention import attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 9, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    k, v = (torch.randn(2, 2, 9, 8, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(2))
+    sinks = torch.randn(4, dtype=torch.float64, generator=g, requires_grad=True)
+
+    def appended() -> torch.Tensor:
+        scores = q @ k.repeat_interleave(2, 1).mT / 8**0.5  # (B, H, T, T)
+        scores = scores.masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+        scores = torch.cat([scores, sinks[None, :, None, None].expand(2, 4, 9, 1)], dim=-1)
+        return scores.softmax(-1)[..., :-1] @ v.repeat_interleave(2, 1)
+
+    upstream = torch.randn(2, 4, 9, 8, dtype=torch.float64, generator=g)
+    expected = torch.autograd.grad(appended(), [q, k, v, sinks], upstream)
+    for backend in ("eager", "flash"):
+        out = attention(q, k, v, is_causal=True, sinks=sinks, backend=backend)
+        torch.testing.assert_close(out, appended())
+        for got, want in zip(torch.autograd.grad(out, [q, k, v, sinks], upstream), expected, strict=True):
+            torch.testing.assert_close(got, want)
+    plain = attention(q, k, v, is_causal=True)
+    assert float((plain - appended()).detach().abs().max()) > 1e-3  # the sinks act
+    with pytest.raises(ValueError, match=r"which the sdpa backend does not return: use backend='flash' or 'eager'"):
+        attention(q, k, v, is_causal=True, sinks=sinks, backend="sdpa")
+
+
+def test_the_mixture_of_experts_runs_each_expert_on_its_tokens_as_the_readable_form_does() -> None:
+    from attnlab.models.parts import MoEFeedForward
+
+    torch.manual_seed(0)
+    for clamped in (False, True):
+        moe = MoEFeedForward(
+            emb_dim=16, hidden_dim=24, num_experts=6, num_experts_per_tok=2, bias=clamped, clamped=clamped
+        )
+        x = torch.randn(2, 7, 16, requires_grad=True)
+        routed, every = moe(x), moe.every_expert(x)
+        torch.testing.assert_close(routed, every)
+        upstream = torch.ones_like(routed)
+        params = [x, moe.gate.weight, moe.fc1[0].weight, moe.fc3[5].weight]
+        for a, b in zip(torch.autograd.grad(routed, params, upstream), torch.autograd.grad(every, params, upstream)):
+            torch.testing.assert_close(a, b)
+        chosen, _ = moe.route(x)
+        assert chosen.unique().numel() > 2  # the tokens go to different experts

@@ -64,6 +64,11 @@ class ContextParallelAttention(Attention):
     def _prepare(self, x: torch.Tensor, given: ForwardArgs) -> tuple[Visibility, torch.Tensor]:
         """Checked on every rank (a collective where ranks could disagree): this shard's queries at their global
         positions with the call's restrictions, and the RoPE positions (global, or each document's from 0)."""
+        if self.sinks is not None:  # the ring merges blocks by lse, but does not count a sink in it
+            raise ValueError(
+                "ContextParallelAttention does not take learned sinks (gpt-oss) yet: its ring would drop them "
+                "silently; run the layer in one process"
+            )
         if given.mask is not None or given.cache is not None or given.visibility is not None:
             raise ValueError(
                 "ContextParallelAttention takes no mask, cache or visibility (the ring builds its own per block): "

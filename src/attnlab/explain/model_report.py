@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.explain.checks import holds
+from attnlab.explain.checks import Check, holds
 from attnlab.explain.heads import SCORES, HeadScores, describe_run, head_scores, probe
 from attnlab.explain.render.curves import training_curves
 from attnlab.explain.render.heatmap import head_grid, heatmap, page_figure
@@ -50,6 +50,7 @@ def _layer_sections(
     figures: bool,
     names: list[list[str]] | None = None,
     windows: list[int | None] | None = None,
+    sinks: bool = False,
 ) -> list[Section]:
     t = len(labels)
     upper = torch.ones(t, t, dtype=torch.bool).triu(1)
@@ -83,7 +84,7 @@ def _layer_sections(
                 figures=drawn,
                 wide=True,
                 checks=[
-                    holds(txt["check_rows"], torch.allclose(w.sum(-1), torch.ones(w.shape[:2]), atol=1e-5)),
+                    _rows_check(w, txt, sinks=sinks),
                     holds(txt["check_upper"], bool((w[:, upper] == 0).all())),
                     *(
                         [holds(txt["check_window"].format(window=window), int((w > 0).sum(-1).max()) <= window)]
@@ -94,6 +95,15 @@ def _layer_sections(
             )
         )
     return sections
+
+
+def _rows_check(w: torch.Tensor, txt: dict[str, str], *, sinks: bool) -> Check:
+    """Rows of (H, T, T) weights sum to 1; with learned sinks (gpt-oss) to at most 1, the rest the sinks' share."""
+    sums = w.sum(-1)  # (H, T)
+    if not sinks:
+        return holds(txt["check_rows"], torch.allclose(sums, torch.ones_like(sums), atol=1e-5))
+    share = float(1 - sums.mean())
+    return holds(txt["check_rows_sink"].format(share=share), bool((sums <= 1 + 1e-5).all()))
 
 
 def _score_figure(grid: torch.Tensor, title: str, txt: dict[str, str], cells: list[list[str]] | None = None) -> Figure:
@@ -255,6 +265,7 @@ def model_report(
             figures=figures,
             names=names,
             windows=[block.att.window for block in model.blocks],
+            sinks=model.config.sinks,
         )
     c = model.config
     return Report(

@@ -23,7 +23,7 @@ from attnlab.functional.flash import DEFAULT_BLOCK, Flash
 from attnlab.functional.mods import MaskMod, ScoreMod
 from attnlab.functional.registry import KERNELS, Backend, Kernel, check_backend, resolve
 from attnlab.functional.visibility import Visibility
-from attnlab.observe import Recorder, is_recording, note_unobserved
+from attnlab.observe import Recorder, is_recording, note_unobserved, record
 
 
 def _check_qkv(q: object, k: object, v: object) -> None:
@@ -178,6 +178,7 @@ def attention(
     dropout_p: float = ...,
     backend: Backend = ...,
     return_weights: Literal[False] = ...,
+    sinks: torch.Tensor | None = ...,
 ) -> torch.Tensor: ...
 @overload
 def attention(
@@ -195,6 +196,7 @@ def attention(
     dropout_p: float = ...,
     backend: Backend = ...,
     return_weights: Literal[True],
+    sinks: None = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 def attention(
     q: torch.Tensor,
@@ -211,6 +213,7 @@ def attention(
     dropout_p: float = 0.0,
     backend: Backend = "auto",
     return_weights: bool = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, softmax(score_mod(q k^T * scale) + mask) v, over (B, H, T, D).
 
@@ -247,6 +250,12 @@ def attention(
             compiled; inference on CPU), or "auto".
         return_weights: also return the (B, H, Tq, Tk) weights, detached, as a
             :class:`attnlab.observe.Recorder` takes them; eager (or auto) only.
+        sinks: (H,) learned sink logits (gpt-oss): each row's softmax also counts exp(sink), a column with no
+            value, so a row can give part of its attention to nothing. Computed from the row log-sum-exp:
+            out * sigmoid(lse - sink), on the backends that return it (eager, flash; "auto" picks one), with
+            gradients for q, k, v and the sinks. A Recorder gets the weights as the kernel forms them (rows
+            summing to 1) and the sink's share as "sink_weight" (B, H, Tq): key j's true weight is
+            weight_j * (1 - sink_weight).
 
     Returns:
         The context (B, H, Tq, Dv), and the weights if ``return_weights``.
@@ -261,6 +270,8 @@ def attention(
     sugar = {"mask": mask, "is_causal": is_causal, "window": window, "mask_mod": mask_mod, "score_mod": score_mod}
     check_backend(backend)
     vis, scale_ = _prepare(q, k, v, visibility, sugar, dropout_p, scale)
+    if sinks is not None:
+        return _with_sinks(q, k, v, vis, sinks, scale=scale_, dropout_p=dropout_p, backend=backend)
     name, kernel = resolve(backend, need_weights=return_weights, vis=vis)
     if not return_weights:
         return run_kernel(name, kernel, q, k, v, vis, scale=scale_, dropout_p=dropout_p)[0]
@@ -269,6 +280,38 @@ def attention(
     # no step when run_kernel answered an empty input without a kernel: its weights are all 0 too
     weights = rec.get("attn_weights") if rec.steps else q.new_zeros(*q.shape[:3], k.shape[2])
     return out, weights.to(q.dtype)
+
+
+def _with_sinks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    vis: Visibility,
+    sinks: torch.Tensor,
+    *,
+    scale: float,
+    dropout_p: float,
+    backend: Backend,
+) -> torch.Tensor:
+    """Attention whose every row also counts a learned sink logit: softmax over [scores, sink], the sink's
+    column dropped. Its share of row i is exp(sink) / (exp(lse_i) + exp(sink)), so the rest is sigmoid(lse_i -
+    sink), which scales the context the kernel computed without it."""
+    if not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (q.shape[1],):
+        raise ValueError(
+            f"sinks must be one logit per query head, shape ({q.shape[1]},), got {getattr(sinks, 'shape', sinks)}"
+        )
+    name, kernel = resolve("flash" if backend == "auto" and not is_recording() else backend)
+    if not KERNELS[name].has_lse:
+        raise ValueError(
+            f"learned sinks are read off each row's log-sum-exp, which the {name} backend does not return: "
+            "use backend='flash' or 'eager' (or 'auto')"
+        )
+    out, lse = run_kernel(name, kernel, q, k, v, vis, scale=scale, dropout_p=dropout_p)
+    assert lse is not None  # has_lse
+    kept = torch.sigmoid(lse - sinks.to(lse.dtype)[None, :, None])  # (B, H, Tq); a row that sees nothing: 1
+    if is_recording():
+        record("sink_weight", (1 - kept).detach())
+    return out * kept[..., None].to(out.dtype)
 
 
 def run_kernel(

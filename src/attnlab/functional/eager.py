@@ -110,7 +110,9 @@ def _masked_scores(
 def _softmax_rows(attn_scores: torch.Tensor, vis: Visibility) -> tuple[torch.Tensor, torch.Tensor]:
     """Weights and lse (B, H, Tq) of masked scores; a row with nothing to see gets weights 0 and lse +inf."""
     allowed, bias = vis.dense()
-    fill = torch.Tensor.masked_fill if vis.score_mod is not None else torch.Tensor.masked_fill_
+    # logsumexp keeps the scores for its backward (a learned sink differentiates lse): then not in place
+    in_place = vis.score_mod is None and not attn_scores.requires_grad
+    fill = torch.Tensor.masked_fill_ if in_place else torch.Tensor.masked_fill
     lse = torch.logsumexp(attn_scores, dim=-1)  # (B, H, Tq); -inf on a row with nothing to see
     dead = None
     if allowed is not None or bias is not None or vis.score_mod is not None:

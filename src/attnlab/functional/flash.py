@@ -207,8 +207,11 @@ def flash_backward(
     block_k: int,
     kinds: dict[tuple[int, int], int],
     params: tuple[torch.Tensor, ...] = (),
+    grad_lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
-    """dq, dk, dv (and the gradients of the score_mod's learnable ``params``) by recomputing each tile."""
+    """dq, dk, dv (and the gradients of the score_mod's learnable ``params``) by recomputing each tile.
+    ``grad_lse``: the gradient reaching the row log-sum-exp too (a learned sink reads it): since d lse / d s = p,
+    it joins each score's gradient as p * grad_lse, which is delta lowered by grad_lse."""
     tq, tk = q.shape[2], k.shape[2]
     ad = accumulation_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=ad, device=q.device)
@@ -216,6 +219,8 @@ def flash_backward(
     dv = torch.zeros(v.shape, dtype=ad, device=q.device)
     dparams: list[torch.Tensor | None] = [None] * len(params)
     delta = (grad_out.to(ad) * out.to(ad)).sum(dim=-1)  # (B, H, Tq): rowsum(dO * O)
+    if grad_lse is not None:
+        delta = delta - torch.nan_to_num(grad_lse.to(ad), posinf=0.0, neginf=0.0)  # dead rows: p = 0 anyway
     for bi, i0, i1 in _blocks(tq, block_q):
         qi, doi = q[:, :, i0:i1].to(ad), grad_out[:, :, i0:i1].to(ad)
         qi_scaled = qi * scale
@@ -291,20 +296,19 @@ class _FlashFunction(torch.autograd.Function):
         )
         ctx.save_for_backward(q, k, v, out, lse, *params)
         ctx.vis, ctx.scale, ctx.dropout_p, ctx.seed, ctx.kinds, ctx.blocks = vis, scale, dropout_p, seed, kinds, blocks
-        ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor | None) -> tuple[Any, ...]:
         if torch.is_grad_enabled():  # create_graph=True: a gradient of this gradient is asked for
             raise RuntimeError(
                 "the flash backend has no double backward (its backward recomputes tiles outside autograd); "
                 "for gradients of gradients use backend='eager'"
             )
-        return _flash_backward(ctx, grad_out)
+        return _flash_backward(ctx, grad_out, grad_lse)
 
 
-def _flash_backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+def _flash_backward(ctx: Any, grad_out: torch.Tensor, grad_lse: torch.Tensor | None = None) -> tuple[Any, ...]:
     """dq, dk, dv and the score_mod tensors' gradients, recomputed tile by tile (grad mode is off here)."""
     q, k, v, out, lse, *params = ctx.saved_tensors
     dq, dk, dv, dparams = flash_backward(
@@ -322,6 +326,7 @@ def _flash_backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         block_k=ctx.blocks[1],
         kinds=ctx.kinds,
         params=tuple(params),
+        grad_lse=grad_lse,
     )
     return dq, dk, dv, None, None, None, None, None, None, *dparams
 

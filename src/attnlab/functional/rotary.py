@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 import torch.nn as nn
 
-SCALINGS = ("llama3", "linear")
+SCALINGS = ("llama3", "linear", "yarn")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,11 +38,17 @@ class RopeScaling:
     band edges, as its config.json names them (8192 positions, factors 1 and 4 in Llama 3.1).
     """
 
-    kind: Literal["llama3", "linear"]
+    kind: Literal["llama3", "linear", "yarn"]
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_context_length: int = 8192
+    # YaRN (Peng et al., 2023; gpt-oss): the ramp between beta_fast and beta_slow rotations over the original
+    # context, whether its edges are rounded, and the factor on cos and sin (None: 0.1 ln(factor) + 1)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in SCALINGS:
@@ -62,16 +68,27 @@ class RopeScaling:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RopeScaling:
-        known = {"kind", "factor", "low_freq_factor", "high_freq_factor", "original_context_length"}
+        known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown rope scaling fields {unknown}; known: {sorted(known)}")
         return cls(**values)
 
-    def inv_freq(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        """The scaled inverse frequencies for the unscaled ones (D/2,)."""
+    @property
+    def mscale(self) -> float:
+        """What YaRN multiplies cos and sin by (1 for the other kinds)."""
+        if self.kind != "yarn":
+            return 1.0
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+
+    def inv_freq(self, inv_freq: torch.Tensor, base: float) -> torch.Tensor:
+        """The scaled inverse frequencies for the unscaled ones (D/2,) of theta ``base``."""
         if self.kind == "linear":
             return inv_freq / self.factor  # every position divided by factor
+        if self.kind == "yarn":
+            return self._yarn(inv_freq, base)
         wavelen = 2 * math.pi / inv_freq
         low_wavelen = self.original_context_length / self.low_freq_factor  # longer than this: divided by factor
         high_wavelen = self.original_context_length / self.high_freq_factor  # shorter than this: kept
@@ -83,11 +100,30 @@ class RopeScaling:
         between = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(between, blended, scaled)
 
+    def _yarn(self, inv_freq: torch.Tensor, base: float) -> torch.Tensor:
+        """Fast-turning dimensions kept (extrapolated), slow ones divided by factor (interpolated), a linear ramp
+        between the dimensions that turn beta_fast and beta_slow times over the original context."""
+        half = inv_freq.shape[0]
+        dim = 2 * half
+        low = _yarn_dims(self.beta_fast, dim, base, self.original_context_length)
+        high = _yarn_dims(self.beta_slow, dim, base, self.original_context_length)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        high = high + 0.001 if low == high else high
+        ramp = ((torch.arange(half, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # 0: keep, 1: divide
+        return inv_freq / self.factor * ramp + inv_freq * (1 - ramp)
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """(x1, x2) -> (-x2, x1) over the two halves of the last dimension."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+def _yarn_dims(rotations: float, dim: int, base: float, original: int) -> float:
+    """The dimension whose wavelength turns ``rotations`` times over the original context (YaRN, eq. 20)."""
+    return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -128,12 +164,16 @@ class RotaryEmbedding(nn.Module):
         self.scaling = scaling
         inv_freq = 1.0 / (self.base ** (torch.arange(0, r, 2, dtype=torch.float32) / r))  # (R/2,)
         if scaling is not None:
-            inv_freq = scaling.inv_freq(inv_freq)
+            inv_freq = scaling.inv_freq(inv_freq, self.base)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.inv_freq: torch.Tensor
+        self.mscale = 1.0 if scaling is None else scaling.mscale  # YaRN's factor on cos and sin
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape (T, R) for positions (T,), or (B, 1, T, R) for positions (B, T)."""
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype = torch.float32, *, scaled: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape (T, R) for positions (T,), or (B, 1, T, R) for positions (B, T); times YaRN's mscale
+        when ``scaled`` (a pure rotation otherwise)."""
         if positions.dtype.is_floating_point or positions.dim() not in (1, 2):
             raise ValueError(
                 f"positions must be an integer tensor of shape (T,) or (B, T), got {positions.dtype} {tuple(positions.shape)}"
@@ -146,10 +186,12 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)  # (.., T, R): rotate-half layout
         if positions.dim() == 2:
             emb = emb[:, None]  # (B, 1, T, R): broadcast over heads
+        if scaled and self.mscale != 1.0:
+            return (emb.cos() * self.mscale).to(dtype), (emb.sin() * self.mscale).to(dtype)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x (B, H, T, D) rotated by ``positions`` (T,): RoPE's rotations add up, so rotating a key already at
         position p by d puts it at p + d (what a sink cache does to move its sinks)."""
-        cos, sin = self(positions, dtype=x.dtype)
+        cos, sin = self(positions, dtype=x.dtype, scaled=False)  # turned, not scaled again
         return apply_rotary(x, cos, sin)

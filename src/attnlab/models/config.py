@@ -22,17 +22,10 @@ from attnlab.functional.rotary import RopeScaling
 
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("pre", "post", "sandwich")
-MLPS = ("gelu", "swiglu", "geglu")
+MLPS = ("gelu", "swiglu", "geglu", "clamped_swiglu")
 LAYER_TYPES = ("full", "sliding")
-FAMILIES = (
-    "gpt2",
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma3_text",
-    "qwen3_moe",
-)  # the Hugging Face classes a config can be saved as
+# the Hugging Face model types a config can be saved as
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")
 
 SCORE_MODS = ("alibi", "learned-alibi", "softcap:<cap>")  # what GPTConfig(score_mod=...) can name
 
@@ -115,7 +108,7 @@ class GPTConfig:
     # layer if window is set), and the Hugging Face family it was read from (what save_pretrained writes).
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_placement: Literal["pre", "post", "sandwich"] = "pre"
-    mlp: Literal["gelu", "swiglu", "geglu"] = "gelu"
+    mlp: Literal["gelu", "swiglu", "geglu", "clamped_swiglu"] = "gelu"
     hidden_dim: int | None = None
     bias: bool = True
     head_dim: int | None = None
@@ -137,6 +130,8 @@ class GPTConfig:
     moe_intermediate_size: int | None = None
     norm_topk_prob: bool = True
     dense_layers: tuple[int, ...] = ()
+    # gpt-oss: a learned sink logit per head, and experts whose SwiGLU is clamped (mlp="clamped_swiglu")
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -175,7 +170,7 @@ class GPTConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
-        for name in ("bias", "qk_norm"):
+        for name in ("bias", "qk_norm", "sinks", "norm_topk_prob"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.hidden_dim is not None:
@@ -267,6 +262,7 @@ class GPTConfig:
             and self.head_dim in (None, self.emb_dim // self.n_heads)
             and not self.qk_norm
             and (self.emb_scale, self.attn_scale, self.final_softcap, self.num_experts) == (None, None, None, 0)
+            and not self.sinks
         )
 
     @classmethod

@@ -443,7 +443,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Every layer's and head's attention weights from one forward pass: (L, B, H, T, T).
+        """Every layer's and head's attention weights from one forward pass: (L, B, H, T, T). With learned sinks
+        (gpt-oss) a row sums to less than 1: the rest went to its sink.
 
         Recorded with :class:`attnlab.Recorder`, so ``backend="auto"`` runs
         eager for this pass; a fused backend asked for by name is refused.
@@ -453,9 +454,15 @@ class GPT(nn.Module):
                 f"backend {self.config.backend!r} never forms the attention weights; "
                 "load the model with backend='auto' (or 'eager') to see them"
             )
-        with Recorder(names=["attn_weights"]) as rec:
+        with Recorder(names=["attn_weights", "sink_weight"]) as rec:
             self(idx, attention_mask=attention_mask)
-        return torch.stack([rec.get("attn_weights", module=f"trf_blocks.{n}.att") for n in range(len(self.blocks))])
+        layers = []
+        for n in range(len(self.blocks)):
+            weights = rec.get("attn_weights", module=f"trf_blocks.{n}.att")  # (B, H, T, T), rows summing to 1
+            if self.config.sinks:  # what a row gives its learned sink is given to no key: (B, H, T, 1)
+                weights = weights * (1 - rec.get("sink_weight", module=f"trf_blocks.{n}.att")[..., None])
+            layers.append(weights)
+        return torch.stack(layers)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **overrides: object) -> GPT:

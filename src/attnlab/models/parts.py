@@ -55,22 +55,31 @@ class MoEFeedForward(nn.Module):
     when ``norm_topk_prob``: the softmax of the chosen scores, as the book computes it). Expert e is a SwiGLU
     of ``fc1[e]`` (gate), ``fc2[e]`` (up) and ``fc3[e]`` (down).
 
+    gpt-oss's experts (``clamped=True``) have biases, a router with a bias, and clamp their SwiGLU: the gate g
+    at most 7, the up u within [-7, 7], then (u + 1) * g * sigmoid(1.702 g).
+
     ``forward`` runs each expert on the tokens routed to it; :meth:`every_expert` is the book's readable form,
     every expert on every token and the unchosen weighted 0, tested equal.
     """
 
-    def __init__(self, *, emb_dim: int, hidden_dim: int, num_experts: int, num_experts_per_tok: int,
-                 norm_topk_prob: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        emb_dim: int,
+        hidden_dim: int,
+        num_experts: int,
+        num_experts_per_tok: int,
+        norm_topk_prob: bool = True,
+        bias: bool = False,
+        clamped: bool = False,
+    ) -> None:
         super().__init__()
-        self.num_experts, self.num_experts_per_tok, self.norm_topk_prob = (
-            num_experts,
-            num_experts_per_tok,
-            norm_topk_prob,
-        )
-        self.gate = nn.Linear(emb_dim, num_experts, bias=False)
-        self.fc1 = nn.ModuleList([nn.Linear(emb_dim, hidden_dim, bias=False) for _ in range(num_experts)])
-        self.fc2 = nn.ModuleList([nn.Linear(emb_dim, hidden_dim, bias=False) for _ in range(num_experts)])
-        self.fc3 = nn.ModuleList([nn.Linear(hidden_dim, emb_dim, bias=False) for _ in range(num_experts)])
+        self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
+        self.norm_topk_prob, self.clamped = norm_topk_prob, clamped
+        self.gate = nn.Linear(emb_dim, num_experts, bias=bias)
+        self.fc1 = nn.ModuleList([nn.Linear(emb_dim, hidden_dim, bias=bias) for _ in range(num_experts)])
+        self.fc2 = nn.ModuleList([nn.Linear(emb_dim, hidden_dim, bias=bias) for _ in range(num_experts)])
+        self.fc3 = nn.ModuleList([nn.Linear(hidden_dim, emb_dim, bias=bias) for _ in range(num_experts)])
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The chosen experts (B, T, k) of each token and their weights (B, T, k), in x's dtype."""
@@ -81,6 +90,9 @@ class MoEFeedForward(nn.Module):
         return chosen, weights.to(x.dtype)
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        if self.clamped:  # gpt-oss
+            g, u = self.fc1[e](x).clamp(max=7.0), self.fc2[e](x).clamp(-7.0, 7.0)
+            return self.fc3[e]((u + 1) * (g * torch.sigmoid(1.702 * g)))
         return self.fc3[e](nn.functional.silu(self.fc1[e](x)) * self.fc2[e](x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,6 +125,8 @@ def make_mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
             num_experts=config.num_experts,
             num_experts_per_tok=config.num_experts_per_tok,
             norm_topk_prob=config.norm_topk_prob,
+            bias=config.bias,
+            clamped=config.mlp == "clamped_swiglu",
         )
     if config.mlp in ("swiglu", "geglu"):
         return FeedForward(emb_dim=e, hidden_dim=f, bias=config.bias, gelu=config.mlp == "geglu")
@@ -149,6 +163,7 @@ class TransformerBlock(nn.Module):
             rotary_dim=config.rotary_dim,
             qk_norm=config.qk_norm,
             norm_eps=config.layer_norm_eps,
+            sinks=config.sinks,
             scale=config.attn_scale,
             backend=config.backend,
         )

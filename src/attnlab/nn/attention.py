@@ -60,6 +60,8 @@ class Attention(nn.Module):
         rotary_dim: how many dimensions of each head RoPE turns (partial rotation); None is head_dim.
         qk_norm: RMSNorm each head's query and key over head_dim before RoPE (Qwen3's ``q_norm``, ``k_norm``).
         norm_eps: the QK-norm's epsilon.
+        sinks: a learned sink logit per query head (gpt-oss): each row's softmax also counts exp(sink), so a
+            row may give part of its attention to nothing (``attnlab.functional.attention``'s ``sinks``).
         scale: the softmax scale; None is 1/sqrt(head_dim) (GPT-2 variants
             that scale otherwise load with their own).
         backend: "auto", "eager", "sdpa" or "flash".
@@ -88,6 +90,7 @@ class Attention(nn.Module):
         rotary_dim: int | None = None,
         qk_norm: bool = False,
         norm_eps: float = 1e-6,
+        sinks: bool = False,
         scale: float | None = None,
         backend: Backend = "auto",
     ) -> None:
@@ -132,6 +135,7 @@ class Attention(nn.Module):
             rotary_dim=rotary_dim,
             qk_norm=qk_norm,
             norm_eps=norm_eps,
+            sinks=sinks,
             scale=scale,
             backend=backend,
         )
@@ -145,6 +149,7 @@ class Attention(nn.Module):
         # One fused projection: rows [0, H*D) are W_query, then W_key, then W_value.
         self.qkv = nn.Linear(d_in, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(num_heads * head_dim, d_out, bias=out_bias)
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None  # (H,): gpt-oss's learned sinks
         # Qwen3's QK-norm: one RMSNorm over head_dim, shared by the heads, for the queries and one for the keys
         self.q_norm = nn.RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
@@ -369,6 +374,7 @@ class Attention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             scale=self.scale,
             backend=self.backend,
+            sinks=self.sinks,
         )
         return self.merge_heads(context_vec)
 
@@ -409,6 +415,7 @@ class Attention(nn.Module):
         return (
             f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, is_causal={self.is_causal}, window={self.window}, "
-            f"rope={self.rotary is not None}, qk_norm={self.q_norm is not None}, scale={self.scale}, "
+            f"rope={self.rotary is not None}, qk_norm={self.q_norm is not None}, sinks={self.sinks is not None}, "
+            f"scale={self.scale}, "
             f"backend={self.backend!r}"
         )

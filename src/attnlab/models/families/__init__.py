@@ -14,13 +14,13 @@ from typing import Any
 import torch
 
 from attnlab.models.config import GPTConfig
-from attnlab.models.families import gemma, llama, mistral, qwen
+from attnlab.models.families import gemma, gpt_oss, llama, mistral, qwen
 from attnlab.models.families.rows import Rows
 
 __all__ = ["READERS", "Rows", "config_from_hf", "from_hf", "holds", "to_hf"]
 
 READERS = {"llama": llama.config_from_hf, "mistral": mistral.config_from_hf, "gemma3_text": gemma.config_from_hf}
-READERS |= {kind: qwen.config_from_hf for kind in qwen.MODEL_TYPES}
+READERS |= {kind: qwen.config_from_hf for kind in qwen.MODEL_TYPES} | {"gpt_oss": gpt_oss.config_from_hf}
 
 
 def _offset(config: GPTConfig, ours: str) -> float:
@@ -43,7 +43,14 @@ def from_hf(
     the name(s) in the file; what the file holds beyond the model comes back as ``<unexpected>name``."""
     out: dict[str, torch.Tensor | Rows] = {}
     origin: dict[str, str] = {}
+    fused = config.family == "gpt_oss"  # its experts in fused tensors: read by their own file
+    known: set[str] = {"lm_head.weight"}
+    if fused:
+        out, origin = gpt_oss.from_hf(tensors, config)
+        known |= gpt_oss.experts_known(config)
     for theirs, ours in llama.names(config):
+        if fused and ".ff." in ours:
+            continue
         origin[ours] = "/".join(theirs)
         present = [tensors[name] for name in theirs if name in tensors]
         if len(present) == len(theirs):
@@ -52,7 +59,7 @@ def from_hf(
                 out[ours] = present[0] + _offset(config, ours)  # a norm's weight: one small vector
     if config.tie_weights and "lm_head.weight" in tensors:  # a tied head in the file: kept if it differs
         out["out_head.weight"], origin["out_head.weight"] = tensors["lm_head.weight"], "lm_head.weight"
-    known = {name for theirs, _ in llama.names(config) for name in theirs} | {"lm_head.weight"}
+    known |= {name for theirs, ours in llama.names(config) for name in theirs if not (fused and ".ff." in ours)}
     for key in tensors:
         if key not in known:
             out[f"<unexpected>{key}"] = tensors[key]
@@ -63,7 +70,7 @@ def holds(config: GPTConfig) -> bool:
     """Whether the config's ``family`` (a Llama-layout one) holds it exactly, so that it is saved as that family."""
     if config.family in qwen.MODEL_TYPES:
         return qwen.holds(config, config.family)
-    readers = {"llama": llama.holds, "mistral": mistral.holds, "gemma3_text": gemma.holds}
+    readers = {"llama": llama.holds, "mistral": mistral.holds, "gemma3_text": gemma.holds, "gpt_oss": gpt_oss.holds}
     return readers.get(str(config.family), lambda c: False)(config)
 
 
@@ -71,14 +78,19 @@ def to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> tuple[dict[str, 
     """The model's tensors under its family's names, and the family's config.json (``holds`` it first)."""
     family = str(config.family)
     described = qwen.hf_config(config, family) if family in qwen.MODEL_TYPES else None
-    described = described or {"llama": llama.hf_config, "mistral": mistral.hf_config, "gemma3_text": gemma.hf_config}[
-        family
-    ](config)
+    writers = {"llama": llama.hf_config, "mistral": mistral.hf_config, "gemma3_text": gemma.hf_config}
+    described = described or (writers | {"gpt_oss": gpt_oss.hf_config})[family](config)
     d, h, h_kv = config.d_head, config.n_heads, config.n_kv_heads or config.n_heads
     out: dict[str, torch.Tensor] = {}
+    fused = family == "gpt_oss"
+    if fused:
+        out |= gpt_oss.to_hf(state, config)
     for theirs, ours in llama.names(config):
+        if fused and ".ff." in ours:
+            continue
         tensor = state[ours].detach()
         pieces = tensor.split([h * d, h_kv * d, h_kv * d]) if len(theirs) == 3 else (tensor,)  # rows: q, k, v
-        pieces = tuple(piece - _offset(config, ours) for piece in pieces)
+        if _offset(config, ours):
+            pieces = tuple(piece - _offset(config, ours) for piece in pieces)
         out |= {name: piece.contiguous().clone() for name, piece in zip(theirs, pieces, strict=True)}
     return out, described

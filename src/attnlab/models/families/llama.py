@@ -44,6 +44,10 @@ def names(config: GPTConfig) -> Names:
         if config.qk_norm:
             out += [((h + f"self_attn.{p}_norm.weight",), b + f"att.{p}_norm.weight") for p in "qk"]
         out.append(((h + "self_attn.o_proj.weight",), b + "att.out_proj.weight"))
+        if config.bias:  # gpt-oss's
+            out.append(((h + "self_attn.o_proj.bias",), b + "att.out_proj.bias"))
+        if config.sinks:
+            out.append(((h + "self_attn.sinks",), b + "att.sinks"))
         if config.norm_placement == "sandwich":
             out += [
                 ((h + "post_attention_layernorm.weight",), b + "post_norm1.weight"),
@@ -90,11 +94,25 @@ def rope(raw: dict[str, Any], where: Path) -> dict[str, Any]:
     kind = given.get("rope_type", given.get("type", "default"))
     if kind in ("default", None):
         return {"rope_base": base}
-    if kind not in ("llama3", "linear"):
+    if kind not in ("llama3", "linear", "yarn"):
         raise ValueError(
             f"{str(where / 'config.json')!r}: rope_type {kind!r} is not supported (attnlab reads 'default', "
-            "'llama3' and 'linear')"
+            "'llama3', 'linear' and 'yarn')"
         )
+    if kind == "yarn":
+        for key in ("mscale", "mscale_all_dim"):
+            if given.get(key):
+                raise ValueError(f"{str(where / 'config.json')!r}: YaRN's {key} (DeepSeek's) is not supported yet")
+        yarn = RopeScaling(
+            kind="yarn",
+            factor=float(need(given, "factor", where)),
+            original_context_length=int(given.get("original_max_position_embeddings", 4096)),
+            beta_fast=float(given.get("beta_fast") or 32.0),
+            beta_slow=float(given.get("beta_slow") or 1.0),
+            truncate=bool(given.get("truncate", True)),
+            attention_factor=given.get("attention_factor"),
+        )
+        return {"rope_base": base, "rope_scaling": yarn}
     scaling = RopeScaling(
         kind=kind,
         factor=float(need(given, "factor", where)),
@@ -145,6 +163,14 @@ def hf_common(config: GPTConfig, model_type: str, architecture: str) -> dict[str
     if config.rope_scaling is not None:
         s = config.rope_scaling
         parameters |= {"rope_type": s.kind, "factor": s.factor}
+        if s.kind == "yarn":
+            parameters |= {
+                "beta_fast": s.beta_fast,
+                "beta_slow": s.beta_slow,
+                "truncate": s.truncate,
+                "original_max_position_embeddings": s.original_context_length,
+                **({"attention_factor": s.attention_factor} if s.attention_factor is not None else {}),
+            }
         if s.kind == "llama3":
             parameters |= {
                 "low_freq_factor": s.low_freq_factor,
