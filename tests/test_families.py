@@ -117,7 +117,7 @@ def hf_dir(family: str, root: str) -> Path:
     model = cls(make_config()).eval()
     with torch.no_grad():
         for p in model.parameters():
-            if p.dim() == 1 or p.dim() == 2 and p.shape[0] == 6:  # norms (ones), biases and sinks (zeros)
+            if p.dim() == 1 or (p.dim() == 2 and p.shape[0] == 6):  # norms (ones), biases and sinks (zeros)
                 p.add_(torch.randn_like(p) * 0.5)
     where = Path(root) / family
     model.save_pretrained(where)
@@ -606,7 +606,8 @@ def test_the_mixture_of_experts_runs_each_expert_on_its_tokens_as_the_readable_f
         torch.testing.assert_close(routed, every)
         upstream = torch.ones_like(routed)
         params = [x, moe.gate.weight, moe.fc1[0].weight, moe.fc3[5].weight]
-        for a, b in zip(torch.autograd.grad(routed, params, upstream), torch.autograd.grad(every, params, upstream)):
+        got, want = torch.autograd.grad(routed, params, upstream), torch.autograd.grad(every, params, upstream)
+        for a, b in zip(got, want, strict=True):
             torch.testing.assert_close(a, b)
         chosen, _ = moe.route(x)
         assert chosen.unique().numel() > 2  # the tokens go to different experts
