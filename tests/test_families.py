@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     GptOssConfig,
@@ -105,6 +107,26 @@ FAMILIES: dict[str, tuple[type[PreTrainedModel], Callable[[], object]]] = {
             | {"original_max_position_embeddings": 16},
         ),
     ),
+    "deepseek_v3": (  # latent attention with a query latent, YaRN with its mscales; 2 of 8 experts in 1 of 2
+        DeepseekV3ForCausalLM,  # groups, a shared expert, a dense first layer
+        lambda: DeepseekV3Config(
+            **{**COMMON, "intermediate_size": 32, "num_key_value_heads": 4},
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=4,
+            v_head_dim=8,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            moe_intermediate_size=16,
+            first_k_dense_replace=1,
+            rope_scaling={"rope_type": "yarn", "factor": 8.0, "mscale": 0.707, "mscale_all_dim": 1.0}
+            | {"original_max_position_embeddings": 16, "beta_fast": 32, "beta_slow": 1},
+        ),
+    ),
 }
 IDS = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(3))  # longer than every window
 
@@ -119,6 +141,9 @@ def hf_dir(family: str, root: str) -> Path:
         for p in model.parameters():
             if p.dim() == 1 or (p.dim() == 2 and p.shape[0] == 6):  # norms (ones), biases and sinks (zeros)
                 p.add_(torch.randn_like(p) * 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek's router correction (zeros)
+                b.add_(torch.randn_like(b) * 0.3)
     where = Path(root) / family
     model.save_pretrained(where)
     return where
@@ -183,7 +208,8 @@ def _without(family: str, root: str, **changes: object) -> torch.Tensor:
     loaded = GPT.from_pretrained(hf_dir(family, root))
     bare = GPT(loaded.config.with_(**changes)).eval()
     missing, unexpected = bare.load_state_dict(loaded.state_dict(), strict=False)
-    assert all(any(n in k for n in (".q_norm.", ".k_norm.", ".post_norm", ".sinks")) for k in [*missing, *unexpected])
+    taken = (".q_norm.", ".k_norm.", ".post_norm", ".sinks", ".shared.")
+    assert all(any(n in k for n in taken) for k in [*missing, *unexpected])
     return bare(IDS)
 
 
@@ -210,6 +236,11 @@ def _without(family: str, root: str, **changes: object) -> torch.Tensor:
         ("gpt_oss", {"layer_types": None, "window": None}),  # the bands
         ("gpt_oss", {"rope_scaling": None}),  # YaRN
         ("gpt_oss", {"mlp": "swiglu"}),  # the clamped SwiGLU
+        ("deepseek_v3", {"rope_interleave": False}),  # RoPE on interleaved pairs
+        ("deepseek_v3", {"attn_scale": None}),  # YaRN's mscale on the softmax scale
+        ("deepseek_v3", {"routed_scaling_factor": 1.0}),  # the routed experts' factor
+        ("deepseek_v3", {"topk_group": 2}),  # the group-limited choice
+        ("deepseek_v3", {"n_shared_experts": 0}),  # the shared expert
     ],
 )
 def test_removing_a_feature_moves_the_logits(family: str, changes: dict[str, object], root: str) -> None:
@@ -238,7 +269,13 @@ def test_every_cache_that_applies_gives_the_uncached_tokens(family: str, root: s
             with pytest.raises(ValueError, match=f"the {name} cache does not keep a sliding window's ring"):
                 model.generate(prompt, 12, cache=sized.get(name, name))  # type: ignore[arg-type]
             continue
+        if name != "plain" and model.config.kv_lora_rank is not None:
+            with pytest.raises(ValueError, match=r"cache is not built for latents; use the default .plain."):
+                model.generate(prompt, 12, cache=sized.get(name, name))  # type: ignore[arg-type]
+            continue
         assert model.generate(prompt, 12, cache=sized.get(name, name)).tolist() == uncached.tolist(), name  # type: ignore[arg-type]
+    if model.config.kv_lora_rank is not None:
+        return  # generate_many runs on paged blocks, which latents do not have yet
     if sliding:
         with pytest.raises(ValueError, match=r"ring buffer per row|every layer of this model slides"):
             model.generate_many([IDS[0].tolist(), IDS[1, :7].tolist()], 4, slots=1)
@@ -611,3 +648,39 @@ def test_the_mixture_of_experts_runs_each_expert_on_its_tokens_as_the_readable_f
             torch.testing.assert_close(a, b)
         chosen, _ = moe.route(x)
         assert chosen.unique().numel() > 2  # the tokens go to different experts
+
+
+@torch.no_grad()
+def test_latent_attention_decodes_in_the_absorbed_form_what_the_expanded_form_computes() -> None:
+    """MLA: W_UK folded into the queries and W_UV into the output, over the latents alone, within 1e-5."""
+    from attnlab.nn.latent import LatentAttention
+
+    torch.manual_seed(0)
+    att = LatentAttention(
+        d_in=32, num_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, q_lora_rank=12
+    )
+    x = torch.randn(2, 10, 32)
+    q_nope, q_pe, latents = att.project(x, torch.arange(10))
+    visibility = att.visibility_for(x)
+    expanded = att.expanded(q_nope, q_pe, latents, visibility=visibility)
+    assert float((att.absorbed(q_nope, q_pe, latents, visibility=visibility) - expanded).abs().max()) < 1e-5
+    cache = att.make_cache(batch_size=2, max_len=12)
+    steps = [att(x[:, :6], cache=cache)] + [att(x[:, t : t + 1], cache=cache) for t in range(6, 10)]
+    assert float((torch.cat(steps, dim=1) - expanded).abs().max()) < 1e-5  # the absorbed decode, step by step
+    assert float((torch.cat(steps, dim=1) - att(x)).abs().max()) < 1e-5
+
+
+def test_deepseek_v3s_latent_cache_holds_576_values_per_token_and_layer() -> None:
+    """The paper's count: kv_lora_rank 512 + qk_rope_head_dim 64, against 128 heads x (128 + 128) = 32,768."""
+    from attnlab.cache import stored_bytes
+    from attnlab.nn.latent import LatentAttention
+
+    with torch.device("meta"):
+        att = LatentAttention(
+            d_in=7168, num_heads=128, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+            q_lora_rank=1536,
+        )  # fmt: skip
+        one, ten = (att.make_cache(batch_size=1, max_len=n) for n in (1, 10))
+    per_token = (stored_bytes(ten) - stored_bytes(one)) // 9 // 4  # float32 values
+    assert per_token == 576
+    assert 128 * (128 + 128) // per_token == 56  # 57x fewer as the paper rounds it: 32,768 / 576 = 56.9

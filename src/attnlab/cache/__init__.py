@@ -20,6 +20,7 @@ import torch
 from attnlab.cache.base import Cache, Capabilities, LayerCache
 from attnlab.cache.evicting import EvictingCache
 from attnlab.cache.kv import KVCache, SlidingWindowCache
+from attnlab.cache.latent import LatentCache
 from attnlab.cache.model import ModelCache
 from attnlab.cache.paged import BlockTable, PagedKVCache
 from attnlab.cache.prefix import PrefixCache
@@ -224,6 +225,7 @@ __all__ = [
     "EvictingCache",
     "FactoryArgs",
     "KVCache",
+    "LatentCache",
     "LayerCache",
     "ModelCache",
     "PagedKVCache",

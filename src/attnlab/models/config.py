@@ -25,7 +25,8 @@ PLACEMENTS = ("pre", "post", "sandwich")
 MLPS = ("gelu", "swiglu", "geglu", "clamped_swiglu")
 LAYER_TYPES = ("full", "sliding")
 # the Hugging Face model types a config can be saved as
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")
+FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss", "deepseek_v3")
+ROUTERS = ("softmax", "grouped_sigmoid")
 
 SCORE_MODS = ("alibi", "learned-alibi", "softcap:<cap>")  # what GPTConfig(score_mod=...) can name
 
@@ -132,6 +133,20 @@ class GPTConfig:
     dense_layers: tuple[int, ...] = ()
     # gpt-oss: a learned sink logit per head, and experts whose SwiGLU is clamped (mlp="clamped_swiglu")
     sinks: bool = False
+    # DeepSeek-V3: multi-head latent attention on every layer when kv_lora_rank is set (attnlab.nn.latent), and
+    # its router: sigmoid scores, a correction bias that only chooses, the best topk_group of n_group groups,
+    # weights times routed_scaling_factor, plus n_shared_experts always run
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
+    router: Literal["softmax", "grouped_sigmoid"] = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    n_shared_experts: int = 0
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -170,7 +185,7 @@ class GPTConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
-        for name in ("bias", "qk_norm", "sinks", "norm_topk_prob"):
+        for name in ("bias", "qk_norm", "sinks", "norm_topk_prob", "rope_interleave"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.hidden_dim is not None:
@@ -215,6 +230,25 @@ class GPTConfig:
         ):
             raise ValueError(
                 f"dense_layers must be a tuple of layer indices below {self.n_layers}, got {self.dense_layers!r}"
+            )
+        if self.kv_lora_rank is not None:
+            for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                check_positive_int(name, getattr(self, name), limit=2**16)
+            if self.q_lora_rank is not None:
+                check_positive_int("q_lora_rank", self.q_lora_rank, limit=2**20)
+            if not self.rope or self.qk_rope_head_dim % 2:
+                raise ValueError(
+                    f"latent attention rotates its qk_rope_head_dim={self.qk_rope_head_dim} dimensions: set rope=True "
+                    "and an even qk_rope_head_dim"
+                )
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {list(ROUTERS)}, got {self.router!r}")
+        if self.router == "grouped_sigmoid" and (
+            self.num_experts % max(self.n_group, 1) or not 1 <= self.topk_group <= self.n_group
+        ):
+            raise ValueError(
+                f"the grouped router splits num_experts={self.num_experts} into n_group={self.n_group} groups and "
+                f"keeps topk_group={self.topk_group} of them: n_group must divide it and topk_group <= n_group"
             )
         if self.family is not None and self.family not in FAMILIES:
             raise ValueError(f"family must be None or one of {list(FAMILIES)}, got {self.family!r}")
@@ -263,6 +297,7 @@ class GPTConfig:
             and not self.qk_norm
             and (self.emb_scale, self.attn_scale, self.final_softcap, self.num_experts) == (None, None, None, 0)
             and not self.sinks
+            and self.kv_lora_rank is None
         )
 
     @classmethod

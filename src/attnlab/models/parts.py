@@ -23,6 +23,7 @@ from attnlab.cache import Cache
 from attnlab.functional.visibility import Visibility
 from attnlab.models.config import GPTConfig
 from attnlab.nn.attention import Attention
+from attnlab.nn.latent import LatentAttention
 
 
 def make_norm(config: GPTConfig, size: int | None = None) -> nn.Module:
@@ -72,22 +73,48 @@ class MoEFeedForward(nn.Module):
         norm_topk_prob: bool = True,
         bias: bool = False,
         clamped: bool = False,
+        grouped: tuple[int, int, float] | None = None,
+        shared_dim: int = 0,
     ) -> None:
         super().__init__()
         self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
         self.norm_topk_prob, self.clamped = norm_topk_prob, clamped
+        self.grouped = grouped  # DeepSeek-V3's router: (n_group, topk_group, routed_scaling_factor)
         self.gate = nn.Linear(emb_dim, num_experts, bias=bias)
+        if grouped is not None:  # chooses, never weighs; float32 as the checkpoints keep it
+            self.register_buffer("e_score_correction_bias", torch.zeros(num_experts))
+        self.shared = FeedForward(emb_dim=emb_dim, hidden_dim=shared_dim) if shared_dim else None
         self.fc1 = nn.ModuleList([nn.Linear(emb_dim, hidden_dim, bias=bias) for _ in range(num_experts)])
         self.fc2 = nn.ModuleList([nn.Linear(emb_dim, hidden_dim, bias=bias) for _ in range(num_experts)])
         self.fc3 = nn.ModuleList([nn.Linear(hidden_dim, emb_dim, bias=bias) for _ in range(num_experts)])
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The chosen experts (B, T, k) of each token and their weights (B, T, k), in x's dtype."""
+        if self.grouped is not None:
+            return self._route_in_groups(x)
         probs = torch.softmax(self.gate(x).float(), dim=-1)  # (B, T, num_experts), in float32 as Qwen3-MoE
         weights, chosen = probs.topk(self.num_experts_per_tok, dim=-1)  # (B, T, k)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return chosen, weights.to(x.dtype)
+
+    def _route_in_groups(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSeek-V3: sigmoid scores; the correction bias added to choose (the best topk_group groups by the sum
+        of their two best, then the best k experts in them), the unbiased scores to weigh, times the factor."""
+        assert self.grouped is not None
+        n_group, topk_group, factor = self.grouped
+        scores = torch.sigmoid(self.gate(x).float())  # (B, T, experts)
+        correction = self.get_buffer("e_score_correction_bias")  # (experts,)
+        choice = scores + correction.float()
+        groups = choice.unflatten(-1, (n_group, -1))  # (B, T, n_group, experts / n_group)
+        best = groups.topk(2, dim=-1).values.sum(-1).topk(topk_group, dim=-1).indices  # (B, T, topk_group)
+        kept = torch.zeros(groups.shape[:-1], dtype=torch.bool, device=x.device).scatter_(-1, best, True)
+        choice = groups.masked_fill(~kept[..., None], float("-inf")).flatten(-2)  # (B, T, experts)
+        chosen = choice.topk(self.num_experts_per_tok, dim=-1).indices  # (B, T, k)
+        weights = scores.gather(-1, chosen)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return chosen, (weights * factor).to(x.dtype)
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         if self.clamped:  # gpt-oss
@@ -103,7 +130,8 @@ class MoEFeedForward(nn.Module):
             token, slot = (chosen == e).nonzero(as_tuple=True)  # the tokens routed to e, and where in their top-k
             if token.numel():
                 out.index_add_(0, token, self.expert(e, flat[token]) * weights[token, slot, None])
-        return out.reshape(x.shape)  # (B, T, E)
+        out = out.reshape(x.shape)  # (B, T, E)
+        return out if self.shared is None else out + self.shared(x)
 
     def every_expert(self, x: torch.Tensor) -> torch.Tensor:
         """The readable form: every expert on every token, weighted by the router (0 for the unchosen)."""
@@ -111,7 +139,8 @@ class MoEFeedForward(nn.Module):
         gating = torch.zeros(*x.shape[:-1], self.num_experts, dtype=x.dtype, device=x.device)  # (B, T, experts)
         gating.scatter_(-1, chosen, weights)
         outputs = torch.stack([self.expert(e, x) for e in range(self.num_experts)], dim=-2)  # (B, T, experts, E)
-        return (gating[..., None] * outputs).sum(dim=-2)
+        out = (gating[..., None] * outputs).sum(dim=-2)
+        return out if self.shared is None else out + self.shared(x)
 
 
 def make_mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
@@ -127,11 +156,36 @@ def make_mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
             norm_topk_prob=config.norm_topk_prob,
             bias=config.bias,
             clamped=config.mlp == "clamped_swiglu",
+            grouped=(config.n_group, config.topk_group, config.routed_scaling_factor)
+            if config.router == "grouped_sigmoid"
+            else None,
+            shared_dim=config.n_shared_experts * (config.moe_intermediate_size or f),
         )
     if config.mlp in ("swiglu", "geglu"):
         return FeedForward(emb_dim=e, hidden_dim=f, bias=config.bias, gelu=config.mlp == "geglu")
     return nn.Sequential(
         nn.Linear(e, f, bias=config.bias), nn.GELU(approximate="tanh"), nn.Linear(f, e, bias=config.bias)
+    )
+
+
+def make_attention(config: GPTConfig, layer: int) -> LatentAttention:
+    """A layer's latent attention (DeepSeek-V3), its RoPE and window from the config's pattern."""
+    assert config.kv_lora_rank is not None
+    rope_base, rope_scaling = config.layer_rope(layer)
+    return LatentAttention(
+        d_in=config.emb_dim,
+        num_heads=config.n_heads,
+        kv_lora_rank=config.kv_lora_rank,
+        qk_nope_head_dim=config.qk_nope_head_dim,
+        qk_rope_head_dim=config.qk_rope_head_dim,
+        v_head_dim=config.v_head_dim,
+        q_lora_rank=config.q_lora_rank,
+        rope_base=rope_base,
+        rope_scaling=rope_scaling,
+        rope_interleave=config.rope_interleave,
+        window=config.layer_window(layer),
+        scale=config.attn_scale,
+        backend=config.backend,
     )
 
 
@@ -147,25 +201,29 @@ class TransformerBlock(nn.Module):
         rope_base, rope_scaling = config.layer_rope(layer)
         self.placement = config.norm_placement
         self.norm1 = make_norm(config)
-        self.att = Attention(
-            d_in=e,
-            num_heads=config.n_heads,
-            num_kv_heads=config.n_kv_heads,
-            head_dim=config.d_head,
-            qkv_bias=config.qkv_bias,
-            out_bias=config.bias,
-            dropout=config.drop_rate,
-            is_causal=True,
-            window=config.layer_window(layer),
-            rope=config.rope,
-            rope_base=rope_base,
-            rope_scaling=rope_scaling,
-            rotary_dim=config.rotary_dim,
-            qk_norm=config.qk_norm,
-            norm_eps=config.layer_norm_eps,
-            sinks=config.sinks,
-            scale=config.attn_scale,
-            backend=config.backend,
+        self.att = (
+            make_attention(config, layer)
+            if config.kv_lora_rank is not None
+            else Attention(
+                d_in=e,
+                num_heads=config.n_heads,
+                num_kv_heads=config.n_kv_heads,
+                head_dim=config.d_head,
+                qkv_bias=config.qkv_bias,
+                out_bias=config.bias,
+                dropout=config.drop_rate,
+                is_causal=True,
+                window=config.layer_window(layer),
+                rope=config.rope,
+                rope_base=rope_base,
+                rope_scaling=rope_scaling,
+                rotary_dim=config.rotary_dim,
+                qk_norm=config.qk_norm,
+                norm_eps=config.layer_norm_eps,
+                sinks=config.sinks,
+                scale=config.attn_scale,
+                backend=config.backend,
+            )
         )
         self.drop_resid = nn.Dropout(config.drop_rate)
         self.norm2 = make_norm(config)

@@ -14,13 +14,19 @@ from typing import Any
 import torch
 
 from attnlab.models.config import GPTConfig
-from attnlab.models.families import gemma, gpt_oss, llama, mistral, qwen
+from attnlab.models.families import deepseek, gemma, gpt_oss, llama, mistral, qwen
 from attnlab.models.families.rows import Rows
 
 __all__ = ["READERS", "Rows", "config_from_hf", "from_hf", "holds", "to_hf"]
 
 READERS = {"llama": llama.config_from_hf, "mistral": mistral.config_from_hf, "gemma3_text": gemma.config_from_hf}
 READERS |= {kind: qwen.config_from_hf for kind in qwen.MODEL_TYPES} | {"gpt_oss": gpt_oss.config_from_hf}
+READERS["deepseek_v3"] = deepseek.config_from_hf
+
+
+def _names(config: GPTConfig) -> llama.Names:
+    """The family's tensor names: DeepSeek-V3's own (latent attention), or the Llama layout's."""
+    return deepseek.names(config) if config.family == "deepseek_v3" else llama.names(config)
 
 
 def _offset(config: GPTConfig, ours: str) -> float:
@@ -48,7 +54,7 @@ def from_hf(
     if fused:
         out, origin = gpt_oss.from_hf(tensors, config)
         known |= gpt_oss.experts_known(config)
-    for theirs, ours in llama.names(config):
+    for theirs, ours in _names(config):
         if fused and ".ff." in ours:
             continue
         origin[ours] = "/".join(theirs)
@@ -59,7 +65,7 @@ def from_hf(
                 out[ours] = present[0] + _offset(config, ours)  # a norm's weight: one small vector
     if config.tie_weights and "lm_head.weight" in tensors:  # a tied head in the file: kept if it differs
         out["out_head.weight"], origin["out_head.weight"] = tensors["lm_head.weight"], "lm_head.weight"
-    known |= {name for theirs, ours in llama.names(config) for name in theirs if not (fused and ".ff." in ours)}
+    known |= {name for theirs, ours in _names(config) for name in theirs if not (fused and ".ff." in ours)}
     for key in tensors:
         if key not in known:
             out[f"<unexpected>{key}"] = tensors[key]
@@ -71,6 +77,7 @@ def holds(config: GPTConfig) -> bool:
     if config.family in qwen.MODEL_TYPES:
         return qwen.holds(config, config.family)
     readers = {"llama": llama.holds, "mistral": mistral.holds, "gemma3_text": gemma.holds, "gpt_oss": gpt_oss.holds}
+    readers["deepseek_v3"] = deepseek.holds
     return readers.get(str(config.family), lambda c: False)(config)
 
 
@@ -79,13 +86,15 @@ def to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> tuple[dict[str, 
     family = str(config.family)
     described = qwen.hf_config(config, family) if family in qwen.MODEL_TYPES else None
     writers = {"llama": llama.hf_config, "mistral": mistral.hf_config, "gemma3_text": gemma.hf_config}
-    described = described or (writers | {"gpt_oss": gpt_oss.hf_config})[family](config)
+    described = described or (writers | {"gpt_oss": gpt_oss.hf_config, "deepseek_v3": deepseek.hf_config})[family](
+        config
+    )
     d, h, h_kv = config.d_head, config.n_heads, config.n_kv_heads or config.n_heads
     out: dict[str, torch.Tensor] = {}
     fused = family == "gpt_oss"
     if fused:
         out |= gpt_oss.to_hf(state, config)
-    for theirs, ours in llama.names(config):
+    for theirs, ours in _names(config):
         if fused and ".ff." in ours:
             continue
         tensor = state[ours].detach()
