@@ -684,3 +684,21 @@ def test_deepseek_v3s_latent_cache_holds_576_values_per_token_and_layer() -> Non
     per_token = (stored_bytes(ten) - stored_bytes(one)) // 9 // 4  # float32 values
     assert per_token == 576
     assert 128 * (128 + 128) // per_token == 56  # 57x fewer as the paper rounds it: 32,768 / 576 = 56.9
+
+
+@torch.no_grad()
+@pytest.mark.parametrize(("family", "kind"), [("deepseek_v3", "latent attention, 20 values a token cached"),
+                                              ("gpt_oss", "sliding window of 6")])  # fmt: skip
+def test_the_model_report_names_each_layers_kind_and_checks_what_it_shows(family: str, kind: str, root: str) -> None:
+    from attnlab.explain.model_report import model_report
+    from attnlab.models.tokenizer import ByteTokenizer
+
+    torch.manual_seed(0)
+    model = GPT(GPT.from_pretrained(hf_dir(family, root)).config.with_(vocab_size=256)).eval()
+    report = model_report(model, ByteTokenizer(), "the cat sat", name="m", figures=False)
+    titles = [section.title for section in report.sections]
+    assert any(title.endswith(kind) for title in titles), titles
+    checks = [check for section in report.sections for check in section.checks]
+    assert checks and all(check.ok for check in checks), [c for c in checks if not c.ok]
+    if family == "gpt_oss":  # the rows give part of their attention to the sinks, and say how much
+        assert any("the learned sinks take" in check.label for check in checks)

@@ -51,6 +51,7 @@ def _layer_sections(
     names: list[list[str]] | None = None,
     windows: list[int | None] | None = None,
     sinks: bool = False,
+    latent: int | None = None,
 ) -> list[Section]:
     t = len(labels)
     upper = torch.ones(t, t, dtype=torch.bool).triu(1)
@@ -59,7 +60,10 @@ def _layer_sections(
     for layer, w in enumerate(weights):  # w: (H, T, T)
         window = windows[layer]  # the layer's kind: full attention, or a sliding window (Mistral, Qwen2's pattern)
         kind = txt["layer_full"] if window is None else txt["layer_sliding"].format(window=window)
-        heading = f"{title.format(layer=layer)} · {kind}" if any(windows) else title.format(layer=layer)
+        if latent is not None:  # DeepSeek's MLA: what its cache holds a token
+            kind = txt["layer_latent"].format(values=latent) + ("" if window is None else f" · {kind}")
+        kinds_differ = any(windows) or latent is not None
+        heading = f"{title.format(layer=layer)} · {kind}" if kinds_differ else title.format(layer=layer)
         drawn = []
         if figures:
             axes = (txt["keys"], txt["queries"])
@@ -248,6 +252,7 @@ def model_report(
     if figures:  # the terminal shows the numbers below; the view is for a browser
         view = _view(model, tokenizer, text, labels, weights, names, lang, cache)
         sections.append(_view_section(view, txt))
+    c = model.config
     runs = {"probe": (probe_weights, ids, "ids = probe"), "layer": (weights, labels, "ids = tokenizer.encode(text)")}
     for key, (w, row_labels, ids_from) in runs.items():  # the probe, then the user's text
         if len(row_labels) > MAX_TOKENS:  # a grid of heads this long is unreadable; the view shows the text
@@ -266,8 +271,8 @@ def model_report(
             names=names,
             windows=[block.att.window for block in model.blocks],
             sinks=model.config.sinks,
+            latent=None if c.kv_lora_rank is None else c.kv_lora_rank + c.qk_rope_head_dim,
         )
-    c = model.config
     return Report(
         title=txt["model_title"].format(name=name, text=text),
         intro=txt["model_intro"].format(layers=c.n_layers, heads=c.n_heads, emb=c.emb_dim, tokens=len(labels)),
