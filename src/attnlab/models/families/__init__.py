@@ -1,9 +1,10 @@
 """Checkpoint families: one small file each, mapping a family's config.json and tensor names to the decoder's.
 
-GPT-2 and the book's chapter 4 GPTModel are read in ``attnlab.models.checkpoints``; here are the families whose
-block is Llama's (``llama.py``: Llama 3; ``mistral.py``; ``qwen.py``: Qwen2 and Qwen3) and the book's own
-from-scratch Llama 3 and Qwen3 (``book.py``). A new family is one new file, its entry in ``READERS`` and its
-parity test.
+GPT-2 and the book's chapter 4 GPTModel are read in ``attnlab.models.checkpoints``; here are the families that
+name their tensors as Llama does (``llama.py``: Llama 3; ``mistral.py``; ``qwen.py``: Qwen2, Qwen3, Qwen3-MoE;
+``gemma.py``: Gemma 3; ``gpt_oss.py``, whose experts are fused), DeepSeek-V3 with its latent attention
+(``deepseek.py``), and the book's own from-scratch Llama 3 and Qwen3 (``book.py``). A new family is one new
+file, its entry in ``READERS`` and its parity test (``tests/test_families.py``).
 """
 
 from __future__ import annotations
