@@ -359,6 +359,31 @@ class Checkpoint:
     source: str
 
 
+def read_config(path: str | Path, **overrides: Any) -> GPTConfig:
+    """The config of a checkpoint folder from its config.json alone, no tensor read (``attnlab memory`` sizes a
+    model's cache from it): attnlab's own config when it carries one, else the Hugging Face family's."""
+    where = locate(path)
+    if not where.is_dir():
+        raise ValueError(f"{str(where)!r} is not a checkpoint folder: give one that holds a config.json")
+    return _config_json(where, overrides)[0]
+
+
+def _config_json(where: Path, overrides: dict[str, Any]) -> tuple[GPTConfig, dict[str, Any]]:
+    """The folder's config (overrides applied) and its config.json as read."""
+    config_file = where / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{str(where)!r} has no config.json: expected a Hugging Face or attnlab checkpoint directory")
+    raw = read_json(config_file)
+    ours = raw.get("attnlab")
+    if ours is not None and not isinstance(ours, dict):
+        raise ValueError(f"{str(config_file)!r}: 'attnlab' must be an object of GPTConfig fields, got {ours!r:.60}")
+    if ours:
+        return GPTConfig.from_dict({**ours, **overrides}), raw
+    if raw.get("model_type") in families.READERS:
+        return families.config_from_hf(raw, where).with_(**overrides), raw
+    return _config_from_hf(raw, where).with_(**overrides), raw
+
+
 def read_checkpoint(path: str | Path, **overrides: Any) -> Checkpoint:
     """A Hugging Face GPT-2 directory, an attnlab directory, or the book's ``.pth`` state dict, read.
 
@@ -367,19 +392,7 @@ def read_checkpoint(path: str | Path, **overrides: Any) -> Checkpoint:
     """
     where = locate(path)
     if where.is_dir():
-        config_file = where / "config.json"
-        if not config_file.is_file():
-            raise ValueError(f"{str(where)!r} has no config.json: expected a Hugging Face GPT-2 or attnlab directory")
-        raw = read_json(config_file)
-        ours = raw.get("attnlab")
-        if ours is not None and not isinstance(ours, dict):
-            raise ValueError(f"{str(config_file)!r}: 'attnlab' must be an object of GPTConfig fields, got {ours!r:.60}")
-        if ours:
-            config = GPTConfig.from_dict({**ours, **overrides})
-        elif raw.get("model_type") in families.READERS:
-            config = families.config_from_hf(raw, where).with_(**overrides)
-        else:
-            config = _config_from_hf(raw, where).with_(**overrides)
+        config, raw = _config_json(where, overrides)
         if raw.get("format") == "attnlab":  # attnlab's own names: a model GPT-2 cannot hold
             tensors = _read_safetensors(where / "model.safetensors")
             return Checkpoint(_reconcile(config, tensors, where), tensors, {k: k for k in tensors}, str(where))
