@@ -1,8 +1,9 @@
 """Issue 20: what a gpt2-small decode step spends outside the matmuls, from a torch.profiler trace.
 
     .venv/bin/python benchmarks/decode_profile.py [--steps 20] [--rounds 3] [--threads 2] [--json out.json]
+    .venv/bin/python benchmarks/decode_profile.py --preset qwen3-0.6b --dtype bfloat16   # issue 33: today's shapes
 
-A GPT of gpt2-small's shape (random weights, float32, batch 1) prefills a
+A GPT of gpt2-small's shape (or ``--preset``'s; random weights, float32 or ``--dtype``, batch 1) prefills a
 128-token prompt into its KV caches, then decodes ``--steps`` tokens greedily
 under ``torch.profiler``, ``--rounds`` times. Each op's *self* CPU time is
 counted once: the matmuls (``mm``, ``addmm``, ``bmm``, ``baddbmm``) and SDPA's
@@ -29,12 +30,17 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from attnlab.models import GPT, GPTConfig
+from attnlab.models.config import PRESETS
 
 KERNELS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu"}
 
 
-def one_round(model: GPT, prompt: torch.Tensor, steps: int) -> tuple[float, float, dict[str, float]]:
-    """(wall ms per step, without the profiler; kernel ms per step and every other op's self ms, with it)."""
+ATTENTION = "aten::_scaled_dot_product_flash_attention_for_cpu"
+
+
+def one_round(model: GPT, prompt: torch.Tensor, steps: int) -> tuple[float, float, dict[str, float], float]:
+    """(wall ms per step, without the profiler; kernel ms per step, every other op's self ms, and SDPA's kernel
+    ms alone, with it)."""
 
     def decode(profiled: bool) -> tuple[float, Any]:
         caches = model.make_caches(batch_size=1, max_len=prompt.shape[1] + steps + 1)
@@ -49,14 +55,15 @@ def one_round(model: GPT, prompt: torch.Tensor, steps: int) -> tuple[float, floa
 
     wall, _ = decode(profiled=False)  # the profiler's own cost per op stays out of the wall time
     _, prof = decode(profiled=True)
-    kernel, other = 0.0, defaultdict[str, float](float)
+    kernel, attention, other = 0.0, 0.0, defaultdict[str, float](float)
     for event in prof.key_averages():
         ms = event.self_cpu_time_total / 1e3 / steps
         if event.key in KERNELS:
             kernel += ms
+            attention += ms if event.key == ATTENTION else 0.0
         else:
             other[event.key] += ms
-    return wall, kernel, dict(other)
+    return wall, kernel, dict(other), attention
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -65,33 +72,38 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--preset", choices=list(PRESETS), default="gpt2-small", help="the shape (default gpt2-small)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--smoke", action="store_true", help="a 1-layer model, 2 steps, 1 round: that it runs")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    config = GPTConfig.preset("gpt2-small", drop_rate=0.0)
+    config = GPTConfig.preset(args.preset, drop_rate=0.0)
     if args.smoke:
-        config, args.steps, args.rounds = config.with_(n_layers=1, emb_dim=48, n_heads=4, vocab_size=256), 2, 1
-    model = GPT(config).eval()
+        small = dict(n_layers=1, emb_dim=48, n_heads=4, vocab_size=256, n_kv_heads=None, head_dim=None, hidden_dim=None)
+        config, args.steps, args.rounds = config.with_(**small), 2, 1
+    model = GPT(config).eval().to(getattr(torch, args.dtype))
     prompt = torch.randint(0, config.vocab_size, (1, 128), generator=torch.Generator().manual_seed(1))
     rounds = [one_round(model, prompt, args.steps) for _ in range(args.rounds)]
     walls, kernels = [r[0] for r in rounds], [r[1] for r in rounds]
     ours = [w - k for w, k in zip(walls, kernels, strict=True)]
     spread = (max(ours) - min(ours)) / statistics.median(ours)
     others: dict[str, list[float]] = defaultdict(list)
-    for _, _, other in rounds:
+    for _, _, other, _ in rounds:
         for key, ms in other.items():
             others[key].append(ms)
     top = sorted(((statistics.median(v), k) for k, v in others.items()), reverse=True)[:8]
     print(
-        f"torch {torch.__version__}, {args.threads} threads, gpt2-small shape, float32, batch 1, prompt 128, "
+        f"torch {torch.__version__}, {args.threads} threads, {args.preset} shape, {args.dtype}, batch 1, prompt 128, "
         f"{args.steps} decode steps x {args.rounds} rounds (medians)"
     )
     print()
     print("| per decode step | ms |")
     print("|---|---|")
     print(f"| wall time | {statistics.median(walls):.1f} |")
+    attention = [r[3] for r in rounds]
     print(f"| matmuls and SDPA's kernel (self time) | {statistics.median(kernels):.1f} |")
+    print(f"| of which SDPA's kernel | {statistics.median(attention):.1f} |")
     flag = "" if spread <= 0.25 else f" (rounds spread {spread:.0%}: too noisy to trust)"
     print(f"| **everything else: attnlab's part** | **{statistics.median(ours):.1f}**{flag} |")
     print()
@@ -102,7 +114,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json:
         args.json.write_text(
             json.dumps(
-                {"wall_ms": walls, "kernel_ms": kernels, "ours_ms": ours, "top": [[k, ms] for ms, k in top]}, indent=2
+                {
+                    "preset": args.preset,
+                    "dtype": args.dtype,
+                    "threads": args.threads,
+                    "wall_ms": walls,
+                    "kernel_ms": kernels,
+                    "attention_ms": attention,
+                    "ours_ms": ours,
+                    "top": [[k, ms] for ms, k in top],
+                },
+                indent=2,
             )
         )
 

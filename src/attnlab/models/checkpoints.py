@@ -372,7 +372,7 @@ def _config_json(where: Path, overrides: dict[str, Any]) -> tuple[GPTConfig, dic
     """The folder's config (overrides applied) and its config.json as read."""
     config_file = where / "config.json"
     if not config_file.is_file():
-        raise ValueError(f"{str(where)!r} has no config.json: expected a Hugging Face or attnlab checkpoint directory")
+        raise ValueError(f"{str(where)!r} has no config.json: give a Hugging Face or attnlab checkpoint folder")
     raw = read_json(config_file)
     ours = raw.get("attnlab")
     if ours is not None and not isinstance(ours, dict):

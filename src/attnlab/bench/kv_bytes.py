@@ -1,0 +1,161 @@
+"""What a model's KV cache weighs, from its config alone: per token, per layer, and at a number of tokens.
+
+Each layer's cache stores one key and one value vector per KV head for every token it holds:
+
+    bytes per token, one layer = 2 (k and v) x n_kv_heads x head_dim x bytes per element
+
+A latent attention layer (DeepSeek's MLA) stores its latent and its RoPE key instead, once for every head:
+(kv_lora_rank + qk_rope_head_dim) x bytes per element (``attnlab.cache.LatentCache``).
+
+A full layer holds every token; a sliding layer holds at most its ``window`` (attnlab's ring buffer,
+``attnlab.cache.SlidingWindowCache``), so past the window it stops growing. Grouped-query heads are why
+today's models are cheap here: Llama 3.2 1B keeps 8 KV heads of its 32 query heads.
+
+>>> from attnlab.models import GPTConfig
+>>> report = kv_report(GPTConfig.preset("llama-3.2-1b"), name="llama-3.2-1b", tokens=(1024,))
+>>> report.per_token  # 16 layers x 2 x 8 KV heads x 64 dims x 2 bytes (bfloat16)
+32768
+>>> report.at[0].total == 1024 * 32768
+True
+
+The parameter count comes from the model itself, built on PyTorch's ``meta`` device: shapes, no memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.models.config import GPTConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def element_size(dtype: str) -> int:
+    """Bytes of one element of ``dtype`` (a name in ``DTYPES``)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    return torch.empty((), dtype=DTYPES[dtype]).element_size()
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """The layers of one kind ("full", or "sliding" with its window) and what one of them stores per token."""
+
+    kind: str
+    window: int | None
+    layers: int
+    bytes_per_token: int  # one layer: 2 x n_kv_heads x head_dim x element size
+
+    def held(self, tokens: int) -> int:
+        """Tokens one layer of this kind holds after ``tokens`` tokens: all of them, or its window."""
+        return tokens if self.window is None else min(tokens, self.window)
+
+
+@dataclass(frozen=True)
+class CacheAt:
+    """The whole cache (batch 1) after ``tokens`` tokens: per layer kind what one layer holds, and the total."""
+
+    tokens: int
+    held: dict[str, int]  # kind -> tokens one layer of it holds
+    layer_bytes: dict[str, int]  # kind -> bytes one layer of it holds
+    total: int
+    past_context: bool  # tokens > the model's context_length: a cache that size is not one the model was built for
+
+
+@dataclass(frozen=True)
+class KVReport:
+    name: str
+    dtype: str
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    context_length: int
+    parameters: int
+    kinds: tuple[LayerKind, ...]
+    at: tuple[CacheAt, ...]
+    latent: int | None = None  # values a latent layer stores a token (kv_lora_rank + qk_rope_head_dim)
+
+    @property
+    def formula(self) -> str:
+        """How one layer's bytes per token are counted, in this model's numbers."""
+        size = element_size(self.dtype)
+        if self.latent is not None:
+            return f"{self.latent} latent and RoPE values x {size}"
+        return f"2 x {self.n_kv_heads} x {self.head_dim} x {size}"
+
+    @property
+    def per_token(self) -> int:
+        """Bytes one token adds to the whole cache while it is inside every window (the sum over layers)."""
+        return sum(k.layers * k.bytes_per_token for k in self.kinds)
+
+    @property
+    def weight_bytes(self) -> int:
+        """The parameters' bytes in this dtype."""
+        return self.parameters * element_size(self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "per_token": self.per_token, "weight_bytes": self.weight_bytes}
+
+
+def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKind, ...]:
+    """The config's layers grouped by kind (full first, then each window), with each kind's bytes per token."""
+    per_token = 2 * (config.n_kv_heads or config.n_heads) * config.d_head * element_size(dtype)
+    full = "full"
+    if config.kv_lora_rank is not None:  # MLA: the latent and the shared RoPE key, once for all heads
+        per_token, full = (config.kv_lora_rank + config.qk_rope_head_dim) * element_size(dtype), "latent"
+    windows = [config.layer_window(i) for i in range(config.n_layers)]
+    kinds = sorted(set(windows), key=lambda w: -1 if w is None else w)
+    return tuple(
+        LayerKind(kind=full if w is None else "sliding", window=w, layers=windows.count(w), bytes_per_token=per_token)
+        for w in kinds
+    )
+
+
+def cache_at(kinds: tuple[LayerKind, ...], tokens: int, *, context_length: int) -> CacheAt:
+    """The cache of these layers after ``tokens`` tokens (batch 1)."""
+    held = {_label(k): k.held(tokens) for k in kinds}
+    layer_bytes = {_label(k): k.held(tokens) * k.bytes_per_token for k in kinds}
+    total = sum(k.layers * k.held(tokens) * k.bytes_per_token for k in kinds)
+    return CacheAt(tokens, held, layer_bytes, total, tokens > context_length)
+
+
+def _label(kind: LayerKind) -> str:
+    return kind.kind if kind.window is None else f"sliding {kind.window}"
+
+
+def count_parameters(config: GPTConfig) -> int:
+    """The model's parameters (a tied head counted once), from the model built on the meta device."""
+    from attnlab.models.gpt import GPT
+
+    with torch.device("meta"):  # shapes only: an 8B model costs nothing to build
+        model = GPT(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def kv_report(config: GPTConfig, *, name: str, tokens: tuple[int, ...], dtype: str = "bfloat16") -> KVReport:
+    """Bytes per token per layer kind, the whole cache at each of ``tokens``, and the parameter count."""
+    kinds = layer_kinds(config, dtype=dtype)
+    return KVReport(
+        name=name,
+        dtype=dtype,
+        n_layers=config.n_layers,
+        n_kv_heads=config.n_kv_heads or config.n_heads,
+        head_dim=config.d_head,
+        context_length=config.context_length,
+        parameters=count_parameters(config),
+        kinds=kinds,
+        latent=None if config.kv_lora_rank is None else config.kv_lora_rank + config.qk_rope_head_dim,
+        at=tuple(cache_at(kinds, n, context_length=config.context_length) for n in tokens),
+    )
+
+
+def read_config(path: str | Path) -> GPTConfig:
+    """The GPTConfig of a checkpoint folder from its config.json alone, no tensors read
+    (``attnlab.models.checkpoints.read_config``: the route ``read_checkpoint`` takes)."""
+    from attnlab.models.checkpoints import read_config as from_folder
+
+    return from_folder(path)
