@@ -702,3 +702,17 @@ def test_the_model_report_names_each_layers_kind_and_checks_what_it_shows(family
     assert checks and all(check.ok for check in checks), [c for c in checks if not c.ok]
     if family == "gpt_oss":  # the rows give part of their attention to the sinks, and say how much
         assert any("the learned sinks take" in check.label for check in checks)
+
+
+def test_the_ring_refuses_what_it_would_drop_silently() -> None:
+    """Learned sinks and latent attention are not on the ring yet: refused by name, before any collective."""
+    from attnlab.distributed import ContextParallelAttention
+    from attnlab.nn import Attention
+    from attnlab.nn.latent import LatentAttention
+
+    latent = LatentAttention(d_in=16, num_heads=2, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=4)
+    with pytest.raises(ValueError, match=r"LatentAttention \(latent attention\) does not run on the ring yet"):
+        ContextParallelAttention.from_attention(latent)
+    sinks = ContextParallelAttention.from_attention(Attention(d_in=16, num_heads=2, sinks=True))
+    with pytest.raises(ValueError, match=r"does not take learned sinks \(gpt-oss\) yet: its ring would drop them"):
+        sinks(torch.randn(1, 4, 16))

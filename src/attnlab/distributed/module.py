@@ -57,6 +57,11 @@ class ContextParallelAttention(Attention):
 
         The ring has no dropout on the weights, so the copy has none (``dropout=0.0``), as it never had.
         """
+        if not module.settings:  # LatentAttention builds no fused projection for the ring to copy
+            raise ValueError(
+                f"ContextParallelAttention copies an attnlab.Attention; {type(module).__name__} (latent attention) "
+                "does not run on the ring yet: run it in one process"
+            )
         made = cls(**{**module.settings, "dropout": 0.0, **options})
         made.load_state_dict(module.state_dict())
         return made.to(next(module.parameters()).dtype)
