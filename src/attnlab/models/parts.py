@@ -71,7 +71,6 @@ class MoEFeedForward(nn.Module):
         num_experts: int,
         num_experts_per_tok: int,
         norm_topk_prob: bool = True,
-        bias: bool = False,
         clamped: bool = False,
         grouped: tuple[int, int, float] | None = None,
         shared_dim: int = 0,
@@ -80,6 +79,7 @@ class MoEFeedForward(nn.Module):
         self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
         self.norm_topk_prob, self.clamped = norm_topk_prob, clamped
         self.grouped = grouped  # DeepSeek-V3's router: (n_group, topk_group, routed_scaling_factor)
+        bias = clamped  # gpt-oss's experts and router have biases; Qwen3-MoE's and DeepSeek's none
         self.gate = nn.Linear(emb_dim, num_experts, bias=bias)
         if grouped is not None:  # chooses, never weighs; float32 as the checkpoints keep it
             self.register_buffer("e_score_correction_bias", torch.zeros(num_experts))
@@ -154,7 +154,6 @@ def make_mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
             num_experts=config.num_experts,
             num_experts_per_tok=config.num_experts_per_tok,
             norm_topk_prob=config.norm_topk_prob,
-            bias=config.bias,
             clamped=config.mlp == "clamped_swiglu",
             grouped=(config.n_group, config.topk_group, config.routed_scaling_factor)
             if config.router == "grouped_sigmoid"
