@@ -250,6 +250,7 @@ def test_removing_a_feature_moves_the_logits(family: str, changes: dict[str, obj
     assert float((_without(family, root, **changes) - hf_logits(family, root)).abs().max()) > 1e-3
 
 
+@pytest.mark.slow  # every cache on every family, mixtures of experts among them: two minutes on 2 cores
 @torch.no_grad()
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_cache_that_applies_gives_the_uncached_tokens(family: str, root: str) -> None:
@@ -295,6 +296,7 @@ def test_a_sliding_layer_keeps_only_its_window_whatever_cache_is_named(root: str
     assert [getattr(layer, "window", None) for layer in caches][1:] == [6, 6]
 
 
+@pytest.mark.slow  # two proposers on three families
 @torch.no_grad()
 @pytest.mark.parametrize("family", ["llama", "qwen3", "deepseek_v3"])  # the last crops its latent cache
 def test_speculative_decoding_gives_greedy_tokens(family: str, root: str) -> None:
@@ -340,6 +342,7 @@ def test_recorded_weights_show_each_layers_own_window(root: str) -> None:
     assert torch.equal(rec.get("attn_weights", module="trf_blocks.1.att"), weights[1])
 
 
+@pytest.mark.slow  # two models trained for 80 steps
 def test_a_small_qwen3_style_model_trains_like_the_gpt() -> None:
     """The same bytes, steps and budget: both fall far below a uniform guess (ln 256 = 5.55), and the Qwen3-style
     block (RMSNorm, SwiGLU, GQA, QK-norm, RoPE) ends no worse than GPT-2's by more than a quarter nat."""
