@@ -1,6 +1,6 @@
 """Issue 33, part 4: decode speed of today's decoder shapes, attnlab against Hugging Face generate, same weights.
 
-    .venv/bin/python benchmarks/decoders.py [--rounds 3] [--threads 2] [--json decoders.json] [--smoke]
+    .venv/bin/python benchmarks/decoders.py [--rounds 3] [--threads 2] [--json decoders.json [--resume]] [--smoke]
     .venv/bin/python benchmarks/decoders.py --render decoders.json   # the docs/benchmarks.md section, from a run
 
 A Qwen3-0.6B-shaped and a Llama-3.2-1B-shaped decoder (``GPTConfig.preset``: the published shapes, vocabulary
@@ -29,7 +29,9 @@ import argparse
 import datetime
 import gc
 import json
+import math
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -56,7 +58,7 @@ def machine() -> dict[str, Any]:
 
     import transformers
 
-    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), "")
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo") if line.startswith("model name")), "")
     return {
         "date": datetime.date.today().isoformat(),
         "torch": torch.__version__,
@@ -68,9 +70,9 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _cpuinfo() -> list[str]:
+def _read(path: str) -> list[str]:
     try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
+        return Path(path).read_text().splitlines()
     except OSError:
         return []
 
@@ -94,7 +96,14 @@ def run_dtype(folder: Path, dtype: str, args: argparse.Namespace) -> list[dict[s
     kind = getattr(torch, dtype)
     models = {"attnlab": GPT.from_pretrained(folder).to(kind).eval()}
     layouts: dict[str, int] = {}
-    if args.layout:  # the same weights re-stored in the layout this machine streams faster (GPT.set_layout)
+    weights = sum(p.numel() * p.element_size() for p in models["attnlab"].parameters())
+    if args.layout and 4 * weights > _available() - 4 * 2**30:  # three copies, and room to make one
+        print(
+            f"  {dtype}: the layout row left out: a third copy of {weights / 2**30:.1f} GiB does not fit",
+            file=sys.stderr,
+        )
+        layouts["left out: memory"] = 1
+    elif args.layout:  # the same weights re-stored in the layout this machine streams faster (GPT.set_layout)
         models[LAYOUT] = GPT.from_pretrained(folder).to(kind).eval()
         for chosen in models[LAYOUT].set_layout("auto").values():
             layouts[chosen] = layouts.get(chosen, 0) + 1
@@ -134,6 +143,14 @@ def run_dtype(folder: Path, dtype: str, args: argparse.Namespace) -> list[dict[s
     return cases  # the models go with this frame: the caller collects them before the next dtype
 
 
+def _available() -> int:
+    """Bytes of memory the system can still give (MemAvailable), or a lot where /proc/meminfo is not there."""
+    for line in _read("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 1 << 62
+
+
 def _prefill(model: GPT, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """What generate does before its first step: a cache for the whole call, filled; the last position's logits."""
     caches = model.make_caches(batch_size=1, max_len=prompt.shape[1] + new_tokens)
@@ -141,26 +158,43 @@ def _prefill(model: GPT, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every shape in every dtype; with ``--resume``, only the parts the --json file does not hold yet (a run that
+    was stopped goes on where it stopped, its finished parts kept as they were measured)."""
     from transformers.utils import logging as hf_logging
 
     from attnlab.bench.kv_bytes import count_parameters
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    result: dict[str, Any] = {"schema": "attnlab.decoders/1", "command": args.command, "machine": machine()}
-    result |= {"prompt_tokens": args.prompt, "new_tokens": args.new_tokens, "rounds": args.rounds, "shapes": []}
+    if args.resume and args.json is not None and args.json.exists():
+        result: dict[str, Any] = json.loads(args.json.read_text(encoding="utf-8"))
+        result["command"] += f"; then {args.command}"
+    else:
+        result = {"schema": "attnlab.decoders/1", "command": args.command, "machine": machine()}
+        result |= {"prompt_tokens": args.prompt, "new_tokens": args.new_tokens, "rounds": args.rounds, "shapes": []}
     for shape in args.shapes:
         config = GPTConfig.preset(shape, **(TINY if args.smoke else {}))
         shape = f"tiny {shape}-style" if args.smoke else shape  # not the shape: no verdict is drawn from it
+        entry = next((e for e in result["shapes"] if e["shape"] == shape), None)
+        if entry is None:
+            entry = {"shape": shape, "parameters": count_parameters(config), "cases": []}
+            result["shapes"].append(entry)
+        todo = [d for d in args.dtypes if not any(c["dtype"] == d for c in entry["cases"])]
+        if not todo:
+            continue
         with tempfile.TemporaryDirectory(prefix="attnlab-decoders-") as tmp:
             torch.manual_seed(0)
             GPT(config).save_pretrained(Path(tmp))  # one set of weights for both dtypes and both libraries
             gc.collect()
-            cases = []
-            for dtype in args.dtypes:
-                cases += run_dtype(Path(tmp), dtype, args)
+            for dtype in todo:
+                if not args.smoke:  # where a run that is stopped stopped
+                    print(f"{shape}, {dtype} ...", file=sys.stderr, flush=True)
+                before = os.getloadavg()[0]
+                part = run_dtype(Path(tmp), dtype, args)
+                entry["cases"] += [case | {"load": [before, os.getloadavg()[0]]} for case in part]
                 gc.collect()
-        result["shapes"].append({"shape": shape, "parameters": count_parameters(config), "cases": cases})
+                if args.json is not None:  # what is done so far, kept if the run is stopped
+                    args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     result["machine"]["load_after"] = os.getloadavg()[0]
     return result
 
@@ -171,10 +205,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def figures(case: dict[str, Any], new_tokens: int) -> dict[str, float]:
     """A case's medians: the whole call, tokens/s two ways, and its speed against HF's with that ratio's spread."""
     gen, pre = case["generate_s"], case["prefill_s"]
+    decode = statistics.median(g - p for g, p in zip(gen, pre, strict=True))  # the call minus its round's prefill
     return {
         "seconds": statistics.median(gen),
         "whole": new_tokens / statistics.median(gen),
-        "decode": statistics.median([new_tokens / (g - p) for g, p in zip(gen, pre, strict=True)]),
+        "decode": new_tokens / decode if decode > 0 else math.nan,  # nan: a busy moment made the prefill longer
         "vs_hf": statistics.median(case["vs_hf"]),
         "spread": spread(case["vs_hf"]),
     }
@@ -183,15 +218,17 @@ def figures(case: dict[str, Any], new_tokens: int) -> dict[str, float]:
 def render(result: dict[str, Any]) -> str:
     """The docs/benchmarks.md section: the table and every sentence about it, computed from the run's file."""
     m, n = result["machine"], result["new_tokens"]
+    after = f"{m['load_after']:.1f} after" if "load_after" in m else "a run stopped before its end"
+    loads = any("load" in c for e in result["shapes"] for c in e["cases"])  # each part's own (files since 2026-12-02)
     lines = [
         f"`{result['command']}` ({m['date']}, {m['cpu']}, {m['threads']} threads of {m['cores']} cores, load "
-        f"{m['load_before']:.1f} before and {m['load_after']:.1f} after; torch {m['torch']}, transformers "
+        f"{m['load_before']:.1f} before and {after}; torch {m['torch']}, transformers "
         f"{m['transformers']}; batch 1, a {result['prompt_tokens']}-token prompt, {n} new tokens greedy, random "
         f"weights, {result['rounds']} interleaved round{'s' if result['rounds'] > 1 else ''}, medians):",
         "",
         "| shape | dtype | implementation | whole call s | tokens/s, whole call | tokens/s, decode | speed vs HF "
-        "| spread | tokens vs HF |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| spread | tokens vs HF |" + (" load |" if loads else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if loads else ""),
     ]
     found: dict[tuple[str, str, str], dict[str, float]] = {}
     differ = []
@@ -204,10 +241,11 @@ def render(result: dict[str, Any]) -> str:
                     f"{entry['shape']} {case['dtype']} {case['impl']} (from new token {case['first_difference']})"
                 )
             noisy = " (too noisy)" if f["spread"] > NOISY else ""
+            load = " {:.1f} to {:.1f} |".format(*case.get("load", [math.nan] * 2)) if loads else ""  # before, after
             lines.append(
                 f"| {entry['shape']} | {case['dtype']} | {case['impl']} | {f['seconds']:.2f} | {f['whole']:.1f} | "
-                f"{f['decode']:.1f} | {f['vs_hf']:.2f}x | {f['spread']:.0%}{noisy} | "
-                f"{'identical' if same else 'differ from new token ' + str(case['first_difference'])} |"
+                f"{'n/a' if math.isnan(f['decode']) else format(f['decode'], '.1f')} | {f['vs_hf']:.2f}x | {f['spread']:.0%}{noisy} | "
+                f"{'identical' if same else 'differ from new token ' + str(case['first_difference'])} |{load}"
             )
     lines += ["", *verdicts(result, found, differ)]
     return "\n".join(lines)
@@ -264,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-layout", dest="layout", action="store_false", help="leave out attnlab, layout auto")
     parser.add_argument("--json", type=Path, default=None, help="write the run here")
     parser.add_argument("--render", type=Path, default=None, help="only print the section from a run's file")
+    parser.add_argument("--resume", action="store_true", help="keep the --json file's parts; run only the others")
     parser.add_argument("--smoke", action="store_true", help="a tiny Qwen3-style shape, 1 round, no compile")
     args = parser.parse_args(argv)
     if args.render is not None:
@@ -278,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.shapes, args.prompt, args.new_tokens, args.rounds, args.compile = ["qwen3-0.6b"], 16, 8, 1, False
     args.command = " ".join([".venv/bin/python benchmarks/decoders.py", *(argv if argv is not None else sys.argv[1:])])
     torch.set_num_threads(args.threads)
+    # SIGTERM unwinds like Ctrl-C: the temporary folder of weights (GBs) is removed, the parts done are kept
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     result = run(args)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -39,6 +39,23 @@ def test_architecture_doc_names_every_module() -> None:
             assert path.name in text, f"docs/architecture.md does not mention {path.relative_to(src)}"
 
 
+def test_the_decoders_section_is_what_the_script_renders_from_its_result_file() -> None:
+    """docs/benchmarks.md's decode table and its verdicts come from the run's committed file, not typed by hand."""
+    import importlib.util
+    import json
+
+    root = DOCS.parent
+    spec = importlib.util.spec_from_file_location("decoders_benchmark", root / "benchmarks" / "decoders.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    text = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    runs = sorted((root / "benchmarks" / "results").glob("decoders-*.json"))
+    assert runs, "no result file of benchmarks/decoders.py in benchmarks/results/"
+    for run in runs:
+        assert script.render(json.loads(run.read_text(encoding="utf-8"))) in text, f"docs do not quote {run.name}"
+
+
 CONTINUES = "continuing the example above"  # said in the prose before a block that needs the one before it
 ELSEWHERE = re.compile(r"needs (several processes|GPUs)", re.I)  # said before a block that cannot run in-process
 
