@@ -10,7 +10,8 @@ both generate greedily from one 128-token prompt, batch 1, 64 new tokens:
 
 - ``attnlab``: ``GPT.generate`` (the plain KV cache, eager);
 - ``attnlab, layout auto``: the same, after ``GPT.set_layout("auto")`` (each weight stored row by row or column
-  by column, whichever this machine streams faster for its shape: the same values);
+  by column, or its product computed by oneDNN instead of the BLAS, whichever this machine streams fastest for
+  its shape: the same values);
 - ``attnlab compiled``: ``GPT.generate(compile=True)`` (the decode step under torch.compile; the prefill eager);
 - ``HF generate``: ``generate(do_sample=False)`` (its default cache and SDPA attention).
 

@@ -236,9 +236,10 @@ def test_eviction_refuses_what_it_cannot_do() -> None:
         EvictingCache(batch_size=1, num_kv_heads=1, head_dim=4, budget=8, policy="lru")
     with pytest.raises(ValueError, match="recent \\(8\\) must be below budget \\(8\\)"):
         EvictingCache(batch_size=1, num_kv_heads=1, head_dim=4, budget=8, recent=8)
-    windowed = Attention(d_in=16, num_heads=2, window=4)
-    with pytest.raises(ValueError, match="a layer with window=4 needs the 'plain' cache"):
-        windowed.make_cache(batch_size=1, max_len=8, cache="h2o")
+    windowed = Attention(d_in=16, num_heads=2, window=4)  # a band keeps only positions it was trained to see
+    for policy in ("h2o", "snapkv"):
+        with pytest.raises(ValueError, match=rf"evicting from a band is refused: a layer with window=4 .* so {policy}"):
+            windowed.make_cache(batch_size=1, max_len=8, cache=policy)
 
 
 def test_a_prompt_longer_than_the_sink_window_goes_in_pieces_as_if_token_by_token() -> None:
@@ -296,3 +297,4 @@ def test_a_recorder_sees_the_models_own_steps_once_beside_an_evicting_cache() ->
             m.generate(ids(1, 12), 3, cache=functools.partial(CACHES["h2o"], budget=8) if cache == "h2o" else cache)
         counts.append(sum(1 for step in rec.steps if step.name == "attn_weights"))
     assert counts[0] == counts[1] == 2 * 3  # 2 layers x (a prefill and 2 steps): the cache's own pass is not there
+

@@ -40,6 +40,7 @@ from attnlab import Recorder
 from attnlab.cache import CACHES
 from attnlab.functional.registry import BACKENDS
 from attnlab.models import GPT
+from attnlab.nn.layout import LAYOUTS
 
 VOCAB = 96
 COMMON = dict(
@@ -272,8 +273,12 @@ def test_every_cache_that_applies_gives_the_uncached_tokens(family: str, root: s
             with pytest.raises(ValueError, match=f"the {name} cache does not keep a sliding window's ring"):
                 model.generate(prompt, 12, cache=sized.get(name, name))  # type: ignore[arg-type]
             continue
+        if model.config.kv_lora_rank is not None and name in ("int8", "int4"):  # a latent is coded per token
+            latent = functools.partial(CACHES[name], group_size=4)  # 20 values a token: five groups of 4
+            assert model.generate(prompt, 12, cache=latent).tolist() == uncached.tolist(), name
+            continue
         if name != "plain" and model.config.kv_lora_rank is not None:
-            with pytest.raises(ValueError, match=r"cache is not built for latents; use the default .plain."):
+            with pytest.raises(ValueError, match=r"cache is not built for latents; use 'plain', 'int8' or 'int4'"):
                 model.generate(prompt, 12, cache=sized.get(name, name))  # type: ignore[arg-type]
             continue
         assert model.generate(prompt, 12, cache=sized.get(name, name)).tolist() == uncached.tolist(), name  # type: ignore[arg-type]
@@ -319,8 +324,9 @@ def test_speculative_decoding_on_a_sliding_model_is_refused_by_name(root: str) -
 def test_layouts_and_int8_weights_keep_the_logits(family: str, root: str) -> None:
     model = GPT.from_pretrained(hf_dir(family, root))
     reference = model(IDS)
-    model.set_layout("columns")
-    assert float((model(IDS) - reference).abs().max()) < 1e-5
+    for layout in LAYOUTS[1:]:  # columns, and oneDNN's product where this build has it
+        model.set_layout(layout)
+        assert float((model(IDS) - reference).abs().max()) < 1e-5, layout
     model.set_layout("rows")
     kernels = model.quantize("int8", kernel="dequantize")
     assert any(".ff.fc1" in name for name in kernels)  # the gated MLP's (and experts') linears are quantized too
@@ -687,6 +693,53 @@ def test_deepseek_v3s_latent_cache_holds_576_values_per_token_and_layer() -> Non
     per_token = (stored_bytes(ten) - stored_bytes(one)) // 9 // 4  # float32 values
     assert per_token == 576
     assert 128 * (128 + 128) // per_token == 56  # 57x fewer as the paper rounds it: 32,768 / 576 = 56.9
+
+
+def test_a_quantized_latent_cache_codes_each_latent_once_in_the_formulas_bytes() -> None:
+    """int8 on DeepSeek-V3's latent: 576 codes and 18 groups' float16 scale and zero a token (648 bytes, against
+    1,152 in bfloat16); int4 half the codes. A group size that does not divide the latent is refused by name."""
+    from attnlab.cache import stored_bytes
+    from attnlab.nn.latent import LatentAttention
+
+    with torch.device("meta"):
+        att = LatentAttention(
+            d_in=7168, num_heads=128, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+            q_lora_rank=1536,
+        )  # fmt: skip
+        for name, codes in (("int8", 576), ("int4", 288)):
+            one, ten = (att.make_cache(batch_size=1, max_len=n, cache=name) for n in (1, 10))
+            assert type(one).__name__ == "QuantizedLatentCache"
+            assert (stored_bytes(ten) - stored_bytes(one)) // 9 == codes + 2 * 2 * 576 // 32, name
+        with pytest.raises(ValueError, match=r"kv_lora_rank \+ rope_dim = 576 values .* got group_size=100"):
+            att.make_cache(batch_size=1, max_len=4, cache=functools.partial(CACHES["int8"], group_size=100))
+        with pytest.raises(ValueError, match=r"takes group_size only, got \['residual'\]"):
+            att.make_cache(batch_size=1, max_len=4, cache=functools.partial(CACHES["int8"], residual=8))
+        with pytest.raises(ValueError, match=r"the h2o cache is not built for latents"):
+            att.make_cache(batch_size=1, max_len=4, cache="h2o")
+
+
+@torch.no_grad()
+def test_a_quantized_latent_cache_reads_this_calls_latents_exact_and_the_past_coded() -> None:
+    """The effect: what was written by an earlier call comes back within half a code step of its group, not
+    exact (it was coded; int4's error is larger than int8's), while the current call's latents come back
+    exact; the values are the keys' first kv_lora_rank columns."""
+    from attnlab.cache.latent import QuantizedLatentCache
+
+    torch.manual_seed(0)
+    errors = {}
+    for bits in (8, 4):
+        cache = QuantizedLatentCache(batch_size=2, kv_lora_rank=12, rope_dim=4, max_len=8, bits=bits, group_size=8)
+        first, second = torch.randn(2, 1, 5, 16), torch.randn(2, 1, 2, 16)
+        keys, values, positions = cache.update(first, first[..., :12])
+        assert torch.equal(keys[:, :, :5], first) and positions.tolist() == [0, 1, 2, 3, 4, -1, -1, -1]
+        keys, values, positions = cache.update(second, second[..., :12])
+        assert torch.equal(keys[:, :, 5:7], second) and torch.equal(values, keys[..., :12])
+        past = first.reshape(2, 1, 5, 2, 8)  # (B, 1, T, groups, G)
+        step = (past.amax(-1) - past.amin(-1)) / (2**bits - 1)  # each group's code step
+        error = (keys[:, :, :5].reshape(2, 1, 5, 2, 8) - past).abs()
+        assert bool((error <= step.unsqueeze(-1) / 2 + 1e-3).all()) and float(error.max()) > 0
+        errors[bits] = float(error.mean())
+    assert errors[4] > 4 * errors[8]
 
 
 @torch.no_grad()

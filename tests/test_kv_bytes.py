@@ -224,3 +224,24 @@ def test_a_latent_attention_model_is_counted_by_its_latent_and_matches_the_cache
     assert (eleven - one) // 10 == report.per_token
     assert report.formula == "20 latent and RoPE values x 4"
     assert torch.float32.itemsize == 4
+
+
+def test_decode_bytes_counts_what_a_step_of_each_family_reads() -> None:
+    """The roofline's bytes, counted by hand here: a tied head reads its table whole (no row subtracted), a
+    sliding layer's keys stop at its window, and a token reads 2 of 4 experts, not all of them."""
+    from attnlab.bench.roofline import decode_bytes
+
+    shape = dict(vocab_size=100, context_length=64, emb_dim=16, n_heads=2, n_kv_heads=1, head_dim=8, n_layers=2)
+    shape |= dict(norm="rmsnorm", mlp="swiglu", bias=False, qk_norm=True, rope=True, drop_rate=0.0)
+    dense = GPTConfig(**shape, hidden_dim=32, tie_weights=True, layer_types=("full", "sliding"), window=4)
+    attention = 16 * 16 + 16 * 8 + 16 * 8 + 16 * 16 + 8 + 8  # q, k, v, out; the QK norms
+    layer = attention + 2 * 16 + 3 * 16 * 32  # two norms, the gated MLP
+    step = decode_bytes(dense, 10)
+    assert step.weights == 4 * (100 * 16 + 2 * layer + 16)  # the tied table once, whole; the final norm
+    assert step.kv == 4 * (10 + 4) * 2 * 8  # keys and values: 10 positions in the full layer, 4 in the sliding one
+    moe = GPTConfig(**shape, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8)
+    routed = 16 * 4 + 2 * 3 * 16 * 8  # the router, and the two experts a token goes to
+    step = decode_bytes(moe, 10)
+    assert step.weights == 4 * (16 + 2 * (attention + 2 * 16 + routed) + 16 + 100 * 16)  # one row; final norm; head
+    assert step.kv == 4 * 2 * 10 * 2 * 8
+    assert decode_bytes(moe, 10, element=2).weights == step.weights // 2

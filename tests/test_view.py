@@ -272,3 +272,66 @@ def test_the_view_strikes_out_each_layers_own_evicted_keys(cache: str) -> None:
     for layer in range(2):
         struck = {j for j, kept in enumerate(data["held"][layer]) if not kept}
         assert struck == evicted[layer], layer
+
+
+def test_the_view_names_each_layers_kind_outlines_its_window_and_says_the_sinks_share(tmp_path: Path) -> None:
+    """gpt-oss's shape: a banded layer (window 4) then a full one, learned sinks set off zero. The layer menu and
+    the model view say each layer's kind, the banded layer's patterns carry its window's outline in orange (the
+    full layer's none), and the status line gives the share of the focused row the sinks took, as computed
+    here from the model's own weights (1 minus the row's sum, the mean over the heads shown)."""
+    executable = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    from attnlab.explain.model_report import attention_view
+    from attnlab.models import GPT, ByteTokenizer, GPTConfig
+
+    config = GPTConfig(
+        vocab_size=256, context_length=64, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0, rope=True,
+        sinks=True, layer_types=("sliding", "full"), window=4, norm="rmsnorm", mlp="swiglu", bias=False,
+    )  # fmt: skip
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = GPT(config).eval()
+        for block in model.trf_blocks:
+            block.att.sinks.data.normal_(0.0, 1.0)  # type: ignore[union-attr, operator]
+    tokenizer, text = ByteTokenizer(), "the cat sat on the mat"
+    ids = tokenizer.encode(text)
+    with torch.no_grad():
+        weights = model.attention_weights(torch.tensor([ids]))[:, 0]  # (L, H, T, T)
+    share = 1 - weights.sum(-1)  # (L, H, T): what the sinks took of each row
+    assert float(share.min()) > 0.01
+    for lang, said in (("en", "the learned sinks take"), ("zh", "注意力汇聚 (sink) 拿走这一行的")):
+        path = attention_view(model, tokenizer, text, lang=lang).save(tmp_path / f"sinks-{lang}.html")
+        problems: list[str] = []
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(path.as_uri())
+            page.wait_for_selector(".attnview[data-ready='1']", timeout=10_000)
+            options = page.locator("select.layer option").all_text_contents()
+            if lang == "en":
+                assert options[:2] == ["layer 0 · sliding window of 4", "layer 1 · full attention"]
+                kinds = page.locator(".kinds").text_content() or ""
+                assert "0 sliding window of 4, 1 full attention" in kinds
+            windows = page.locator(".cell canvas").evaluate_all("cs => cs.map(c => c.getAttribute('data-window'))")
+            assert windows == ["4", "4", None, None]  # two heads a layer
+            orange = page.locator(".cell canvas").evaluate_all(
+                """cs => cs.map(c => { var d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data, n = 0;
+                     for (var i = 0; i < d.length; i += 4) { if (d[i] > 180 && d[i+1] > 70 && d[i+1] < 160 && d[i+2] < 90) n++; }
+                     return n; })"""
+            )
+            assert orange[0] > 0 and orange[1] > 0 and orange[2:] == [0, 0]
+            for layer in (0, 1):
+                page.select_option("select.layer", str(layer))
+                page.locator(".col.q div").nth(9).hover()
+                page.wait_for_selector(".attnview[data-focus='9']", timeout=10_000)
+                shown = float(page.locator(".attnview").get_attribute("data-sink") or "nan")
+                assert abs(shown - float(share[layer, :, 9].mean())) < 0.005, (lang, layer)
+                assert said in (page.locator(".status").text_content() or "")
+            browser.close()
+        assert problems == []
+    with pytest.raises(ValueError, match="kinds must give one entry per layer, 2, got 1"):
+        AttentionView(tokens=["a", "b"], weights=torch.eye(2).expand(2, 1, 2, 2), kinds=["full attention"])
+    with pytest.raises(ValueError, match=r"with sinks, each row of weights sums to at most 1"):
+        AttentionView(tokens=["a", "b"], weights=2 * torch.eye(2).expand(2, 1, 2, 2), sinks=True)

@@ -3,13 +3,15 @@
 A decode step of batch 1 is a chain of matrix-vector products: every weight
 is read once and used for two flops, so the step is bound by memory, not by
 arithmetic (gpt-fast reports decode the same way, as achieved bandwidth).
-:func:`decode_bytes` counts what one step reads for a GPT config: every
-weight matrix, bias and norm of the blocks, the final norm and the vocabulary
-projection, one row of each embedding, and the keys and values of the
-positions so far. :func:`probe_rates` measures, in this run, how fast this
+:func:`decode_bytes` counts what one step reads for a GPT config of any
+family: every weight matrix, bias and norm (of the experts, those a token is
+routed to), the vocabulary projection, one row of each embedding, and the
+keys and values of the positions so far (a sliding layer's within its
+window, a latent layer's latent). :func:`probe_rates` measures, in this run, how fast this
 machine streams weights from memory through the product in each layout:
-``nn.Linear``'s (out, in) stored row by row, and stored column by column,
-as Hugging Face GPT-2's Conv1D stores it. The floor of a
+``nn.Linear``'s (out, in) stored row by row, stored column by column,
+as Hugging Face GPT-2's Conv1D stores it, and row by row through oneDNN's
+product instead of the BLAS (``attnlab.nn.layout``). The floor of a
 step is its bytes at the fastest measured rate; a generator's step time as a
 fraction of that floor says how close it runs to this machine's limit.
 """
@@ -17,6 +19,8 @@ fraction of that floor says how close it runs to this machine's limit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from attnlab.models.config import GPTConfig
 from attnlab.nn.layout import stream_rates
@@ -33,21 +37,32 @@ class StepBytes:
 
 
 def decode_bytes(config: GPTConfig, position: float, *, element: int = 4) -> StepBytes:
-    """Bytes one decode step reads at ``position`` (tokens already cached), ``element`` bytes a number."""
-    e, layers, v = config.emb_dim, config.n_layers, config.vocab_size
-    heads = config.n_heads
-    kv_heads = config.n_kv_heads or heads
-    d = e // heads
-    qkv = e * (heads + 2 * kv_heads) * d + (heads + 2 * kv_heads) * d  # weight, and bias (read if present)
-    block = qkv + (e * e + e) + (e * 4 * e + 4 * e) + (4 * e * e + e) + 4 * e  # out_proj, ff, two norms
-    embeddings = e if config.rope else 2 * e  # one row of tok_emb (and of pos_emb)
-    weights = layers * block + 2 * e + v * e + embeddings
-    kv = int(2 * layers * kv_heads * d * position)
-    return StepBytes(weights=weights * element, kv=kv * element)
+    """Bytes one decode step (batch 1) reads at ``position`` (tokens already cached), ``element`` bytes a number:
+    the model's parameters, built on the meta device so any family counts as it is, less what a step leaves
+    unread (each embedding table but one row, unless the head is tied to it and reads it whole; the experts
+    a token is not routed to), and each layer's keys and values (a sliding layer's within its window)."""
+    from attnlab.bench.kv_bytes import layer_kinds
+    from attnlab.models.gpt import GPT
+    from attnlab.models.parts import MoEFeedForward
+
+    with torch.device("meta"):  # shapes only
+        model = GPT(config)
+    weights = sum(p.numel() for p in model.parameters())  # a tied head once
+    tables = [model.tok_emb] if model.out_head.weight is not model.tok_emb.weight else []
+    tables += [model.pos_emb] if model.pos_emb is not None else []
+    weights -= sum(t.weight.numel() - t.weight.shape[1] for t in tables)  # one row each
+    for moe in (m for m in model.modules() if isinstance(m, MoEFeedForward)):
+        experts = sum(p.numel() for part in (moe.fc1, moe.fc2, moe.fc3) for p in part.parameters())
+        weights -= experts * (moe.num_experts - moe.num_experts_per_tok) // moe.num_experts
+    kinds = layer_kinds(config, dtype="float32")  # 4 bytes a value: bytes_per_token // 4 values
+    kv = sum(
+        k.layers * (position if k.window is None else min(position, k.window)) * k.bytes_per_token / 4 for k in kinds
+    )
+    return StepBytes(weights=weights * element, kv=int(kv * element))
 
 
 def probe_rates(d_in: int, d_out: int) -> dict[str, float]:
     """GB/s of a batch-1 product with a d_in x d_out weight, per layout, streamed from memory as decoding streams
     it (``attnlab.nn.layout.stream_rates``, what ``GPT.set_layout("auto")`` chooses by)."""
-    names = {"rows": "(out, in) rows", "columns": "(in, out) columns"}
+    names = {"rows": "(out, in) rows", "columns": "(in, out) columns", "onednn": "(out, in) rows, oneDNN"}
     return {names[layout]: rate for layout, rate in stream_rates(d_in, d_out).items()}

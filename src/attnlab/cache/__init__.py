@@ -117,7 +117,13 @@ def quantized(*, bits: int = 8, group_size: int = 32, residual: int = 32, **kw: 
 
 def evicting(*, policy: str = "h2o", budget: int | float = 0.5, **kw: Any) -> Cache:
     """H2O or SnapKV keeping ``budget`` tokens: an int, or a fraction of max_len (default half)."""
-    _no_window(policy, kw["window"])
+    if kw["window"] is not None:  # a band (Mistral's window, gpt-oss's and Gemma 3's local layers)
+        raise ValueError(
+            f"evicting from a band is refused: a layer with window={kw['window']} holds only its last "
+            f"{kw['window']} positions already, every one of which the model was trained to see, so {policy} "
+            "could only drop keys inside the band; give it the 'plain' cache (the ring of its window: a model "
+            "does so for its sliding layers and evicts from its full ones)"
+        )
     if isinstance(budget, float):
         if not 0 < budget < 1:
             raise ValueError(f"a fractional budget must lie in (0, 1), got {budget}")

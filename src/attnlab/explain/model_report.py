@@ -58,10 +58,8 @@ def _layer_sections(
     sections = []
     windows = windows or [None] * len(weights)
     for layer, w in enumerate(weights):  # w: (H, T, T)
-        window = windows[layer]  # the layer's kind: full attention, or a sliding window (Mistral, Qwen2's pattern)
-        kind = txt["layer_full"] if window is None else txt["layer_sliding"].format(window=window)
-        if latent is not None:  # DeepSeek's MLA: what its cache holds a token
-            kind = txt["layer_latent"].format(values=latent) + ("" if window is None else f" · {kind}")
+        window = windows[layer]
+        kind = layer_kind(window, latent, txt)
         kinds_differ = any(windows) or latent is not None
         heading = f"{title.format(layer=layer)} · {kind}" if kinds_differ else title.format(layer=layer)
         drawn = []
@@ -99,6 +97,20 @@ def _layer_sections(
             )
         )
     return sections
+
+
+def layer_kind(window: int | None, latent: int | None, txt: dict[str, str]) -> str:
+    """A layer's kind as the report and the view name it: full attention, or a sliding window (Mistral, Qwen2's
+    pattern, Gemma 3's local and gpt-oss's banded layers); DeepSeek's latent attention says what it caches."""
+    kind = txt["layer_full"] if window is None else txt["layer_sliding"].format(window=window)
+    if latent is not None:
+        kind = txt["layer_latent"].format(values=latent) + ("" if window is None else f" · {kind}")
+    return kind
+
+
+def _latent(model: GPT) -> int | None:
+    c = model.config
+    return None if c.kv_lora_rank is None else c.kv_lora_rank + c.qk_rope_head_dim
 
 
 def _rows_check(w: torch.Tensor, txt: dict[str, str], *, sinks: bool) -> Check:
@@ -185,7 +197,19 @@ def _view(
 
         check_cache_name(cache)
         held = held_by_layer(model, tokenizer.encode(text), cache)
-    return AttentionView(tokens=labels, weights=weights, names=names, lang=lang, held=held, cache=cache or "")
+    windows = [block.att.window for block in model.blocks]
+    kinds = [layer_kind(w, _latent(model), REPORT_TEXT[lang]) for w in windows]
+    return AttentionView(
+        tokens=labels,
+        weights=weights,
+        names=names,
+        lang=lang,
+        held=held,
+        cache=cache or "",
+        kinds=kinds,
+        windows=windows,
+        sinks=model.config.sinks,
+    )
 
 
 def _view_section(view: AttentionView, txt: dict[str, str]) -> Section:
@@ -271,7 +295,7 @@ def model_report(
             names=names,
             windows=[block.att.window for block in model.blocks],
             sinks=model.config.sinks,
-            latent=None if c.kv_lora_rank is None else c.kv_lora_rank + c.qk_rope_head_dim,
+            latent=_latent(model),
         )
     return Report(
         title=txt["model_title"].format(name=name, text=text),

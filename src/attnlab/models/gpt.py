@@ -402,9 +402,11 @@ class GPT(nn.Module):
 
     def set_layout(self, layout: str = "auto") -> dict[str, str]:
         """Store every linear weight row by row ("rows", nn.Linear's own), column by column ("columns", the
-        layout of Hugging Face GPT-2's Conv1D), or in whichever this machine streams faster for its shape
-        ("auto", measured once per process): the same values, shapes and checkpoints, a faster decode where
-        the measurement says so (:mod:`attnlab.nn.layout`). Returns the layout each weight got."""
+        layout of Hugging Face GPT-2's Conv1D), row by row with oneDNN's product in place of the BLAS's
+        ("onednn": inference on the CPU, float32 or bfloat16), or in whichever this machine streams fastest
+        for its shape ("auto", measured once per process): the same values, shapes and checkpoints, a
+        faster decode where the measurement says so (:mod:`attnlab.nn.layout`). Returns the layout each
+        weight got."""
         from attnlab.nn.layout import set_layout
 
         return dict(set_layout(self, layout))  # type: ignore[arg-type]

@@ -8,6 +8,14 @@ Conv1D keeps (in, out), which is the same matrix stored column by column
 transpose's contiguous storage), so the choice changes no value, no
 parameter shape and no checkpoint, only speed.
 
+A third choice keeps the rows and changes the routine: "onednn" computes the
+product with oneDNN's inner-product primitive (the one torch.compile's CPU
+backend calls) instead of ``F.linear``'s BLAS. On CPUs where the BLAS takes
+a generic path (MKL on AMD processors) it streams weights much faster; the
+values agree with ``F.linear``'s to float rounding. It serves inference on
+the CPU in float32 and bfloat16; a product that needs a gradient, runs under
+torch.compile or has another dtype or device goes through ``F.linear``.
+
 :func:`fastest_layout` times both on weights that together exceed the
 caches (256 MB, cycled), as decoding meets them, and keeps the answer for
 the process. :func:`set_layout` re-stores a module's ``nn.Linear`` weights
@@ -26,21 +34,61 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-Layout = Literal["rows", "columns"]
-LAYOUTS: tuple[Layout, ...] = ("rows", "columns")
+Layout = Literal["rows", "columns", "onednn"]
+STORAGES: tuple[Layout, ...] = ("rows", "columns")  # F.linear, the weight stored either way
+ONEDNN_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's CPU inner product takes
+
+
+def onednn_available() -> bool:
+    """Whether this PyTorch build has oneDNN's inner product as an op (the "onednn" layout)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+LAYOUTS: tuple[Layout, ...] = (*STORAGES, "onednn") if onednn_available() else STORAGES
 _CHOSEN: dict[tuple[int, int, torch.dtype], Layout] = {}
 STREAM_BYTES = 256 * 2**20  # more than any CPU cache: the weights stream from memory, as a decode step's do
 
 
 def laid_out(weight: torch.Tensor, layout: Layout) -> torch.Tensor:
     """``weight`` (out, in) with its numbers stored row by row, or column by column."""
-    if layout == "rows":
+    if layout in ("rows", "onednn"):
         return weight.contiguous()
     return weight.t().contiguous().t()  # (out, in), strides (1, out)
 
 
+def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether oneDNN's product may serve ``F.linear(x, weight, bias)``: inference on the CPU, float32 or
+    bfloat16 throughout, outside torch.compile (whose CPU backend lowers the op only for frozen weights)."""
+    if torch.compiler.is_compiling() or x.device.type != "cpu" or x.dtype not in ONEDNN_DTYPES:
+        return False
+    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed by oneDNN's inner product where it applies (see
+    :func:`onednn_applies`), by ``F.linear`` elsewhere."""
+    if onednn_applies(x, weight, bias):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class OneDNNLinear(nn.Linear):
+    """An ``nn.Linear`` in the "onednn" layout: the same parameters, its product by :func:`onednn_linear`.
+    :func:`set_layout` turns an ``nn.Linear`` into one in place (its class swapped, as
+    ``torch.nn.utils.parametrize`` does), so hooks, tied weights and references to the module stay."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return onednn_linear(input, self.weight, self.bias)
+
+
+def _product(layout: Layout) -> Callable[..., torch.Tensor]:
+    return onednn_linear if layout == "onednn" else F.linear
+
+
 def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict[Layout, float]:
-    """GB/s at which ``F.linear`` of one vector streams (d_out, d_in) weights here, per layout: median of
+    """GB/s at which the product of one vector streams (d_out, d_in) weights here, per layout: median of
     ``repeats`` passes over copies that together exceed the caches (at most 64 copies: a small weight stays in
     cache, as it does decoding)."""
     size = d_in * d_out * torch.finfo(dtype).bits // 8
@@ -50,7 +98,8 @@ def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, r
     with torch.no_grad():
         for layout in LAYOUTS:
             weights = [laid_out(torch.randn(d_out, d_in, dtype=dtype), layout) for _ in range(copies)]
-            rates[layout] = copies * size / pass_seconds([partial(F.linear, x, w) for w in weights], repeats) / 1e9
+            calls = [partial(_product(layout), x, w) for w in weights]
+            rates[layout] = copies * size / pass_seconds(calls, repeats) / 1e9
             del weights
     return rates
 
@@ -69,25 +118,37 @@ def pass_seconds(calls: Sequence[Callable[[], object]], repeats: int) -> float:
 
 
 def fastest_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32) -> Layout:
-    """The layout in which ``F.linear`` of one vector streams a (d_out, d_in) weight faster here (kept per shape)."""
+    """The layout in which the product of one vector streams a (d_out, d_in) weight fastest here (kept per
+    shape); "onednn" only for the dtypes it takes."""
     key = (d_in, d_out, dtype)
     if key not in _CHOSEN:
         rates = stream_rates(d_in, d_out, dtype=dtype)
+        if dtype not in ONEDNN_DTYPES:
+            rates.pop("onednn", None)
         _CHOSEN[key] = max(rates, key=rates.__getitem__)
     return _CHOSEN[key]
 
 
 def set_layout(module: nn.Module, layout: Layout | Literal["auto"]) -> dict[str, Layout]:
-    """Re-store every ``nn.Linear`` weight of ``module`` in ``layout`` ("auto": the faster here, per shape);
-    the same values and shapes. Returns the layout each weight got, by name."""
+    """Re-store every ``nn.Linear`` weight of ``module`` in ``layout`` ("auto": the fastest here, per shape
+    and dtype) and give it that layout's product; the same values and shapes. Returns the layout each weight
+    got, by name."""
     if layout not in (*LAYOUTS, "auto"):
         raise ValueError(f"layout must be one of {(*LAYOUTS, 'auto')}, got {layout!r}")
+    linears = [(name, sub) for name, sub in module.named_modules() if isinstance(sub, nn.Linear)]
+    if layout == "onednn":
+        dtypes = sorted({str(sub.weight.dtype) for _, sub in linears} - {str(d) for d in ONEDNN_DTYPES})
+        if dtypes:
+            raise TypeError(f"the onednn layout takes float32 or bfloat16 weights, this module holds {dtypes}")
     chosen: dict[str, Layout] = {}
     with torch.no_grad():
-        for name, sub in module.named_modules():
-            if isinstance(sub, nn.Linear):
-                out_f, in_f = sub.weight.shape
-                pick: Layout = fastest_layout(in_f, out_f, dtype=sub.weight.dtype) if layout == "auto" else layout
-                sub.weight.data = laid_out(sub.weight.data, pick)  # a new storage; the Parameter object stays
-                chosen[f"{name}.weight"] = pick
+        for name, sub in linears:
+            out_f, in_f = sub.weight.shape
+            pick: Layout = fastest_layout(in_f, out_f, dtype=sub.weight.dtype) if layout == "auto" else layout
+            sub.weight.data = laid_out(sub.weight.data, pick)  # a new storage; the Parameter object stays
+            if type(sub) in (nn.Linear, OneDNNLinear):  # another class's forward is its own: rows, as it was
+                sub.__class__ = OneDNNLinear if pick == "onednn" else nn.Linear
+            elif pick == "onednn":
+                pick = "rows"
+            chosen[f"{name}.weight"] = pick
     return chosen

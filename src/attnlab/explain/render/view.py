@@ -61,6 +61,8 @@ VIEW_TEXT = {
         "focus": "query {i}: {token}",
         "weight": "{key}: {w}",
         "held": "the {cache} cache holds {n} of {t} keys in this layer (the rest struck out)",
+        "sink": "the learned sinks take {p} of this row",
+        "kinds": "Each layer's kind: {kinds}. A sliding layer's window is outlined on its patterns.",
     },
     "zh": {
         "head_view": "注意力头视图",
@@ -78,6 +80,8 @@ VIEW_TEXT = {
         "focus": "查询 {i}：{token}",
         "weight": "{key}：{w}",
         "held": "{cache} 缓存在这一层保留了 {t} 个键中的 {n} 个（其余划掉）",
+        "sink": "可学习的注意力汇聚 (sink) 拿走这一行的 {p}",
+        "kinds": "每层的种类：{kinds}。滑动窗口层的窗口在它的图案上用框线标出。",
     },
 }
 
@@ -129,6 +133,7 @@ _SCRIPT = r"""
   } else {
     bytes = decode(data.weights);
   }
+  var sinkBytes = data.sinks ? decode(data.sinks) : null;  // (L, H, T) shares in steps of 255
   var rowStart = new Int32Array(T + 1);  // offsets of each query row inside one head's block (dense)
   for (var i = 0; i < T; i++) { rowStart[i + 1] = rowStart[i] + (data.causal ? i + 1 : T); }
   var block = rowStart[T];
@@ -204,9 +209,17 @@ _SCRIPT = r"""
         d.classList.toggle("gone", gone); if (!gone) { kept++; }
       });
     }
+    var sink = -1;
+    if (sinkBytes && state.layer < L && c) {  // the share of the focused row the learned sinks took, heads shown
+      sink = 0;
+      for (var h3 = 0; h3 < H; h3++) { if (state.heads[h3]) { sink += sinkBytes[(state.layer * H + h3) * T + q] / 255; } }
+      sink /= c;
+    }
     status.textContent = fill(txt.focus, { i: String(q), token: data.tokens[q] }) +
       (best >= 0 ? " · " + fill(txt.weight, { key: data.tokens[best], w: bestW.toFixed(2) }) : "") +
-      (kept >= 0 && state.layer < L ? " · " + fill(txt.held, { n: String(kept), t: String(T) }) : "");
+      (kept >= 0 && state.layer < L ? " · " + fill(txt.held, { n: String(kept), t: String(T) }) : "") +
+      (sink >= 0 ? " · " + fill(txt.sink, { p: Math.round(100 * sink) + "%" }) : "");
+    root.setAttribute("data-sink", sink >= 0 ? sink.toFixed(3) : "");
     root.querySelectorAll(".cell").forEach(function (c) {  // the patterns the head view shows now
       var l = +c.getAttribute("data-layer");
       c.classList.toggle("open", l === state.layer && state.heads[+c.getAttribute("data-head")]);
@@ -257,6 +270,16 @@ _SCRIPT = r"""
       px[4 * c] = s; px[4 * c + 1] = s; px[4 * c + 2] = 255; px[4 * c + 3] = 255;
     }
     ctx.putImageData(img, 0, 0);
+    var w = layer < L && data.windows ? data.windows[layer] : null;
+    if (w !== null && w < T) {  // the band: each query's last w keys, outlined on the pattern
+      var f = R / T;
+      ctx.strokeStyle = "#e37400"; ctx.lineWidth = 1;
+      ctx.beginPath();
+      ctx.moveTo(0, 0); ctx.lineTo(R, R);  // the diagonal: each query's own key
+      ctx.moveTo(0, w * f); ctx.lineTo((T - w) * f, R);  // the band's far edge: the key w - 1 before the query
+      ctx.stroke();
+      cv.setAttribute("data-window", String(w));
+    }
   }
   function open(layer, head) {
     state.layer = layer; layerSelect.value = String(layer);
@@ -335,6 +358,14 @@ def _pack_all(weights: torch.Tensor, rolled: torch.Tensor, causal: bool) -> dict
     }
 
 
+def _sink_steps(weights: torch.Tensor) -> str:
+    """What the learned sinks took of each row of weights (L, H, T, T): 1 minus the row's sum, (L, H, T) in steps
+    of 255, base64."""
+    share = (1 - weights.sum(-1)).clamp(0, 1)  # (L, H, T)
+    steps = (share * 255).round().to(torch.uint8).contiguous()
+    return base64.b64encode(steps.numpy().tobytes()).decode("ascii")
+
+
 def _pack(weights: torch.Tensor, causal: bool) -> str:
     """(N, T, T) weights in [0, 1] -> base64 of uint8 steps, row by row, only the lower triangle when causal."""
     t = weights.shape[-1]
@@ -369,6 +400,10 @@ class AttentionView:
         names: per layer and head, a name shown under its pattern ("induction 0.93"), or None.
         lang: "en" or "zh".
         held: (L, T) bool, which keys each layer's KV cache holds (``cache`` names it): the rest are struck out.
+        kinds: per layer, its kind as a label ("sliding window of 6", "full attention"), shown with the layer.
+        windows: per layer, its sliding window (None: full), outlined on the layer's patterns.
+        sinks: the model has learned sinks (gpt-oss): rows sum to less than 1, and the view says, for the
+            focused row, the share the sinks took (1 minus the row's sum).
     """
 
     tokens: list[str]
@@ -378,6 +413,9 @@ class AttentionView:
     title: str = ""
     held: torch.Tensor | None = None
     cache: str = ""
+    kinds: list[str] | None = None
+    windows: list[int | None] | None = None
+    sinks: bool = False
     rollout: torch.Tensor | None = field(default=None, init=False)
     causal: bool = field(default=False, init=False)  # nothing above the diagonal: only the lower triangle embedded
     _id: str = field(default="", init=False, repr=False)
@@ -401,6 +439,14 @@ class AttentionView:
         t = w.shape[-1]
         if self.held is not None and tuple(self.held.shape) != (w.shape[0], t):
             raise ValueError(f"held must be (layers, T) = {(w.shape[0], t)}, got {tuple(self.held.shape)}")
+        for what, given in (("kinds", self.kinds), ("windows", self.windows)):
+            if given is not None and len(given) != w.shape[0]:
+                raise ValueError(f"{what} must give one entry per layer, {w.shape[0]}, got {len(given)}")
+        if self.windows is not None and any(x is not None and (type(x) is not int or x < 1) for x in self.windows):
+            raise ValueError(f"windows must be positive ints or None (full attention), got {self.windows}")
+        sums = w.sum(-1)  # (L, H, T)
+        if self.sinks and bool((sums > 1 + 1e-4).any()):
+            raise ValueError("with sinks, each row of weights sums to at most 1 (the rest is the sinks' share)")
         self.weights = w.detach().float().cpu()
         shown = [str(token).translate(_SHOWN) for token in self.tokens]
         self.tokens = [s if s.strip() else "\u2423" * len(s) or "\u00b7" for s in shown]  # a space shows as ␣
@@ -427,17 +473,25 @@ class AttentionView:
                 "focus": txt["focus"],
                 "weight": txt["weight"],
                 "held": txt["held"].replace("{cache}", self.cache),  # Python's replace: no replacement patterns
+                "sink": txt["sink"],
             },
             "held": None if self.held is None else self.held.int().tolist(),
+            "windows": self.windows,
+            "sinks": _sink_steps(self.weights) if self.sinks else None,
             **self._packed,
         }
-        options = "".join(f'<option value="{i}">{e(txt["layer"])} {i}</option>' for i in range(layers))
+        kind = [f" · {k}" for k in self.kinds] if self.kinds else [""] * layers
+        options = "".join(f'<option value="{i}">{e(txt["layer"])} {i}{e(kind[i])}</option>' for i in range(layers))
         options += f'<option value="{layers}">{e(txt["rollout"])}</option>'
         boxes = "".join(
             f'<label><input type="checkbox" class="head" value="{h}" checked>'
             f'<span class="swatch" style="background:{COLOURS[h % len(COLOURS)]}"></span>{h}</label>'
             for h in range(heads)
         )
+        kinds_line = ""
+        if self.kinds and len(set(self.kinds)) > 1:  # the layers differ: say how, once
+            listed = ", ".join(f"{i} {k}" for i, k in enumerate(self.kinds))
+            kinds_line = f'<p class="hint kinds">{e(txt["kinds"].format(kinds=listed))}</p>'
         cells = []
         for layer in range(layers):
             for head in range(heads):
@@ -445,7 +499,7 @@ class AttentionView:
                 name = self.names[layer][head] if self.names else ""
                 cells.append(
                     f'<div class="cell" tabindex="0" role="button" data-layer="{layer}" data-head="{head}" '
-                    f'aria-label="{e(label + " " + name)}"><canvas></canvas>'
+                    f'title="{e(label + kind[layer])}" aria-label="{e(label + kind[layer] + " " + name)}"><canvas></canvas>'
                     f'<span class="name">{e(label)}</span><span class="name">{e(name)}</span></div>'
                 )
         return (
@@ -459,6 +513,7 @@ class AttentionView:
             f'<div class="gap"></div><div class="col k" aria-label="{e(txt["keys"])}"></div>'
             '<canvas class="lines"></canvas></div></div><div class="status"></div></div>'
             f'<div class="modelview"><h3>{e(txt["model_view"])}</h3><p class="hint">{e(txt["model_hint"])}</p>'
+            f"{kinds_line}"
             f'<div class="grid" style="grid-template-columns: repeat({heads}, 86px)">{"".join(cells)}</div></div>'
             f"<script>{_SCRIPT.replace('__ROOT__', self._id)}</script></div>"
         )
