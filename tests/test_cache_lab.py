@@ -297,4 +297,3 @@ def test_a_recorder_sees_the_models_own_steps_once_beside_an_evicting_cache() ->
             m.generate(ids(1, 12), 3, cache=functools.partial(CACHES["h2o"], budget=8) if cache == "h2o" else cache)
         counts.append(sum(1 for step in rec.steps if step.name == "attn_weights"))
     assert counts[0] == counts[1] == 2 * 3  # 2 layers x (a prefill and 2 steps): the cache's own pass is not there
-
