@@ -40,11 +40,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 
 def render_tour(console: Console, lang: str, check: bool) -> int:
+    from attnlab.explain.glossary import first_uses, term_line
     from attnlab.explain.tour import build_tour, mismatches
     from attnlab.explain.tour.text import text_for
 
     words = text_for(lang).words
     steps = build_tour(lang)
+    uses = first_uses(lang, [(step.key, step.text) for step in steps])  # each term glossed where first written
     inner = max(console.width - 4, 20)  # a panel's border and padding take 4 cells
     console.rule(f"[bold]attnlab tour — {words['heading']}")
     for n, step in enumerate(steps, start=1):
@@ -53,6 +55,9 @@ def render_tour(console: Console, lang: str, check: bool) -> int:
         if cell_len(title) > inner - 2:  # the border holds "─ title ─": a longer one wraps inside instead of being cut
             parts.insert(0, Text("\n".join(wrap(title, inner)) + "\n", style="bold"))
             title = f"{n}."
+        if step.key in uses:  # the terms this step is the first to use, as `attnlab glossary` gives them
+            lines = [f"{words['terms']}: {term_line(t, lang)}" for t in uses[step.key]]
+            parts.append(Text("\n" + "\n".join(x for line in lines for x in wrap(line, inner)), style="dim"))
         if step.code:
             parts.append(Text(""))
             parts.append(Syntax(step.code, "python", theme="ansi_dark", background_color="default", word_wrap=True))

@@ -14,6 +14,7 @@ import torch
 from attnlab import book
 from attnlab._checks import check_dropout, check_heads, check_positive_int, check_seed
 from attnlab.explain.checks import Check, holds
+from attnlab.explain.glossary import HEADINGS, TERMS, first_uses, rows
 from attnlab.explain.render.heatmap import head_grid, heatmap, page_figure
 from attnlab.explain.render.html import Figure, Report, Section
 from attnlab.explain.report_text import REPORT_TEXT
@@ -83,7 +84,9 @@ def tour_report(lang: str = "en") -> Report:
     txt = _check_lang(lang)
     words = list(book.WORDS)
     sections = []
-    for step in build_tour(lang):
+    steps = build_tour(lang)
+    uses = first_uses(lang, [(step.key, step.text) for step in steps])  # each term linked where first written
+    for step in steps:
         figures = []
         if step.heat is not None:
             features = step.heat_axes == "features"
@@ -98,8 +101,21 @@ def tour_report(lang: str = "en") -> Report:
                 value=step.value or None,
                 figures=figures,
                 checks=list(step.checks),
+                links={(t.zh if lang == "zh" else t.en): f"term-{t.key}" for t in uses.get(step.key, [])},
             )
         )
+    titles = {step.key: step.title for step in steps}
+    sections.append(
+        Section(
+            key="glossary",
+            title=txt["glossary_title"],
+            text=txt["glossary_text"],
+            table=(
+                HEADINGS[lang],
+                [(f"term-{t.key}", row) for t, row in zip(TERMS, rows(lang, steps=titles), strict=True)],
+            ),
+        )
+    )
     return Report(
         title=txt["tour_title"],
         intro=txt["tour_intro"],

@@ -5,6 +5,10 @@ from __future__ import annotations
 REPORT_TEXT: dict[str, dict[str, str]] = {
     "en": {
         "tour_title": "attnlab: chapter 3, step by step",
+        "glossary_title": "Glossary",
+        "glossary_text": "Every term of the tour with its Chinese as the reading notes write it, the other Chinese "
+        "readers meet for it, its names in the book's code and attnlab's, and the step where it first appears. "
+        "A term's first use in the tour links here; `attnlab glossary` prints this table.",
         "tour_intro": "Every step of the chapter with its code, the tensor it gives, the check against the number "
         "the book prints, and a heatmap where there is a matrix to see.",
         "explain_title": "attnlab explains: {sentence}",
@@ -139,6 +143,10 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
     },
     "zh": {
         "tour_title": "attnlab：第三章逐步讲解",
+        "glossary_title": "术语表",
+        "glossary_text": "导览用到的每个术语：阅读笔记的译法、读者会遇到的另一种译法、英文、书中代码和 attnlab 代码里"
+        "的名字，以及它在导览中首次出现的步骤。导览中每个术语第一次出现时都链接到这里；"
+        "`attnlab glossary --lang zh` 在终端打印这张表。",
         "tour_intro": "本章每一步的代码、得到的张量、与书中数值的校验，以及可视化的注意力热力图。",
         "explain_title": "attnlab 解释：{sentence}",
         "explain_intro": "句子按单词和标点分词，每个词得到一个固定随机种子 (seed {seed}, {d_model} 维) 的未训练向量："

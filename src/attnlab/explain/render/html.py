@@ -65,6 +65,11 @@ section.step.wide .figures { grid-column: 1 / -1; display: flex; flex-wrap: wrap
                              align-items: flex-start; }
 section.step.wide-text .explain { grid-column: 1 / -1; min-width: 0; }
 section.step.wide-text .explain > p { max-width: 60em; }
+a.term { color: inherit; text-decoration: underline dotted; text-underline-offset: 3px; }
+table.glossary { border-collapse: collapse; font-size: 14px; margin-top: 8px; }
+table.glossary th, table.glossary td { border-bottom: 1px solid var(--line); padding: 4px 10px 4px 0; text-align: left;
+                                       vertical-align: top; }
+table.glossary tr:target { background: #fff7d6; }
 @media (max-width: 800px) { section.step { grid-template-columns: 1fr; } }
 """
 
@@ -138,6 +143,26 @@ class Section:
     checks: list[Check] = field(default_factory=list)
     view: str | None = None  # an interactive fragment made here (render.view.AttentionView), the section's width
     wide: bool = False  # its figures take the section's whole width, below the text (as any wider than half does)
+    links: dict[str, str] = field(default_factory=dict)  # a phrase of the text -> the id its first use links to
+    table: tuple[tuple[str, ...], list[tuple[str, list[str]]]] | None = None  # headings; (row id, cells) rows
+
+
+def _linked(text: str, links: dict[str, str]) -> str:
+    """``text`` escaped, the first use of each phrase in ``links`` a link to its id (a longer phrase first where
+    two overlap: 多头注意力 before 注意力)."""
+    e = html.escape
+    spans: list[tuple[int, int, str]] = []
+    for phrase in sorted(links, key=len, reverse=True):
+        at = text.find(phrase)
+        while at >= 0 and any(a < at + len(phrase) and at < b for a, b, _ in spans):
+            at = text.find(phrase, at + 1)
+        if at >= 0:
+            spans.append((at, at + len(phrase), links[phrase]))
+    out, last = [], 0
+    for a, b, target in sorted(spans):
+        out.append(e(text[last:a]) + f'<a class="term" href="#{e(target)}">{e(text[a:b])}</a>')
+        last = b
+    return "".join(out) + e(text[last:])
 
 
 @dataclass
@@ -176,7 +201,12 @@ class Report:
     @staticmethod
     def _section(n: int, s: Section) -> str:
         e = html.escape
-        left = f"<p>{e(s.text)}</p>" if s.text else ""
+        left = f"<p>{_linked(s.text, s.links)}</p>" if s.text else ""
+        if s.table:
+            head, body = s.table
+            cells = lambda row, tag: "".join(f"<{tag}>{e(c)}</{tag}>" for c in row)
+            trs = "".join(f'<tr id="{e(rid)}">{cells(row, "td")}</tr>' for rid, row in body)
+            left += f'<table class="glossary"><thead><tr>{cells(head, "th")}</tr></thead><tbody>{trs}</tbody></table>'
         if s.code:
             left += f'<pre class="code">{e(s.code)}</pre>'
         if s.value:

@@ -264,6 +264,7 @@ CHECKS: dict[str, str] = {
 WORDS: dict[str, str] = {
     "heading": "Chapter 3: coding attention mechanisms",
     "check": "check",
+    "terms": "term",
     "passed": "{n} checks, all steps match the book",
     "mismatch": "{n} mismatches",
     "kv_step": "step {t}: the cache holds {t} keys; new row (head 0): [{row}]",

@@ -250,6 +250,7 @@ CHECKS: dict[str, str] = {
 WORDS: dict[str, str] = {
     "heading": "第三章：编码注意力机制",
     "check": "校验",
+    "terms": "术语",
     "passed": "{n} 项校验，所有步骤与书中数值一致",
     "mismatch": "{n} 处不一致",
     "kv_step": "第 {t} 步：缓存中有 {t} 个键向量；新的一行 (头 0)：[{row}]",
