@@ -30,6 +30,7 @@ FLOORS = {
     "models": 3,
     "distributed": 3,
     "explain": 4,
+    "exercises": 4,
     "bench": 4,
     "cli": 5,
 }

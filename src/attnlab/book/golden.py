@@ -112,7 +112,7 @@ CAUSAL_UNMASKED_WEIGHTS = [
 ]
 
 # attn_scores.masked_fill(mask.bool(), -torch.inf); None stands for -inf.
-CAUSAL_MASKED_SCORES = [
+CAUSAL_MASKED_SCORES: list[list[float | None]] = [
     [0.2899, None, None, None, None, None],
     [0.4656, 0.1723, None, None, None, None],
     [0.4594, 0.1703, 0.1731, None, None, None],
