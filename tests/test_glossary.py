@@ -50,7 +50,7 @@ def test_each_terms_first_step_is_where_the_zh_tour_first_writes_it() -> None:
         first = next((key for key, text in texts if term.zh in text), None)
         assert first == term.first, term.key
         if term.first is None:
-            assert term.where, term.key  # used past the tour: the table says where
+            assert term.where and term.where_zh, term.key  # used past the tour: the table says where
 
 
 def test_terms_past_the_tour_are_used_where_they_say() -> None:
@@ -134,3 +134,25 @@ def test_attnlab_glossary_prints_looks_up_and_writes_json(capsys: pytest.Capture
     assert cli.main(["glossary", "nothing-like-this"]) == 2
     assert "no term matches 'nothing-like-this'" in capsys.readouterr().err
     assert cli.main(["glossary", "--json", str(tmp_path / "terms.txt")]) == 2
+
+
+def test_attnlabs_chinese_uses_the_notes_terms_not_the_other_translation() -> None:
+    """Every Chinese sentence attnlab shows (the tour, the reports, the view, the exercises) writes the notes'
+    term; the other rendering appears only in the glossary, which maps it. An other rendering that is a part of
+    the notes' term, or holds it (查询 in 查询向量), is the same word and not checked."""
+    from attnlab.exercises.text import HINTS, TASKS
+    from attnlab.explain.render.view import VIEW_TEXT
+    from attnlab.explain.report_text import REPORT_TEXT
+
+    both = {"上溢": "the tour names overflow's direction, 上溢 beside 下溢, as it explains exp(x) growing to inf"}
+    shown = [*(f"{t} {b}" for t, b in zh_text.STEPS.values()), *zh_text.VALUES.values(), *zh_text.CHECKS.values()]
+    shown += [*zh_text.WORDS.values(), *REPORT_TEXT["zh"].values(), *VIEW_TEXT["zh"].values(), *HINTS["zh"].values()]
+    shown += [f"{t} {b}" for t, b in TASKS["zh"].values()]
+    checked = 0
+    for term in TERMS:
+        for other in term.zh_other:
+            if other in term.zh or term.zh in other or other in both:
+                continue
+            checked += 1
+            assert not [s for s in shown if other in s], (term.key, other)
+    assert checked >= 15

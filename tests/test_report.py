@@ -208,8 +208,8 @@ def test_report_in_headless_chromium(kind: str, written: dict[str, Path], reques
     executable = _chromium()
     from playwright.sync_api import sync_playwright
 
-    if kind == "tour-zh":  # one section per step of the tour, as the command wrote it
-        page_path, expected_steps = written[kind], len(build_tour("zh"))
+    if kind == "tour-zh":  # one section per step of the tour, as the command wrote it, and the glossary
+        page_path, expected_steps = written[kind], len(build_tour("zh")) + 1
     elif kind == "heads-en":
         page_path, expected_steps = request.getfixturevalue("heads_en")
     else:  # without figures the sections are the same, and cheap to count
@@ -251,6 +251,16 @@ def test_report_in_headless_chromium(kind: str, written: dict[str, Path], reques
             page.screenshot(path=str(SCREENSHOTS.parent / "lightbox.png"))
         page.keyboard.press("Escape")
         assert not page.locator("#lightbox.open").is_visible()
+        if kind == "tour-zh":  # a term's first use leads to its row of the glossary, in view
+            term = page.locator('section#dot a.term[href="#term-attention_scores"]')
+            assert term.inner_text() == "注意力分数"
+            term.click()
+            row = page.locator("tr#term-attention_scores")
+            assert page.evaluate("() => location.hash") == "#term-attention_scores" and row.is_visible()
+            assert "注意力得分" in row.inner_text() and "attn_scores" in row.inner_text()
+            assert row.evaluate(
+                "r => r.getBoundingClientRect().top > -2 && r.getBoundingClientRect().top < innerHeight"
+            )
         if kind == "explain-xss":
             assert XSS in page.locator("h1").inner_text()  # shown as text
             assert page.locator("img:not(.heatmap):not(.enlarged)").count() == 0

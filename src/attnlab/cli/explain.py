@@ -35,6 +35,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     explain.add_argument("--tokenizer", metavar="DIR", help="with --model: where its tokenizer files are")
     explain.add_argument(
+        "--characters",
+        action="store_true",
+        help="with --model: one row and column per character, its tokens merged (a Chinese character is 3 byte "
+        "tokens): a key's weight summed over its tokens, a query's row their mean",
+    )
+    explain.add_argument(
         "--cache",
         metavar="NAME",
         help="with --model: show the KV cache NAME (plain, paged, prefix, sink, int8, int4, h2o, snapkv) as the "
@@ -47,6 +53,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return run_model(args, console)
     if args.cache:
         return error(console, "--cache shows a model's KV cache: give --model too (for example --model text)")
+    if args.characters:
+        return error(console, "--characters merges a model's tokens by character: give --model too (--model text)")
     from attnlab.explain.report import check_explain_args, explain_report
 
     options = {"heads": args.heads, "dropout": args.dropout, "seed": args.seed, "d_model": args.d_model}
@@ -89,7 +97,15 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
 
             check_cache_args(args.cache, model, tokenizer, args.sentence)  # before the heads are scored
         report = model_report(
-            model, tokenizer, args.sentence, name=name, lang=args.lang, log=log, figures=figures, cache=args.cache
+            model,
+            tokenizer,
+            args.sentence,
+            name=name,
+            lang=args.lang,
+            log=log,
+            figures=figures,
+            cache=args.cache,
+            characters=args.characters,
         )
         if args.cache:
             from attnlab.explain.cache_view import cache_sections

@@ -160,8 +160,8 @@ HINTS: dict[str, dict[str, str]] = {
         "3.B.same": "查询 2 的注意力权重与书中一致：[0.1500, 0.2264, 0.2199, 0.1311, 0.0906, 0.1820]",
         "3.C.wrong_side": "掩码放反了：遮住了过去、看到了未来；应该用 -inf 遮住对角线以上 "
         "(torch.triu(..., diagonal=1))",
-        "3.C.future": "后面的 Token 仍有权重(最大 {most})：用 0 遮蔽，softmax 里还有 exp(0) = 1；softmax 之前填 -inf",
-        "3.C.renormalize": "每行之和是 {sums}：softmax 之后置 0 的权重要重新归一化，或者在 softmax 之前用 -inf 遮蔽",
+        "3.C.future": "后面的 Token 仍有权重(最大 {most})：用 0 做掩码，softmax 里还有 exp(0) = 1；softmax 之前填 -inf",
+        "3.C.renormalize": "每行之和是 {sums}：softmax 之后置 0 的权重要重新归一化，或者在 softmax 之前用 -inf 做掩码",
         "3.C.no_scale": "注意力分数没有缩放：softmax 之前要除以 d_k = 2 的平方根",
         "3.C.same": "因果注意力权重与书中一致，对角线以上全为 0",
         "timeout": "答案运行超过 {seconds} 秒，已被停止(死循环？)",

@@ -32,6 +32,7 @@ class Term:
     first: str | None = None
     where: str = ""
     en_other: tuple[str, ...] = ()  # other English the tour or the book writes for it
+    where_zh: str = ""  # ``where``, in Chinese
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,7 +68,7 @@ TERMS: tuple[Term, ...] = (
     ),
     Term("attention_weights", "注意力权重", "attention weights", code=("attn_weights",), first="softmax"),
     Term("softmax", "softmax", "softmax", ("归一化指数函数",), ("torch.softmax", "softmax_naive"), "sum_norm"),
-    Term("overflow", "上溢", "overflow", ("溢出",), ("inf",), "softmax_overflow"),
+    Term("overflow", "溢出", "overflow", ("上溢",), ("inf",), "softmax_overflow"),
     Term("underflow", "下溢", "underflow", code=("0 / 0",), first="softmax_overflow"),
     Term("matmul", "矩阵乘法", "matrix multiplication", ("矩阵乘",), ("@", "torch.matmul"), "scores_all"),
     Term("transpose", "转置", "transpose", code=(".T", "transpose(1, 2)"), first="scores_all"),
@@ -113,6 +114,7 @@ TERMS: tuple[Term, ...] = (
         ("局部注意力",),
         ("window", "SlidingWindowCache"),
         where="explain --model, the view: a layer's kind (Mistral, Gemma 3's local layers, gpt-oss's bands)",
+        where_zh="explain --model 和交互视图：一层的种类 (Mistral、Gemma 3 的局部层、gpt-oss 的带状层)",
     ),
     Term(
         "full_attention",
@@ -121,6 +123,7 @@ TERMS: tuple[Term, ...] = (
         ("全局注意力",),
         ("layer_types",),
         where="explain --model, the view: a layer's kind",
+        where_zh="explain --model 和交互视图：一层的种类",
     ),
     Term(
         "latent_attention",
@@ -129,6 +132,7 @@ TERMS: tuple[Term, ...] = (
         ("多头潜在注意力",),
         ("LatentAttention", "kv_lora_rank"),
         where="explain --model: DeepSeek-V3's layers",
+        where_zh="explain --model：DeepSeek-V3 的各层",
     ),
     Term(
         "gqa",
@@ -136,6 +140,7 @@ TERMS: tuple[Term, ...] = (
         "grouped-query attention (GQA)",
         code=("n_kv_heads", "num_kv_heads"),
         where="attnlab memory: KV heads fewer than query heads",
+        where_zh="attnlab memory：KV 头比查询头少",
     ),
     Term(
         "rope",
@@ -144,6 +149,7 @@ TERMS: tuple[Term, ...] = (
         ("旋转位置嵌入",),
         ("rope", "RotaryEmbedding"),
         where="the models past GPT-2 (Llama, Qwen, Gemma 3, gpt-oss, DeepSeek)",
+        where_zh="GPT-2 之后的模型 (Llama、Qwen、Gemma 3、gpt-oss、DeepSeek)",
     ),
     Term(
         "induction_head",
@@ -151,6 +157,7 @@ TERMS: tuple[Term, ...] = (
         "induction head",
         code=("induction",),
         where="attnlab heads: a head's name",
+        where_zh="attnlab heads：一个头的名字",
     ),
 )
 
@@ -183,7 +190,7 @@ def rows(
         raise ValueError(f"lang must be one of {sorted(HEADINGS)}, got {lang!r}")
     out = []
     for t in terms:
-        first = (steps or {}).get(t.first, t.first) if t.first else t.where
+        first = (steps or {}).get(t.first, t.first) if t.first else (t.where_zh if lang == "zh" else t.where)
         out.append([t.en, t.zh, "、".join(t.zh_other) or "—", ", ".join(t.code) or "—", first])
     return out
 

@@ -14,14 +14,22 @@ from attnlab.explain.report import MAX_TOKENS
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.explain.tour import fmt
 from attnlab.models.gpt import GPT
-from attnlab.models.tokenizer import TextTokenizer
+from attnlab.models.tokenizer import TextTokenizer, character_groups, part_labels
 from attnlab.models.train import TrainLog
 
 
 def model_weights(
-    model: GPT, tokenizer: TextTokenizer, text: str, *, most: int = MAX_TOKENS, what: str = "the model report"
+    model: GPT,
+    tokenizer: TextTokenizer,
+    text: str,
+    *,
+    most: int = MAX_TOKENS,
+    what: str = "the model report",
+    characters: bool = False,
 ) -> tuple[list[str], torch.Tensor]:
-    """The text's tokens (as labels) and every layer's weights for it, (L, H, T, T); at most ``most`` tokens."""
+    """The text's tokens (as labels: a part of a character as "字 1/3") and every layer's weights for it,
+    (L, H, T, T); at most ``most`` tokens. ``characters``: one label and one row and column per character
+    instead (:func:`by_character`), (L, H, C, C)."""
     ids = tokenizer.encode(text)
     if not ids:
         raise ValueError(f"the text has no tokens: {text!r}")
@@ -33,9 +41,23 @@ def model_weights(
             f"the tokenizer gives id {max(ids)} but the model knows {model.config.vocab_size} tokens: "
             "pass the tokenizer the model was trained with (--tokenizer)"
         )
-    labels = tokenizer.tokens(text)
+    groups = character_groups(tokenizer, ids)
     weights = model.attention_weights(torch.tensor([ids]))[:, 0]  # (L, H, T, T) of the one sequence
-    return labels, weights
+    if characters:
+        return [t for _, t in groups], by_character(weights, [members for members, _ in groups])
+    return part_labels(groups), weights
+
+
+def by_character(weights: torch.Tensor, groups: list[list[int]]) -> torch.Tensor:
+    """Weights (..., T, T) between tokens as weights (..., C, C) between the C groups of tokens (characters):
+    a key's weight is the sum over its character's tokens (the attention the character gets), a query's row the
+    mean over its character's tokens (each row still sums to what a token's row sums to)."""
+    t = weights.shape[-1]
+    member = torch.zeros(len(groups), t, dtype=weights.dtype)  # (C, T): which tokens make each character
+    for c, tokens in enumerate(groups):
+        member[c, tokens] = 1.0
+    keys = weights @ member.T  # (..., T, C): summed over each character's tokens
+    return (member / member.sum(dim=1, keepdim=True)) @ keys  # (..., C, C): queries averaged
 
 
 def _layer_sections(
@@ -171,14 +193,41 @@ def head_names(scores: HeadScores, txt: dict[str, str]) -> list[list[str]]:
 
 
 def attention_view(
-    model: GPT, tokenizer: TextTokenizer, text: str, *, lang: str = "en", cache: str | None = None
+    model: GPT,
+    tokenizer: TextTokenizer,
+    text: str,
+    *,
+    lang: str = "en",
+    cache: str | None = None,
+    characters: bool = False,
 ) -> AttentionView:
     """Every head of ``model`` on ``text`` (up to 1024 tokens), each named by its scores on the probe; with
-    ``cache`` (a name in ``attnlab.cache.CACHES``), the keys each layer's cache lets go are shown struck out.
+    ``cache`` (a name in ``attnlab.cache.CACHES``), the keys each layer's cache lets go are shown struck out;
+    with ``characters``, one row and column per character (:func:`by_character`), and the view says so.
     In a notebook it shows itself; ``.save("view.html")`` writes one offline page."""
-    labels, weights = model_weights(model, tokenizer, text, most=MAX_VIEW_TOKENS, what="the view")
+    _check_characters(characters, cache)
+    labels, weights = model_weights(
+        model, tokenizer, text, most=MAX_VIEW_TOKENS, what="the view", characters=characters
+    )
     names = head_names(head_scores(model), REPORT_TEXT[lang])
     return _view(model, tokenizer, text, labels, weights, names, lang, cache)
+
+
+def _check_characters(characters: bool, cache: str | None) -> None:
+    if characters and cache is not None:
+        raise ValueError(
+            "characters merges each character's tokens, and a cache holds tokens: show the cache by token "
+            "(drop characters) or the characters without the cache"
+        )
+
+
+def characters_note(tokenizer: TextTokenizer, text: str, txt: dict[str, str], *, characters: bool) -> str:
+    """What the labels are, when the text has characters of several tokens: merged, or marked as parts."""
+    ids = tokenizer.encode(text)
+    groups = character_groups(tokenizer, ids)
+    if len(groups) == len(ids):
+        return ""
+    return txt["characters_note"].format(tokens=len(ids), chars=len(groups)) if characters else txt["parts_note"]
 
 
 def _view(
@@ -199,6 +248,7 @@ def _view(
         held = held_by_layer(model, tokenizer.encode(text), cache)
     windows = [block.att.window for block in model.blocks]
     kinds = [layer_kind(w, _latent(model), REPORT_TEXT[lang]) for w in windows]
+    characters = len(labels) < len(tokenizer.encode(text))  # merged by character (model_weights)
     return AttentionView(
         tokens=labels,
         weights=weights,
@@ -209,6 +259,7 @@ def _view(
         kinds=kinds,
         windows=windows,
         sinks=model.config.sinks,
+        note=characters_note(tokenizer, text, REPORT_TEXT[lang], characters=characters),
     )
 
 
@@ -250,21 +301,25 @@ def model_report(
     log: TrainLog | None = None,
     figures: bool = True,
     cache: str | None = None,
+    characters: bool = False,
 ) -> Report:
     """Every head named (on the probe), the training curves if ``log``, then each layer on the probe and on ``text``.
 
     ``figures=False`` skips the heatmaps, curves and the interactive view (the terminal shows the numbers only,
     for at most MAX_TOKENS tokens). With figures, a text of up to MAX_VIEW_TOKENS tokens is shown in the view;
     a run (the probe, the text) past MAX_TOKENS gets no per-layer section (its grid would be unreadable).
-    ``cache``: the view strikes out the keys that cache lets go in each layer.
+    ``cache``: the view strikes out the keys that cache lets go in each layer. ``characters``: the text's
+    tokens merged by character (:func:`by_character`) in the view and the grids.
     """
+    _check_characters(characters, cache)
     txt = REPORT_TEXT[lang]
     most, what = (
         (MAX_VIEW_TOKENS, "the model report's view")
         if figures
         else (MAX_TOKENS, f"the model report in the terminal (with --html, up to {MAX_VIEW_TOKENS})")
     )
-    labels, weights = model_weights(model, tokenizer, text, most=most, what=what)
+    labels, weights = model_weights(model, tokenizer, text, most=most, what=what, characters=characters)
+    note = characters_note(tokenizer, text, txt, characters=characters)
     scores = head_scores(model)
     sections = [_names_section(scores, txt, figures=figures)]
     if log is not None and log.eval_step:
@@ -299,7 +354,10 @@ def model_report(
         )
     return Report(
         title=txt["model_title"].format(name=name, text=text),
-        intro=txt["model_intro"].format(layers=c.n_layers, heads=c.n_heads, emb=c.emb_dim, tokens=len(labels)),
+        intro=txt["model_intro"].format(
+            layers=c.n_layers, heads=c.n_heads, emb=c.emb_dim, tokens=len(tokenizer.encode(text))
+        )
+        + (f" {note}" if note else ""),
         lang=lang,
         sections=sections,
         labels={"contents": txt["contents"], "numbers": txt["numbers"], "enlarge": txt["enlarge"]},

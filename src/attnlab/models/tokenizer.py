@@ -5,6 +5,13 @@ Nothing is downloaded. ``Tokenizer.from_dir`` reads ``tokenizer.json`` or
 ``ByteTokenizer`` maps text to its UTF-8 bytes, for attnlab's own small
 models. Both decode a stream of ids piece by piece without splitting a
 character (``Decoder``).
+
+Characters, not bytes: a Chinese character is 3 UTF-8 bytes, an emoji 4, so a
+byte-level tokenizer gives it 3 or 4 tokens, and BPE may give it 2. ``character_groups``
+gathers the tokens of each character (by decoding: any tokenizer, any ids,
+generated ones too); ``tokens`` labels a token that is a part of a character
+by the character and its place, "字 1/3", "字 2/3", "字 3/3", never by a byte;
+a view can merge each group into one label (``attnlab.explain``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,38 @@ class TextTokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
     def tokens(self, text: str) -> list[str]: ...
+
+
+def character_groups(tokenizer: TextTokenizer, ids: list[int]) -> list[tuple[list[int], str]]:
+    """The positions of ``ids`` gathered into whole characters, each group with its text: a token that decodes
+    alone is a group of one; tokens that decode only together (the bytes of one character, or a BPE token
+    holding the end of one character and the start of the next) form one group. A character left unfinished at
+    the end is a group as it decodes (with U+FFFD)."""
+    groups: list[tuple[list[int], str]] = []
+    run: list[int] = []
+    for n, token in enumerate(ids):
+        piece = tokenizer.decode([token])
+        if not run and "\ufffd" not in piece:
+            groups.append(([n], piece))
+            continue
+        run.append(n)
+        text = tokenizer.decode([ids[m] for m in run])
+        if "\ufffd" not in text:  # the run makes whole characters now
+            groups.append((run, text))
+            run = []
+    if run:
+        groups.append((run, tokenizer.decode([ids[m] for m in run])))
+    return groups
+
+
+def part_labels(groups: list[tuple[list[int], str]]) -> list[str]:
+    """A label per token from its group: its own text, or the character(s) it is a part of and its place among
+    their tokens ("字 2/3")."""
+    return [
+        text if len(members) == 1 else f"{text} {k}/{len(members)}"
+        for members, text in groups
+        for k in range(1, len(members) + 1)
+    ]
 
 
 class Tokenizer:
@@ -64,17 +103,9 @@ class Tokenizer:
         return str(self._bpe.decode(ids, skip_special_tokens=False))
 
     def tokens(self, text: str) -> list[str]:
-        """A label per token, e.g. ['Hello', ' world']; a character split over several tokens is shown on
-        the first and continued with '…' on the others."""
-        encoding = self._bpe.encode(text, add_special_tokens=False)
-        labels, last = [], None
-        for token_id, span in zip(encoding.ids, encoding.offsets, strict=True):
-            piece = str(self._bpe.decode([token_id]))
-            if "\ufffd" in piece:  # some bytes of a character: label by the character it belongs to
-                piece = text[span[0] : span[1]] if span != last else "…"
-            labels.append(piece)
-            last = span
-        return labels
+        """A label per token, e.g. ['Hello', ' world']; a character split over several tokens is labelled
+        by the character and each token's place in it ('😀 1/2', '😀 2/2')."""
+        return part_labels(character_groups(self, self.encode(text)))
 
     def save(self, directory: str | Path) -> None:
         self._bpe.save(str(Path(directory) / "tokenizer.json"))
@@ -112,7 +143,9 @@ class ByteTokenizer:
         return bytes(ids).decode("utf-8", errors="replace")
 
     def tokens(self, text: str) -> list[str]:
-        return [bytes([b]).decode("latin-1") if b < 128 else f"<{b:02x}>" for b in self.encode(text)]
+        """A label per byte: an ASCII character as itself, a byte of a longer character as the character and
+        the byte's place in it ('字 1/3')."""
+        return part_labels(character_groups(self, self.encode(text)))
 
 
 END_OF_TEXT = "<|endoftext|>"  # GPT-2's one special token

@@ -74,7 +74,7 @@ VIEW_TEXT = {
         "none": "全不选",
         "queries": "查询",
         "keys": "键",
-        "hint": "把鼠标移到（或点一下）左列的查询词元，看它关注哪里；↑ ↓ 换词元，← → 换层。",
+        "hint": "把鼠标移到（或点一下）左列的查询 Token，看它关注哪里；↑ ↓ 换 Token，← → 换层。",
         "model_hint": "每一层 × 每个头；点一个（或选中后按回车）在上方打开。",
         "head": "第{layer}层 头{head}",
         "focus": "查询 {i}：{token}",
@@ -404,6 +404,7 @@ class AttentionView:
         windows: per layer, its sliding window (None: full), outlined on the layer's patterns.
         sinks: the model has learned sinks (gpt-oss): rows sum to less than 1, and the view says, for the
             focused row, the share the sinks took (1 minus the row's sum).
+        note: a sentence shown above the tokens (what the labels are: characters merged, or marked as parts).
     """
 
     tokens: list[str]
@@ -416,6 +417,7 @@ class AttentionView:
     kinds: list[str] | None = None
     windows: list[int | None] | None = None
     sinks: bool = False
+    note: str = ""
     rollout: torch.Tensor | None = field(default=None, init=False)
     causal: bool = field(default=False, init=False)  # nothing above the diagonal: only the lower triangle embedded
     _id: str = field(default="", init=False, repr=False)
@@ -506,7 +508,8 @@ class AttentionView:
             f'<div class="attnview" id="{self._id}" lang="{e(self.lang)}" tabindex="0"><style>{_CSS}</style>'
             f'<script type="application/json" class="attnview-data">{_json_for_html(data)}</script>'
             f'<div class="headview"><h3>{e(txt["head_view"])}</h3><p class="hint">{e(txt["hint"])}</p>'
-            f'<div class="controls"><label>{e(txt["layer"])} <select class="layer">{options}</select></label>'
+            + (f'<p class="hint note">{e(self.note)}</p>' if self.note else "")
+            + f'<div class="controls"><label>{e(txt["layer"])} <select class="layer">{options}</select></label>'
             f'<span>{e(txt["heads"])}: {boxes}</span><button type="button" class="all">{e(txt["all"])}</button>'
             f'<button type="button" class="none">{e(txt["none"])}</button></div>'
             f'<div class="pane"><div class="columns"><div class="col q" aria-label="{e(txt["queries"])}"></div>'
