@@ -245,3 +245,60 @@ def test_decode_bytes_counts_what_a_step_of_each_family_reads() -> None:
     assert step.weights == 4 * (16 + 2 * (attention + 2 * 16 + routed) + 16 + 100 * 16)  # one row; final norm; head
     assert step.kv == 4 * 2 * 10 * 2 * 8
     assert decode_bytes(moe, 10, element=2).weights == step.weights // 2
+
+
+@pytest.mark.parametrize(
+    ("name", "published", "digits"),
+    [  # the count its publisher states, to the digits it states them: exact, or in billions
+        ("gemma-3-1b", 999_885_952, 0),
+        ("gemma-3-27b", 27.0, 1),  # the text model (27.4B with the vision encoder)
+        ("gpt-oss-20b", 20.91, 2),  # the gpt-oss model card's total, 3.61B of it active
+        pytest.param("deepseek-v3", 671, 0, marks=pytest.mark.slow),  # 671B without its MTP module: 7 s on meta
+    ],
+)
+def test_published_shapes_read_by_their_families_have_the_published_parameter_counts(
+    name: str, published: float, digits: int
+) -> None:
+    from attnlab.models.families.shapes import shape
+
+    count = count_parameters(shape(name))
+    assert (count == published) if digits == 0 and published > 1e6 else round(count / 1e9, digits) == published
+
+
+def test_the_meter_sets_each_design_against_what_it_saves(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gemma 3's 5 local to 1 global layers against every layer full; gpt-oss's bands; MLA's latent against the
+    expanded heads (and against a GQA model beside it), each counted here by hand from the published config."""
+    from attnlab.models.families.shapes import shape
+
+    monkeypatch.setenv("COLUMNS", "300")  # each sentence on one line
+    gemma = kv_report(shape("gemma-3-27b"), name="g", tokens=(1024, 32768, 131072))
+    one = 2 * 16 * 128 * 2  # bytes a layer, a token: keys and values of 16 KV heads of 128, bfloat16
+    assert [(k.kind, k.window, k.layers) for k in gemma.kinds] == [("full", None, 10), ("sliding", 1024, 52)]
+    assert gemma.at[2].total == (10 * 131072 + 52 * 1024) * one
+    assert gemma.instead == ("every layer full", 62 * one)
+    oss = kv_report(shape("gpt-oss-20b"), name="o", tokens=(131072,))
+    assert [(k.kind, k.window, k.layers) for k in oss.kinds] == [("full", None, 12), ("sliding", 128, 12)]
+    assert oss.at[0].total == (12 * 131072 + 12 * 128) * 2 * 8 * 64 * 2
+    assert cli.main(["memory", "--model", "gemma-3-27b", "llama-3.1-8b"]) == 0
+    out = capsys.readouterr().out
+    assert "against every layer full (at 131,072 tokens 62.0 GiB): 10.4 GiB here, 6.0x less" in out
+    assert out.count("against") == 1  # Llama 3.1 8B is one kind of layer: nothing to set it against
+
+
+@pytest.mark.slow  # DeepSeek-V3's 671B on the meta device: 7 s
+def test_mla_against_its_expanded_heads_and_gqa(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from attnlab.models.families.shapes import shape
+
+    monkeypatch.setenv("COLUMNS", "300")  # each sentence on one line
+    v3 = kv_report(shape("deepseek-v3"), name="d", tokens=(131072,))
+    assert v3.per_token == 61 * (512 + 64) * 2
+    assert v3.instead == ("the expanded heads, as Hugging Face caches them", 61 * 128 * (128 + 64 + 128) * 2)
+    assert cli.main(["memory", "--model", "deepseek-v3", "llama-3.1-8b"]) == 0
+    out = capsys.readouterr().out
+    assert "a latent of 576 values a token for all 128 heads" in out and "4,997,120 B a token, 71.1x" in out
+    llama = kv_report(GPTConfig.preset("llama-3.1-8b"), name="l", tokens=(131072,))
+    assert llama.per_token / (v3.per_token / 61 * 32) > 3.5  # per layer, GQA's 8 heads hold 3.6x MLA's latent

@@ -78,6 +78,9 @@ class KVReport:
     kinds: tuple[LayerKind, ...]
     at: tuple[CacheAt, ...]
     latent: int | None = None  # values a latent layer stores a token (kv_lora_rank + qk_rope_head_dim)
+    # what the model's design saves against: every layer full (a hybrid), or the expanded heads a latent stands
+    # for (MLA, as Hugging Face's cache holds them): its label and its bytes per token over every layer
+    instead: tuple[str, int] | None = None
 
     @property
     def formula(self) -> str:
@@ -139,6 +142,13 @@ def count_parameters(config: GPTConfig) -> int:
 def kv_report(config: GPTConfig, *, name: str, tokens: tuple[int, ...], dtype: str = "bfloat16") -> KVReport:
     """Bytes per token per layer kind, the whole cache at each of ``tokens``, and the parameter count."""
     kinds = layer_kinds(config, dtype=dtype)
+    size = element_size(dtype)
+    instead = None
+    if config.kv_lora_rank is not None:  # each head's key (nope + rope) and value, expanded from the latent
+        heads = config.n_heads * (config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim)
+        instead = ("the expanded heads, as Hugging Face caches them", config.n_layers * heads * size)
+    elif any(k.window is not None for k in kinds) and any(k.window is None for k in kinds):
+        instead = ("every layer full", config.n_layers * kinds[0].bytes_per_token)
     return KVReport(
         name=name,
         dtype=dtype,
@@ -149,6 +159,7 @@ def kv_report(config: GPTConfig, *, name: str, tokens: tuple[int, ...], dtype: s
         parameters=count_parameters(config),
         kinds=kinds,
         latent=None if config.kv_lora_rank is None else config.kv_lora_rank + config.qk_rope_head_dim,
+        instead=instead,
         at=tuple(cache_at(kinds, n, context_length=config.context_length) for n in tokens),
     )
 

@@ -65,9 +65,12 @@ def config_for(name: str) -> GPTConfig:
     from attnlab.bench.kv_bytes import read_config
     from attnlab.models.checkpoints import locate
     from attnlab.models.config import PRESETS, GPTConfig
+    from attnlab.models.families.shapes import SHAPES, shape
 
     if name in PRESETS:
         return GPTConfig.preset(name)
+    if name in SHAPES:
+        return shape(name)
     where = locate(name)
     if where.is_dir():
         try:
@@ -78,10 +81,11 @@ def config_for(name: str) -> GPTConfig:
         raise ValueError(
             f"--model {name!r} is a state-dict file, which has no config.json; give its folder, or a preset"
         )
-    near = difflib.get_close_matches(name, list(PRESETS), n=1)
+    known = [*PRESETS, *SHAPES]
+    near = difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean {near[0]!r}? " if near else ""
     raise ValueError(
-        f"--model {name!r} is neither a preset nor a folder with a config.json; {hint}presets: {', '.join(PRESETS)}"
+        f"--model {name!r} is neither a preset nor a folder with a config.json; {hint}presets: {', '.join(known)}"
     )
 
 
@@ -103,8 +107,13 @@ def _print(report: KVReport, console: Console) -> None:
         Text.assemble(
             (report.name, "bold"),
             f": {report.parameters:,} parameters ({_size(report.weight_bytes)} in {report.dtype}); "
-            f"{report.n_layers} layers: {kinds}; {report.n_kv_heads} KV heads x {report.head_dim} dims; "
-            f"context {report.context_length:,} tokens",
+            f"{report.n_layers} layers: {kinds}; "
+            + (
+                f"a latent of {report.latent} values a token for all {report.n_kv_heads} heads; "
+                if report.latent is not None
+                else f"{report.n_kv_heads} KV heads x {report.head_dim} dims; "
+            )
+            + f"context {report.context_length:,} tokens",
         )
     )
     per_token = Table(title=f"KV bytes per token, {report.dtype} ({report.formula})")
@@ -132,6 +141,15 @@ def _print(report: KVReport, console: Console) -> None:
         note = ["past the context" if at.past_context else ""] if past else []
         cache.add_row(f"{at.tokens:,}", *cells, Text(_size(at.total), style="bold"), *note)
     console.print(cache)
+    if report.instead is not None:  # what the design saves: against every layer full, or the expanded heads
+        label, instead = report.instead
+        last = report.at[-1]
+        each = f"{instead:,} B a token, {instead / report.per_token:.1f}x; " if report.latent is not None else ""
+        console.print(
+            f"against {label} ({each}at {last.tokens:,} tokens {_size(instead * last.tokens)}): "
+            f"{_size(last.total)} here, {instead * last.tokens / last.total:.1f}x less",
+            markup=False,
+        )
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
