@@ -54,7 +54,10 @@ WRONG: list[tuple[str, str, str]] = [
     ("3.C", TORCH + "def causal_weights(s):\n    return torch.tril(torch.softmax(s / 2**0.5, dim=-1))\n", "3.C.renormalize"),
     ("3.C", TORCH + "def causal_weights(s):\n    m = torch.triu(torch.ones(6, 6), diagonal=1).bool()\n"
      "    return torch.softmax(s.masked_fill(m, -torch.inf), dim=-1)\n", "3.C.no_scale"),
+    ("3.B", TORCH + "def scaled_weights(q, k):\n    return torch.softmax(q[1] @ k.T / 2**0.5, dim=0).expand(6, 6)\n", "3.B.one_query"),
     ("3.A", TORCH + "def attention_weight(inputs):\n    return inputs\n", "missing"),
+    ("3.A", TORCH + "def attention_weights(inputs):\n    return inputs[10]\n", "error"),  # an IndexError: not "missing"
+    ("3.A", TORCH + "def attention_weights(inputs):\n    input()\n", "error"),  # no stdin: EOFError, not a wait
     ("3.B", TORCH + "def scaled_weights(queries, keys):\n    return queries @ keys\n", "error"),
 ]  # fmt: skip
 

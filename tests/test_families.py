@@ -731,7 +731,7 @@ def test_a_quantized_latent_cache_reads_this_calls_latents_exact_and_the_past_co
         cache = QuantizedLatentCache(batch_size=2, kv_lora_rank=12, rope_dim=4, max_len=8, bits=bits, group_size=8)
         first, second = torch.randn(2, 1, 5, 16), torch.randn(2, 1, 2, 16)
         keys, values, positions = cache.update(first, first[..., :12])
-        assert torch.equal(keys[:, :, :5], first) and positions.tolist() == [0, 1, 2, 3, 4, -1, -1, -1]
+        assert torch.equal(keys, first) and positions.tolist() == [0, 1, 2, 3, 4]  # the filled slots only
         keys, values, positions = cache.update(second, second[..., :12])
         assert torch.equal(keys[:, :, 5:7], second) and torch.equal(values, keys[..., :12])
         past = first.reshape(2, 1, 5, 2, 8)  # (B, 1, T, groups, G)

@@ -95,12 +95,15 @@ def test_the_html_tour_links_each_term_once_to_its_row(tmp_path: Path) -> None:
         assert rows == {t.key for t in TERMS}
         keys = [key for key, _ in links]
         assert len(keys) == len(set(keys)), lang  # first use only
-        for key, text in links:
-            assert text == (BY_KEY[key].zh if lang == "zh" else text), key
+        for key, text in links:  # the link's text is the term as the step writes it (English in any case)
+            assert text == BY_KEY[key].zh if lang == "zh" else text.casefold() == BY_KEY[key].en.casefold(), key
         in_tour = {t.key for t in TERMS if t.first is not None}
         if lang == "zh":  # every term the tour writes in a step's text is linked there
             assert {"attention_scores", "mask", "context_vector", "kv_cache", "softmax"} <= set(keys) <= in_tour
             assert len(keys) >= 25
+        else:  # whole words in any case: "Self-attention" is linked, "head" never inside "ahead"
+            assert {"self_attention", "scaled_dot_product", "attention_weights", "mask", "head"} <= set(keys)
+            assert ">ahead<" not in page and 'a<a class="term"' not in page
         assert ("<h2" in page) and ('id="glossary"' in page)
 
 

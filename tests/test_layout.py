@@ -154,3 +154,28 @@ def test_onednn_in_bfloat16_and_a_half_model_is_refused_by_name() -> None:
     with pytest.raises(TypeError, match=r"onednn layout takes float32 or bfloat16 weights, .*\['torch.float16'\]"):
         half.set_layout("onednn")
     assert all(type(m) is torch.nn.Linear for m in half.modules() if isinstance(m, torch.nn.Linear))
+
+
+@needs_onednn
+def test_onednn_hands_anything_beyond_plain_inference_to_f_linear() -> None:
+    """Each case where oneDNN's op would be wrong or lose a gradient, against F.linear: a bias that alone trains,
+    a strided bias, autocast, forward-mode AD, an empty inner dimension."""
+    import torch.autograd.forward_ad as fwAD
+    import torch.nn.functional as F
+
+    from attnlab.nn.layout import onednn_linear
+
+    x, w = torch.randn(3, 4), torch.randn(6, 4)
+    strided = torch.randn(12)[::2]
+    torch.testing.assert_close(onednn_linear(x, w, strided), F.linear(x, w, strided))
+    bias = torch.randn(6, requires_grad=True)  # the weight frozen, the bias trained
+    onednn_linear(x, w, bias).sum().backward()
+    assert bias.grad is not None and torch.equal(bias.grad, torch.full((6,), 3.0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert onednn_linear(x, w).dtype == F.linear(x, w).dtype == torch.bfloat16
+    ones = torch.ones_like(x)
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(onednn_linear(fwAD.make_dual(x, ones), w)).tangent
+    assert tangent is not None
+    torch.testing.assert_close(tangent, ones @ w.T)
+    assert onednn_linear(torch.randn(3, 0), torch.randn(5, 0)).shape == (3, 5)

@@ -10,8 +10,8 @@ values), and hands back the values as a view of the keys' first kv_lora_rank col
 latent layer): per token, in groups of ``group_size`` values, each group with a float16 scale and zero (min-max,
 as ``attnlab.cache.quantized`` codes). A latent is both key and value, so it is coded once; a token's groups
 are whole when it is written, so no token waits in full precision. What attention reads: the dequantized
-store, and the latents of the current call exact (a prefill attends exactly, each later step reads the past
-quantized). Bytes per token and layer: (R + P) * bits / 8 + 4 (R + P) / group_size (DeepSeek-V3, int8, groups
+store (its filled slots only), and the latents of the current call exact (a prefill attends exactly, each
+later step reads the past quantized). Bytes per token and layer: (R + P) * bits / 8 + 4 (R + P) / group_size (DeepSeek-V3, int8, groups
 of 32: 648, against 1,152 in bfloat16).
 
 Shapes: B = batch, S = capacity, R = kv_lora_rank, P = rope_dim, G = group_size.
@@ -157,9 +157,9 @@ class QuantizedLatentCache(LatentCache):
         self.scale.index_copy_(2, where, scale.squeeze(-1))  # (B, 1, T, groups)
         self.zero.index_copy_(2, where, zero.squeeze(-1))
         self._length.add_(t)
-        stored = unpack(self.codes, self.bits).reshape(b, 1, self.max_len, -1, self.group_size)  # (B,1,S,groups,G)
-        latents = dequantize(stored, self.scale.unsqueeze(-1), self.zero.unsqueeze(-1), k.dtype)
-        latents = latents.reshape(b, 1, self.max_len, width)  # (B, 1, S, R + P)
-        latents[:, :, start : start + t] = k  # this call's own latents, exact
-        slots = torch.arange(self.max_len, device=self.codes.device)
-        return latents, latents[..., : self.kv_lora_rank], torch.where(slots < self._length, slots, -1)
+        held = start + t  # only the filled slots are decoded: the rest would be work and memory for nothing
+        stored = unpack(self.codes[:, :, :held], self.bits).reshape(b, 1, held, -1, self.group_size)  # (B,1,L,n,G)
+        latents = dequantize(stored, self.scale[:, :, :held, :, None], self.zero[:, :, :held, :, None], k.dtype)
+        latents = latents.reshape(b, 1, held, width)  # (B, 1, L, R + P)
+        latents[:, :, start:held] = k  # this call's own latents, exact
+        return latents, latents[..., : self.kv_lora_rank], torch.arange(held, device=self.codes.device)

@@ -30,32 +30,39 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "train",
         help="train a small GPT here (induction or text task), with a checkpoint, curves and named heads",
         description="Train a small GPT on this machine, offline: 'induction' (random tokens repeated; an induction "
-        "head forms within a minute or two; the whole run about 2 minutes on 2 cores) or 'text' (Python's own "
-        "documentation, or --data FILE, as bytes; about 15 minutes on 2 cores). Under torchrun --nproc-per-node N "
-        "it trains data-parallel.",
+        "head forms within a minute or two; the whole run about 2 minutes on 2 cores), 'text' (Python's own "
+        "documentation, or --data FILE, as bytes; about 15 minutes on 2 cores) or 'poems' (Tang poems, one token a "
+        "character, fetched with npm as the chinese-poetry package, or --data its tarball or a JSON file; whole poems "
+        "held out, 静夜思 among them). Under torchrun --nproc-per-node N it trains data-parallel.",
     )
     train.add_argument(
         "task",
         nargs="?",
-        choices=["induction", "text"],
+        choices=["induction", "text", "poems"],
         default=None,
         help="default induction; --resume: the run's own",
     )
-    train.add_argument("--data", metavar="FILE", help="text task: a local UTF-8 text file instead of Python's docs")
+    train.add_argument(
+        "--data",
+        metavar="FILE",
+        help="text: a local UTF-8 text file instead of Python's docs; poems: the chinese-poetry tarball or a JSON file",
+    )
     train.add_argument("--out", metavar="DIR", help="checkpoint folder (default runs/TASK)")
     train.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    train.add_argument("--steps", type=int, help="optimizer steps (induction 2500, text 800)")
+    train.add_argument("--steps", type=int, help="optimizer steps (induction 2500, text 800, poems 3000)")
     train.add_argument("--batch-size", type=int, help="sequences per step, over all processes (default 32)")
     train.add_argument("--lr", type=float, help="peak learning rate (induction 3e-3, text 2e-3)")
     train.add_argument("--warmup", type=int, help="warm-up steps (default 100)")
     train.add_argument("--seed", type=int, help="seed of the weights and the batches (default 0)")
     train.add_argument("--minutes", type=float, help="stop after this many minutes (and save; --resume goes on)")
     train.add_argument("--eval-every", type=int, help="steps between held-out losses and head scores")
-    train.add_argument("--layers", type=int, help="model layers (induction 2, text 4)")
+    train.add_argument("--layers", type=int, help="model layers (induction 2, text and poems 4)")
     train.add_argument("--heads", type=int, help="heads per layer (default 4)")
     train.add_argument("--emb-dim", type=int, help="model width (induction 64, text 128; text uses RoPE)")
     train.add_argument(
-        "--context", type=int, help="context length = training sequence length (induction 64, text 256; text uses RoPE)"
+        "--context",
+        type=int,
+        help="context length = training sequence length (induction 64, text 256, poems 64; text and poems use RoPE)",
     )
 
 
@@ -82,7 +89,7 @@ def _settings(args: argparse.Namespace, out: Path) -> tuple[GPT, TrainConfig, Ta
     state, and refuses a flag that contradicts them, naming both."""
     import torch
 
-    from attnlab.models import GPT, GPTConfig
+    from attnlab.models import GPT, GPTConfig, load_tokenizer
     from attnlab.models.tasks import TASK_MODELS, make_task
     from attnlab.models.train import STATE_FILE, TASK_DEFAULTS, TrainConfig, check_memory, read_state
 
@@ -116,15 +123,26 @@ def _settings(args: argparse.Namespace, out: Path) -> tuple[GPT, TrainConfig, Ta
         run_info = {"task": name, "data": args.data}  # checked by make_task below, then recorded with its digest
         config = TrainConfig.from_dict({**TASK_DEFAULTS[name].to_dict(), **given})
         model_config = GPTConfig.from_dict({**TASK_MODELS[name].to_dict(), **shape})
+        if name == "poems":  # the vocabulary comes from the corpus (fetched now if not given): the model's size
+            from attnlab.models.poems import fetch_corpus
+
+            data = args.data if args.data is not None else str(fetch_corpus())
+            run_info["data"] = data
+            task = make_task(name, seq_len=model_config.context_length, data=data)
+            model_config = model_config.with_(vocab_size=task.vocab_size)
         check_memory(model_config, config.batch_size)  # before a weight is allocated
         torch.manual_seed(config.seed)  # every process builds the same weights (DDP also broadcasts rank 0's)
         model = GPT(model_config)
     from attnlab.explain.heads import check_probe, default_half
 
     check_probe(model, default_half(model), 8, 0)  # the heads are scored at every evaluation: before, not after
-    task = make_task(run_info["task"], seq_len=model.config.context_length, data=run_info.get("data"))
+    if run_info["task"] != "poems" or args.resume:
+        saved_vocabulary = load_tokenizer(out) if run_info["task"] == "poems" else None
+        task = make_task(
+            run_info["task"], seq_len=model.config.context_length, data=run_info.get("data"), tokenizer=saved_vocabulary
+        )
     if not args.resume:
-        run_info |= _data_info(args.data)
+        run_info |= _data_info(run_info.get("data"))
     return model, config, task, run_info
 
 
@@ -213,7 +231,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             def progress(step: int, steps: int, loss: float, tokens_per_s: float) -> None:
                 bar.update(job, completed=step, description=f"loss {loss:.3f}  {tokens_per_s:,.0f} tok/s")
 
-            tokenizer = "ascii" if name == "induction" else "bytes"
+            tokenizer: Any = {"induction": "ascii", "text": "bytes"}.get(name) or getattr(task, "tokenizer", None)
             log = train(
                 model,
                 task,

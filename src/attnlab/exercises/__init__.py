@@ -126,13 +126,26 @@ def check_many(answers: list[tuple[str, str | Path]], *, timeout: float = TIMEOU
         command = [sys.executable, "-m", "attnlab.exercises.collect", str(out), *(f"{i}={p}" for i, p in items)]
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         try:
-            done = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
+            done = subprocess.run(
+                command,
+                cwd=tmp,
+                env=env,
+                stdin=subprocess.DEVNULL,  # an input() in the answer ends at once, never waits for the limit
+                capture_output=True,
+                text=True,
+                errors="replace",  # whatever the answer prints
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             return [Result(i, p, [Finding(False, "timeout", {"seconds": f"{timeout:g}"})]) for i, p in items]
         if done.returncode != 0 or not out.is_file():
             detail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1][:300]
             return [Result(i, p, [Finding(False, "crashed", {"detail": detail})]) for i, p in items]
-        observed = torch.load(out, weights_only=True)  # data only: tensors, numbers, strings
+        try:
+            observed = torch.load(out, weights_only=True)  # data only: tensors, numbers, strings
+        except Exception as err:  # a file the answer's process wrote otherwise: never trusted, never run
+            detail = f"its result could not be read as data ({type(err).__name__})"
+            return [Result(i, p, [Finding(False, "crashed", {"detail": detail})]) for i, p in items]
     return [Result(i, p, judge(i, seen)) for (i, p), seen in zip(items, observed, strict=True)]
 
 

@@ -39,17 +39,21 @@ def load(path: Path, name: str) -> ModuleType:
     return module
 
 
+class MissingFunction(Exception):
+    """The answer file defines no function of the name the exercise asks for."""
+
+
 def function(module: ModuleType, name: str) -> Callable[..., Any]:
     found = getattr(module, name, None)
     if not callable(found):
-        raise LookupError(f"missing function: {name}")
+        raise MissingFunction(name)
     return found
 
 
 def tensor(x: object) -> object:
-    """A tensor as a detached float64 copy; anything else by its type's name."""
+    """A tensor as a detached float64 copy, a plain tensor whatever its subclass; anything else by its type's name."""
     if isinstance(x, torch.Tensor):
-        return x.detach().to(torch.float64).cpu().clone()
+        return x.detach().as_subclass(torch.Tensor).to(torch.float64).cpu().clone()
     return f"<{type(x).__name__}>"
 
 
@@ -169,8 +173,8 @@ def observe(exercise: str, path: Path, name: str) -> Observed:
     """What the answer at ``path`` did for ``exercise``; an error in its code becomes data, with its type."""
     try:
         return COLLECT[exercise](load(path, name))
-    except LookupError as err:
-        return {"missing": str(err).removeprefix("missing function: ").strip("'")}
+    except MissingFunction as err:
+        return {"missing": str(err)}
     except BaseException as err:  # anything the reader's code raises (SystemExit too) is part of the answer
         return {"error": error_of(err)}
 

@@ -132,6 +132,8 @@ def judge_3_3(seen: dict[str, Any]) -> list[Finding]:
         out.append(Finding(False, "3.3.parameters", {"got": seen.get("parameters")}))
     if isinstance(seen.get("out"), dict):
         out.append(Finding(False, "error", seen["out"]))
+    elif seen.get("out") != (1, 4, 768):
+        out.append(Finding(False, "shape", {"got": seen.get("out"), "want": "(1, 4, 768)"}))
     return out
 
 
@@ -156,8 +158,13 @@ def judge_3_b(seen: dict[str, Any]) -> list[Finding]:
     if not isinstance(got, torch.Tensor) or got.shape != (6, 6):
         return [Finding(False, "shape", {"got": _shape(got), "want": "(6, 6)"})]
     row = got[1]
-    if _close(row, want_2) and _close(got.sum(dim=-1), torch.ones(6, dtype=torch.float64), 1e-5):
+    inputs = book.embedded_inputs().double()
+    queries, keys = inputs @ _t(golden.W_QUERY), inputs @ _t(golden.W_KEY)  # the book's W, seed 123, as printed
+    every = torch.softmax(queries @ keys.T / 2**0.5, dim=-1)  # every query's row, as the book computes query 2's
+    if _close(row, want_2) and _close(got, every, 1e-6):
         return [Finding(True, "3.B.same", {})]
+    if _close(row, want_2):  # query 2's row right, the others not: the answer computed one query for all
+        return [Finding(False, "3.B.one_query", {})]
     if _close(row, torch.softmax(scores_2, dim=0)):
         return [Finding(False, "3.B.no_scale", {"d_k": 2})]
     if _close(row, torch.softmax(scores_2 / 2, dim=0)):

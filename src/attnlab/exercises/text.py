@@ -110,6 +110,8 @@ HINTS: dict[str, dict[str, str]] = {
         "3.B.no_scale": "the scores were not scaled: divide them by the square root of d_k = {d_k} before softmax",
         "3.B.scale_d_k": "the scores were divided by d_k = {d_k}; the scale is its square root, {root}",
         "3.B.dim0": "each column sums to 1: softmax ran over dim=0; normalize each query's row, dim=-1",
+        "3.B.one_query": "query 2's row is the book's, the other rows are not: compute every query's row, "
+        "queries @ keys.T, not one query's",
         "3.B.same": "query 2's weights are the book's [0.1500, 0.2264, 0.2199, 0.1311, 0.0906, 0.1820]",
         "3.C.wrong_side": "the mask is on the wrong side: the past is hidden and the future seen; mask above the "
         "diagonal (torch.triu(..., diagonal=1)) with -inf",
@@ -157,6 +159,7 @@ HINTS: dict[str, dict[str, str]] = {
         "3.B.no_scale": "注意力分数没有缩放：softmax 之前要除以 d_k = {d_k} 的平方根",
         "3.B.scale_d_k": "注意力分数除以了 d_k = {d_k}；应该除以它的平方根 {root}",
         "3.B.dim0": "每一列之和为 1：softmax 用在了 dim=0 上；要对每个查询的一行归一化，dim=-1",
+        "3.B.one_query": "查询 2 这一行与书中一致，其他行不对：要算每个查询的一行，queries @ keys.T，而不只是一个查询",
         "3.B.same": "查询 2 的注意力权重与书中一致：[0.1500, 0.2264, 0.2199, 0.1311, 0.0906, 0.1820]",
         "3.C.wrong_side": "掩码放反了：遮住了过去、看到了未来；应该用 -inf 遮住对角线以上 "
         "(torch.triu(..., diagonal=1))",

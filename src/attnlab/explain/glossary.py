@@ -13,6 +13,7 @@ brackets) that is not here, or when a term's first step is not where the tour fi
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -200,12 +201,20 @@ def first_uses(lang: str, texts: list[tuple[str, str]]) -> dict[str, list[Term]]
     what the tour links to this table. ``texts``: (step key, text) in the tour's order."""
     found: dict[str, list[Term]] = {}
     for term in TERMS:
-        word = term.zh if lang == "zh" else term.en
         for key, text in texts:
-            if (word in text) if lang == "zh" else (word.casefold() in text.casefold()):
+            if phrase_in(term, lang, text) is not None:
                 found.setdefault(key, []).append(term)
                 break
     return found
+
+
+def phrase_in(term: Term, lang: str, text: str) -> str | None:
+    """The term's word as ``text`` first writes it, or None: Chinese as is; English in any case, as a whole word
+    ("head" is not in "ahead")."""
+    if lang == "zh":
+        return term.zh if term.zh in text else None
+    found = re.search(rf"(?<![\w-]){re.escape(term.en)}(?![\w-])", text, flags=re.IGNORECASE)
+    return found.group(0) if found else None
 
 
 def term_line(term: Term, lang: str) -> str:

@@ -14,7 +14,7 @@ from attnlab.explain.report import MAX_TOKENS
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.explain.tour import fmt
 from attnlab.models.gpt import GPT
-from attnlab.models.tokenizer import TextTokenizer, character_groups, part_labels
+from attnlab.models.tokenizer import TextTokenizer, character_groups
 from attnlab.models.train import TrainLog
 
 
@@ -41,11 +41,13 @@ def model_weights(
             f"the tokenizer gives id {max(ids)} but the model knows {model.config.vocab_size} tokens: "
             "pass the tokenizer the model was trained with (--tokenizer)"
         )
-    groups = character_groups(tokenizer, ids)
+    labels = tokenizer.tokens(text)  # a part of a character marked as one (字 1/3), an unknown one as typed
     weights = model.attention_weights(torch.tensor([ids]))[:, 0]  # (L, H, T, T) of the one sequence
     if characters:
-        return [t for _, t in groups], by_character(weights, [members for members, _ in groups])
-    return part_labels(groups), weights
+        groups = character_groups(tokenizer, ids)
+        merged = [labels[members[0]] if len(members) == 1 else text for members, text in groups]
+        return merged, by_character(weights, [members for members, _ in groups])
+    return labels, weights
 
 
 def by_character(weights: torch.Tensor, groups: list[list[int]]) -> torch.Tensor:

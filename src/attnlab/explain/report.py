@@ -14,7 +14,7 @@ import torch
 from attnlab import book
 from attnlab._checks import check_dropout, check_heads, check_positive_int, check_seed
 from attnlab.explain.checks import Check, holds
-from attnlab.explain.glossary import HEADINGS, TERMS, first_uses, rows
+from attnlab.explain.glossary import HEADINGS, TERMS, first_uses, phrase_in, rows
 from attnlab.explain.render.heatmap import head_grid, heatmap, page_figure
 from attnlab.explain.render.html import Figure, Report, Section
 from attnlab.explain.report_text import REPORT_TEXT
@@ -101,7 +101,7 @@ def tour_report(lang: str = "en") -> Report:
                 value=step.value or None,
                 figures=figures,
                 checks=list(step.checks),
-                links={(t.zh if lang == "zh" else t.en): f"term-{t.key}" for t in uses.get(step.key, [])},
+                links={str(phrase_in(t, lang, step.text)): f"term-{t.key}" for t in uses.get(step.key, [])},
             )
         )
     titles = {step.key: step.title for step in steps}

@@ -42,6 +42,7 @@ from safetensors.torch import load_file, save_file
 from attnlab.models import families
 from attnlab.models.config import PRESETS, GPTConfig
 from attnlab.models.families.rows import Rows
+from attnlab.models.tokenizer import CharTokenizer
 
 Tensors = dict[str, torch.Tensor]
 Weights = abc.Mapping[str, torch.Tensor | Rows]  # in attnlab's names: a Rows stacks several of the file's tensors
@@ -338,6 +339,7 @@ def _fit(
 SHIPPED = (
     "induction",
     "text",
+    "poems",
 )  # in the package: attnlab/data/<name>/ (docs/heads.md, docs/caches.md: how each was made)
 
 
@@ -510,18 +512,23 @@ def hf_state_dict(model: nn.Module, config: GPTConfig) -> Tensors:
     return out
 
 
-def save_gpt(model: nn.Module, directory: str | Path, *, tokenizer: str | None = None) -> Path:
+def save_gpt(model: nn.Module, directory: str | Path, *, tokenizer: str | CharTokenizer | None = None) -> Path:
     """Write ``config.json`` and ``model.safetensors``; the folder is created, and nothing is half-written on error.
 
-    ``tokenizer="bytes"`` (or ``"ascii"``) records that the model reads bytes, so ``load_tokenizer`` needs no files.
+    ``tokenizer="bytes"`` (or ``"ascii"``) records that the model reads bytes, so ``load_tokenizer`` needs no files;
+    a ``CharTokenizer`` is written beside them (``chars.json``) and recorded as ``"chars"``.
     """
     config = getattr(model, "config", None)
     if not isinstance(config, GPTConfig):
         raise TypeError(f"save_gpt saves an attnlab GPT, got {type(model).__name__}")
-    if tokenizer not in (None, "bytes", "ascii"):
-        raise ValueError(
-            f"tokenizer must be None, 'bytes' or 'ascii' (the tokenizers that need no files), got {tokenizer!r}"
-        )
+    if isinstance(tokenizer, CharTokenizer):
+        if tokenizer.vocab_size != config.vocab_size:
+            raise ValueError(
+                f"the character vocabulary has {tokenizer.vocab_size} ids and the model {config.vocab_size}: "
+                "save the model with the tokenizer it was trained with"
+            )
+    elif tokenizer not in (None, "bytes", "ascii"):
+        raise ValueError(f"tokenizer must be None, 'bytes', 'ascii' or a CharTokenizer, got {tokenizer!r}")
     if getattr(model, "quantized", False):
         raise ValueError(
             "this model's weights were quantized to int8 in memory (GPT.quantize); checkpoints hold float "
@@ -540,8 +547,11 @@ def save_gpt(model: nn.Module, directory: str | Path, *, tokenizer: str | None =
         if config.tie_weights:
             tensors.pop("out_head.weight", None)  # the same tensor as tok_emb.weight
         described = {"format": "attnlab", "attnlab": config.to_dict()}
-    text = json.dumps({**described, **({"tokenizer": tokenizer} if tokenizer else {})}, indent=2)
+    named = tokenizer.name if isinstance(tokenizer, CharTokenizer) else tokenizer
+    text = json.dumps({**described, **({"tokenizer": named} if named else {})}, indent=2)
     target.mkdir(parents=True, exist_ok=True)
+    if isinstance(tokenizer, CharTokenizer):  # before config.json names it: a reader never finds it missing
+        tokenizer.save(target)
     write_atomic(target / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     write_atomic(target / "config.json", lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
     return target

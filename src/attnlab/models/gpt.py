@@ -29,6 +29,7 @@ from attnlab.models.checkpoints import Checkpoint, fit, read_book, read_checkpoi
 from attnlab.models.config import GPTConfig, score_mod_from_name
 from attnlab.models.generation import Sampling, Stop, decode, plan
 from attnlab.models.parts import TransformerBlock, make_norm
+from attnlab.models.tokenizer import CharTokenizer
 from attnlab.observe import Recorder
 
 
@@ -491,10 +492,11 @@ class GPT(nn.Module):
         fit(model, checkpoint)
         return model.eval()
 
-    def save_pretrained(self, directory: str | Path, *, tokenizer: str | None = None) -> Path:
+    def save_pretrained(self, directory: str | Path, *, tokenizer: str | CharTokenizer | None = None) -> Path:
         """Write config.json and model.safetensors, which ``transformers.GPT2LMHeadModel.from_pretrained`` reads
         (for a model GPT-2 can hold; attnlab's own names otherwise).
 
-        ``tokenizer="bytes"`` or ``"ascii"`` records a tokenizer that needs no files (see ``load_tokenizer``).
+        ``tokenizer="bytes"`` or ``"ascii"`` records a tokenizer that needs no files (see ``load_tokenizer``); a
+        ``CharTokenizer`` is saved beside the weights.
         """
         return save_gpt(self, directory, tokenizer=tokenizer)

@@ -149,23 +149,44 @@ class TextTask:
         return windows[:, :-1], windows[:, 1:]
 
 
-TASKS = ("induction", "text")
+TASKS = ("induction", "text", "poems")
 
 # The model each built-in task trains by default: small enough for minutes on two CPU cores.
 TASK_MODELS: dict[str, GPTConfig] = {
     "induction": GPTConfig(vocab_size=128, context_length=64, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0),
     "text": GPTConfig(vocab_size=256, context_length=256, emb_dim=128, n_heads=4, n_layers=4, drop_rate=0.0, rope=True),
+    # one token per character; vocab_size is the vocabulary's, set when the task is built from its corpus
+    "poems": GPTConfig(
+        vocab_size=3001,
+        context_length=64,
+        emb_dim=128,
+        n_heads=4,
+        n_layers=4,
+        drop_rate=0.0,
+        rope=True,
+        tie_weights=True,
+    ),
 }
 
 
-def make_task(name: str, *, seq_len: int | None = None, data: str | Path | None = None) -> Task:
-    """A built-in task by name; ``data`` (text only) is a local UTF-8 file instead of Python's own docs."""
+def make_task(
+    name: str, *, seq_len: int | None = None, data: str | Path | None = None, tokenizer: object = None
+) -> Task:
+    """A built-in task by name; ``data``: a local UTF-8 file instead of Python's own docs (text), the
+    chinese-poetry tarball or a JSON file of poems (poems; fetched with npm when not given). ``tokenizer``
+    (poems): the vocabulary a resumed run saved."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; the built-in tasks are {list(TASKS)}")
-    if data is not None and name != "text":
-        raise ValueError(f"--data is text for the 'text' task; the {name!r} task makes its own sequences")
+    if data is not None and name == "induction":
+        raise ValueError("--data is text for the 'text' task or poems for 'poems'; 'induction' makes its own sequences")
     length = seq_len if seq_len is not None else TASK_MODELS[name].context_length
     if name == "induction":
         longest = max(2, min(16, (length + 1) // 4))  # two blocks, each repeated twice, fit the sequence
         return InductionTask(seq_len=length, max_period=longest, min_period=min(6, longest))
+    if name == "poems":
+        from attnlab.models.poems import PoemsTask, fetch_corpus, read_poems
+        from attnlab.models.tokenizer import CharTokenizer
+
+        saved = tokenizer if isinstance(tokenizer, CharTokenizer) else None
+        return PoemsTask(read_poems(data if data is not None else fetch_corpus()), seq_len=length, tokenizer=saved)
     return TextTask(read_text(data) if data is not None else stdlib_text(), seq_len=length)

@@ -17,6 +17,8 @@ a view can merge each group into one label (``attnlab.explain``).
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -37,20 +39,28 @@ class TextTokenizer(Protocol):
 def character_groups(tokenizer: TextTokenizer, ids: list[int]) -> list[tuple[list[int], str]]:
     """The positions of ``ids`` gathered into whole characters, each group with its text: a token that decodes
     alone is a group of one; tokens that decode only together (the bytes of one character, or a BPE token
-    holding the end of one character and the start of the next) form one group. A character left unfinished at
-    the end is a group as it decodes (with U+FFFD)."""
+    holding the end of one character and the start of the next) form one group. A token that does not combine
+    with the run before it (a stray byte, a character left unfinished) ends that run, which stays a group as it
+    decodes (with U+FFFD), and never swallows the text after it."""
     groups: list[tuple[list[int], str]] = []
     run: list[int] = []
     for n, token in enumerate(ids):
         piece = tokenizer.decode([token])
-        if not run and "\ufffd" not in piece:
-            groups.append(([n], piece))
-            continue
-        run.append(n)
-        text = tokenizer.decode([ids[m] for m in run])
-        if "\ufffd" not in text:  # the run makes whole characters now
-            groups.append((run, text))
+        if run:
+            before = tokenizer.decode([ids[m] for m in run])
+            text = tokenizer.decode([ids[m] for m in [*run, n]])
+            if text.count("\ufffd") < before.count("\ufffd") + piece.count("\ufffd"):  # they combine
+                run.append(n)
+                if "\ufffd" not in text:  # the run makes whole characters now
+                    groups.append((run, text))
+                    run = []
+                continue
+            groups.append((run, before))  # the run ends unfinished: a group as it decodes
             run = []
+        if "\ufffd" in piece:
+            run = [n]
+        else:
+            groups.append(([n], piece))
     if run:
         groups.append((run, tokenizer.decode([ids[m] for m in run])))
     return groups
@@ -148,6 +158,66 @@ class ByteTokenizer:
         return part_labels(character_groups(self, self.encode(text)))
 
 
+CHARS_FILE = "chars.json"
+MISSING = "\u25a1"  # □: id 0, any character outside the vocabulary (how Chinese editions mark a lost character)
+
+
+class CharTokenizer:
+    """One token per character from a fixed vocabulary (``attnlab train poems`` builds one from its corpus): a
+    view of Chinese text shows 字, never bytes. Id 0 is □, any character outside the vocabulary; ``tokens``
+    labels such a character as typed, with a mark (字?). Saved as ``chars.json`` beside the weights."""
+
+    name = "chars"
+
+    def __init__(self, chars: Sequence[str]) -> None:
+        chars = list(chars)
+        bad = [c for c in chars if not isinstance(c, str) or len(c) != 1 or c == MISSING]
+        if bad or len(set(chars)) != len(chars):
+            raise ValueError(
+                f"a character vocabulary holds distinct single characters, {MISSING!r} aside (id 0 is it); got "
+                f"{bad[:5] or sorted({c for c in chars if chars.count(c) > 1})[:5]}"
+            )
+        self.chars = [MISSING, *chars]
+        self.index = {c: i for i, c in enumerate(self.chars)}
+        self.vocab_size = len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.index.get(c, 0) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"character ids lie in [0, {self.vocab_size}), got {bad[:8]}")
+        return "".join(self.chars[i] for i in ids)
+
+    def tokens(self, text: str) -> list[str]:
+        """A label per character: itself, or itself marked 字? when the vocabulary lacks it (the model reads □)."""
+        return [c if c in self.index else f"{c}?" for c in text]
+
+    def save(self, directory: str | Path) -> None:
+        """``chars.json`` in ``directory``, written whole or not at all."""
+        path = Path(directory) / CHARS_FILE
+        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps({"chars": self.chars[1:]}, ensure_ascii=False) + "\n", encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> CharTokenizer:
+        file = Path(path)
+        try:
+            values = json.loads(file.read_text(encoding="utf-8"))
+            return cls(values["chars"])
+        except FileNotFoundError:
+            raise ValueError(
+                f"{str(file)!r} is missing: a checkpoint that reads characters keeps its vocabulary there"
+            ) from None
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{str(file)!r} is not a character vocabulary ({err})") from None
+
+
 END_OF_TEXT = "<|endoftext|>"  # GPT-2's one special token
 
 
@@ -189,4 +259,6 @@ def load_tokenizer(directory: str | Path) -> TextTokenizer:
         named = values.get("tokenizer") if isinstance(values, dict) else None
     if named in ("bytes", "ascii"):
         return ByteTokenizer(ascii=named == "ascii")
+    if named == "chars":
+        return CharTokenizer.from_file(where / CHARS_FILE)
     return Tokenizer.from_dir(where)

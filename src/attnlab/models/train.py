@@ -34,6 +34,7 @@ from attnlab.models.checkpoints import file_digest, read_json, write_atomic
 from attnlab.models.config import GPTConfig
 from attnlab.models.gpt import GPT
 from attnlab.models.tasks import Task
+from attnlab.models.tokenizer import CharTokenizer
 
 STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.json"
@@ -90,6 +91,7 @@ class TrainConfig:
 TASK_DEFAULTS: dict[str, TrainConfig] = {
     "induction": TrainConfig(steps=2500, lr=3e-3, eval_every=50),
     "text": TrainConfig(steps=800, lr=2e-3, eval_every=100),
+    "poems": TrainConfig(steps=3000, lr=3e-3, batch_size=64, eval_every=250),
 }
 
 
@@ -157,7 +159,7 @@ class RunRecord:
     (written in config.json) and what the run trains on (``run``: task, data, the data's digest; kept in the
     state, and its ``task`` names the log's)."""
 
-    tokenizer: str | None = None
+    tokenizer: str | CharTokenizer | None = None
     run: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -57,20 +57,39 @@ def laid_out(weight: torch.Tensor, layout: Layout) -> torch.Tensor:
 
 
 def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether oneDNN's product may serve ``F.linear(x, weight, bias)``: inference on the CPU, float32 or
-    bfloat16 throughout, outside torch.compile (whose CPU backend lowers the op only for frozen weights)."""
-    if torch.compiler.is_compiling() or x.device.type != "cpu" or x.dtype not in ONEDNN_DTYPES:
+    """Whether oneDNN's product may serve ``F.linear(x, weight, bias)``: plain inference on the CPU, float32 or
+    bfloat16 throughout. Anything that needs more than the forward values goes through ``F.linear``: a gradient
+    to any of the three (the op has no backward), forward-mode AD and torch.func transforms (their tensors are
+    wrapped or carry tangents), autocast (which would cast the inputs first), torch.compile (whose CPU backend
+    lowers the op only for frozen weights), tensor subclasses, and an empty inner dimension."""
+    if torch.compiler.is_compiling() or type(x) is not torch.Tensor or x.device.type != "cpu":
         return False
-    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+    if x.dtype not in ONEDNN_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return False
-    return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    if x.shape[-1] == 0 or _autocast() or _transformed(x, weight, bias):
+        return False
+    needs = [x, weight, *([bias] if bias is not None else [])]
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in needs))
+
+
+def _autocast() -> bool:
+    return bool(torch.is_autocast_enabled("cpu"))
+
+
+def _transformed(*tensors: torch.Tensor | None) -> bool:
+    """Whether a tensor is under torch.func (vmap, grad, jvp) or carries a forward-mode tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+    return any(t is not None and (wrapped(t) or fwAD.unpack_dual(t).tangent is not None) for t in tensors)
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` computed by oneDNN's inner product where it applies (see
     :func:`onednn_applies`), by ``F.linear`` elsewhere."""
     if onednn_applies(x, weight, bias):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        dense = None if bias is None else bias.contiguous()  # the op reads a bias as dense: a strided one reads wrong
+        return torch.ops.mkldnn._linear_pointwise(x, weight, dense, "none", [], "")
     return F.linear(x, weight, bias)
 
 
