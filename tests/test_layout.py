@@ -156,7 +156,8 @@ def test_onednn_in_bfloat16_and_a_half_model_is_refused_by_name() -> None:
     assert all(type(m) is torch.nn.Linear for m in half.modules() if isinstance(m, torch.nn.Linear))
 
 
-@needs_onednn
+@needs_onednn  # torch's own forward-mode AD (make_dual) calls torch.jit.script, which torch 2.13 deprecates
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_onednn_hands_anything_beyond_plain_inference_to_f_linear() -> None:
     """Each case where oneDNN's op would be wrong or lose a gradient, against F.linear: a bias that alone trains,
     a strided bias, autocast, forward-mode AD, an empty inner dimension."""

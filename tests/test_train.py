@@ -100,7 +100,9 @@ def test_task_errors_name_the_value_and_the_fix(tmp_path: Path) -> None:
         InductionTask(seq_len=20, max_period=16)
     with pytest.raises(ValueError, match=r"two blocks of up to max_period=20 distinct tokens need 40 tokens"):
         InductionTask(vocab_size=32, seq_len=100, max_period=20)
-    with pytest.raises(ValueError, match=r"unknown task 'copy'; the built-in tasks are \['induction', 'text'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown task 'copy'; the built-in tasks are \['induction', 'text', 'poems'\]"
+    ):
         make_task("copy")
     with pytest.raises(ValueError, match=r"--data '.*nope.txt' is not a file"):
         make_task("text", data=tmp_path / "nope.txt")
@@ -454,7 +456,8 @@ def test_a_shipped_models_report_names_the_command_that_trained_it(name: str) ->
 
 
 def test_train_help_states_each_tasks_own_defaults() -> None:
-    """`attnlab train -h` says "(induction A, text B)" for each setting: A and B are what each task trains with."""
+    """`attnlab train -h` says "(induction A, text B, poems C)" for each setting (or "text and poems B" where the
+    two share it): each number is what that task trains with."""
     from attnlab.cli.train import add_parser
 
     parser = argparse.ArgumentParser()
@@ -468,10 +471,13 @@ def test_train_help_states_each_tasks_own_defaults() -> None:
         "context": ("context_length", TASK_MODELS),
     }
     for flag, (field, table) in settings.items():
-        found = re.search(r"induction ([\de.-]+), text ([\de.-]+)", helps[flag] or "")
-        assert found, (flag, helps[flag])
-        for task, said in zip(("induction", "text"), found.groups(), strict=True):
-            assert float(said) == float(getattr(table[task], field)), (flag, task, said)
+        text = helps[flag] or ""
+        found = re.search(r"induction ([\de.-]+), text ([\de.-]+)(?:, poems ([\de.-]+))?", text)
+        shared = re.search(r"induction ([\de.-]+), text and poems ([\de.-]+)", text)
+        said = (found.groups() if found else None) or (shared and (*shared.groups(), shared.group(2)))
+        assert said and said[2] is not None, (flag, text)  # every task's number is stated
+        for task, value in zip(("induction", "text", "poems"), said, strict=True):
+            assert float(value) == float(getattr(table[task], field)), (flag, task, value)
 
 
 @pytest.mark.parametrize(

@@ -51,14 +51,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     train.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     train.add_argument("--steps", type=int, help="optimizer steps (induction 2500, text 800, poems 3000)")
     train.add_argument("--batch-size", type=int, help="sequences per step, over all processes (default 32)")
-    train.add_argument("--lr", type=float, help="peak learning rate (induction 3e-3, text 2e-3)")
+    train.add_argument("--lr", type=float, help="peak learning rate (induction 3e-3, text 2e-3, poems 3e-3)")
     train.add_argument("--warmup", type=int, help="warm-up steps (default 100)")
     train.add_argument("--seed", type=int, help="seed of the weights and the batches (default 0)")
     train.add_argument("--minutes", type=float, help="stop after this many minutes (and save; --resume goes on)")
     train.add_argument("--eval-every", type=int, help="steps between held-out losses and head scores")
     train.add_argument("--layers", type=int, help="model layers (induction 2, text and poems 4)")
     train.add_argument("--heads", type=int, help="heads per layer (default 4)")
-    train.add_argument("--emb-dim", type=int, help="model width (induction 64, text 128; text uses RoPE)")
+    train.add_argument(
+        "--emb-dim", type=int, help="model width (induction 64, text and poems 128; text and poems use RoPE)"
+    )
     train.add_argument(
         "--context",
         type=int,
