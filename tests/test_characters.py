@@ -76,10 +76,10 @@ def test_by_character_sums_a_characters_keys_and_averages_its_queries() -> None:
     torch.testing.assert_close(merged.sum(-1), torch.ones(1, 1, 2))
 
 
-def test_the_text_models_view_of_a_poem_labels_whole_characters_in_the_browser(tmp_path: Path) -> None:
+def test_every_shipped_models_view_of_a_poem_labels_whole_characters_in_the_browser(tmp_path: Path) -> None:
     """The shipped text model reads bytes: 36 tokens for 12 characters. By token, each is marked as a part of its
-    character; by character, one row each, the weights merged and the view saying so. The induction model
-    reads ASCII only and refuses the poem by name."""
+    character; by character, one row each, the weights merged and the view saying so. The poems model reads
+    characters: 12 tokens, 12 labels. The induction model reads ASCII only and refuses the poem by name."""
     executable = _chromium()
     from playwright.sync_api import sync_playwright
 
@@ -100,6 +100,16 @@ def test_the_text_models_view_of_a_poem_labels_whole_characters_in_the_browser(t
             note = page.locator(".note").text_content() or ""
             assert ("按字显示：这段文字的 36 个 Token 是 12 个字" in note) == (view is merged)
             assert ("字 1/3" in note) == (view is parts)
+        browser.close()
+    poems = attention_view(GPT.from_pretrained("poems"), load_tokenizer(locate("poems")), POEM, lang="zh")
+    assert poems.tokens == list(POEM)  # the poems model reads characters: one token, one label, each
+    with sync_playwright() as p:  # and the browser shows them so
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(poems.save(tmp_path / "poems.html").as_uri())
+        page.wait_for_selector(".attnview[data-ready='1']", timeout=10_000)
+        assert page.locator(".col.q div").all_text_contents() == list(POEM)
+        assert page.locator(".note").count() == 0  # nothing to say: no character is split
         browser.close()
     with pytest.raises(ValueError, match=r"this model knows the 128 ASCII characters only; the text has '[^']*床"):
         attention_view(GPT.from_pretrained("induction"), load_tokenizer(locate("induction")), POEM)
