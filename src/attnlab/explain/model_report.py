@@ -14,7 +14,7 @@ from attnlab.explain.report import MAX_TOKENS
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.explain.tour import fmt
 from attnlab.models.gpt import GPT
-from attnlab.models.tokenizer import TextTokenizer, character_groups
+from attnlab.models.tokenizer import TextTokenizer, character_groups, part_labels
 from attnlab.models.train import TrainLog
 
 
@@ -41,10 +41,12 @@ def model_weights(
             f"the tokenizer gives id {max(ids)} but the model knows {model.config.vocab_size} tokens: "
             "pass the tokenizer the model was trained with (--tokenizer)"
         )
+    groups = character_groups(tokenizer, ids)
     labels = tokenizer.tokens(text)  # a part of a character marked as one (字 1/3), an unknown one as typed
+    if len(labels) != len(ids):  # a tokenizer of one's own whose labels do not match its ids: from the ids
+        labels = part_labels(groups)
     weights = model.attention_weights(torch.tensor([ids]))[:, 0]  # (L, H, T, T) of the one sequence
     if characters:
-        groups = character_groups(tokenizer, ids)
         merged = [labels[members[0]] if len(members) == 1 else text for members, text in groups]
         return merged, by_character(weights, [members for members, _ in groups])
     return labels, weights
