@@ -22,6 +22,7 @@ JING_YE_SI = {
     "author": "李白",
     "paragraphs": ["牀前看月光，疑是地上霜。", "舉頭望山月，低頭思故鄉。"],
 }
+POEM_TEXT = "床前明月光，疑是地上霜。举头望明月，低头思故乡。"
 LINES = ["春眠不覺曉，處處聞啼鳥。", "夜來風雨聲，花落知多少。", "白日依山盡，黃河入海流。", "欲窮千里目，更上一層樓。"]
 
 
@@ -49,7 +50,7 @@ def test_a_character_vocabulary_reads_each_character_as_one_token(tmp_path: Path
     assert chars.vocab_size == 9 and chars.encode("明月") == [3, 4] and chars.decode([3, 4]) == "明月"
     assert chars.encode("明镜") == [3, 0] and chars.decode([0]) == MISSING  # outside the vocabulary: □, id 0
     assert chars.tokens("明镜") == ["明", "镜?"]
-    chars.save(tmp_path)
+    (tmp_path / "chars.json").write_text(chars.to_json(), encoding="utf-8")
     again = CharTokenizer.from_file(tmp_path / "chars.json")
     assert again.chars == chars.chars
     with pytest.raises(ValueError, match=r"distinct single characters, '□' aside .*\['明'\]"):
@@ -76,6 +77,23 @@ def test_the_tarball_is_read_in_simplified_characters_and_jing_ye_si_is_held_out
     assert inputs.shape == targets.shape == (4, 16) and torch.equal(inputs[:, 1:], targets[:, :-1])
     trained = task.tokenizer.decode(task.splits["train"].tolist())
     assert HELD_OUT_LINE not in trained and "疑是" not in trained
+
+
+def test_a_character_outside_the_vocabulary_is_read_but_never_a_target() -> None:
+    """□ (id 0) stands for any character outside the vocabulary: a window may hold it, its target never does (the
+    loss skips -100), so the model never learns to write □ where it is unsure."""
+    rare = Poem("独", "某", "龘春眠不晓，处处闻啼鸟。")  # seen in one poem only: outside the vocabulary
+    poems = [Poem(f"诗{i}", "某", "春眠不觉晓，处处闻啼鸟。") for i in range(60)] + [
+        rare,
+        Poem("静夜思", "李白", POEM_TEXT),
+    ]
+    task = PoemsTask(poems, seq_len=16)
+    assert "龘" not in task.tokenizer.index and 0 in task.splits["train"].tolist()
+    inputs, targets = task.batch(2000, torch.Generator().manual_seed(0))
+    assert bool((inputs == 0).any()) and not bool((targets == 0).any()) and bool((targets == -100).any())
+    kept = targets[:, :-1] != -100  # every other target is the next input
+    assert torch.equal(targets[:, :-1][kept], inputs[:, 1:][kept])
+    assert bool((inputs[:, 1:][~kept] == 0).all())  # and a skipped one is exactly where □ came next
 
 
 def test_bad_corpora_are_refused_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

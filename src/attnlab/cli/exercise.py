@@ -58,7 +58,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     except ValueError as err:
         return error(console, err)
     if args.solution:
-        console.print(chosen.solution_text(), markup=False, highlight=False)
+        console.print(chosen.solution_text(), markup=False, highlight=False, soft_wrap=True)  # code: never wrapped
         return 0
     if args.template:
         path.write_text(chosen.template(), encoding="utf-8")
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if not args.check:
         console.print(Text(chosen.title(args.lang), style="bold"))
         console.print(chosen.task(args.lang), markup=False)
-        console.print(f"\n{chosen.template()}", markup=False, highlight=False)
+        console.print(f"\n{chosen.template()}", markup=False, highlight=False, soft_wrap=True)
         return 0
     mark = {True: "[green]✓[/green]", False: "[red]✗[/red]"}
     console.print(Text(chosen.title(args.lang), style="bold"))

@@ -137,16 +137,21 @@ def check_many(answers: list[tuple[str, str | Path]], *, timeout: float = TIMEOU
                 timeout=timeout,
             )
         except subprocess.TimeoutExpired:
-            return [Result(i, p, [Finding(False, "timeout", {"seconds": f"{timeout:g}"})]) for i, p in items]
+            return _every(items, Finding(False, "timeout", {"seconds": f"{timeout:g}"}))
         if done.returncode != 0 or not out.is_file():
             detail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1][:300]
-            return [Result(i, p, [Finding(False, "crashed", {"detail": detail})]) for i, p in items]
+            return _every(items, Finding(False, "crashed", {"detail": detail}))
         try:
             observed = torch.load(out, weights_only=True)  # data only: tensors, numbers, strings
         except Exception as err:  # a file the answer's process wrote otherwise: never trusted, never run
             detail = f"its result could not be read as data ({type(err).__name__})"
-            return [Result(i, p, [Finding(False, "crashed", {"detail": detail})]) for i, p in items]
+            return _every(items, Finding(False, "crashed", {"detail": detail}))
     return [Result(i, p, judge(i, seen)) for (i, p), seen in zip(items, observed, strict=True)]
+
+
+def _every(items: list[tuple[str, Path]], finding: Finding) -> list[Result]:
+    """The same finding for every answer of a run that gave no result (stopped at its time limit, or crashed)."""
+    return [Result(i, p, [finding]) for i, p in items]
 
 
 __all__ = ["EXERCISES", "Exercise", "Finding", "Result", "check", "check_many", "exercise"]

@@ -58,8 +58,9 @@ def tensor(x: object) -> object:
 
 
 def error_of(err: BaseException) -> dict[str, str]:
+    """The error's type, and its message without the type's name before it (the hint names the type)."""
     line = traceback.format_exception_only(type(err), err)[-1].strip()
-    return {"type": type(err).__name__, "message": line[:500]}
+    return {"type": type(err).__name__, "message": line.removeprefix(f"{type(err).__name__}: ")[:500]}
 
 
 def ex_3_1(answer: ModuleType) -> Observed:

@@ -214,7 +214,7 @@ def attention_view(
         model, tokenizer, text, most=MAX_VIEW_TOKENS, what="the view", characters=characters
     )
     names = head_names(head_scores(model), REPORT_TEXT[lang])
-    return _view(model, tokenizer, text, labels, weights, names, lang, cache)
+    return _view(model, tokenizer, text, labels, weights, names, lang, cache, characters=characters)
 
 
 def _check_characters(characters: bool, cache: str | None) -> None:
@@ -243,6 +243,8 @@ def _view(
     names: list[list[str]],
     lang: str,
     cache: str | None,
+    *,
+    characters: bool,
 ) -> AttentionView:
     held = None
     if cache is not None:
@@ -252,7 +254,6 @@ def _view(
         held = held_by_layer(model, tokenizer.encode(text), cache)
     windows = [block.att.window for block in model.blocks]
     kinds = [layer_kind(w, _latent(model), REPORT_TEXT[lang]) for w in windows]
-    characters = len(labels) < len(tokenizer.encode(text))  # merged by character (model_weights)
     return AttentionView(
         tokens=labels,
         weights=weights,
@@ -333,7 +334,7 @@ def model_report(
     ids = [str(i) for i in tokens[0].tolist()]
     names = head_names(scores, txt)
     if figures:  # the terminal shows the numbers below; the view is for a browser
-        view = _view(model, tokenizer, text, labels, weights, names, lang, cache)
+        view = _view(model, tokenizer, text, labels, weights, names, lang, cache, characters=characters)
         sections.append(_view_section(view, txt))
     c = model.config
     runs = {"probe": (probe_weights, ids, "ids = probe"), "layer": (weights, labels, "ids = tokenizer.encode(text)")}

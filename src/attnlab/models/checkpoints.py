@@ -42,7 +42,7 @@ from safetensors.torch import load_file, save_file
 from attnlab.models import families
 from attnlab.models.config import PRESETS, GPTConfig
 from attnlab.models.families.rows import Rows
-from attnlab.models.tokenizer import CharTokenizer
+from attnlab.models.tokenizer import CHARS_FILE, CharTokenizer
 
 Tensors = dict[str, torch.Tensor]
 Weights = abc.Mapping[str, torch.Tensor | Rows]  # in attnlab's names: a Rows stacks several of the file's tensors
@@ -551,7 +551,8 @@ def save_gpt(model: nn.Module, directory: str | Path, *, tokenizer: str | CharTo
     text = json.dumps({**described, **({"tokenizer": named} if named else {})}, indent=2)
     target.mkdir(parents=True, exist_ok=True)
     if isinstance(tokenizer, CharTokenizer):  # before config.json names it: a reader never finds it missing
-        tokenizer.save(target)
+        chars = tokenizer.to_json()
+        write_atomic(target / CHARS_FILE, lambda tmp: tmp.write_text(chars, encoding="utf-8"))
     write_atomic(target / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     write_atomic(target / "config.json", lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
     return target

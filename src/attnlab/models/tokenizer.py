@@ -17,7 +17,6 @@ a view can merge each group into one label (``attnlab.explain``).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -165,7 +164,7 @@ MISSING = "\u25a1"  # □: id 0, any character outside the vocabulary (how Chine
 class CharTokenizer:
     """One token per character from a fixed vocabulary (``attnlab train poems`` builds one from its corpus): a
     view of Chinese text shows 字, never bytes. Id 0 is □, any character outside the vocabulary; ``tokens``
-    labels such a character as typed, with a mark (字?). Saved as ``chars.json`` beside the weights."""
+    labels such a character as typed, with a mark (字?). Saved as ``chars.json`` beside the weights (``to_json``)."""
 
     name = "chars"
 
@@ -194,15 +193,9 @@ class CharTokenizer:
         """A label per character: itself, or itself marked 字? when the vocabulary lacks it (the model reads □)."""
         return [c if c in self.index else f"{c}?" for c in text]
 
-    def save(self, directory: str | Path) -> None:
-        """``chars.json`` in ``directory``, written whole or not at all."""
-        path = Path(directory) / CHARS_FILE
-        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps({"chars": self.chars[1:]}, ensure_ascii=False) + "\n", encoding="utf-8")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+    def to_json(self) -> str:
+        """What ``chars.json`` holds (``save_gpt`` writes it beside the weights, whole or not at all)."""
+        return json.dumps({"chars": self.chars[1:]}, ensure_ascii=False) + "\n"
 
     @classmethod
     def from_file(cls, path: str | Path) -> CharTokenizer:
