@@ -302,3 +302,33 @@ def test_mla_against_its_expanded_heads_and_gqa(
     assert "a latent of 576 values a token for all 128 heads" in out and "4,997,120 B a token, 71.1x" in out
     llama = kv_report(GPTConfig.preset("llama-3.1-8b"), name="l", tokens=(131072,))
     assert llama.per_token / (v3.per_token / 61 * 32) > 3.5  # per layer, GQA's 8 heads hold 3.6x MLA's latent
+
+
+def test_a_recurrent_layers_state_is_counted_once_whatever_the_tokens() -> None:
+    """The zoo's hybrid: 3 Gated DeltaNet layers and 1 full, 4 heads of 32 dims in float32. A delta layer holds
+    4 x 32 x 32 values (16,384 B) after 1 token and after 131,072; a linear layer adds a 4 x 32 normalizer. The
+    figures equal the bytes of the StateCache the model builds."""
+    from attnlab.cache.state import StateCache
+    from attnlab.models import GPT
+
+    for types, state in (
+        (("delta", "delta", "delta", "full"), 4 * 32 * 32 * 4),
+        (("linear",) * 3 + ("full",), (4 * 32 * 32 + 4 * 32) * 4),
+    ):
+        config = GPTConfig(
+            vocab_size=256, context_length=256, emb_dim=128, n_heads=4, n_layers=4, rope=True, layer_types=types
+        )
+        report = kv_report(config, name="hybrid", tokens=(1024, 131072), dtype="float32")
+        full, recurrent = report.kinds
+        assert (full.kind, full.layers, full.bytes_per_token) == ("full", 1, 2 * 4 * 32 * 4)
+        assert (recurrent.kind, recurrent.layers, recurrent.bytes_per_token, recurrent.state_bytes) == (
+            types[0],
+            3,
+            0,
+            state,
+        )
+        for at in report.at:
+            assert at.total == at.tokens * 1024 + 3 * state
+        assert report.instead == ("every layer full", 4 * 1024)
+        caches = GPT(config).make_caches(batch_size=1, max_len=8)
+        assert [c.nbytes() for c in caches if isinstance(c, StateCache)] == [state] * 3

@@ -8,7 +8,9 @@ A latent attention layer (DeepSeek's MLA) stores its latent and its RoPE key ins
 (kv_lora_rank + qk_rope_head_dim) x bytes per element (``attnlab.cache.LatentCache``).
 
 A full layer holds every token; a sliding layer holds at most its ``window`` (attnlab's ring buffer,
-``attnlab.cache.SlidingWindowCache``), so past the window it stops growing. Grouped-query heads are why
+``attnlab.cache.SlidingWindowCache``), so past the window it stops growing. A recurrent layer (the zoo's
+"linear" and "delta", ``attnlab.nn.recurrent``) holds a state of fixed size from the first token: per head a
+head_dim x head_dim matrix, and for linear attention a head_dim normalizer beside it. Grouped-query heads are why
 today's models are cheap here: Llama 3.2 1B keeps 8 KV heads of its 32 query heads.
 
 >>> from attnlab.models import GPTConfig
@@ -43,16 +45,25 @@ def element_size(dtype: str) -> int:
 
 @dataclass(frozen=True)
 class LayerKind:
-    """The layers of one kind ("full", or "sliding" with its window) and what one of them stores per token."""
+    """The layers of one kind ("full", "latent", "sliding" with its window, or a recurrent "linear" or "delta")
+    and what one of them stores per token, or, for a recurrent kind, whatever the tokens (``state_bytes``)."""
 
     kind: str
     window: int | None
     layers: int
-    bytes_per_token: int  # one layer: 2 x n_kv_heads x head_dim x element size
+    bytes_per_token: int  # one layer: 2 x n_kv_heads x head_dim x element size; 0 for a recurrent layer
+    state_bytes: int = 0  # one recurrent layer's state, the same after one token as after a million
 
     def held(self, tokens: int) -> int:
-        """Tokens one layer of this kind holds after ``tokens`` tokens: all of them, or its window."""
+        """Tokens one layer of this kind holds after ``tokens`` tokens: all of them, or its window (a recurrent
+        layer holds none: it has folded them into its state)."""
+        if self.state_bytes:
+            return 0
         return tokens if self.window is None else min(tokens, self.window)
+
+    def layer_bytes(self, tokens: int) -> int:
+        """One layer's bytes after ``tokens`` tokens."""
+        return self.held(tokens) * self.bytes_per_token + (self.state_bytes if tokens else 0)
 
 
 @dataclass(frozen=True)
@@ -105,24 +116,31 @@ class KVReport:
 
 
 def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKind, ...]:
-    """The config's layers grouped by kind (full first, then each window), with each kind's bytes per token."""
-    per_token = 2 * (config.n_kv_heads or config.n_heads) * config.d_head * element_size(dtype)
+    """The config's layers grouped by kind (full first, then each window, then the recurrent kinds), with each
+    kind's bytes per token, or its state's bytes."""
+    size = element_size(dtype)
+    per_token = 2 * (config.n_kv_heads or config.n_heads) * config.d_head * size
     full = "full"
     if config.kv_lora_rank is not None:  # MLA: the latent and the shared RoPE key, once for all heads
-        per_token, full = (config.kv_lora_rank + config.qk_rope_head_dim) * element_size(dtype), "latent"
-    windows = [config.layer_window(i) for i in range(config.n_layers)]
-    kinds = sorted(set(windows), key=lambda w: -1 if w is None else w)
-    return tuple(
+        per_token, full = (config.kv_lora_rank + config.qk_rope_head_dim) * size, "latent"
+    types = [config.layer_type(i) for i in range(config.n_layers)]
+    windows = [config.layer_window(i) for i, t in enumerate(types) if t in ("full", "sliding")]
+    kinds = [
         LayerKind(kind=full if w is None else "sliding", window=w, layers=windows.count(w), bytes_per_token=per_token)
-        for w in kinds
-    )
+        for w in sorted(set(windows), key=lambda w: -1 if w is None else w)
+    ]
+    state = config.n_heads * config.d_head * config.d_head  # a (D, D) matrix per head
+    for kind, extra in (("linear", config.n_heads * config.d_head), ("delta", 0)):  # linear's normalizer
+        if kind in types:
+            kinds.append(LayerKind(kind, None, types.count(kind), 0, state_bytes=(state + extra) * size))
+    return tuple(kinds)
 
 
 def cache_at(kinds: tuple[LayerKind, ...], tokens: int, *, context_length: int) -> CacheAt:
     """The cache of these layers after ``tokens`` tokens (batch 1)."""
     held = {_label(k): k.held(tokens) for k in kinds}
-    layer_bytes = {_label(k): k.held(tokens) * k.bytes_per_token for k in kinds}
-    total = sum(k.layers * k.held(tokens) * k.bytes_per_token for k in kinds)
+    layer_bytes = {_label(k): k.layer_bytes(tokens) for k in kinds}
+    total = sum(k.layers * k.layer_bytes(tokens) for k in kinds)
     return CacheAt(tokens, held, layer_bytes, total, tokens > context_length)
 
 
@@ -147,7 +165,7 @@ def kv_report(config: GPTConfig, *, name: str, tokens: tuple[int, ...], dtype: s
     if config.kv_lora_rank is not None:  # each head's key (nope + rope) and value, expanded from the latent
         heads = config.n_heads * (config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim)
         instead = ("the expanded heads, as Hugging Face caches them", config.n_layers * heads * size)
-    elif any(k.window is not None for k in kinds) and any(k.window is None for k in kinds):
+    elif len(kinds) > 1 and kinds[0].kind == "full":  # a hybrid: sliding or recurrent layers beside full ones
         instead = ("every layer full", config.n_layers * kinds[0].bytes_per_token)
     return KVReport(
         name=name,

@@ -40,7 +40,7 @@ def decode_bytes(config: GPTConfig, position: float, *, element: int = 4) -> Ste
     """Bytes one decode step (batch 1) reads at ``position`` (tokens already cached), ``element`` bytes a number:
     the model's parameters, built on the meta device so any family counts as it is, less what a step leaves
     unread (each embedding table but one row, unless the head is tied to it and reads it whole; the experts
-    a token is not routed to), and each layer's keys and values (a sliding layer's within its window)."""
+    a token is not routed to), and each layer's keys and values (a sliding layer's within its window; a recurrent layer's state)."""
     from attnlab.bench.kv_bytes import layer_kinds
     from attnlab.models.gpt import GPT
     from attnlab.models.parts import MoEFeedForward
@@ -55,9 +55,7 @@ def decode_bytes(config: GPTConfig, position: float, *, element: int = 4) -> Ste
         experts = sum(p.numel() for part in (moe.fc1, moe.fc2, moe.fc3) for p in part.parameters())
         weights -= experts * (moe.num_experts - moe.num_experts_per_tok) // moe.num_experts
     kinds = layer_kinds(config, dtype="float32")  # 4 bytes a value: bytes_per_token // 4 values
-    kv = sum(
-        k.layers * (position if k.window is None else min(position, k.window)) * k.bytes_per_token / 4 for k in kinds
-    )
+    kv = sum(k.layers * k.layer_bytes(position) / 4 for k in kinds)  # a recurrent layer reads its whole state
     return StepBytes(weights=weights * element, kv=int(kv * element))
 
 

@@ -121,6 +121,8 @@ def _print(report: KVReport, console: Console) -> None:
         per_token.add_column(column, justify="left" if column == "layer kind" else "right")
     for k in report.kinds:
         label = k.kind if k.window is None else f"sliding, window {k.window:,}"
+        if k.state_bytes:  # a recurrent layer adds nothing a token: its state is the same size from the first
+            label += f" (a state of {k.state_bytes:,} B a layer)"
         per_token.add_row(label, str(k.layers), f"{k.bytes_per_token:,} B", f"{k.layers * k.bytes_per_token:,} B")
     total = Text(f"{report.per_token:,} B", style="bold")
     per_token.add_row(Text("every layer", style="bold"), str(report.n_layers), "", total)
@@ -136,7 +138,7 @@ def _print(report: KVReport, console: Console) -> None:
     for at in report.at:
         cells = []
         for label, held in at.held.items():
-            capped = f" ({held:,} tokens)" if held < at.tokens else ""
+            capped = f" ({held:,} tokens)" if 0 < held < at.tokens else ""
             cells.append(_size(at.layer_bytes[label]) + capped)
         note = ["past the context" if at.past_context else ""] if past else []
         cache.add_row(f"{at.tokens:,}", *cells, Text(_size(at.total), style="bold"), *note)

@@ -125,9 +125,16 @@ class ContextParallelAttention(Attention):
         return visibility, positions
 
     def attend(
-        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, visibility: Visibility
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        visibility: Visibility,
+        gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Ring attention and out_proj on this rank's projected, rotated q (B, H, T / P, D), k, v (B, Hkv, T / P, D)."""
+        """Ring attention and out_proj on this rank's projected, rotated q (B, H, T / P, D), k, v (B, Hkv, T / P, D);
+        ``gate``: the output gate's openings for this rank's own tokens, as in one process."""
         context_vec = ring_attention(  # (B, H, T / P, D): who may attend is worked out per block on the ring
             queries,
             keys,
@@ -141,4 +148,4 @@ class ContextParallelAttention(Attention):
             layout=self.layout,
             seq_len=self.seq_len,
         )
-        return self.merge_heads(context_vec)
+        return self.merge_heads(context_vec, gate=gate)

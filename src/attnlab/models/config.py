@@ -23,7 +23,7 @@ from attnlab.functional.rotary import RopeScaling
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("pre", "post", "sandwich")
 MLPS = ("gelu", "swiglu", "geglu", "clamped_swiglu")
-LAYER_TYPES = ("full", "sliding")
+LAYER_TYPES = ("full", "sliding", "linear", "delta")  # softmax layers; then layers with a state (nn/recurrent)
 # the Hugging Face model types a config can be saved as
 FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss", "deepseek_v3")
 ROUTERS = ("softmax", "grouped_sigmoid")
@@ -116,7 +116,7 @@ class GPTConfig:
     qk_norm: bool = False
     rope_scaling: RopeScaling | None = None
     rotary_dim: int | None = None
-    layer_types: tuple[Literal["full", "sliding"], ...] | None = None
+    layer_types: tuple[Literal["full", "sliding", "linear", "delta"], ...] | None = None
     family: str | None = None
     # Gemma 3: "sandwich" norms (before and after each sublayer), GeGLU, embeddings times emb_scale (sqrt(emb_dim)),
     # the softmax scale (query_pre_attn_scalar ** -0.5), RoPE's theta on sliding layers (no scaling there), and
@@ -147,6 +147,10 @@ class GPTConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     n_shared_experts: int = 0
+    # The attention zoo (attnlab zoo): Qwen3-Next's output gate on every softmax layer (each head's context vector
+    # times sigmoid(gate(x))); layer_types may also name "linear" (linear attention) and "delta" (Gated DeltaNet)
+    # layers, whose memory is a state of fixed size (attnlab.nn.recurrent)
+    attn_output_gate: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -185,7 +189,7 @@ class GPTConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
-        for name in ("bias", "qk_norm", "sinks", "norm_topk_prob", "rope_interleave"):
+        for name in ("bias", "qk_norm", "sinks", "norm_topk_prob", "rope_interleave", "attn_output_gate"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.hidden_dim is not None:
@@ -211,6 +215,10 @@ class GPTConfig:
                 raise ValueError(f"layer_types may hold {list(LAYER_TYPES)}, got {odd}")
             if "sliding" in self.layer_types and self.window is None:
                 raise ValueError("layer_types has 'sliding' layers but window is None: set window=<tokens>")
+            if self.kv_lora_rank is not None and {"linear", "delta"} & set(self.layer_types):
+                raise ValueError(
+                    "latent attention (kv_lora_rank) is on every layer; it takes no 'linear' or 'delta' layers"
+                )
         for name in ("emb_scale", "attn_scale", "rope_local_base", "final_softcap"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
@@ -252,6 +260,13 @@ class GPTConfig:
             )
         if self.family is not None and self.family not in FAMILIES:
             raise ValueError(f"family must be None or one of {list(FAMILIES)}, got {self.family!r}")
+        zoo = self.attn_output_gate or bool({"linear", "delta"} & set(self.layer_types or ()))
+        if zoo and (self.family is not None or self.kv_lora_rank is not None):
+            raise ValueError(
+                "attn_output_gate and 'linear' or 'delta' layers are the attention zoo's (saved in attnlab's own "
+                f"format); family={self.family!r} and latent attention (kv_lora_rank={self.kv_lora_rank}) have "
+                "neither: leave them out"
+            )
 
     @property
     def d_head(self) -> int:
@@ -274,6 +289,12 @@ class GPTConfig:
         if self.layer_types is None:
             return self.window
         return self.window if self.layer_types[layer] == "sliding" else None
+
+    def layer_type(self, layer: int) -> str:
+        """What layer ``layer`` is: "full", "sliding", "linear" or "delta"."""
+        if self.layer_types is None:
+            return "full" if self.window is None else "sliding"
+        return self.layer_types[layer]
 
     @property
     def is_gpt2(self) -> bool:
@@ -298,6 +319,8 @@ class GPTConfig:
             and (self.emb_scale, self.attn_scale, self.final_softcap, self.num_experts) == (None, None, None, 0)
             and not self.sinks
             and self.kv_lora_rank is None
+            and not self.attn_output_gate
+            and self.layer_types in (None, ("full",) * self.n_layers)
         )
 
     @classmethod

@@ -120,22 +120,24 @@ class GPT(nn.Module):
         layers, and one that would apply to none (every layer slides) is refused; a factory of your own gets
         each layer's window and decides."""
         name = cache_name(cache)
-        windows = {block.att.window for block in self.blocks}
-        if name not in (None, "plain") and None not in windows:
+        # a layer that keeps its own memory whatever cache is named: a sliding window's ring, a recurrent state
+        own = [block.att.window is not None or block.att.visibility_key == "recurrent" for block in self.blocks]
+        if name not in (None, "plain") and all(own):
+            kinds = sorted({self.config.layer_type(i) for i in range(len(self.blocks))})
             raise ValueError(
-                f"the {name} cache does not keep a sliding window's ring, and every layer "
-                f"of this model slides: a layer with window={sorted(windows, key=str)[0]} needs the 'plain' cache "
-                "(a ring buffer of the window, the default)"
+                f"the {name} cache holds keys and values of full softmax layers, and this model has none (its "
+                f"layers are {kinds}): each keeps its own memory (a window's ring buffer, a recurrent state); "
+                "use the 'plain' cache, the default"
             )
         return ModelCache(
             [
                 block.att.make_cache(
                     batch_size=batch_size,
                     max_len=max_len,
-                    cache="plain" if block.att.window is not None and name is not None else cache,
+                    cache="plain" if keeps and name is not None else cache,
                     context_length=self.config.context_length,
                 )
-                for block in self.blocks
+                for block, keeps in zip(self.blocks, own, strict=True)
             ]
         )
 
@@ -204,10 +206,10 @@ class GPT(nn.Module):
             x = x + self.pos_emb(positions)  # positions (T,) or (B, T) broadcast
         if self.score_mod is not None:
             score_mod = self.score_mod if score_mod is None else chain_scores(self.score_mod, score_mod)
-        visibility: dict[int | None, Visibility] = {}  # once per call for every layer of a kind: by its window
+        visibility: dict[int | str | None, Visibility] = {}  # once per call for the layers of a kind: by window
         for layer, block in enumerate(self.blocks):
-            if block.att.window not in visibility:
-                visibility[block.att.window] = block.att.visibility_for(
+            if block.att.visibility_key not in visibility:
+                visibility[block.att.visibility_key] = block.att.visibility_for(
                     x,
                     mask=mask,
                     cache=caches[layer] if caches is not None else None,
@@ -219,7 +221,7 @@ class GPT(nn.Module):
         rotary_positions = positions if self.config.rope else None
         for layer, block in enumerate(self.blocks):
             cache = caches[layer] if caches is not None else None
-            x = block(x, visibility=visibility[block.att.window], positions=rotary_positions, cache=cache)
+            x = block(x, visibility=visibility[block.att.visibility_key], positions=rotary_positions, cache=cache)
         if last_only:
             x = x[:, -1:]  # (B, 1, E)
         logits = self.out_head(self.final_norm(x))

@@ -24,6 +24,7 @@ from attnlab.functional.visibility import Visibility
 from attnlab.models.config import GPTConfig
 from attnlab.nn.attention import Attention
 from attnlab.nn.latent import LatentAttention
+from attnlab.nn.recurrent import GatedDeltaNet, LinearAttention
 
 
 def make_norm(config: GPTConfig, size: int | None = None) -> nn.Module:
@@ -200,9 +201,20 @@ class TransformerBlock(nn.Module):
         rope_base, rope_scaling = config.layer_rope(layer)
         self.placement = config.norm_placement
         self.norm1 = make_norm(config)
-        self.att = (
+        kind = config.layer_type(layer)
+        self.att: Attention | LinearAttention | GatedDeltaNet = (
             make_attention(config, layer)
             if config.kv_lora_rank is not None
+            else LinearAttention(d_in=e, num_heads=config.n_heads, head_dim=config.d_head, out_bias=config.bias)
+            if kind == "linear"
+            else GatedDeltaNet(
+                d_in=e,
+                num_heads=config.n_heads,
+                head_dim=config.d_head,
+                out_bias=config.bias,
+                norm_eps=config.layer_norm_eps,
+            )
+            if kind == "delta"
             else Attention(
                 d_in=e,
                 num_heads=config.n_heads,
@@ -222,6 +234,7 @@ class TransformerBlock(nn.Module):
                 sinks=config.sinks,
                 scale=config.attn_scale,
                 backend=config.backend,
+                output_gate=config.attn_output_gate,
             )
         )
         self.drop_resid = nn.Dropout(config.drop_rate)

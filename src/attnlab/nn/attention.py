@@ -64,6 +64,9 @@ class Attention(nn.Module):
             row may give part of its attention to nothing (``attnlab.functional.attention``'s ``sinks``).
         scale: the softmax scale; None is 1/sqrt(head_dim) (GPT-2 variants
             that scale otherwise load with their own).
+        output_gate: gated attention (Qwen3-Next): each head's context vector is multiplied elementwise by
+            sigmoid(gate(x)) before out_proj, so a head can close on a token instead of putting its weight
+            somewhere (``gate``: d_in -> H * D, no bias).
         backend: "auto", "eager", "sdpa" or "flash".
 
     Input (B, T, d_in); output (B, T, d_out), always a tensor. The weights
@@ -93,6 +96,7 @@ class Attention(nn.Module):
         sinks: bool = False,
         scale: float | None = None,
         backend: Backend = "auto",
+        output_gate: bool = False,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -112,8 +116,9 @@ class Attention(nn.Module):
             check_window(window)
         check_scale(scale)
         check_backend(backend)
-        if not isinstance(qk_norm, bool):
-            raise TypeError(f"qk_norm must be a bool, got {qk_norm!r}")
+        for flag, value in (("qk_norm", qk_norm), ("output_gate", output_gate)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{flag} must be a bool, got {value!r}")
         if (rope_scaling is not None or rotary_dim is not None) and not rope:
             raise ValueError("rope_scaling and rotary_dim shape RoPE: pass rope=True with them, or leave them out")
 
@@ -138,6 +143,7 @@ class Attention(nn.Module):
             sinks=sinks,
             scale=scale,
             backend=backend,
+            output_gate=output_gate,
         )
         self.d_in, self.d_out = d_in, d_out
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -150,6 +156,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d_in, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
         self.out_proj = nn.Linear(num_heads * head_dim, d_out, bias=out_bias)
         self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None  # (H,): gpt-oss's learned sinks
+        self.gate = nn.Linear(d_in, num_heads * head_dim, bias=False) if output_gate else None  # Qwen3-Next's
         # Qwen3's QK-norm: one RMSNorm over head_dim, shared by the heads, for the queries and one for the keys
         self.q_norm = nn.RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
@@ -158,6 +165,11 @@ class Attention(nn.Module):
             if rope
             else None
         )
+
+    @property
+    def visibility_key(self) -> int | None:
+        """What a model shares one Visibility by, among its layers: the window (None: full attention)."""
+        return self.window
 
     @property
     def dtype(self) -> torch.dtype:
@@ -259,7 +271,7 @@ class Attention(nn.Module):
         if cache is not None:
             keys, values, key_pos = cache.update(keys, values)  # the only write; everything above is checked
             visibility = visibility.for_keys(key_pos)  # the next layer's cache returns the same positions: kept
-        out = self.attend(queries, keys, values, visibility=visibility)
+        out = self.attend(queries, keys, values, visibility=visibility, gate=self.gate_for(x))
         if cache is not None and cache.capabilities.observes:  # a cache that evicts by the attention its keys get
             cache.observe(queries, keys, values, visibility=visibility, scale=self.scale)
         return out
@@ -362,10 +374,21 @@ class Attention(nn.Module):
             )
         _CACHE_CLASSES.add(type(cache))
 
+    def gate_for(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The output gate's openings sigmoid(gate(x)), (B, T, H * D), or None for a module without one."""
+        return None if self.gate is None else torch.sigmoid(self.gate(x))
+
     def attend(
-        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, visibility: Visibility
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        visibility: Visibility,
+        gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attention and out_proj on projected (and rotated) q (B, H, Tq, D), k, v (B, Hkv, Tk, D)."""
+        """Attention and out_proj on projected (and rotated) q (B, H, Tq, D), k, v (B, Hkv, Tk, D); ``gate``:
+        the output gate's openings (:meth:`gate_for`) when the module has one."""
         context_vec = attention(
             queries,
             keys,
@@ -376,12 +399,21 @@ class Attention(nn.Module):
             backend=self.backend,
             sinks=self.sinks,
         )
-        return self.merge_heads(context_vec)
+        return self.merge_heads(context_vec, gate=gate)
 
-    def merge_heads(self, context_vec: torch.Tensor) -> torch.Tensor:
-        """(B, H, T, D) context vectors -> heads side by side, then out_proj: (B, T, d_out)."""
+    def merge_heads(self, context_vec: torch.Tensor, *, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, H, T, D) context vectors -> heads side by side, through the output gate if the module has one
+        (``gate``: its openings for the same tokens, :meth:`gate_for`), then out_proj: (B, T, d_out)."""
         b, _, t, _ = context_vec.shape
         context_vec = context_vec.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, H*D)
+        if (gate is None) != (self.gate is None):
+            raise ValueError(
+                "this Attention has an output gate: pass gate=module.gate_for(x) for the same tokens"
+                if gate is None
+                else "gate= was given but this Attention has no output gate (build it with output_gate=True)"
+            )
+        if gate is not None:
+            context_vec = context_vec * gate  # (B, T, H*D): each head's vector, opened or closed per dimension
         return self.out_proj(context_vec)
 
     def _check_positions(self, positions: object, b: int, t: int) -> None:
@@ -416,6 +448,6 @@ class Attention(nn.Module):
             f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, is_causal={self.is_causal}, window={self.window}, "
             f"rope={self.rotary is not None}, qk_norm={self.q_norm is not None}, sinks={self.sinks is not None}, "
-            f"scale={self.scale}, "
+            f"scale={self.scale}, output_gate={self.gate is not None}, "
             f"backend={self.backend!r}"
         )

@@ -185,7 +185,9 @@ class LatentAttention(Attention):
         context = attention(queries, latents, values, visibility=visibility, scale=self.scale, backend=self.backend)
         return self.merge_heads(torch.einsum("bhtr,hvr->bhtv", context, w_uv))  # (B, H, T, V) -> (B, T, E)
 
-    def merge_heads(self, context_vec: torch.Tensor) -> torch.Tensor:
+    def merge_heads(self, context_vec: torch.Tensor, *, gate: torch.Tensor | None = None) -> torch.Tensor:
+        if gate is not None:
+            raise ValueError("latent attention has no output gate (DeepSeek's has none): pass no gate")
         b, _, t, _ = context_vec.shape
         return self.out_proj(context_vec.transpose(1, 2).reshape(b, t, self.num_heads * self.v_head_dim))
 

@@ -1,0 +1,97 @@
+"""``StateCache``: what a recurrent layer (linear attention, the gated delta rule) keeps between calls.
+
+A softmax layer's cache grows by a key and a value per token. A recurrent layer keeps one state of fixed size
+whatever the length (``attnlab.functional.recurrent``): per head a (Dk, Dv) matrix, and for linear attention a
+(Dk,) normalizer beside it. This cache holds those tensors and the number of tokens read into them, so the
+layer's positions and the model's decode loop see the same ``next_positions`` as from any other cache.
+
+It cannot be cropped back: the state after n tokens is not kept once more are read, so speculative decoding
+refuses a model with a recurrent layer (its capabilities say so).
+
+Shapes: B = batch, H = heads, Dk = key size, Dv = value size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.cache.base import Capabilities, LayerCache
+
+
+class StateCache(LayerCache):
+    """The recurrent state of one layer: (B, H, Dk, Dv), with a normalizer (B, H, Dk) when ``normalizer``."""
+
+    capabilities = Capabilities()
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        num_heads: int,
+        key_dim: int,
+        value_dim: int,
+        normalizer: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__(batch_size=batch_size, num_kv_heads=num_heads, head_dim=key_dim, dtype=dtype)
+        self.value_dim = value_dim
+        shape = (batch_size, num_heads, key_dim, value_dim)
+        self.register_buffer("matrix", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer(
+            "normalizer",
+            torch.zeros(shape[:3] if normalizer else (0,), dtype=dtype, device=device),
+            persistent=False,
+        )
+        self.register_buffer("_length", torch.zeros((), dtype=torch.long, device=device), persistent=False)
+        self.matrix: torch.Tensor
+        self.normalizer: torch.Tensor
+        self._length: torch.Tensor
+        self.has_normalizer = normalizer
+
+    @property
+    def length(self) -> int:
+        """Tokens read into the state."""
+        return int(self._length)
+
+    def next_positions(self, t: int) -> torch.Tensor:
+        return self._length + torch.arange(t, device=self.matrix.device)
+
+    def state(self) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
+        """What the layer continues from: None before any token; the matrix (and normalizer) after."""
+        if self.length == 0:
+            return None
+        return (self.matrix, self.normalizer) if self.has_normalizer else self.matrix
+
+    def write(self, state: torch.Tensor | tuple[torch.Tensor, torch.Tensor], tokens: int) -> None:
+        """Keep the state after ``tokens`` more tokens; checked whole before anything is written."""
+        matrix, normalizer = state if isinstance(state, tuple) else (state, None)
+        if tuple(matrix.shape) != tuple(self.matrix.shape) or (normalizer is None) == self.has_normalizer:
+            raise ValueError(
+                f"this state cache holds a {tuple(self.matrix.shape)} state"
+                + (f" and a {tuple(self.normalizer.shape)} normalizer" if self.has_normalizer else "")
+                + f"; got {tuple(matrix.shape)}"
+                + ("" if normalizer is None else f" and {tuple(normalizer.shape)}")
+                + ": build it with the layer's make_cache()"
+            )
+        if torch.is_grad_enabled() and matrix.requires_grad:
+            raise ValueError(
+                "the state requires grad, but a cache is for inference: decode under torch.no_grad() (or "
+                "torch.inference_mode()); train without a cache"
+            )
+        self.matrix.copy_(matrix)
+        if normalizer is not None:
+            self.normalizer.copy_(normalizer)
+        self._length += tokens
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise TypeError(
+            "a StateCache keeps a recurrent layer's state, not keys and values: give it to a LinearAttention or "
+            "GatedDeltaNet layer (a softmax Attention needs a KV cache: its make_cache())"
+        )
+
+    def nbytes(self) -> int:
+        """Bytes held: the same after 10 tokens as after 100,000."""
+        return (
+            self.matrix.numel() * self.matrix.element_size() + self.normalizer.numel() * self.normalizer.element_size()
+        )
