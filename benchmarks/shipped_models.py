@@ -36,6 +36,7 @@ PROMPTS = {  # the README's prompts for the text model; the poems' demo lines
 }
 N = 8  # the n of the n-grams counted
 LIMIT_MB = 10.0  # every shipped model together
+REAL_WINDOWS = 500  # windows of held-out text measured as the reference
 
 
 def repeated_share(ids: list[int], start: int, n: int = N) -> float:
@@ -51,6 +52,40 @@ def repeated_share(ids: list[int], start: int, n: int = N) -> float:
     return repeated / total if total else 0.0
 
 
+def longest_loop(ids: list[int], start: int, max_period: int = 64) -> tuple[int, int]:
+    """(tokens, period) of the longest stretch of ids[start:] in which each token repeats the one ``period``
+    before it, for a block said at least three times back to back (tokens >= 2 * period); (0, 0) if none.
+    A run of one token counts too (period 1): 200 spaces are a loop."""
+    best = (0, 0)
+    for period in range(1, max_period + 1):
+        run = 0
+        for i in range(max(start, period), len(ids) + 1):
+            if i < len(ids) and ids[i] == ids[i - period]:
+                run += 1
+                continue
+            if run >= 2 * period and run > best[0]:
+                best = (run, period)
+            run = 0
+    return best
+
+
+def real_text(prompt_tokens: int, new_tokens: int, windows: int) -> dict[str, Any]:
+    """The same measures on the text model's held-out documentation: ``windows`` windows (seeded) of
+    prompt + new tokens, the first ``prompt_tokens`` read as the prompt."""
+    from attnlab.models.tasks import TextTask, stdlib_text
+
+    task = TextTask(stdlib_text(), seq_len=prompt_tokens + new_tokens - 1)
+    rows = task.batch(windows, torch.Generator().manual_seed(0), split="eval")[0].tolist()  # (windows, length)
+    shares = sorted(repeated_share(row, prompt_tokens) for row in rows)
+    return {
+        "windows": windows,
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        "median_repeated_8grams": shares[len(shares) // 2],
+        "longest_loop": max(longest_loop(row, prompt_tokens)[0] for row in rows),
+    }
+
+
 def measure(tokens: int, smoke: bool) -> dict[str, Any]:
     models = []
     for name, prompts in PROMPTS.items():
@@ -62,12 +97,15 @@ def measure(tokens: int, smoke: bool) -> dict[str, Any]:
             n = min(tokens, model.config.context_length - len(ids))  # the poems model's context is 64 characters
             with torch.no_grad():
                 out = model.generate(torch.tensor([ids]), n)[0].tolist()
+            loop, period = longest_loop(out, len(ids))
             runs.append(
                 {
                     "prompt": prompt,
                     "new_tokens": n,
                     "text": tokenizer.decode(out[len(ids) :]),
                     "repeated_8grams": repeated_share(out, len(ids)),
+                    "longest_loop": loop,
+                    "loop_period": period,
                 }
             )
         models.append(
@@ -80,6 +118,7 @@ def measure(tokens: int, smoke: bool) -> dict[str, Any]:
             }
         )
     shipped = sum(f.stat().st_size for name in SHIPPED for f in locate(name).iterdir() if f.is_file())
+    real = real_text(len(PROMPTS["text"][0].encode("utf-8")), tokens, 20 if smoke else REAL_WINDOWS)
     return {
         "schema": "attnlab.shipped/1",
         "command": " ".join([".venv/bin/python", *sys.argv]),
@@ -88,30 +127,51 @@ def measure(tokens: int, smoke: bool) -> dict[str, Any]:
         "new_tokens": tokens,
         "models": models,
         "shipped_bytes": shipped,
+        "real_text": real,
+        "loop_tokens": real["longest_loop"] + 1,  # longer than any loop of the held-out documentation
     }
 
 
 def render(result: dict[str, Any]) -> str:
-    """The docs/heads.md section: every figure computed from the run's file."""
+    """The docs/heads.md section: every figure computed from the run's file (a run from before the loop
+    measure has no loop column)."""
+    loops = "real_text" in result
     lines = [
         f"`{result['command']}` ({result['date']}, torch {result['torch']}; greedy, up to {result['new_tokens']} new "
         "tokens a prompt, as many as the model's context holds):",
         "",
-        "| model | held-out loss (its log) | steps | files | prompt | new tokens | 8-grams repeated | the continuation, "
-        "first 40 characters |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | held-out loss (its log) | steps | files | prompt | new tokens | 8-grams repeated | "
+        + ("longest loop | " if loops else "")
+        + "the continuation, first 40 characters |",
+        "|---|---|---|---|---|---|---|" + ("---|" if loops else "") + "---|",
     ]
     for m in result["models"]:
         loss = "n/a" if m["held_out_loss"] is None else f"{m['held_out_loss']:.3f}"
         for r in m["runs"]:
             text = r["text"][:40].replace("\n", "⏎").replace("|", "\\|")
+            loop = (
+                ("none | " if not r["longest_loop"] else f"{r['longest_loop']} tokens (period {r['loop_period']}) | ")
+                if loops
+                else ""
+            )
             lines.append(
                 f"| {m['model']} | {loss} | {m['steps']} | {m['bytes'] / 1e6:.2f} MB | {r['prompt']} | {r['new_tokens']} | "
-                f"{r['repeated_8grams']:.0%} | {text} |"
+                f"{r['repeated_8grams']:.0%} | {loop}{text} |"
             )
     total = result["shipped_bytes"] / 1e6
     verdict = "under" if total < LIMIT_MB else "over"
     lines += ["", f"Every shipped model together: {total:.2f} MB, {verdict} the {LIMIT_MB:.0f} MB the issue allows."]
+    if loops:
+        real, limit = result["real_text"], result["loop_tokens"]
+        looped = [f"{r['prompt']!r}" for m in result["models"] for r in m["runs"] if r["longest_loop"] >= limit]
+        lines += [
+            "",
+            f"Real text, for comparison: {real['windows']} windows of the text model's held-out documentation, "
+            f"{real['prompt_tokens']} bytes then {real['new_tokens']}, repeat a median "
+            f"{real['median_repeated_8grams']:.0%} of their 8-grams, and their longest loop is {real['longest_loop']} "
+            f"bytes (a heading's underline). A continuation loops here when its longest loop is longer than that, "
+            f"{limit} tokens or more: " + (f"{len(looped)} did ({', '.join(looped)})." if looped else "none did."),
+        ]
     return "\n".join(lines)
 
 

@@ -236,7 +236,56 @@ def test_recurrent_layers_refuse_what_they_cannot_do() -> None:
         model.make_caches(batch_size=1, max_len=8, cache="int8")
     with pytest.raises(TypeError, match="not keys and values"):
         StateCache(batch_size=1, num_heads=1, key_dim=2, value_dim=2).update(torch.zeros(1), torch.zeros(1))
-    with pytest.raises(ValueError, match="cannot be cropped"):
-        model.generate(idx, 4, lookup=2)  # speculative decoding crops its cache
+    with pytest.raises(ValueError, match=r"has \['delta', 'linear'\] layers, whose recurrent state cannot be cut back"):
+        model.generate(idx, 4, lookup=2)  # speculative decoding crops its cache: refused before any pass
     with pytest.raises(ValueError, match="form must be one of"):
         GatedDeltaNet(d_in=8, num_heads=2, form="parallel")
+
+
+def test_the_implicit_weights_are_what_the_recurrence_computes() -> None:
+    """Each recurrent layer is linear in its values: out = weights @ v, with the weights formed in closed form."""
+    from attnlab.functional.recurrent import gated_delta_weights
+
+    x = inputs(6)
+    q, k, v, g, beta = delta_args(x)
+    out, _ = gated_delta_rule(q, k, v, g, beta, form="recurrent")
+    weights = gated_delta_weights(q, k, g, beta)
+    torch.testing.assert_close(weights @ v, out, rtol=0, atol=1e-12)
+    assert torch.equal(weights, weights.tril())  # causal
+    model = zoo_model(("linear", "delta", "full"))
+    idx = torch.randint(0, 50, (1, 12), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        every = model.attention_weights(idx)  # (L, B, H, T, T)
+    assert every.shape == (3, 1, 4, 12, 12)
+    torch.testing.assert_close(every[0].sum(-1), torch.ones(1, 4, 12, dtype=torch.float64))  # linear: rows of 1
+    assert not torch.allclose(every[1].sum(-1), torch.ones(1, 4, 12, dtype=torch.float64))  # delta: not a softmax
+
+
+def test_bfloat16_and_int8_models_keep_their_state_in_float32() -> None:
+    """In bfloat16 a normalizer summed token by token stops growing after a few hundred tokens; the state is kept
+    in float32, so a cached decode of 400 tokens still reads what the chunked forward computes. int8 weights
+    (GPT.quantize) run the same layers."""
+    model = zoo_model(("linear", "delta", "full")).float()
+    idx = torch.randint(0, 50, (1, 400), generator=torch.Generator().manual_seed(8))
+    half = zoo_model(("linear", "delta", "full")).to(torch.bfloat16)
+    with torch.no_grad():
+        whole = half(idx)[0, -1].float()
+        caches = half.make_caches(batch_size=1, max_len=400)
+        assert all(c.matrix.dtype == torch.float32 for c in caches if isinstance(c, StateCache))
+        for t in range(0, 400, 100):
+            step = half(idx[:, t : t + 100], caches=caches)
+        torch.testing.assert_close(step[0, -1].float(), whole, rtol=0, atol=0.1)
+        model.quantize("int8")
+        assert model.generate(idx[:, :8], 4).shape == (1, 12)
+
+
+def test_a_padded_rows_implicit_weights_are_zero_not_nan() -> None:
+    model = zoo_model(("linear", "delta"))
+    idx = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(9))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    with torch.no_grad():
+        weights = model.attention_weights(idx, attention_mask=mask)  # (L, B, H, T, T)
+    assert torch.isfinite(weights).all()
+    assert (weights[0, 1, :, :2] == 0).all()  # the padded rows attend to nothing
+    torch.testing.assert_close(weights[0, 1, :, 2:].sum(-1), torch.ones(4, 4, dtype=torch.float64))

@@ -55,3 +55,22 @@ def test_docs_quote_the_shipped_models_run() -> None:
     text = (ROOT / "docs" / "heads.md").read_text(encoding="utf-8")
     for run in runs:
         assert script().render(json.loads(run.read_text(encoding="utf-8"))) in text, run.name
+
+
+def test_a_loop_is_a_block_said_three_times_back_to_back() -> None:
+    loop = script().longest_loop
+    said = list(b"s are the same as the same as the same as the same a")  # the shipped text model's greedy text
+    assert loop(said, 0) == (len(said) - 5 - 12, 12)  # after "s are" and one " the same as", each byte repeats 12 back
+    assert loop(list(b"abcabcabc"), 0) == (6, 3)  # "abc" three times: 6 bytes repeat the one 3 back
+    assert loop(list(b"abcabcab"), 0) == (0, 0)  # not quite three times
+    assert loop(list(b"abcabc"), 0) == (0, 0)  # said twice: not yet a loop
+    assert loop(list(b"x" + b" " * 40 + b"y"), 0) == (39, 1)  # 40 spaces: each repeats the one before
+    assert loop(list(b"abababab" + b"cd"), 4) == (4, 2)  # only the continuation (from 4) is measured
+
+
+def test_real_documentation_repeats_little() -> None:
+    """The reference the continuations are set beside: windows of the held-out docs, measured the same way, repeat
+    few of their 8-grams, and their longest loop is a heading's underline (a run of one character)."""
+    real = script().real_text(17, 200, 100)
+    assert real["median_repeated_8grams"] < 0.1
+    assert 0 < real["longest_loop"] < 64

@@ -55,7 +55,12 @@ def decode_bytes(config: GPTConfig, position: float, *, element: int = 4) -> Ste
         experts = sum(p.numel() for part in (moe.fc1, moe.fc2, moe.fc3) for p in part.parameters())
         weights -= experts * (moe.num_experts - moe.num_experts_per_tok) // moe.num_experts
     kinds = layer_kinds(config, dtype="float32")  # 4 bytes a value: bytes_per_token // 4 values
-    kv = sum(k.layers * k.layer_bytes(position) / 4 for k in kinds)  # a recurrent layer reads its whole state
+    kv = sum(  # a recurrent layer reads its whole state, whatever the position
+        k.layers
+        * (k.state_bytes or (position if k.window is None else min(position, k.window)) * k.bytes_per_token)
+        / 4
+        for k in kinds
+    )
     return StepBytes(weights=weights * element, kv=int(kv * element))
 
 

@@ -1,5 +1,5 @@
 """The ``attnlab`` command: one module per subcommand (tour, explain, generate, train, heads, ring, bench, memory,
-glossary, exercise).
+glossary, exercise, zoo).
 
 All printing lives here; the library returns values. Bad arguments get one
 clear line and exit code 2, never a traceback, and are checked before any
@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 from rich.console import Console
 
 from attnlab import __version__
-from attnlab.cli import bench, exercise, explain, generate, glossary, heads, memory, ring, tour, train
+from attnlab.cli import bench, exercise, explain, generate, glossary, heads, memory, ring, tour, train, zoo
 from attnlab.cli._common import error
 
 COMMANDS = {
@@ -35,6 +35,7 @@ COMMANDS = {
     "memory": memory,
     "glossary": glossary,
     "exercise": exercise,
+    "zoo": zoo,
 }
 
 

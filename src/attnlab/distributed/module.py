@@ -57,6 +57,11 @@ class ContextParallelAttention(Attention):
 
         The ring has no dropout on the weights, so the copy has none (``dropout=0.0``), as it never had.
         """
+        if not isinstance(module, Attention):
+            raise ValueError(
+                f"ContextParallelAttention copies an attnlab.Attention; {type(module).__name__} (a recurrent layer) "
+                "carries a state along the sequence, not keys for a ring: run it in one process"
+            )
         if not module.settings:  # LatentAttention builds no fused projection for the ring to copy
             raise ValueError(
                 f"ContextParallelAttention copies an attnlab.Attention; {type(module).__name__} (latent attention) "

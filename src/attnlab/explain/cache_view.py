@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from attnlab.cache import CACHES, EvictingCache, KVCache, PagedKVCache, PrefixCache, QuantizedKVCache, SinkCache
+from attnlab.cache.state import StateCache
 from attnlab.explain.render.heatmap import heatmap, page_figure
 from attnlab.explain.render.html import Section
 from attnlab.explain.report_text import REPORT_TEXT
@@ -160,6 +161,8 @@ def _held(cache: Any, seen: int, total: int) -> torch.Tensor:
         held = [p for p in cache.held_positions().tolist() if p >= 0]
     elif isinstance(cache, EvictingCache):
         held = cache.positions[0].tolist()
+    elif isinstance(cache, StateCache):  # a recurrent layer holds no token, only the state they were folded into
+        held = []
     else:  # plain, quantized: every token
         held = list(range(seen))
     out[held] = 1.0

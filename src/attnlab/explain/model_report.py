@@ -78,15 +78,17 @@ def _layer_sections(
     windows: list[int | None] | None = None,
     sinks: bool = False,
     latent: int | None = None,
+    layer_types: list[str] | None = None,
 ) -> list[Section]:
     t = len(labels)
     upper = torch.ones(t, t, dtype=torch.bool).triu(1)
     sections = []
     windows = windows or [None] * len(weights)
+    types = layer_types or ["full"] * len(weights)
     for layer, w in enumerate(weights):  # w: (H, T, T)
         window = windows[layer]
-        kind = layer_kind(window, latent, txt)
-        kinds_differ = any(windows) or latent is not None
+        kind = layer_kind(window, latent, txt, layer_type=types[layer])
+        kinds_differ = any(windows) or latent is not None or set(types) != {"full"}
         heading = f"{title.format(layer=layer)} · {kind}" if kinds_differ else title.format(layer=layer)
         drawn = []
         if figures:
@@ -112,7 +114,7 @@ def _layer_sections(
                 figures=drawn,
                 wide=True,
                 checks=[
-                    _rows_check(w, txt, sinks=sinks),
+                    *([] if types[layer] == "delta" else [_rows_check(w, txt, sinks=sinks)]),  # delta: not a softmax
                     holds(txt["check_upper"], bool((w[:, upper] == 0).all())),
                     *(
                         [holds(txt["check_window"].format(window=window), int((w > 0).sum(-1).max()) <= window)]
@@ -125,9 +127,12 @@ def _layer_sections(
     return sections
 
 
-def layer_kind(window: int | None, latent: int | None, txt: dict[str, str]) -> str:
+def layer_kind(window: int | None, latent: int | None, txt: dict[str, str], *, layer_type: str = "full") -> str:
     """A layer's kind as the report and the view name it: full attention, or a sliding window (Mistral, Qwen2's
-    pattern, Gemma 3's local and gpt-oss's banded layers); DeepSeek's latent attention says what it caches."""
+    pattern, Gemma 3's local and gpt-oss's banded layers); DeepSeek's latent attention says what it caches; a
+    recurrent layer (the zoo's linear attention and Gated DeltaNet) says its weights are implicit."""
+    if layer_type in ("linear", "delta"):
+        return txt[f"layer_{layer_type}"]
     kind = txt["layer_full"] if window is None else txt["layer_sliding"].format(window=window)
     if latent is not None:
         kind = txt["layer_latent"].format(values=latent) + ("" if window is None else f" · {kind}")
@@ -253,7 +258,10 @@ def _view(
         check_cache_name(cache)
         held = held_by_layer(model, tokenizer.encode(text), cache)
     windows = [block.att.window for block in model.blocks]
-    kinds = [layer_kind(w, _latent(model), REPORT_TEXT[lang]) for w in windows]
+    kinds = [
+        layer_kind(w, _latent(model), REPORT_TEXT[lang], layer_type=model.config.layer_type(i))
+        for i, w in enumerate(windows)
+    ]
     return AttentionView(
         tokens=labels,
         weights=weights,
@@ -356,6 +364,7 @@ def model_report(
             windows=[block.att.window for block in model.blocks],
             sinks=model.config.sinks,
             latent=_latent(model),
+            layer_types=[model.config.layer_type(i) for i in range(len(model.blocks))],
         )
     return Report(
         title=txt["model_title"].format(name=name, text=text),

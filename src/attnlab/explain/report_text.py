@@ -52,6 +52,9 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "layer_full": "full attention",
         "layer_sliding": "sliding window of {window}",
         "layer_latent": "latent attention, {values} values a token cached",
+        "layer_linear": "linear attention: a state of fixed size; the weights shown are the ones it equals",
+        "layer_delta": "Gated DeltaNet: a state of fixed size; the weights shown are the ones it equals (not a "
+        "softmax: a row need not sum to 1)",
         "check_kv": "stacked rows == full causal weights",
         "keys": "keys",
         "queries": "queries",
@@ -188,6 +191,8 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "layer_full": "全注意力",
         "layer_sliding": "{window} 个 Token 的滑动窗口",
         "layer_latent": "潜在注意力 (MLA)，每个 Token 缓存 {values} 个值",
+        "layer_linear": "线性注意力：固定大小的状态；图中是它等价的权重",
+        "layer_delta": "门控 DeltaNet：固定大小的状态；图中是它等价的权重（不是 softmax，每行之和不一定为 1）",
         "check_kv": "叠起来的行 == 完整的因果注意力权重",
         "keys": "键 (keys)",
         "queries": "查询 (queries)",

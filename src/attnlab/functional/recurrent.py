@@ -141,13 +141,21 @@ def _linear_chunk(
     return num / den, (s, z)
 
 
-def linear_attention_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def linear_attention_weights(q: torch.Tensor, k: torch.Tensor, *, real: torch.Tensor | None = None) -> torch.Tensor:
     """The weights (B, H, T, T) that causal linear attention gives each earlier token: row i is
-    phi(q_i) . phi(k_j) over its sum for j <= i, 0 after i. out = weights @ v, as the recurrence computes."""
+    phi(q_i) . phi(k_j) over its sum for j <= i, 0 after i. out = weights @ v, as the recurrence computes.
+    ``real`` (B, T): False on left padding, whose rows are 0 (a padded token attends to nothing)."""
+    if q.dim() != 4 or q.shape != k.shape:
+        raise ValueError(
+            f"q and k must be (batch, heads, tokens, dim) of one shape, got {tuple(q.shape)}, {tuple(k.shape)}"
+        )
     t = q.shape[2]
     causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     scores = (q @ k.transpose(-1, -2)).masked_fill(~causal, 0.0)  # (B, H, T, T)
-    return scores / scores.sum(dim=-1, keepdim=True)
+    if real is not None:
+        scores = scores.masked_fill(~real[:, None, :, None], 0.0)  # a padded row: nothing
+    total = scores.sum(dim=-1, keepdim=True)
+    return scores / total.masked_fill(total == 0, 1.0)
 
 
 # ---- the gated delta rule ----
@@ -197,6 +205,27 @@ def gated_delta_rule(
             outs.append(out)
         return torch.cat(outs, dim=2) if outs else v.new_zeros(v.shape), state
     raise ValueError(f"form must be 'recurrent' or 'chunked' for the delta rule, got {form!r}")
+
+
+def gated_delta_weights(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """The implicit weights (B, H, T, T) of the gated delta rule from a zero state: its output is linear in the
+    values, out = weights @ v, with weights = ((Q K^T) * Gamma) (I + A)^-1 diag(beta) (the chunked form's
+    equations over one chunk of every token). Lower triangular; unlike softmax weights a row need not sum to 1,
+    and an entry may be negative: a later write took back what an earlier one put under a similar key."""
+    if q.dim() != 4 or q.shape != k.shape or g.shape != q.shape[:3] or beta.shape != q.shape[:3]:
+        raise ValueError(
+            f"q, k must be (batch, heads, tokens, dim) of one shape and g, beta (batch, heads, tokens); got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(g.shape)}, {tuple(beta.shape)}"
+        )
+    t = q.shape[2]
+    lower = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    cum = g.cumsum(dim=-1)  # (B, H, T)
+    gaps = (cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, float("-inf")).exp()  # (B, H, T, T)
+    system = torch.eye(t, dtype=q.dtype, device=q.device) + (
+        (k @ k.transpose(-1, -2)) * gaps * beta[..., :, None]
+    ).tril(-1)
+    writes = torch.linalg.solve_triangular(system, torch.diag_embed(beta), upper=False, unitriangular=True)
+    return ((q @ k.transpose(-1, -2)) * gaps) @ writes  # (B, H, T, T)
 
 
 def _delta_recurrent(

@@ -348,8 +348,8 @@ class GPT(nn.Module):
         held = plan.cache_for(self, cache, rows=width, longest=longest, capacity=longest)
         if not held.capabilities.rows:
             raise ValueError(
-                "generate_many admits and releases rows of paged blocks, and this model's sliding layers keep a ring "
-                "buffer per row that cannot: call generate per prompt (or in one padded batch)"
+                "generate_many admits and releases rows of paged blocks, and this model's sliding or recurrent layers "
+                "keep a ring buffer or a state per row that cannot: call generate per prompt (or in one padded batch)"
             )
         results: list[list[int]] = [[] for _ in rows]
         for drawn in decode(self, rows, cache=held, sampling=sampling, stop=stop, slots=width):
@@ -464,7 +464,8 @@ class GPT(nn.Module):
         layers = []
         for n in range(len(self.blocks)):
             weights = rec.get("attn_weights", module=f"trf_blocks.{n}.att")  # (B, H, T, T), rows summing to 1
-            if self.config.sinks:  # what a row gives its learned sink is given to no key: (B, H, T, 1)
+            if self.config.sinks and self.config.layer_type(n) not in ("linear", "delta"):  # a recurrent layer has none
+                # what a row gives its learned sink is given to no key: (B, H, T, 1)
                 weights = weights * (1 - rec.get("sink_weight", module=f"trf_blocks.{n}.att")[..., None])
             layers.append(weights)
         return torch.stack(layers)

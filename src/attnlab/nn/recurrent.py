@@ -16,7 +16,10 @@ changes is how they are combined (``attnlab.functional.recurrent``):
 
 Neither uses positions (the order is in the recurrence), so RoPE does not apply to them. Left padding is
 read as "nothing happened": a padded token writes nothing to the state (its phi(k) and v, or its beta and g,
-are zeroed) and its own output is 0.
+are zeroed) and its own output is 0. The recurrence runs in float32 at least, and its state is kept so,
+whatever the activations' dtype (a bfloat16 normalizer stops growing after a few hundred tokens); only the
+output is cast back. A model's other settings (QK-norm, learned sinks, key/value heads) are its softmax
+layers'; the recurrent layers of a hybrid have none of them.
 
 Shapes: B = batch, T = tokens, E = d_in, H = heads, D = head_dim.
 """
@@ -24,6 +27,7 @@ Shapes: B = batch, T = tokens, E = d_in, H = heads, D = head_dim.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -35,8 +39,15 @@ from attnlab.cache import CacheFactory
 from attnlab.cache.base import Cache
 from attnlab.cache.state import StateCache
 from attnlab.functional.mods import MaskMod, ScoreMod
-from attnlab.functional.recurrent import feature_map, gated_delta_rule, linear_attention, linear_attention_weights
+from attnlab.functional.recurrent import (
+    feature_map,
+    gated_delta_rule,
+    gated_delta_weights,
+    linear_attention,
+    linear_attention_weights,
+)
 from attnlab.functional.visibility import Visibility
+from attnlab.observe import is_recording, note_unobserved, record
 
 RECURRENT_FORMS = ("recurrent", "parallel", "chunked")
 
@@ -70,11 +81,18 @@ class RecurrentLayer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.qkv.weight.dtype
+        """The dtype of the activations: its weights', or float32 for int8 weights (``attnlab.nn.quantized``)."""
+        dtype: torch.dtype = getattr(self.qkv, "dtype", None) or self.qkv.weight.dtype
+        return dtype
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """What the recurrence runs and its state is kept in: float32 at least."""
+        return torch.promote_types(self.dtype, torch.float32)
 
     @property
     def device(self) -> torch.device:
-        return self.qkv.weight.device
+        return next(t for t in (*self.qkv.parameters(), *self.qkv.buffers())).device
 
     def split_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, E) -> q, k, v (B, H, T, D)."""
@@ -96,8 +114,8 @@ class RecurrentLayer(nn.Module):
         check_positive_int("max_len", max_len, limit=2**27)
         if not isinstance(cache, str):
             raise ValueError(
-                f"a {type(self).__name__} layer keeps its own state; a cache factory ({cache!r}) builds keys and "
-                "values, which it has none of: name a cache, or build the model's caches with make_caches()"
+                f"a {type(self).__name__} layer keeps its own state; a cache factory ({type(cache).__name__}) builds "
+                "keys and values, which it has none of: name a cache, or build the model's caches with make_caches()"
             )
         return StateCache(
             batch_size=batch_size,
@@ -105,7 +123,7 @@ class RecurrentLayer(nn.Module):
             key_dim=self.head_dim,
             value_dim=self.head_dim,
             normalizer=self.normalizer,
-            dtype=self.dtype,
+            dtype=self.state_dtype,
             device=self.device,
         )
 
@@ -171,6 +189,14 @@ class RecurrentLayer(nn.Module):
         """The form a call runs: the module's, but one token at a time is the recurrence itself."""
         return "recurrent" if t == 1 else self.form
 
+    def _record(self, weights: Callable[[], torch.Tensor], cache: Cache | None) -> None:
+        """For a Recorder: the implicit weights the recurrence equals over this call's tokens ("attn_weights"),
+        when the call starts from an empty state (what came before a cache's state is no longer there)."""
+        if isinstance(cache, StateCache) and cache.length:
+            note_unobserved(f"{type(self).__name__} keeps a state, not its weights, for the tokens before this call")
+            return
+        record("attn_weights", weights().detach(), source=type(self).__name__)
+
     def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))  # (B, T, E)
@@ -206,8 +232,9 @@ class LinearAttention(RecurrentLayer):
     def features(
         self, x: torch.Tensor, visibility: Visibility | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """phi(q), phi(k), v (B, H, T, D), a padded token's phi(k) and v zeroed so it writes nothing."""
-        queries, keys, values = self.split_qkv(x)
+        """phi(q), phi(k), v (B, H, T, D) in the state's dtype, a padded token's phi(k) and v zeroed so it writes
+        nothing."""
+        queries, keys, values = (t.to(self.state_dtype) for t in self.split_qkv(x))
         queries, keys = feature_map(queries), feature_map(keys)
         real = self._real(visibility, x.shape[0], x.shape[1])
         if real is not None:
@@ -227,6 +254,9 @@ class LinearAttention(RecurrentLayer):
         """(B, T, E) -> (B, T, E), after the tokens in ``cache`` (a StateCache, updated in place)."""
         self._check(x, cache)
         queries, keys, values = self.features(x, visibility)
+        if is_recording():
+            real = self._real(visibility, x.shape[0], x.shape[1])
+            self._record(lambda: linear_attention_weights(queries, keys, real=real), cache)
         state = cache.state() if isinstance(cache, StateCache) else None
         if state is not None and not isinstance(state, tuple):
             raise TypeError("this state cache has no normalizer; build it with LinearAttention.make_cache()")
@@ -238,12 +268,7 @@ class LinearAttention(RecurrentLayer):
             out = out.where(real[:, None, :, None], 0.0)  # a padded token's own output (nothing real before it)
         if isinstance(cache, StateCache):
             cache.write(new_state, x.shape[1])
-        return self.merge_heads(out)
-
-    def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
-        """The implicit weights (B, H, T, T) the recurrence equals: what each token gives each earlier one."""
-        queries, keys, _ = self.features(x)
-        return linear_attention_weights(queries, keys)
+        return self.merge_heads(out.to(x.dtype))
 
 
 class GatedDeltaNet(RecurrentLayer):
@@ -287,13 +312,13 @@ class GatedDeltaNet(RecurrentLayer):
 
     def gates(self, x: torch.Tensor, visibility: Visibility | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """g (log decay, <= 0) and beta, each (B, H, T); a padded token's are 0 (no decay, nothing written)."""
-        wide = torch.promote_types(x.dtype, torch.float32)  # at least float32, as Qwen3-Next computes them
+        wide = self.state_dtype  # at least float32, as Qwen3-Next computes them
         g = -self.A_log.to(wide).exp() * F.softplus(self.a_proj(x).to(wide) + self.dt_bias.to(wide))  # (B, T, H)
         beta = torch.sigmoid(self.b_proj(x).to(wide))  # (B, T, H)
         real = self._real(visibility, x.shape[0], x.shape[1])
         if real is not None:
             g, beta = g.where(real[..., None], 0.0), beta.where(real[..., None], 0.0)
-        return g.transpose(1, 2).to(x.dtype), beta.transpose(1, 2).to(x.dtype)  # (B, H, T)
+        return g.transpose(1, 2), beta.transpose(1, 2)  # (B, H, T), in the state's dtype
 
     def forward(
         self,
@@ -305,10 +330,12 @@ class GatedDeltaNet(RecurrentLayer):
     ) -> torch.Tensor:
         """(B, T, E) -> (B, T, E), after the tokens in ``cache`` (a StateCache, updated in place)."""
         self._check(x, cache)
-        queries, keys, values = self.split_qkv(x)
+        queries, keys, values = (t.to(self.state_dtype) for t in self.split_qkv(x))
         queries = F.normalize(queries, dim=-1, eps=1e-6) / math.sqrt(self.head_dim)  # unit length, then scaled
         keys = F.normalize(keys, dim=-1, eps=1e-6)
         g, beta = self.gates(x, visibility)
+        if is_recording():
+            self._record(lambda: gated_delta_weights(queries, keys, g, beta), cache)
         state = cache.state() if isinstance(cache, StateCache) else None
         if isinstance(state, tuple):
             raise TypeError("this state cache has a normalizer; build it with GatedDeltaNet.make_cache()")
@@ -319,4 +346,4 @@ class GatedDeltaNet(RecurrentLayer):
             cache.write(new_state, x.shape[1])
         b, t = x.shape[0], x.shape[1]
         gate = F.silu(self.z_proj(x)).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        return self.merge_heads(self.norm(out) * gate)
+        return self.merge_heads(self.norm(out.to(x.dtype)) * gate)

@@ -76,6 +76,15 @@ def check_proposer(model: Any, *, lookup: object, draft: Any, draft_tokens: obje
             f"speculative decoding crops the cache after each pass; a sliding window (window={model.config.window}) "
             "keeps a ring that cannot be cropped: decode without lookup or draft"
         )
+    for who, m in (("the model", model), ("the draft model", draft)):
+        recurrent = sorted(
+            {t for t in (m.config.layer_types or ()) if t in ("linear", "delta")} if m is not None else ()
+        )
+        if recurrent:
+            raise ValueError(
+                f"speculative decoding crops the cache after each pass; {who} has {recurrent} layers, whose "
+                "recurrent state cannot be cut back to an earlier token: decode without lookup or draft"
+            )
     if lookup is not None:
         check_positive_int("lookup", lookup, limit=64)
         return

@@ -1,0 +1,468 @@
+"""``attnlab zoo``: every variant of ``attnlab.models.zoo`` trained side by side, measured, and saved as one file.
+
+The same text (the shipped text model's: Python's own documentation as bytes, ``TextTask``), the same number
+of parameters (within 5%), the same batches, steps, learning-rate schedule and seeds for every variant. The
+steps come from the time budget: a few timed steps of each variant forecast the run, and the budget is shared
+out as one number of steps for all, so every variant sees the same tokens.
+
+Measured for each variant:
+
+- the held-out loss at each evaluation (the curve), and at the end, per seed (the spread over seeds is what
+  tells a difference from noise);
+- its parameters, and the KV-cache (or recurrent state) bytes per token and at 1k, 32k and 128k tokens in
+  float32 (``attnlab.bench.kv_bytes``, from the config);
+- decode at a long context, timed: a 1024-token prompt, then ``DECODE`` tokens one at a time, and the bytes
+  the model's cache objects hold after it (what was allocated, read off the caches);
+- the heads it grew, on the seeded probe of ``attnlab.explain.heads`` (random tokens, repeated): the best
+  previous-token and induction scores, the in-context gain (loss on the repeat below loss on the first copy),
+  the mean weight on the first token, and for learned sinks what the rows give to nothing. Recurrent layers
+  are read by their implicit weights (``attnlab.nn.recurrent``).
+
+Everything lands in a :class:`ZooResult`, written as JSON; the table and the plot are drawn from that file.
+
+Shapes: B = batch, T = tokens.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.bench.kv_bytes import kv_report
+from attnlab.models.zoo import SEQ_LEN, VARIANTS, parameters, zoo_config
+
+SCHEMA = "attnlab.zoo/1"
+SHIPPED_RUN = Path(__file__).resolve().parents[1] / "data" / "zoo" / "zoo.json"  # `attnlab zoo --show`; its plot beside
+TOKENS = (1024, 32768, 131072)
+PROMPT = 1024  # the long context decode is measured at
+DECODE = 32  # tokens decoded after it
+BATCH = 16
+LR = 3e-3
+MIN_STEPS = 50  # fewer and the curves say nothing: a budget that allows fewer is refused
+SMOKE_STEPS = 3
+
+Report = Callable[[str], None]  # a line of progress for whoever runs the zoo (the CLI prints it)
+
+
+@dataclass
+class Curve:
+    """One variant, one seed: the held-out loss at each evaluation."""
+
+    seed: int
+    steps: list[int]
+    loss: list[float]
+    seconds: float
+    stopped: str = ""  # why it stopped before the last step ("" when it ran them all)
+
+
+@dataclass
+class VariantResult:
+    name: str
+    what: str
+    what_zh: str
+    models: str
+    parameters: int
+    hidden_dim: int
+    layer_types: list[str]
+    kv_bytes_per_token: int  # float32, every layer; 0 for a model of recurrent layers only
+    state_bytes: int  # the recurrent layers' state, float32, whatever the tokens
+    cache_at: dict[str, int]  # tokens -> bytes of the whole cache, batch 1, float32
+    curves: list[Curve]
+    decode_tokens_per_s: float = 0.0
+    decode_spread: float = 0.0  # (max - min) / median over the timed rounds
+    cache_bytes_held: int = 0  # what the model's cache objects hold after PROMPT + DECODE tokens, measured
+    heads: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def final_losses(self) -> list[float]:
+        return [c.loss[-1] for c in self.curves if c.loss]
+
+    @property
+    def loss(self) -> float:
+        """The mean final held-out loss over the seeds."""
+        return statistics.fmean(self.final_losses) if self.final_losses else math.nan
+
+    @property
+    def spread(self) -> float:
+        """max - min of the final held-out loss over the seeds (0 with one seed)."""
+        losses = self.final_losses
+        return max(losses) - min(losses) if len(losses) > 1 else 0.0
+
+    def against(self, base: VariantResult) -> list[float]:
+        """Its final held-out loss minus ``base``'s, seed by seed: each seed trains both on the same batches and
+        evaluates both on the same held-out batches, so the pair differs only by the variant. A seed where either
+        stopped early (out of time, interrupted) is left out: the two did not see the same tokens."""
+        theirs = {c.seed: c.loss[-1] for c in base.curves if c.loss and not c.stopped}
+        return [c.loss[-1] - theirs[c.seed] for c in self.curves if c.loss and not c.stopped and c.seed in theirs]
+
+
+@dataclass
+class ZooResult:
+    schema: str
+    command: str
+    date: str
+    torch: str
+    threads: int
+    minutes: float
+    steps: int
+    batch_size: int
+    seq_len: int
+    lr: float
+    seeds: list[int]
+    seconds: float
+    variants: list[VariantResult]
+    interrupted: bool = False  # Ctrl-C: the variants trained so far, saved
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ZooResult:
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"not a zoo run: schema {data.get('schema')!r}, expected {SCHEMA!r}")
+        variants = [VariantResult(**{**v, "curves": [Curve(**c) for c in v["curves"]]}) for v in data["variants"]]
+        return cls(**{**data, "variants": variants})
+
+    @classmethod
+    def read(cls, path: str | Path) -> ZooResult:
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    def write(self, path: str | Path) -> Path:
+        from attnlab.models.checkpoints import write_atomic
+
+        target = Path(path)
+        text = json.dumps(self.to_dict(), ensure_ascii=False, indent=1) + "\n"
+        write_atomic(target, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        return target
+
+    def base(self) -> VariantResult | None:
+        """The chapter's mha, which every other variant is set against (None if the run left it out)."""
+        return next((v for v in self.variants if v.name == "mha"), None)
+
+
+def verdict(gaps: list[float]) -> tuple[float, float, bool]:
+    """(mean, spread, finding) of paired differences: a finding when the mean is larger than the spread
+    (max - min) over the seeds, which needs two seeds or more and puts every seed's difference on one side."""
+    mean = statistics.fmean(gaps) if gaps else math.nan
+    spread = max(gaps) - min(gaps) if len(gaps) > 1 else math.nan
+    return mean, spread, len(gaps) > 1 and abs(mean) > spread
+
+
+def check_names(names: Sequence[str]) -> list[str]:
+    """The variants asked for, in the zoo's order (all of them for none); an unknown name is refused."""
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; the zoo holds {list(VARIANTS)}")
+    return [n for n in VARIANTS if n in names] if names else list(VARIANTS)
+
+
+def _model(name: str, seed: int) -> Any:
+    from attnlab.models.gpt import GPT
+
+    torch.manual_seed(seed)
+    return GPT(zoo_config(name))
+
+
+def seconds_per_step(name: str, task: Any, *, steps: int = 5) -> float:
+    """The median time of a training step of variant ``name`` (after two untimed), forward and backward."""
+    model = _model(name, 0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    generator = torch.Generator().manual_seed(0)
+    times = []
+    for i in range(steps + 2):
+        inputs, targets = task.batch(BATCH, generator)
+        start = time.perf_counter()
+        logits = model(inputs)  # (B, T, V)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+MARGIN = 0.85  # the share of the budget planned: the timed steps are a forecast, and the run must end in time
+
+
+def plan_steps(per_step: dict[str, float], *, minutes: float, seeds: int, reserve: float) -> int:
+    """One number of steps for every variant that fits ``minutes``: MARGIN of the time left after ``reserve``
+    seconds (measuring) shared by every variant and seed, an evaluation costing about 1.5 steps, 10 of them a run."""
+    budget = MARGIN * (minutes * 60 - reserve)
+    per_run_step = sum(per_step.values()) * seeds
+    steps = int(budget / per_run_step) - 15 if per_run_step > 0 else 0
+    if steps < MIN_STEPS:
+        least = (reserve + (MIN_STEPS + 15) * per_run_step / MARGIN) / 60
+        raise ValueError(
+            f"--minutes {minutes:g} leaves {max(steps, 0)} training steps a variant for {len(per_step)} variant(s) "
+            f"and {seeds} seed(s) on this machine (about {sum(per_step.values()):.2f} s a step for all of them); "
+            f"the curves need {MIN_STEPS}: give --minutes {math.ceil(least)} or more, fewer variants or seeds, or "
+            "--smoke"
+        )
+    return steps
+
+
+def measure_decode(model: Any, *, rounds: int = 3) -> tuple[float, float, int]:
+    """Decode tokens/s after a PROMPT-token prompt (median of ``rounds``; spread (max - min) / median) and the
+    bytes the model's caches hold after PROMPT + DECODE tokens."""
+    prompt = torch.randint(0, model.config.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    rates, held = [], 0
+    with torch.no_grad():
+        for _ in range(rounds):
+            caches = model.make_caches(batch_size=1, max_len=PROMPT + DECODE)
+            logits = model(prompt, caches=caches, last_only=True)  # (1, 1, V)
+            start = time.perf_counter()
+            for _ in range(DECODE):
+                token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (1, 1)
+                logits = model(token, caches=caches, last_only=True)
+            rates.append(DECODE / (time.perf_counter() - start))
+            held = sum(b.numel() * b.element_size() for layer in caches for b in layer.buffers())
+    median = statistics.median(rates)
+    return median, (max(rates) - min(rates)) / median, held
+
+
+def measure_heads(model: Any) -> dict[str, float]:
+    """The heads a variant grew, on the seeded probe (``attnlab.explain.heads``)."""
+    from attnlab.explain.heads import default_half, head_scores, probe
+
+    scores = head_scores(model)
+    first = [v for row in scores.first_token for v in row]
+    result = {
+        "previous_token": scores.best("previous_token")[2],
+        "induction": scores.best("induction")[2],
+        "in_context_gain": scores.loss_first_half - scores.loss_second_half,
+        "first_token": statistics.fmean(first),
+    }
+    if model.config.sinks:  # what each row gives its learned sink: 1 - the row's sum
+        with torch.no_grad():
+            weights = model.attention_weights(probe(model.config.vocab_size, half=default_half(model)))
+        result["sink"] = float(1 - weights.sum(-1).mean())
+    return result
+
+
+def run_zoo(
+    names: Sequence[str] = (),
+    *,
+    minutes: float = 15.0,
+    seeds: int = 1,
+    smoke: bool = False,
+    report: Report | None = None,
+) -> ZooResult:
+    """Train and measure the variants ``names`` (all for none) on the shipped text within ``minutes``."""
+    from attnlab.models.tasks import TextTask, stdlib_text
+    from attnlab.models.train import TrainConfig, train
+
+    chosen = check_names(names)
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= 10:
+        raise ValueError(f"seeds must be a whole number in [1, 10], got {seeds!r}")
+    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not 0 < minutes < math.inf:
+        raise ValueError(f"minutes must be a number > 0, got {minutes!r}")
+    say = report or (lambda line: None)
+    began = time.perf_counter()
+    task = TextTask(stdlib_text(), seq_len=SEQ_LEN)
+    per_step = {name: seconds_per_step(name, task, steps=1 if smoke else 5) for name in chosen}
+    reserve = len(chosen) * (2 if smoke else 8) + (time.perf_counter() - began)  # decode and heads, measured once
+    steps = SMOKE_STEPS if smoke else plan_steps(per_step, minutes=minutes, seeds=seeds, reserve=reserve)
+    evaluations = min(steps, 10) + 1
+    forecast = reserve + seeds * sum(per_step.values()) * (steps + 1.5 * evaluations)
+    say(
+        f"{len(chosen)} variants x {seeds} seed(s) x {steps} steps of {BATCH} x {SEQ_LEN} bytes; forecast "
+        f"{forecast / 60:.1f} minutes (--minutes {minutes:g})"
+    )
+    results = {}
+    for name in chosen:
+        config = zoo_config(name)
+        kv = kv_report(config, name=name, tokens=TOKENS, dtype="float32")
+        results[name] = VariantResult(
+            name=name,
+            what=VARIANTS[name].what,
+            what_zh=VARIANTS[name].what_zh,
+            models=VARIANTS[name].models,
+            parameters=parameters(config),
+            hidden_dim=config.ff_dim,
+            layer_types=[config.layer_type(i) for i in range(config.n_layers)],
+            kv_bytes_per_token=kv.per_token,
+            state_bytes=sum(k.layers * k.state_bytes for k in kv.kinds),
+            cache_at={str(at.tokens): at.total for at in kv.at},
+            curves=[],
+        )
+    deadline = began + minutes * 60
+    interrupted = False
+    for seed in range(seeds):
+        if interrupted:
+            break
+        for i, name in enumerate(chosen):
+            left = (deadline - time.perf_counter()) / 60
+            recipe = TrainConfig(
+                steps=steps,
+                batch_size=BATCH,
+                lr=LR,
+                warmup=min(100, max(steps // 10, 1)),
+                eval_every=max(steps // 10, 1),
+                eval_batches=4,
+                seed=seed,
+                minutes=max(left, 0.05),  # the budget holds: a variant out of time stops and says so
+            )
+            model = _model(name, seed)
+            log = train(model, task, recipe)  # a first Ctrl-C ends the step in progress, then returns
+            done = log.step[-1] if log.step else 0
+            stopped = "" if done == steps else f"{'interrupted' if log.interrupted else 'out of time'} at step {done}"
+            results[name].curves.append(Curve(seed, list(log.eval_step), list(log.eval_loss), log.seconds, stopped))
+            loss = f"{log.eval_loss[-1]:.3f}" if log.eval_loss else "n/a"
+            say(f"seed {seed} {i + 1}/{len(chosen)} {name}: held-out loss {loss} after {log.seconds:.0f} s {stopped}")
+            if seed == 0:
+                model.eval()
+                rate, spread, held = measure_decode(model, rounds=1 if smoke else 3)
+                results[name].decode_tokens_per_s, results[name].decode_spread = rate, spread
+                results[name].cache_bytes_held = held
+                results[name].heads = measure_heads(model)
+            if log.interrupted:
+                interrupted = True
+                break
+    return ZooResult(
+        schema=SCHEMA,
+        command=" ".join(["attnlab", *sys.argv[1:]]) if Path(sys.argv[0]).name == "attnlab" else "attnlab zoo",
+        date=datetime.date.today().isoformat(),
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+        minutes=float(minutes),
+        steps=steps,
+        batch_size=BATCH,
+        seq_len=SEQ_LEN,
+        lr=LR,
+        seeds=list(range(seeds)),
+        seconds=time.perf_counter() - began,
+        variants=[results[name] for name in chosen if results[name].curves],
+        interrupted=interrupted,
+    )
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} GiB"
+
+
+def rows(result: ZooResult) -> list[dict[str, str]]:
+    """The table, one row a variant, every cell from the run's file."""
+    base = result.base()
+    table = []
+    for v in result.variants:
+        spread = f" ± {v.spread / 2:.3f}" if len(v.final_losses) > 1 else ""
+        against = ""
+        if base is not None and v is not base:
+            mean, gap_spread, finding = verdict(v.against(base))
+            against = (
+                f"{mean:+.3f}"
+                + ("" if math.isnan(gap_spread) else f" ± {gap_spread / 2:.3f}")
+                + (" *" if finding else "")
+            )
+        table.append(
+            {
+                "variant": v.name,
+                "held-out loss": f"{v.loss:.3f}{spread}",
+                "against mha": against,
+                "parameters": f"{v.parameters:,}",
+                "KV bytes a token": f"{v.kv_bytes_per_token:,}"
+                + (f" + state {_size(v.state_bytes)}" if v.state_bytes else ""),
+                "cache at 32k": _size(v.cache_at[str(TOKENS[1])]),
+                "cache at 128k": _size(v.cache_at[str(TOKENS[2])]),
+                f"decode tok/s at {PROMPT}": f"{v.decode_tokens_per_s:.0f} ({v.decode_spread:.0%})",
+                "cache held (measured)": _size(v.cache_bytes_held),
+                "prev-token": f"{v.heads.get('previous_token', math.nan):.2f}",
+                "induction": f"{v.heads.get('induction', math.nan):.2f}",
+                "in-context gain": f"{v.heads.get('in_context_gain', math.nan):+.2f}",
+                "sink": f"{v.heads['sink']:.2f}" if "sink" in v.heads else "",
+            }
+        )
+    return table
+
+
+def markdown(result: ZooResult) -> str:
+    """The table as Markdown, with the run's settings and its noise rule beneath; all from the file."""
+    table = rows(result)
+    head = list(table[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row[h] for h in head) + " |" for row in table]
+    rule = (
+        f"Held-out loss: the mean over {len(result.seeds)} seeds ± half its spread. Against mha: the difference "
+        "taken seed by seed (a seed trains and evaluates every variant on the same batches), its mean ± half "
+        "its spread; * marks a finding, a mean larger than the spread, every seed on one side. Decode: the median "
+        f"of 3 timed rounds of {DECODE} tokens after a {PROMPT}-token prompt, (its spread)."
+        if len(result.seeds) > 1
+        else "One seed: no spread was measured, so no difference in loss is called a finding. Decode: the median "
+        f"of the timed rounds of {DECODE} tokens after a {PROMPT}-token prompt, (its spread)."
+    )
+    lines += [
+        "",
+        f"`{result.command}` ({result.date}, torch {result.torch}, {result.threads} threads): {result.steps} steps of "
+        f"{result.batch_size} x {result.seq_len} bytes, lr {result.lr:g}, seeds {result.seeds}; "
+        f"{result.seconds / 60:.1f} minutes of a {result.minutes:g}-minute budget. {rule}",
+    ]
+    stopped = [f"{v.name} (seed {c.seed}: {c.stopped})" for v in result.variants for c in v.curves if c.stopped]
+    if stopped:
+        lines.append("Stopped early: " + "; ".join(stopped) + ".")
+    return "\n".join(lines)
+
+
+def findings(result: ZooResult) -> list[str]:
+    """A sentence a variant about its held-out loss against mha, from the file: the paired difference, its
+    spread, and whether it is a finding (:func:`verdict`)."""
+    base = result.base()
+    if base is None or len(result.seeds) < 2:
+        return []
+    said = []
+    for v in result.variants:
+        if v is base:
+            continue
+        mean, spread, finding = verdict(v.against(base))
+        side = "lower" if mean < 0 else "higher"
+        said.append(
+            f"{v.name}: {mean:+.3f} against mha ({side}; spread {spread:.3f} over {len(result.seeds)} seeds: "
+            f"{'a finding' if finding else 'within the noise'})"
+        )
+    return said
+
+
+def plot(result: ZooResult, path: str | Path) -> Path:
+    """The held-out loss curves of every variant (seed 0 solid, others thin) beside the cache at 32k tokens."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 5))
+    curves, caches = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    colors = [f"C{i % 10}" for i in range(len(result.variants))]
+    for v, color in zip(result.variants, colors, strict=True):
+        for c in v.curves:
+            curves.plot(
+                c.steps, c.loss, color=color, lw=1.8 if c.seed == 0 else 0.7, label=v.name if c.seed == 0 else None
+            )
+    curves.set_xlabel("step")
+    curves.set_ylabel("held-out loss (nats a byte)")
+    curves.set_title(f"{len(result.variants)} kinds of attention, the same text, parameters and steps")
+    curves.grid(True, alpha=0.3)
+    curves.legend(fontsize=7, ncol=2)
+    names = [v.name for v in result.variants]
+    sizes = [v.cache_at[str(TOKENS[1])] / 2**20 for v in result.variants]
+    caches.barh(names, sizes, color=colors)
+    caches.set_xscale("log")
+    caches.invert_yaxis()
+    caches.set_xlabel(f"cache at {TOKENS[1]:,} tokens, float32 (MiB, log)")
+    caches.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    target = Path(path)
+    from attnlab.models.checkpoints import write_atomic
+
+    write_atomic(target, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    return target

@@ -1,0 +1,171 @@
+"""The attention zoo: every kind of attention after chapter 3, each one setting of the same small decoder.
+
+The chapter ends with multi-head attention (MHA): every head has its own queries, keys and values, and the KV
+cache keeps every head's keys and values for every token. What came after changes attention itself, mostly to
+keep less, or to see further:
+
+======================  ===========================================================================
+``mha``                 the chapter's: 4 heads, each with its keys and values
+``gqa``, ``mqa``        grouped-query: 2 key/value heads shared by the 4 query heads (Llama 3); 1 (PaLM)
+``mla``                 multi-head latent attention (DeepSeek-V2/V3): the cache keeps one latent per token
+``sliding``             every layer sees only its last ``WINDOW`` tokens (Mistral)
+``local-global``        3 sliding layers to 1 full (Gemma 3's 5:1, in 4 layers)
+``banded``              sliding and full layers in turn (gpt-oss)
+``sinks``               a learned sink logit per head (gpt-oss): a row may give its attention to nothing
+``qk-norm``             RMSNorm on each head's queries and keys (Qwen3, Gemma 3, OLMo 2)
+``gated``               an output gate, sigmoid(gate(x)), on each head's context vector (Qwen3-Next)
+``linear``              linear attention (Katharopoulos et al.): a state of fixed size, no softmax
+``deltanet``            Gated DeltaNet (Yang et al.): a state written by the delta rule, with a decay
+``hybrid``              3 Gated DeltaNet layers to 1 gated full layer (Qwen3-Next)
+======================  ===========================================================================
+
+Every variant is the same decoder (``attnlab.models.GPT``: 4 layers of 64 dimensions, 4 heads, RoPE, bytes
+in, ``BASE``) with a few ``GPTConfig`` fields changed, and the same number of parameters within 5%: a variant
+that adds or saves weights in attention gets an MLP that much narrower or wider (:func:`zoo_config`).
+
+Shapes: E = emb_dim, F = the MLP's width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attnlab.models.config import GPTConfig
+
+WINDOW = 32  # the sliding layers' window: a quarter of the training sequence
+SEQ_LEN = 128  # tokens per training sequence
+BUDGET = 0.05  # every variant's parameters within 5% of mha's
+
+BASE = GPTConfig(
+    vocab_size=256,
+    context_length=4096,  # RoPE has no table to outgrow: decoding is measured at a long context
+    emb_dim=64,
+    n_heads=4,
+    n_layers=4,
+    drop_rate=0.0,
+    rope=True,
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kind of attention: what it is (en, zh), whose it is, and the GPTConfig fields it changes."""
+
+    name: str
+    what: str
+    what_zh: str
+    models: str
+    changes: dict[str, Any]
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("mha", "multi-head attention, the chapter's", "多头注意力（本章）", "GPT-2", {}),
+        Variant(
+            "gqa",
+            "grouped-query: 2 key/value heads for 4 query heads",
+            "分组查询：4 个查询头共享 2 个键值头",
+            "Llama 3, Qwen3",
+            {"n_kv_heads": 2},
+        ),
+        Variant(
+            "mqa",
+            "multi-query: 1 key/value head for all",
+            "多查询：所有查询头共享 1 个键值头",
+            "PaLM, Falcon",
+            {"n_kv_heads": 1},
+        ),
+        Variant(
+            "mla",
+            "multi-head latent attention: one latent a token",
+            "多头潜在注意力：每个词元缓存一个潜在向量",
+            "DeepSeek-V2/V3",
+            {"kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16},
+        ),
+        Variant(
+            "sliding",
+            f"sliding window of {WINDOW} on every layer",
+            f"每层滑动窗口 {WINDOW}",
+            "Mistral 7B",
+            {"window": WINDOW},
+        ),
+        Variant(
+            "local-global",
+            "3 sliding layers to 1 full",
+            "3 个滑动窗口层配 1 个全局层",
+            "Gemma 3 (5:1)",
+            {"window": WINDOW, "layer_types": ("sliding", "sliding", "sliding", "full")},
+        ),
+        Variant(
+            "banded",
+            "sliding and full layers in turn",
+            "滑动窗口层与全局层交替",
+            "gpt-oss",
+            {"window": WINDOW, "layer_types": ("sliding", "full", "sliding", "full")},
+        ),
+        Variant("sinks", "a learned sink logit per head", "每个头一个可学习的汇点 logit", "gpt-oss", {"sinks": True}),
+        Variant(
+            "qk-norm",
+            "RMSNorm on queries and keys",
+            "对查询和键做 RMSNorm",
+            "Qwen3, Gemma 3, OLMo 2",
+            {"qk_norm": True},
+        ),
+        Variant("gated", "an output gate on each head", "每个头的输出门控", "Qwen3-Next", {"attn_output_gate": True}),
+        Variant(
+            "linear",
+            "linear attention: a state, no softmax",
+            "线性注意力：固定大小的状态，没有 softmax",
+            "Katharopoulos et al. 2020",
+            {"layer_types": ("linear",) * 4},
+        ),
+        Variant(
+            "deltanet",
+            "Gated DeltaNet: the delta rule, with a decay",
+            "门控 DeltaNet：delta 规则加衰减",
+            "Qwen3-Next, Kimi Linear",
+            {"layer_types": ("delta",) * 4},
+        ),
+        Variant(
+            "hybrid",
+            "3 Gated DeltaNet layers to 1 gated full layer",
+            "3 个门控 DeltaNet 层配 1 个带门控的全局层",
+            "Qwen3-Next",
+            {"layer_types": ("delta", "delta", "delta", "full"), "attn_output_gate": True},
+        ),
+    )
+}
+
+
+def parameters(config: GPTConfig) -> int:
+    """The model's parameters, counted on the meta device (no memory)."""
+    from attnlab.models.gpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def zoo_config(name: str, *, base: GPTConfig = BASE) -> GPTConfig:
+    """Variant ``name`` of ``base``, its MLP width set so that it has mha's parameters within ``BUDGET``.
+
+    The parameter count is linear in the MLP width F (two E x F matrices and F biases a layer), so two counts
+    give the F that matches: the nearest multiple of 8.
+    """
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}; the zoo holds {list(VARIANTS)}")
+    target = parameters(base)
+    config = base.with_(**VARIANTS[name].changes)
+    width = base.ff_dim
+    at_width, wider = parameters(config.with_(hidden_dim=width)), parameters(config.with_(hidden_dim=width + 8))
+    per_unit = (wider - at_width) / 8
+    matched = max(8, round((width + (target - at_width) / per_unit) / 8) * 8)
+    config = config.with_(hidden_dim=None if matched == 4 * base.emb_dim else matched)
+    got = parameters(config)
+    if abs(got - target) > BUDGET * target:  # a variant whose attention outweighs the whole MLP
+        raise ValueError(f"variant {name!r} has {got:,} parameters against mha's {target:,}, beyond {BUDGET:.0%}")
+    return config

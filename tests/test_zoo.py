@@ -1,0 +1,153 @@
+"""Issue 36: the attention zoo. Every variant within 5% of mha's parameters; MLA's and the hybrid's caches by
+their formulas, counted by hand and read off the caches the models build; a smoke run of `attnlab zoo` whose
+table and plot come from its file; the shipped run quoted by docs/zoo.md; the CLI's refusals in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.bench.zoo import (
+    SHIPPED_RUN,
+    ZooResult,
+    findings,
+    markdown,
+    measure_decode,
+    plan_steps,
+    rows,
+    run_zoo,
+    verdict,
+)
+from attnlab.cli import main
+from attnlab.models import GPT
+from attnlab.models.zoo import BASE, BUDGET, VARIANTS, parameters, zoo_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_variant_has_mhas_parameters_within_five_percent_and_changes_what_it_says() -> None:
+    target = parameters(BASE)
+    assert target == 232_064  # 4 layers of 64: 4 x (4 x 64 x 64 + 64 + 2 x 64 x 256 + 256 + 64 + 4 x 64) + ...
+    for name in VARIANTS:
+        config = zoo_config(name)
+        assert abs(parameters(config) - target) <= BUDGET * target, name
+    assert zoo_config("gqa").n_kv_heads == 2 and zoo_config("mqa").n_kv_heads == 1
+    assert zoo_config("hybrid").layer_types == ("delta", "delta", "delta", "full")
+    assert zoo_config("gated").ff_dim < BASE.ff_dim < zoo_config("mqa").ff_dim  # weights moved, not added
+    with pytest.raises(ValueError, match="unknown variant 'gpa'"):
+        zoo_config("gpa")
+
+
+def test_mla_and_the_hybrid_keep_what_their_formulas_say() -> None:
+    """MLA: (kv_lora_rank + qk_rope_head_dim) values a token and layer, 4 layers x (32 + 8) x 4 B = 640 B a token
+    in float32. The hybrid: one full layer's 2 x 4 heads x 16 x 4 B = 512 B a token, and 3 DeltaNet states of
+    4 heads x 16 x 16 x 4 B = 4 KiB each. The caches the models build hold exactly that for N tokens."""
+    from attnlab.bench.kv_bytes import kv_report
+
+    mla, hybrid = zoo_config("mla"), zoo_config("hybrid")
+    assert kv_report(mla, name="mla", tokens=(1024,), dtype="float32").per_token == 4 * (32 + 8) * 4 == 640
+    report = kv_report(hybrid, name="hybrid", tokens=(131072,), dtype="float32")
+    assert report.per_token == 2 * 4 * 16 * 4 == 512
+    assert report.at[0].total == 131072 * 512 + 3 * 4 * 16 * 16 * 4
+    for config, held in ((mla, lambda n: n * 640), (hybrid, lambda n: n * 512 + 3 * 4096)):
+        torch.manual_seed(0)
+        model = GPT(config).eval()
+        _, _, measured = measure_decode(model, rounds=1)  # the caches after 1024 + 32 tokens
+        lengths = torch.tensor(1056)  # every position cache keeps a length counter too: one int64 a layer
+        assert measured == held(1056) + 4 * lengths.element_size(), config.layer_types
+
+
+def test_a_smoke_run_writes_a_file_its_table_and_plot_are_drawn_from(tmp_path: Path) -> None:
+    result = run_zoo(["mha", "deltanet"], minutes=5, seeds=2, smoke=True)
+    assert [v.name for v in result.variants] == ["mha", "deltanet"]
+    for v in result.variants:
+        assert [c.seed for c in v.curves] == [0, 1] and all(c.steps[-1] == result.steps for c in v.curves)
+        assert v.decode_tokens_per_s > 0 and set(v.heads) >= {"previous_token", "induction", "in_context_gain"}
+    assert result.variants[1].kv_bytes_per_token == 0 and result.variants[1].state_bytes == 4 * 4 * 16 * 16 * 4
+    path = result.write(tmp_path / "zoo.json")
+    again = ZooResult.read(path)
+    assert markdown(again) == markdown(result) and rows(again)[1]["variant"] == "deltanet"
+    gaps = [d.loss[-1] - m.loss[-1] for d, m in zip(again.variants[1].curves, again.variants[0].curves, strict=True)]
+    mean, spread = sum(gaps) / 2, abs(gaps[0] - gaps[1])  # two seeds, paired by seed
+    assert findings(again) == [
+        f"deltanet: {mean:+.3f} against mha ({'lower' if mean < 0 else 'higher'}; spread {spread:.3f} over 2 seeds: "
+        f"{'a finding' if abs(mean) > spread else 'within the noise'})"
+    ]
+    from attnlab.bench.zoo import plot
+
+    assert plot(again, tmp_path / "zoo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_difference_is_a_finding_only_past_its_spread_over_seeds() -> None:
+    assert verdict([-0.05, -0.03]) == pytest.approx((-0.04, 0.02, True))  # both seeds lower, by more than 0.02
+    assert verdict([-0.05, 0.01])[2] is False  # the seeds disagree on the side
+    assert verdict([-0.05])[2] is False  # one seed: no spread, no finding
+
+
+def test_a_variant_stopped_early_is_not_set_against_mha() -> None:
+    """A seed where a variant ran out of time saw fewer tokens than mha's: it is left out of the pairs."""
+    from attnlab.bench.zoo import Curve, VariantResult
+
+    def variant(name: str, losses: list[float], stopped: str = "") -> VariantResult:
+        curves = [Curve(seed, [10], [loss], 1.0, stopped if seed == 1 else "") for seed, loss in enumerate(losses)]
+        return VariantResult(name, "", "", "", 1, 1, ["full"], 1, 0, {}, curves)
+
+    mha = variant("mha", [1.30, 1.40])
+    assert variant("x", [1.20, 1.31]).against(mha) == pytest.approx([-0.10, -0.09])
+    assert variant("x", [1.20, 1.31], stopped="out of time at step 5").against(mha) == pytest.approx([-0.10])
+    assert verdict(variant("x", [1.20, 1.31], stopped="out of time at step 5").against(mha))[2] is False
+
+
+def test_a_budget_too_small_for_the_curves_is_refused_with_what_would_do() -> None:
+    with pytest.raises(ValueError, match=r"--minutes 1 leaves 27 training steps .* give --minutes 2 or more"):
+        plan_steps({"mha": 0.1, "gqa": 0.1}, minutes=1, seeds=1, reserve=50)  # 0.85 x (60 - 50) / 0.2 - 15 = 27
+    assert plan_steps({"mha": 0.1}, minutes=10, seeds=1, reserve=0) == 5100 - 15  # 0.85 x 600 / 0.1 - 15
+
+
+def test_the_cli_refuses_in_one_line_before_training(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["zoo", "gpa"]) == 2
+    assert "unknown variant(s) ['gpa']; the zoo holds ['mha'" in capsys.readouterr().err
+    assert main(["zoo", "--seeds", "0"]) == 2
+    assert "--seeds must be in [1, 10], got 0" in capsys.readouterr().err
+    (tmp_path / "f").write_text("x")
+    assert main(["zoo", "--out", str(tmp_path / "f")]) == 2
+    assert "is a file; give a folder" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_shipped_run_is_shown_and_docs_quote_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # the table whole, not folded
+    shipped = ZooResult.read(SHIPPED_RUN)
+    assert [v.name for v in shipped.variants] == list(VARIANTS) and not shipped.interrupted
+    assert all(not c.stopped for v in shipped.variants for c in v.curves)
+    assert len(shipped.seeds) >= 2  # a spread, so that the docs may call a difference a finding
+    assert main(["zoo", "--show", "--lang", "zh"]) == 0
+    out = capsys.readouterr().out
+    assert "留出损失" in out and "门控 DeltaNet" in out
+    docs = (ROOT / "docs" / "zoo.md").read_text(encoding="utf-8")
+    assert markdown(shipped) in docs
+    for line in findings(shipped):
+        assert line in docs
+    assert json.loads(SHIPPED_RUN.read_text(encoding="utf-8"))["schema"] == "attnlab.zoo/1"
+
+
+def test_a_zoo_model_explained_names_its_recurrent_layers_and_checks_only_what_holds() -> None:
+    """explain on the hybrid: each layer named by its kind (en, zh); the causal check holds on every layer, and a
+    DeltaNet layer's implicit weights are not claimed to sum to 1 (they need not: not a softmax)."""
+    from attnlab.explain.model_report import model_report
+    from attnlab.models.tokenizer import ByteTokenizer
+
+    torch.manual_seed(0)
+    model = GPT(zoo_config("hybrid")).eval()
+    for lang, delta in (("en", "Gated DeltaNet"), ("zh", "门控 DeltaNet")):
+        report = model_report(model, ByteTokenizer(), "the cat sat", name="hybrid", lang=lang, figures=False)
+        named = [s for s in report.sections if delta in s.title]
+        assert len(named) == 6, [s.title for s in report.sections]  # 3 DeltaNet layers, on the probe and the text
+        for section in report.sections:
+            if delta in section.title:
+                assert all(check.ok for check in section.checks) and len(section.checks) == 1  # the causal one
