@@ -122,6 +122,13 @@ class GPT(nn.Module):
         name = cache_name(cache)
         # a layer that keeps its own memory whatever cache is named: a sliding window's ring, a recurrent state
         own = [block.att.window is not None or block.att.visibility_key == "recurrent" for block in self.blocks]
+        windows = {block.att.window for block in self.blocks}
+        if name not in (None, "plain") and all(own) and None not in windows:
+            raise ValueError(
+                f"the {name} cache does not keep a sliding window's ring, and every layer "
+                f"of this model slides: a layer with window={sorted(windows, key=str)[0]} needs the 'plain' cache "
+                "(a ring buffer of the window, the default)"
+            )
         if name not in (None, "plain") and all(own):
             kinds = sorted({self.config.layer_type(i) for i in range(len(self.blocks))})
             raise ValueError(
