@@ -289,3 +289,9 @@ def test_a_padded_rows_implicit_weights_are_zero_not_nan() -> None:
     assert torch.isfinite(weights).all()
     assert (weights[0, 1, :, :2] == 0).all()  # the padded rows attend to nothing
     torch.testing.assert_close(weights[0, 1, :, 2:].sum(-1), torch.ones(4, 4, dtype=torch.float64))
+
+
+def test_generate_many_refuses_a_recurrent_state_by_name() -> None:
+    model = zoo_model(("delta", "full"))
+    with pytest.raises(ValueError, match="this model's recurrent layers keep a state per row, which cannot"):
+        model.generate_many([[1, 2], [3]], 3, cache="paged")

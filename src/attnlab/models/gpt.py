@@ -354,9 +354,18 @@ class GPT(nn.Module):
         width, longest = min(slots, len(rows)), max(map(len, rows)) + max_new_tokens - 1
         held = plan.cache_for(self, cache, rows=width, longest=longest, capacity=longest)
         if not held.capabilities.rows:
+            types = {self.config.layer_type(i) for i in range(len(self.blocks))}
+            kept = " and ".join(
+                what
+                for what, kinds in (
+                    ("sliding layers keep a ring buffer per row", {"sliding"}),
+                    ("recurrent layers keep a state per row", {"linear", "delta"}),
+                )
+                if kinds & types
+            )
             raise ValueError(
-                "generate_many admits and releases rows of paged blocks, and this model's sliding or recurrent layers "
-                "keep a ring buffer or a state per row that cannot: call generate per prompt (or in one padded batch)"
+                f"generate_many admits and releases rows of paged blocks, and this model's {kept}, which cannot: "
+                "call generate per prompt (or in one padded batch)"
             )
         results: list[list[int]] = [[] for _ in rows]
         for drawn in decode(self, rows, cache=held, sampling=sampling, stop=stop, slots=width):
