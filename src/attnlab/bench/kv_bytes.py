@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from attnlab.models.config import GPTConfig
+from attnlab.models.gpt import count_parameters
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -148,13 +149,16 @@ def _label(kind: LayerKind) -> str:
     return kind.kind if kind.window is None else f"sliding {kind.window}"
 
 
-def count_parameters(config: GPTConfig) -> int:
-    """The model's parameters (a tied head counted once), from the model built on the meta device."""
-    from attnlab.models.gpt import GPT
-
-    with torch.device("meta"):  # shapes only: an 8B model costs nothing to build
-        model = GPT(config)
-    return sum(p.numel() for p in model.parameters())
+def readable_bytes(n: float) -> str:
+    """Bytes in binary units, three figures: 112 MiB, 3.50 GiB, 14.0 GiB."""
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    if unit == "B":
+        return f"{int(n):,} B"
+    return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
 
 
 def kv_report(config: GPTConfig, *, name: str, tokens: tuple[int, ...], dtype: str = "bfloat16") -> KVReport:

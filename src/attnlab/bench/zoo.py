@@ -38,8 +38,9 @@ from typing import Any
 
 import torch
 
-from attnlab.bench.kv_bytes import kv_report
-from attnlab.models.zoo import SEQ_LEN, VARIANTS, parameters, zoo_config
+from attnlab.bench.kv_bytes import kv_report, readable_bytes
+from attnlab.models.gpt import count_parameters
+from attnlab.models.zoo import SEQ_LEN, VARIANTS, zoo_config
 
 SCHEMA = "attnlab.zoo/1"
 SHIPPED_RUN = Path(__file__).resolve().parents[1] / "data" / "zoo" / "zoo.json"  # `attnlab zoo --show`; its plot beside
@@ -288,7 +289,7 @@ def run_zoo(
             what=VARIANTS[name].what,
             what_zh=VARIANTS[name].what_zh,
             models=VARIANTS[name].models,
-            parameters=parameters(config),
+            parameters=count_parameters(config),
             hidden_dim=config.ff_dim,
             layer_types=[config.layer_type(i) for i in range(config.n_layers)],
             kv_bytes_per_token=kv.per_token,
@@ -347,14 +348,6 @@ def run_zoo(
     )
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return f"{n:,.1f} GiB"
-
-
 def rows(result: ZooResult) -> list[dict[str, str]]:
     """The table, one row a variant, every cell from the run's file."""
     base = result.base()
@@ -376,11 +369,11 @@ def rows(result: ZooResult) -> list[dict[str, str]]:
                 "against mha": against,
                 "parameters": f"{v.parameters:,}",
                 "KV bytes a token": f"{v.kv_bytes_per_token:,}"
-                + (f" + state {_size(v.state_bytes)}" if v.state_bytes else ""),
-                "cache at 32k": _size(v.cache_at[str(TOKENS[1])]),
-                "cache at 128k": _size(v.cache_at[str(TOKENS[2])]),
+                + (f" + state {readable_bytes(v.state_bytes)}" if v.state_bytes else ""),
+                "cache at 32k": readable_bytes(v.cache_at[str(TOKENS[1])]),
+                "cache at 128k": readable_bytes(v.cache_at[str(TOKENS[2])]),
                 f"decode tok/s at {PROMPT}": f"{v.decode_tokens_per_s:.0f} ({v.decode_spread:.0%})",
-                "cache held (measured)": _size(v.cache_bytes_held),
+                "cache held (measured)": readable_bytes(v.cache_bytes_held),
                 "prev-token": f"{v.heads.get('previous_token', math.nan):.2f}",
                 "induction": f"{v.heads.get('induction', math.nan):.2f}",
                 "in-context gain": f"{v.heads.get('in_context_gain', math.nan):+.2f}",

@@ -89,24 +89,14 @@ def config_for(name: str) -> GPTConfig:
     )
 
 
-def _size(n: int) -> str:
-    """Bytes in binary units, three figures: 112 MiB, 3.50 GiB, 14.0 GiB."""
-    value, unit = float(n), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    if unit == "B":
-        return f"{n:,} B"
-    return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
-
-
 def _print(report: KVReport, console: Console) -> None:
+    from attnlab.bench.kv_bytes import readable_bytes
+
     kinds = ", ".join(f"{k.layers} {k.kind}" + (f" (window {k.window:,})" if k.window else "") for k in report.kinds)
     console.print(
         Text.assemble(
             (report.name, "bold"),
-            f": {report.parameters:,} parameters ({_size(report.weight_bytes)} in {report.dtype}); "
+            f": {report.parameters:,} parameters ({readable_bytes(report.weight_bytes)} in {report.dtype}); "
             f"{report.n_layers} layers: {kinds}; "
             + (
                 f"a latent of {report.latent} values a token for all {report.n_kv_heads} heads; "
@@ -139,17 +129,17 @@ def _print(report: KVReport, console: Console) -> None:
         cells = []
         for label, held in at.held.items():
             capped = f" ({held:,} tokens)" if 0 < held < at.tokens else ""
-            cells.append(_size(at.layer_bytes[label]) + capped)
+            cells.append(readable_bytes(at.layer_bytes[label]) + capped)
         note = ["past the context" if at.past_context else ""] if past else []
-        cache.add_row(f"{at.tokens:,}", *cells, Text(_size(at.total), style="bold"), *note)
+        cache.add_row(f"{at.tokens:,}", *cells, Text(readable_bytes(at.total), style="bold"), *note)
     console.print(cache)
     if report.instead is not None:  # what the design saves: against every layer full, or the expanded heads
         label, instead = report.instead
         last = report.at[-1]
         each = f"{instead:,} B a token, {instead / report.per_token:.1f}x; " if report.latent is not None else ""
         console.print(
-            f"against {label} ({each}at {last.tokens:,} tokens {_size(instead * last.tokens)}): "
-            f"{_size(last.total)} here, {instead * last.tokens / last.total:.1f}x less",
+            f"against {label} ({each}at {last.tokens:,} tokens {readable_bytes(instead * last.tokens)}): "
+            f"{readable_bytes(last.total)} here, {instead * last.tokens / last.total:.1f}x less",
             markup=False,
         )
 

@@ -116,17 +116,25 @@ def _check_folder(out: Path) -> None:
         ) from None
 
 
+WIDE = 200  # columns the table needs to be read whole; narrower, or through a pipe, it prints as Markdown rows
+
+
 def _print(result: object, console: Console, lang: str) -> None:
     from attnlab.bench.zoo import ZooResult, markdown, rows
 
     assert isinstance(result, ZooResult)
     table_rows = rows(result)
-    table = Table(header_style="bold", title="attnlab zoo" if lang == "en" else "注意力动物园")
-    for heading in table_rows[0]:
-        table.add_column(HEADINGS_ZH.get(heading, heading) if lang == "zh" else heading, overflow="fold")
-    for row in table_rows:
-        table.add_row(*row.values())
-    console.print(table)
+    headings = [HEADINGS_ZH.get(h, h) if lang == "zh" else h for h in table_rows[0]]
+    if console.is_terminal and console.width >= WIDE:
+        table = Table(header_style="bold", title="attnlab zoo" if lang == "en" else "注意力动物园")
+        for heading in headings:
+            table.add_column(heading, overflow="fold")
+        for row in table_rows:
+            table.add_row(*row.values())
+        console.print(table)
+    else:  # one line a row, never folded: readable in a narrow terminal and by the next program in a pipe
+        for cells in (headings, *(list(row.values()) for row in table_rows)):
+            console.print("| " + " | ".join(cells) + " |", markup=False, soft_wrap=True)
     for v in result.variants:
-        console.print(f"{v.name}: {v.what_zh if lang == 'zh' else v.what} ({v.models})", markup=False)
+        console.print(f"{v.name}: {v.what_zh if lang == 'zh' else v.what} ({v.models})", markup=False, soft_wrap=True)
     console.print(markdown(result).rsplit("\n", 1)[-1], markup=False)  # the run's settings and its noise rule

@@ -86,6 +86,14 @@ def _by_position(
             yield torch.tensor(tokens, device=device)[:, None]
 
 
+def count_parameters(config: GPTConfig) -> int:
+    """The model's parameters (a tied head counted once), from the model built on the meta device: shapes only,
+    so an 8B model costs nothing to count."""
+    with torch.device("meta"):
+        model = GPT(config)
+    return sum(p.numel() for p in model.parameters())
+
+
 class GPT(nn.Module):
     """A decoder. ``GPT(GPTConfig.preset("gpt2-small"))`` has the book's 163,009,536 parameters (124,412,160 with
     ``tie_weights=True``). ``GPTConfig(n_kv_heads=, rope=True, window=, score_mod=)`` makes the same decoder with

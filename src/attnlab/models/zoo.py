@@ -31,9 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from attnlab.models.config import GPTConfig
+from attnlab.models.gpt import count_parameters
 
 WINDOW = 32  # the sliding layers' window: a quarter of the training sequence
 SEQ_LEN = 128  # tokens per training sequence
@@ -141,15 +140,6 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-def parameters(config: GPTConfig) -> int:
-    """The model's parameters, counted on the meta device (no memory)."""
-    from attnlab.models.gpt import GPT
-
-    with torch.device("meta"):
-        model = GPT(config)
-    return sum(p.numel() for p in model.parameters())
-
-
 def zoo_config(name: str, *, base: GPTConfig = BASE) -> GPTConfig:
     """Variant ``name`` of ``base``, its MLP width set so that it has mha's parameters within ``BUDGET``.
 
@@ -158,14 +148,17 @@ def zoo_config(name: str, *, base: GPTConfig = BASE) -> GPTConfig:
     """
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}; the zoo holds {list(VARIANTS)}")
-    target = parameters(base)
+    target = count_parameters(base)
     config = base.with_(**VARIANTS[name].changes)
     width = base.ff_dim
-    at_width, wider = parameters(config.with_(hidden_dim=width)), parameters(config.with_(hidden_dim=width + 8))
+    at_width, wider = (
+        count_parameters(config.with_(hidden_dim=width)),
+        count_parameters(config.with_(hidden_dim=width + 8)),
+    )
     per_unit = (wider - at_width) / 8
     matched = max(8, round((width + (target - at_width) / per_unit) / 8) * 8)
     config = config.with_(hidden_dim=None if matched == 4 * base.emb_dim else matched)
-    got = parameters(config)
+    got = count_parameters(config)
     if abs(got - target) > BUDGET * target:  # a variant whose attention outweighs the whole MLP
         raise ValueError(f"variant {name!r} has {got:,} parameters against mha's {target:,}, beyond {BUDGET:.0%}")
     return config

@@ -185,7 +185,7 @@ class RecurrentLayer(nn.Module):
                 f"{x.shape[0]} and the layer {self.num_heads} heads: build it with make_cache(batch_size={x.shape[0]})"
             )
 
-    def _form(self, t: int, cache: Cache | None) -> str:
+    def _form(self, t: int) -> str:
         """The form a call runs: the module's, but one token at a time is the recurrence itself."""
         return "recurrent" if t == 1 else self.form
 
@@ -261,7 +261,7 @@ class LinearAttention(RecurrentLayer):
         if state is not None and not isinstance(state, tuple):
             raise TypeError("this state cache has no normalizer; build it with LinearAttention.make_cache()")
         out, new_state = linear_attention(
-            queries, keys, values, state=state, form=self._form(x.shape[1], cache), chunk_size=self.chunk_size
+            queries, keys, values, state=state, form=self._form(x.shape[1]), chunk_size=self.chunk_size
         )
         real = self._real(visibility, x.shape[0], x.shape[1])
         if real is not None:
@@ -340,7 +340,7 @@ class GatedDeltaNet(RecurrentLayer):
         if isinstance(state, tuple):
             raise TypeError("this state cache has a normalizer; build it with GatedDeltaNet.make_cache()")
         out, new_state = gated_delta_rule(
-            queries, keys, values, g, beta, state=state, form=self._form(x.shape[1], cache), chunk_size=self.chunk_size
+            queries, keys, values, g, beta, state=state, form=self._form(x.shape[1]), chunk_size=self.chunk_size
         )
         if isinstance(cache, StateCache):
             cache.write(new_state, x.shape[1])
