@@ -743,7 +743,7 @@ def test_a_quantized_latent_cache_reads_this_calls_latents_exact_and_the_past_co
 
 
 @torch.no_grad()
-@pytest.mark.parametrize(("family", "kind"), [("deepseek_v3", "latent attention, 20 values a token cached"),
+@pytest.mark.parametrize(("family", "kind"), [("deepseek_v3", "latent attention, 20 values a token cached (its heads' keys and values: 80)"),
                                               ("gpt_oss", "sliding window of 6")])  # fmt: skip
 def test_the_model_report_names_each_layers_kind_and_checks_what_it_shows(family: str, kind: str, root: str) -> None:
     from attnlab.explain.model_report import model_report

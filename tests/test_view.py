@@ -335,3 +335,49 @@ def test_the_view_names_each_layers_kind_outlines_its_window_and_says_the_sinks_
         AttentionView(tokens=["a", "b"], weights=torch.eye(2).expand(2, 1, 2, 2), kinds=["full attention"])
     with pytest.raises(ValueError, match=r"with sinks, each row of weights sums to at most 1"):
         AttentionView(tokens=["a", "b"], weights=2 * torch.eye(2).expand(2, 1, 2, 2), sinks=True)
+
+
+def test_a_zoo_models_view_gives_mlas_latent_beside_its_heads_and_a_recurrent_layers_state(tmp_path: Path) -> None:
+    """The zoo's MLA: 32 latent + 8 RoPE values a token, where its 4 heads would keep 4 x (16 + 8 + 16) = 160;
+    the hybrid: three Gated DeltaNet layers of 4 heads x 16 x 16 = 1,024 values, then a full layer; linear
+    attention's state also keeps a normalizer, 4 x (16 x 16 + 16) = 1,088. Read off the page's layer menu."""
+    executable = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    from attnlab.explain.model_report import attention_view
+    from attnlab.models import GPT, ByteTokenizer
+    from attnlab.models.zoo import zoo_config
+
+    expected = {
+        "mla": ["layer 0 · latent attention, 40 values a token cached (its heads' keys and values: 160)"],
+        "hybrid": [
+            "layer 0 · Gated DeltaNet: a state of 1,024 values, whatever the length; the weights shown are the ones "
+            "it equals (not a softmax: a row need not sum to 1)",
+            "layer 3 · full attention",
+        ],
+        "linear": ["layer 0 · linear attention: a state of 1,088 values, whatever the length; the weights shown "
+                   "are the ones it equals"],
+    }  # fmt: skip
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        for name, options in expected.items():
+            with torch.random.fork_rng():
+                torch.manual_seed(0)
+                model = GPT(zoo_config(name)).eval()
+            path = attention_view(model, ByteTokenizer(), "the cat sat", lang="en").save(tmp_path / f"{name}.html")
+            page.goto(path.as_uri())
+            page.wait_for_selector(".attnview[data-ready='1']", timeout=10_000)
+            shown = page.locator("select.layer option").all_text_contents()
+            for option in options:
+                assert any(o.startswith(option) for o in shown), (name, shown)
+            with torch.no_grad():
+                weights = model.attention_weights(torch.tensor([list(b"the cat sat")]))[:, 0]  # (L, H, T, T)
+            negative = [bool((w < 0).any()) for w in weights]  # the delta rule's subtractions, drawn by size
+            assert negative == [name == "hybrid"] * 3 + [False], name
+            by_size = [o.endswith("drawn by size, |w|: the delta rule made some weights negative") for o in shown]
+            assert by_size[:4] == negative, (name, shown)
+        browser.close()
+    assert problems == []

@@ -61,8 +61,10 @@ def test_mla_and_the_hybrid_keep_what_their_formulas_say() -> None:
         assert measured == held(1056) + 4 * lengths.element_size(), config.layer_types
 
 
-def test_a_smoke_run_writes_a_file_its_table_and_plot_are_drawn_from(tmp_path: Path) -> None:
-    result = run_zoo(["mha", "deltanet"], minutes=5, seeds=2, smoke=True)
+def test_a_smoke_run_writes_a_file_its_table_and_plot_are_drawn_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = run_zoo(["mha", "deltanet"], minutes=5, seeds=2, smoke=True, models=tmp_path / "models")
     assert [v.name for v in result.variants] == ["mha", "deltanet"]
     for v in result.variants:
         assert [c.seed for c in v.curves] == [0, 1] and all(c.steps[-1] == result.steps for c in v.curves)
@@ -80,6 +82,39 @@ def test_a_smoke_run_writes_a_file_its_table_and_plot_are_drawn_from(tmp_path: P
     from attnlab.bench.zoo import plot
 
     assert plot(again, tmp_path / "zoo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # each variant's seed-0 model is saved, the one whose heads were measured (seed 1 trained after it)
+    from attnlab.explain.heads import head_scores
+    from attnlab.models.train import read_log
+
+    for v in result.variants:
+        saved = GPT.from_pretrained(tmp_path / "models" / v.name)
+        assert saved.config == zoo_config(v.name)
+        assert head_scores(saved).best("induction")[2] == pytest.approx(v.heads["induction"], abs=1e-6)
+        log = read_log(tmp_path / "models" / v.name)
+        assert log is not None and log.eval_loss == v.curves[0].loss and log.task == "text"
+    # and explain finds it by name, with ATTNLAB_ZOO naming the run (runs/zoo when not set)
+    monkeypatch.setenv("ATTNLAB_ZOO", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["explain", "--model", "zoo:deltanet", "the cat"]) == 0
+    out = capsys.readouterr().out
+    assert "Layer 3 · Gated DeltaNet: a state of 1,024 values, whatever the length" in out  # 4 heads of 16 x 16
+    assert "How it learned" in out  # its training log, beside it
+
+
+def test_zoo_models_are_named_and_a_missing_one_says_how_to_train_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ATTNLAB_ZOO", str(tmp_path / "run"))
+    assert main(["explain", "--model", "zoo:gqa", "the cat"]) == 2
+    err = capsys.readouterr().err
+    assert "--model zoo:gqa: no trained model in" in err and "train it with attnlab zoo gqa --minutes 2" in err
+    assert main(["heads", "--model", "zoo:gpa"]) == 2
+    assert "the zoo has no variant 'gpa'; it holds mha, gqa" in capsys.readouterr().err
+    monkeypatch.delenv("ATTNLAB_ZOO")
+    monkeypatch.chdir(tmp_path)  # without ATTNLAB_ZOO: the zoo's default --out, runs/zoo
+    assert main(["explain", "--model", "zoo:mla", "x"]) == 2
+    assert "no trained model in 'runs/zoo/models/mla'" in capsys.readouterr().err
 
 
 def test_a_difference_is_a_finding_only_past_its_spread_over_seeds() -> None:

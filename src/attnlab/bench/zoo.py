@@ -258,10 +258,15 @@ def run_zoo(
     seeds: int = 1,
     smoke: bool = False,
     report: Report | None = None,
+    models: str | Path | None = None,
 ) -> ZooResult:
-    """Train and measure the variants ``names`` (all for none) on the shipped text within ``minutes``."""
+    """Train and measure the variants ``names`` (all for none) on the shipped text within ``minutes``.
+
+    With ``models``, each variant's seed-0 model (the one whose decode and heads are measured) is saved to
+    ``models/NAME`` with its training log, as ``attnlab train`` saves one: ``attnlab explain --model zoo:NAME``
+    and the interactive view read it from there."""
     from attnlab.models.tasks import TextTask, stdlib_text
-    from attnlab.models.train import TrainConfig, train
+    from attnlab.models.train import RunRecord, TrainConfig, train
 
     chosen = check_names(names)
     if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= 10:
@@ -315,7 +320,9 @@ def run_zoo(
                 minutes=max(left, 0.05),  # the budget holds: a variant out of time stops and says so
             )
             model = _model(name, seed)
-            log = train(model, task, recipe)  # a first Ctrl-C ends the step in progress, then returns
+            keep = Path(models) / name if models is not None and seed == 0 else None
+            record = RunRecord(tokenizer="bytes", run={"task": "text", "zoo": name})
+            log = train(model, task, recipe, checkpoint=keep, record=record)  # Ctrl-C ends the step, then returns
             done = log.step[-1] if log.step else 0
             stopped = "" if done == steps else f"{'interrupted' if log.interrupted else 'out of time'} at step {done}"
             results[name].curves.append(Curve(seed, list(log.eval_step), list(log.eval_loss), log.seconds, stopped))

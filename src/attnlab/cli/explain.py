@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.html:
         return write_report(console, report, args.html)
     for section in report.sections:  # a terminal summary: titles, checks and the weights
-        console.rule(section.title)
+        heading(console, section.title)
         if section.text:
             console.print("\n".join(wrap(section.text, max(console.width, 20))), markup=False)
         if section.key in ("tokens", "weights", "kv-cache") and section.value:
@@ -119,8 +119,20 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         return write_report(console, report, args.html)
     console.print(report.intro, markup=False)
     for section in report.sections:
-        console.rule(section.title)
+        heading(console, section.title)
         console.print(section.value, markup=False)
         for c in section.checks:
             console.print(("✓ " if c.ok else "✗ ") + c.label, markup=False)
     return 0
+
+
+def heading(console: Console, title: str) -> None:
+    """A section's rule with its title, or a plain rule and the title wrapped below it when the title would not
+    fit in the rule whole (a layer's kind can be long): never cut."""
+    from rich.cells import cell_len
+
+    if cell_len(title) + 6 <= console.width:  # "── title ──"
+        console.rule(title)
+        return
+    console.rule()
+    console.print("\n".join(wrap(title, max(console.width, 20))), markup=False)

@@ -31,6 +31,7 @@ HEADINGS_ZH = {
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from attnlab.models.checkpoints import ZOO_RUN
     from attnlab.models.zoo import VARIANTS
 
     zoo = sub.add_parser(
@@ -46,7 +47,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     zoo.add_argument("variants", nargs="*", metavar="VARIANT", help="variants to train (default: every one)")
     zoo.add_argument("--minutes", type=float, default=15.0, help="the time budget, shared out (default 15)")
     zoo.add_argument("--seeds", type=int, default=1, help="seeds per variant: the spread tells a finding (default 1)")
-    zoo.add_argument("--out", default="runs/zoo", help="folder for zoo.json and zoo.png (default runs/zoo)")
+    zoo.add_argument(
+        "--out",
+        default=ZOO_RUN,
+        help=f"folder for zoo.json, zoo.png and models/NAME, each variant's model (default {ZOO_RUN}, where "
+        "explain --model zoo:NAME looks)",
+    )
     zoo.add_argument("--smoke", action="store_true", help="a few steps of each variant: checks the run, not the zoo")
     zoo.add_argument("--show", action="store_true", help="print the shipped run (no training)")
     zoo.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the table's headings")
@@ -54,6 +60,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace, console: Console) -> int:
     from attnlab.bench.zoo import SHIPPED_RUN, ZooResult, check_names, findings, plot, run_zoo
+    from attnlab.models.checkpoints import ZOO_RUN
 
     try:
         chosen = check_names(args.variants)
@@ -81,6 +88,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             seeds=args.seeds,
             smoke=args.smoke,
             report=lambda line: console.print(line, markup=False),
+            models=out / "models",
         )
     except ValueError as err:  # a budget too small for the curves, found by timing a few steps
         return error(console, err)
@@ -97,6 +105,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for line in findings(result):
         console.print(line, markup=False)
     console.print(f"wrote {out / 'zoo.json'} and {out / 'zoo.png'}", markup=False)
+    console.print(
+        f"each variant's model (seed 0): {out / 'models'}/NAME; see one with attnlab explain --model zoo:NAME "
+        f'"some text"'
+        + ("" if out == Path(ZOO_RUN) else f" (with ATTNLAB_ZOO={out}) or --model {out / 'models'}/NAME"),
+        markup=False,
+        soft_wrap=True,
+    )
     return 0
 
 

@@ -77,17 +77,19 @@ def _layer_sections(
     names: list[list[str]] | None = None,
     windows: list[int | None] | None = None,
     sinks: bool = False,
-    latent: int | None = None,
+    latent: tuple[int, int] | None = None,
     layer_types: list[str] | None = None,
+    states: list[int | None] | None = None,
 ) -> list[Section]:
     t = len(labels)
     upper = torch.ones(t, t, dtype=torch.bool).triu(1)
     sections = []
     windows = windows or [None] * len(weights)
     types = layer_types or ["full"] * len(weights)
+    states = states or [None] * len(weights)
     for layer, w in enumerate(weights):  # w: (H, T, T)
         window = windows[layer]
-        kind = layer_kind(window, latent, txt, layer_type=types[layer])
+        kind = layer_kind(window, latent, txt, layer_type=types[layer], state=states[layer])
         kinds_differ = any(windows) or latent is not None or set(types) != {"full"}
         heading = f"{title.format(layer=layer)} · {kind}" if kinds_differ else title.format(layer=layer)
         drawn = []
@@ -127,21 +129,48 @@ def _layer_sections(
     return sections
 
 
-def layer_kind(window: int | None, latent: int | None, txt: dict[str, str], *, layer_type: str = "full") -> str:
+def layer_kind(
+    window: int | None,
+    latent: tuple[int, int] | None,
+    txt: dict[str, str],
+    *,
+    layer_type: str = "full",
+    state: int | None = None,
+) -> str:
     """A layer's kind as the report and the view name it: full attention, or a sliding window (Mistral, Qwen2's
     pattern, Gemma 3's local and gpt-oss's banded layers); DeepSeek's latent attention says what it caches; a
-    recurrent layer (the zoo's linear attention and Gated DeltaNet) says its weights are implicit."""
+    recurrent layer (the zoo's linear attention and Gated DeltaNet) says the size of its state (``state``
+    values, whatever the length) and that its weights are implicit."""
     if layer_type in ("linear", "delta"):
-        return txt[f"layer_{layer_type}"]
+        return txt[f"layer_{layer_type}"].format(values=f"{state:,}" if state is not None else "?")
     kind = txt["layer_full"] if window is None else txt["layer_sliding"].format(window=window)
     if latent is not None:
-        kind = txt["layer_latent"].format(values=latent) + ("" if window is None else f" · {kind}")
+        kind = txt["layer_latent"].format(values=latent[0], heads=f"{latent[1]:,}") + (
+            "" if window is None else f" · {kind}"
+        )
     return kind
 
 
-def _latent(model: GPT) -> int | None:
+def layer_kinds(model: GPT, txt: dict[str, str]) -> list[str]:
+    """Every layer's kind (:func:`layer_kind`), read off the model's layers."""
+    return [
+        layer_kind(block.att.window, _latent(model), txt, layer_type=model.config.layer_type(i), state=_state(block))
+        for i, block in enumerate(model.blocks)
+    ]
+
+
+def _state(block: torch.nn.Module) -> int | None:
+    values = getattr(block.att, "state_values", None)
+    return values if isinstance(values, int) else None
+
+
+def _latent(model: GPT) -> tuple[int, int] | None:
+    """MLA's cache a token: the latent and its RoPE key (what it keeps), and every head's keys and values (what
+    full heads of the same sizes would keep)."""
     c = model.config
-    return None if c.kv_lora_rank is None else c.kv_lora_rank + c.qk_rope_head_dim
+    if c.kv_lora_rank is None:
+        return None
+    return c.kv_lora_rank + c.qk_rope_head_dim, c.n_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim)
 
 
 def _rows_check(w: torch.Tensor, txt: dict[str, str], *, sinks: bool) -> Check:
@@ -258,10 +287,11 @@ def _view(
         check_cache_name(cache)
         held = held_by_layer(model, tokenizer.encode(text), cache)
     windows = [block.att.window for block in model.blocks]
-    kinds = [
-        layer_kind(w, _latent(model), REPORT_TEXT[lang], layer_type=model.config.layer_type(i))
-        for i, w in enumerate(windows)
-    ]
+    kinds = layer_kinds(model, REPORT_TEXT[lang])
+    signed = [bool((w < 0).any()) for w in weights]  # Gated DeltaNet's implicit weights: the delta rule subtracts
+    if any(signed):  # the view draws sizes: each such layer is drawn by |w| and its label says so
+        weights = torch.stack([w.abs() if s else w for w, s in zip(weights, signed, strict=True)])  # (L, H, T, T)
+        kinds = [k + REPORT_TEXT[lang]["shown_by_size"] if s else k for k, s in zip(kinds, signed, strict=True)]
     return AttentionView(
         tokens=labels,
         weights=weights,
@@ -365,6 +395,7 @@ def model_report(
             sinks=model.config.sinks,
             latent=_latent(model),
             layer_types=[model.config.layer_type(i) for i in range(len(model.blocks))],
+            states=[_state(block) for block in model.blocks],
         )
     return Report(
         title=txt["model_title"].format(name=name, text=text),

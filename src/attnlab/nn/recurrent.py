@@ -86,6 +86,13 @@ class RecurrentLayer(nn.Module):
         return dtype
 
     @property
+    def state_values(self) -> int:
+        """The numbers the state holds for one sequence, whatever its length: per head a (Dk, Dv) matrix, and a
+        (Dk,) normalizer for linear attention (what :meth:`make_cache` allocates)."""
+        per_head = self.head_dim * self.head_dim + (self.head_dim if self.normalizer else 0)
+        return self.num_heads * per_head
+
+    @property
     def state_dtype(self) -> torch.dtype:
         """What the recurrence runs and its state is kept in: float32 at least."""
         return torch.promote_types(self.dtype, torch.float32)
