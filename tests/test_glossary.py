@@ -159,3 +159,14 @@ def test_attnlabs_chinese_uses_the_notes_terms_not_the_other_translation() -> No
             checked += 1
             assert not [s for s in shown if other in s], (term.key, other)
     assert checked >= 15
+
+
+def test_the_table_lists_what_came_after_the_chapter_in_the_tours_order_after_the_chapters_terms() -> None:
+    order = {key: i for i, key in enumerate(zh_text.STEPS)}
+    steps = [order[t.first] if t.first is not None else None for t in TERMS]
+    chapter = [i for i, step in enumerate(steps) if step is not None and step <= order["summary"]]
+    after = [i for i, step in enumerate(steps) if step is not None and step > order["summary"]]
+    assert len(after) >= 14 and max(chapter) < min(after)  # the chapter's terms, then those of the variants
+    assert [steps[i] for i in after] == sorted(steps[i] for i in after)  # type: ignore[type-var]
+    past = [i for i, step in enumerate(steps) if step is None]
+    assert past == list(range(len(TERMS) - len(past), len(TERMS)))  # the terms past the tour come last

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 from rich.cells import cell_len
 from rich.console import Console
 
@@ -67,9 +68,11 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 def test_tour_check_passes_and_covers_the_chapter(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run_cli(capsys, "tour", "--check")
     assert code == 0, out
-    assert re.search(r"\d+ checks, all steps match the book", out)
+    assert re.search(r"\d+ checks: the chapter matches the book, each variant does what it claims", out)
     keys = [s.key for s in build_tour("en")]
-    assert keys[:2] == ["overview", "inputs"] and keys[-1] == "summary"
+    assert keys[:2] == ["overview", "inputs"] and keys.index("summary") == keys.index("after") - 1
+    after = ["after", "gqa", "mla", "sliding", "sinks", "qk_norm", "gate", "linear", "deltanet", "zoo_run"]
+    assert keys[keys.index("after") :] == after  # what came after the chapter, past its summary
     order = ["softmax", "softmax_overflow", "weights_init", "requires_grad", "recap_trainable", "causal_inf", "mha"]
     assert [keys.index(k) for k in order] == sorted(keys.index(k) for k in order)
     for module in (en, zh):  # one entry per step and per check, in both languages
@@ -95,7 +98,7 @@ def test_every_number_in_the_notes_appears_in_the_tour(capsys: pytest.CaptureFix
 def test_the_chinese_tour_is_chinese_throughout(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run_cli(capsys, "tour", "--lang", "zh", "--check")
     assert code == 0
-    assert re.search(r"\d+ 项校验，所有步骤与书中数值一致", out)
+    assert re.search(r"\d+ 项校验：本章与书中数值一致，每个变体都做到了它声称的效果", out)
     for step in build_tour("zh"):
         assert CJK.search(step.title) and CJK.search(step.text), step.key
         for c in step.checks:
@@ -166,3 +169,34 @@ def test_unknown_language_is_refused() -> None:
         build_tour("fr")
     with pytest.raises(SystemExit):
         cli.main(["tour", "--lang", "fr"])
+
+
+def _after_failures() -> set[str]:
+    """The keys of the checks that fail in the part after the chapter."""
+    labels = {label: key for key, label in en.CHECKS.items()}
+    steps = build_tour("en")
+    after = [s for s in steps[[s.key for s in steps].index("after") :]]
+    return {labels.get(c.label, c.label) for s in after for c in s.checks if not c.ok}
+
+
+def test_each_variant_after_the_chapter_is_checked_by_what_it_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Broken on purpose, each technique's check goes red (and only the checks of what was broken)."""
+    import attnlab.explain.tour.after as after
+    from attnlab.functional.recurrent import linear_attention
+    from attnlab.nn.attention import Attention
+
+    assert _after_failures() == set()
+    with monkeypatch.context() as m:  # the output gate left open, whatever the token
+        m.setattr(Attention, "gate_for", lambda self, x: None if self.gate is None else torch.ones_like(self.gate(x)))
+        assert _after_failures() == {"gate_by_hand", "gate_silent"}
+    with monkeypatch.context() as m:  # QK-norm that normalizes nothing
+        m.setattr(torch.nn.RMSNorm, "forward", lambda self, x: x)
+        assert _after_failures() == {"qk_norm_same"}
+    with monkeypatch.context() as m:  # a "delta rule" that only adds, as linear attention does
+
+        def adds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: object, beta: object, form: str) -> object:
+            out, (state, _) = linear_attention(q, k, v, form=form)
+            return out, state
+
+        m.setattr(after, "gated_delta_rule", adds)
+        assert _after_failures() == {"delta_replaces"}

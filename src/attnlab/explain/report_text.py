@@ -4,13 +4,14 @@ from __future__ import annotations
 
 REPORT_TEXT: dict[str, dict[str, str]] = {
     "en": {
-        "tour_title": "attnlab: chapter 3, step by step",
+        "tour_title": "attnlab: chapter 3, step by step, and what came after",
         "glossary_title": "Glossary",
         "glossary_text": "Every term of the tour with its Chinese as the reading notes write it, the other Chinese "
         "readers meet for it, its names in the book's code and attnlab's, and the step where it first appears. "
         "A term's first use in the tour links here; `attnlab glossary` prints this table.",
         "tour_intro": "Every step of the chapter with its code, the tensor it gives, the check against the number "
-        "the book prints, and a heatmap where there is a matrix to see.",
+        "the book prints, and a heatmap where there is a matrix to see; then what came after it (GQA, MLA, windows, "
+        "sinks, QK-norm, gates, linear attention, Gated DeltaNet), each checked against what it claims.",
         "explain_title": "attnlab explains: {sentence}",
         "explain_intro": "The sentence is split into words and punctuation; each word gets a seeded, untrained "
         "vector (seed {seed}, {d_model} dimensions): these are not trained embeddings, so the patterns "
@@ -152,12 +153,12 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "attend to, and the others are let go (teal; yellow = kept, dark = not read yet); generated tokens are all kept. Layer 0 is drawn.",
     },
     "zh": {
-        "tour_title": "attnlab：第三章逐步讲解",
+        "tour_title": "attnlab：第三章逐步讲解，以及后来的变体",
         "glossary_title": "术语表",
         "glossary_text": "导览用到的每个术语：阅读笔记的译法、读者会遇到的另一种译法、英文、书中代码和 attnlab 代码里"
         "的名字，以及它在导览中首次出现的步骤。导览中每个术语第一次出现时都链接到这里；"
         "`attnlab glossary --lang zh` 在终端打印这张表。",
-        "tour_intro": "本章每一步的代码、得到的张量、与书中数值的校验，以及可视化的注意力热力图。",
+        "tour_intro": "本章每一步的代码、得到的张量、与书中数值的校验，以及可视化的注意力热力图；之后是后来的变体 (GQA、MLA、滑动窗口、汇聚点、QK 归一化、门控、线性注意力、门控 DeltaNet)，每个都校验它声称的效果。",
         "explain_title": "attnlab 解释：{sentence}",
         "explain_intro": "句子按单词和标点分词，每个词得到一个固定随机种子 (seed {seed}, {d_model} 维) 的未训练向量："
         "这些不是训练过的嵌入，下图展示的是注意力如何计算，而不是训练好的模型学到了什么。"

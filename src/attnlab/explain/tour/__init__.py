@@ -2,7 +2,8 @@
 
 :func:`build_tour` recomputes the chapter in the order of the reading notes
 and returns the steps; it prints nothing (the CLI renders them). The steps
-live in three parts (``simplified``, ``trainable``, ``causal``); their words
+live in four parts (``simplified``, ``trainable``, ``causal``, then ``after``: what came after the
+chapter); their words
 in ``en.py`` and ``zh.py``, one entry per step, so a translator reads one file.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from attnlab.explain.checks import Check
+from attnlab.explain.tour.after import what_came_after
 from attnlab.explain.tour.causal import causal, kv_cache_steps, kv_step_lines
 from attnlab.explain.tour.core import Checker, TourStep, fmt
 from attnlab.explain.tour.simplified import simplified
@@ -23,7 +25,7 @@ __all__ = ["LANGS", "TourStep", "build_tour", "fmt", "kv_cache_steps", "kv_step_
 
 
 def build_tour(lang: str = "en") -> list[TourStep]:
-    """Recompute chapter 3 step by step. Seeds are set where the book sets them."""
+    """Recompute chapter 3 step by step, then what came after it. Seeds are set where the book sets them."""
     text = text_for(lang)
     checker = Checker(checks=text.checks, words=text.words)
     steps: list[TourStep] = []
@@ -40,6 +42,7 @@ def build_tour(lang: str = "en") -> list[TourStep]:
         simplified(add, checker)
         trainable(add, checker)
         causal(add, checker)
+        what_came_after(add, checker)  # what came after the chapter: the variants of the attention zoo
     return steps
 
 

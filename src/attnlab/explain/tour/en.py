@@ -204,9 +204,88 @@ STEPS: dict[str, tuple[str, str]] = {
         "three steps; with W_q, W_k and W_v, four. Causal attention hides the future; multi-head attention runs "
         "several heads side by side; the KV cache keeps k and v so generation computes each only once.",
     ),
+    "after": (
+        "What came after: attention since GPT-2",
+        "The chapter ends with multi-head attention and a KV cache that keeps every head's keys and values for "
+        "every token. At 128k tokens that cache outgrows the model, so every model since has changed attention "
+        "itself, mostly to keep less, or to see further. Each step below builds one change with attnlab's own "
+        "module on the chapter's six tokens and checks what it claims; `attnlab zoo` trains them all side by side.",
+    ),
+    "gqa": (
+        "Grouped-query attention (GQA): heads share keys and values",
+        "Four query heads, but only two key/value heads: heads 0 and 1 read key head 0, heads 2 and 3 key head 1. "
+        "Each head still asks its own question (its own W_q), but the answers it can find are shared, and the KV "
+        "cache holds half as much. With one key/value head for all, it is multi-query attention (MQA). Llama 3 8B "
+        "keeps 8 key/value heads for 32 query heads.",
+    ),
+    "mla": (
+        "Multi-head latent attention (MLA): cache one latent a token",
+        "DeepSeek's MLA compresses each token's keys and values into one small latent vector, and the cache keeps "
+        "only that (and a small key that carries the position). Every head's keys and values are rebuilt from "
+        "it, or, when decoding, never built at all: W_UK is folded into the queries and W_UV into the output "
+        "(the absorbed form), which gives the same numbers.",
+    ),
+    "sliding": (
+        "Sliding window: each token sees only the latest ones",
+        "A window of 3: every query attends to itself and the two tokens before it, a band along the diagonal. "
+        "The cache becomes a ring of 3 slots, each new token overwriting the oldest. Stacked layers still pass "
+        "information further than one window. Mistral slides on every layer; Gemma 3 has 5 local layers to 1 "
+        "global (full attention) layer, and gpt-oss alternates banded and full layers.",
+    ),
+    "sinks": (
+        "Learned sinks: somewhere to put attention a head does not need",
+        "Softmax makes every row sum to 1, so a head with nothing to find must still put its weight somewhere; "
+        "trained models dump it on the first token (the attention sink of the KV-cache lab). gpt-oss gives each "
+        "head a learned sink logit that enters the softmax's sum but has no value: a row may now give part of its "
+        "attention to nothing. Here the sink logits are set to 0, 1, 2 and -1.",
+    ),
+    "qk_norm": (
+        "QK-norm: keep the scores in bounds",
+        "Scores are dot products, and they grow with the size of the queries and keys; large scores push "
+        "softmax towards one-hot rows and training becomes unstable. Qwen3, Gemma 3 and OLMo 2 apply RMSNorm to "
+        "each head's queries and keys before the dot product, so only their directions count. Here the inputs "
+        "are made 100 times larger.",
+    ),
+    "gate": (
+        "Gated attention: an output gate on each head",
+        "Qwen3-Next multiplies each head's context vector by sigmoid(gate(x)), a number between 0 and 1 per "
+        "dimension, computed from the token itself. A head can then say nothing for a token, which softmax alone "
+        "cannot: its weights always sum to 1. With every gate shut, only out_proj's bias is left.",
+    ),
+    "linear": (
+        "Linear attention: a state of fixed size instead of a cache",
+        "Replace exp(q . k) by phi(q) . phi(k) with a positive feature map phi, and the weighted sum can be "
+        "regrouped: S = sum of outer(phi(k), v) and z = sum of phi(k) are updated once per token, and each output "
+        "reads S and z. The state has the same size at 6 tokens and at 100,000: no cache grows. The weights it "
+        "equals can still be written down, row by row, and they sum to 1.",
+    ),
+    "deltanet": (
+        "Gated DeltaNet: the delta rule writes over what a key held",
+        "Linear attention only adds: write two values under the same key and its state holds their sum (the "
+        "normalizer then reads their mean). The delta "
+        "rule first reads what the key holds, then writes beta times the difference (the error), so with beta = 1 "
+        "the new value replaces the old. A decay exp(g) lets the state forget. Qwen3-Next and Kimi Linear mix "
+        "such layers with a few full attention layers. The weights it equals can be negative: a later write took "
+        "back part of an earlier one.",
+    ),
+    "zoo_run": (
+        "The attention zoo: every variant trained side by side",
+        "`attnlab zoo` trains each variant on the same text, with the same parameters (within 5%), batches, "
+        "schedule and seeds, and measures the held-out loss, the cache, decode speed and the heads it grew. This "
+        "is the run that ships with attnlab; `attnlab zoo --show` prints all of it, with which differences are "
+        "larger than the spread over seeds. `explain --model zoo:NAME` shows a variant's heads on any text.",
+    ),
 }
 
 VALUES: dict[str, str] = {
+    "after": "gqa, mqa       share keys and values between heads          Llama 3, Qwen3\n"
+    "mla            cache one latent a token                     DeepSeek-V2/V3\n"
+    "sliding        see only the latest tokens; local/global     Mistral, Gemma 3, gpt-oss\n"
+    "sinks          a row may attend to nothing                  gpt-oss\n"
+    "qk-norm        RMSNorm on queries and keys                  Qwen3, Gemma 3, OLMo 2\n"
+    "gated          an output gate on each head                  Qwen3-Next\n"
+    "linear         a state of fixed size, no softmax            Katharopoulos et al.\n"
+    "deltanet       the delta rule, with a decay                 Qwen3-Next, Kimi Linear",
     "overview": "1. simplified self-attention     the idea, no trainable weights\n"
     "2. self-attention                 trainable weights W_q, W_k, W_v (scaled dot-product)\n"
     "3. causal attention               only earlier and current tokens: text stays in order\n"
@@ -259,13 +338,59 @@ CHECKS: dict[str, str] = {
     "lab_sink": "sink cache: the last output == attention over the tokens it kept",
     "lab_int8": "int8: every quantized key within half a code of the exact one",
     "lab_h2o": "H2O: holds its budget of 4 keys",
+    "gqa_by_hand": "== softmax(q @ k.T / sqrt(2)) with each key head repeated for its 2 query heads",
+    "gqa_half": "the cache holds half of MHA's bytes",
+    "mla_forms": "cached decode (absorbed) == the whole sentence (expanded)",
+    "mla_cache": "the cache holds {values} values a token: the latent and its RoPE key",
+    "window_rows": "each query sees at most 3 keys",
+    "window_last": "the last token's output == attention over only the last 3 tokens",
+    "window_cached": "token by token through a ring of 3 slots == the whole sentence; the ring holds tokens 3, 4, 5",
+    "sinks_by_hand": "== exp(scores) / (sum of exp(scores) + exp(sink))",
+    "sinks_less": "every row gives its sink a share between 0 and 1",
+    "qk_norm_same": "with QK-norm, 100 times larger inputs give the same weights",
+    "plain_peaks": "without it, the rows become almost one-hot (mean largest weight > 0.95)",
+    "gate_by_hand": "== out_proj(sigmoid(gate(x)) * context_vec)",
+    "gate_silent": "every gate shut: the output is out_proj's bias alone",
+    "linear_forms": "recurrent == parallel == chunked (float64)",
+    "linear_weights": "the implicit weights @ values == the recurrence's output",
+    "state_fixed": "the state is as large for 100,000 tokens as for 6",
+    "delta_replaces": "the delta rule reads back the second value; linear attention's state the sum of both",
+    "delta_forms": "recurrent == chunked (float64)",
+    "delta_negative": "some implicit weights are negative",
+    "zoo_all": "every variant, the same steps and seeds",
+    "zoo_mla": "MLA's bytes a token match its formula: 4 layers x (32 + 8) x 4 bytes = {n}",
+    "zoo_hybrid": "the hybrid's match its formula: 1 full layer x 2 x 64 x 4 bytes = {n}, and a fixed state",
+    "zoo_budget": "every variant within 5% of mha's parameters",
 }
 
 WORDS: dict[str, str] = {
     "heading": "Chapter 3: coding attention mechanisms",
+    "cache_bytes": "{what} cache for 6 tokens: {n} bytes",
+    "llama_gqa": "Llama 3 8B, values a token and layer: {mha:,} as MHA, {gqa:,} with 8 key/value heads",
+    "cm_latent": "one latent a token",
+    "mla_values": "values a token: {latent} in the latent cache, {heads} as every head's keys and values",
+    "deepseek_values": "DeepSeek-V3: {latent} values a token, {heads} as its 128 heads' keys and values ({ratio:.0f}x)",
+    "cm_ring": "a ring of 3 slots",
+    "ring_holds": "after 6 tokens the ring holds tokens {held}",
+    "gemma_local": "Gemma 3 27B at 32k tokens (52 local layers of 1024, 10 global): {share:.0%} of an all-global cache",
+    "cm_sink_weight": "the recorder gives the sink's share apart",
+    "cm_sinks": "one logit per head",
+    "sink_share": "what the first row of each head gives the sink: {shares}",
+    "cm_loud": "100 times larger inputs",
+    "peak": "{name:<8} mean largest weight of a row: {quiet:.4f}, with 100x inputs {loud:.4f}",
+    "cm_gate": "a number in (0, 1) per dimension",
+    "gate_shut": "out_proj.bias: {bias}\nevery gate shut, the last token's output: {out}",
+    "cm_phi": "positive",
+    "state_shape": "S: {s}, z: {z}: {n} values, whatever the length",
+    "cm_decay": "forget a little",
+    "cm_delta": "write the error",
+    "delta_read": "the key written twice reads back: delta rule {delta}, linear attention's state {linear}",
+    "cm_show": "the shipped run, whole",
+    "zoo_header": "the shipped run: {steps} steps, {seeds} seeds, {minutes:.0f} minutes on 2 CPU cores",
+    "zoo_columns": "variant       loss    KV bytes a token   cache at 32k tokens",
     "check": "check",
     "terms": "term",
-    "passed": "{n} checks, all steps match the book",
+    "passed": "{n} checks: the chapter matches the book, each variant does what it claims",
     "mismatch": "{n} mismatches",
     "kv_step": "step {t}: the cache holds {t} keys; new row (head 0): [{row}]",
     "lab_paged": "paged, blocks of 2: block table {blocks}, {waste} slots unused",

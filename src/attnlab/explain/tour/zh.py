@@ -190,9 +190,78 @@ STEPS: dict[str, tuple[str, str]] = {
         "(Wq, Wk, 和 Wv)后分四步。因果注意力隐藏未来；多头注意力让多个头并行；KV Cache 缓存 k, v 向量，"
         "生成时每个只算一次。",
     ),
+    "after": (
+        "后来的变体：GPT-2 之后的注意力",
+        "本章到多头注意力和 KV Cache 为止：KV Cache 为每个 Token 保存每个头的键向量和值向量。到 128k 个 Token 时，"
+        "这个缓存比模型本身还大，所以之后的每个模型都改动了注意力本身，大多是为了少存一些，或者看得更远。下面每一步"
+        "都用 attnlab 自己的模块在本章的 6 个 Token 上搭出一种改动，并校验它声称的效果；attnlab zoo 把它们放在一起训练比较。",
+    ),
+    "gqa": (
+        "分组查询注意力：多个头共享键和值",
+        "4 个查询头，但只有 2 个键值头：头 0 和头 1 读键值头 0，头 2 和头 3 读键值头 1。这就是分组查询注意力 (GQA)。"
+        "每个头仍然用自己的 Wq 提出自己的问题，但能找到的答案是共享的，KV Cache 只需存一半。所有头共用一个键值头时，"
+        "就是多查询注意力 (MQA)。Llama 3 8B 有 32 个查询头，只有 8 个键值头。",
+    ),
+    "mla": (
+        "多头潜在注意力：每个 Token 只缓存一个潜在向量",
+        "DeepSeek 的多头潜在注意力 (MLA) 把每个 Token 的键和值压缩成一个小的潜在向量 (latent)，缓存里只存它 (外加一个"
+        "携带位置信息的小键向量)。每个头的键和值都可以从它重建；解码时甚至根本不用重建：把 W_UK 并入查询、W_UV 并入"
+        "输出，这叫吸收形式 (absorbed form)，算出的数值完全一样。",
+    ),
+    "sliding": (
+        "滑动窗口：每个 Token 只看最近的几个",
+        "窗口为 3 的滑动窗口 (sliding window)：每个查询只关注自己和前面 2 个 Token，沿对角线形成一条带。缓存变成 3 个槽位"
+        "的环形缓存，新 Token 覆盖最旧的那个。多层叠起来，信息仍能传得比一个窗口更远。Mistral 每层都用滑动窗口；"
+        "Gemma 3 是 5 个局部层配 1 个全局层 (全注意力 (full attention))，gpt-oss 则是带状层和全注意力层交替。",
+    ),
+    "sinks": (
+        "可学习的注意力汇聚：给头一个放下多余注意力的地方",
+        "softmax 让每行之和为 1，所以一个头即使什么也不想找，也得把权重放在某处；训练好的模型会把它堆在第 1 个 Token 上 "
+        "(就是 KV Cache 实验室里的注意力汇聚点)。gpt-oss 给每个头一个可学习的注意力汇聚 (learned sink) logit：它计入 "
+        "softmax 的分母，却没有值向量，于是一行可以把一部分注意力交给“空”。这里四个头的汇聚 logit 设为 0、1、2 和 -1。",
+    ),
+    "qk_norm": (
+        "QK 归一化：让分数不失控",
+        "分数是点积，会随查询和键向量的长度增大；分数太大时 softmax 的每一行接近 one-hot，训练变得不稳定。Qwen3、"
+        "Gemma 3 和 OLMo 2 在点积之前对每个头的查询和键做均方根归一化 (RMSNorm)，这叫 QK 归一化 (QK-norm)：只有方向起作用。"
+        "这里把输入放大 100 倍。",
+    ),
+    "gate": (
+        "输出门控：每个头的输出乘以一个门",
+        "Qwen3-Next 把每个头的上下文向量乘以 sigmoid(gate(x))，这是由 Token 自己算出的、每个维度一个 0 到 1 之间的数，"
+        "叫输出门控 (output gate)。这样一个头可以对某个 Token 什么也不输出，而单靠 softmax 做不到：它的权重之和总是 1。"
+        "所有门都关上时，只剩下 out_proj 的偏置项。",
+    ),
+    "linear": (
+        "线性注意力：用固定大小的状态代替缓存",
+        "把 exp(q · k) 换成 phi(q) · phi(k)，其中 phi 是一个取正值的特征映射 (feature map)，加权求和就可以重新组合：每来一个 "
+        "Token 更新一次 S = outer(phi(k), v) 之和与 z = phi(k) 之和，每个输出只读 S 和 z。这就是线性注意力 (linear attention)，"
+        "它的状态 (state) 在 6 个 Token 和 100,000 个 Token 时一样大，没有缓存在增长。它等价的注意力权重仍能逐行写出来，每行之和为 1。",
+    ),
+    "deltanet": (
+        "门控 DeltaNet：delta 规则覆盖一个键原来存的内容",
+        "线性注意力只会累加：在同一个键下写入两个值，状态里存的是两者之和 (归一化后读出的是平均)。delta 规则 (delta rule) 先读出这个键现在存的值，"
+        "再写入 beta 倍的差值 (误差)，所以 beta = 1 时新值直接替换旧值。衰减 (decay) exp(g) 让状态逐渐遗忘。这就是门控 "
+        "DeltaNet (Gated DeltaNet)；Qwen3-Next 和 Kimi Linear 把这样的层和少数全注意力层混在一起。它等价的权重可以是负的："
+        "后来的写入收回了之前写入的一部分。",
+    ),
+    "zoo_run": (
+        "注意力动物园：所有变体放在一起训练",
+        "attnlab zoo 用同样的文本、同样的参数量 (相差不超过 5%)、同样的批次、学习率计划和随机数种子训练每个变体，并测量"
+        "留出损失、缓存、解码速度和它长出的头。这里是随 attnlab 一起发布的那次运行；attnlab zoo --show 打印全部结果，并标出"
+        "哪些差异大于不同种子之间的波动。explain --model zoo:NAME 可以在任意文本上查看一个变体的头。",
+    ),
 }
 
 VALUES: dict[str, str] = {
+    "after": "gqa, mqa       多个头共享键和值                      Llama 3, Qwen3\n"
+    "mla            每个 Token 缓存一个潜在向量           DeepSeek-V2/V3\n"
+    "sliding        只看最近的 Token；局部层与全局层      Mistral, Gemma 3, gpt-oss\n"
+    "sinks          一行可以不关注任何 Token              gpt-oss\n"
+    "qk-norm        对查询和键做 RMSNorm                  Qwen3, Gemma 3, OLMo 2\n"
+    "gated          每个头的输出乘以一个门                Qwen3-Next\n"
+    "linear         不随长度增长，没有 softmax            Katharopoulos et al.\n"
+    "deltanet       新值覆盖旧值，并逐渐遗忘              Qwen3-Next, Kimi Linear",
     "overview": "1. 简化自注意力 (Simplified self-attention)：核心思想，没有可训练权重\n"
     "2. 自注意力 (Self-attention)：带有可训练权重 Wq, Wk, Wv (缩放点积注意力)\n"
     "3. 因果注意力 (Causal attention)：只关注先前和当前的输入，保持文本生成的时间顺序\n"
@@ -245,13 +314,59 @@ CHECKS: dict[str, str] = {
     "lab_sink": "Sink 缓存：最后的输出 == 只对它保留的 Token 做注意力",
     "lab_int8": "int8：每个量化后的键向量与精确值相差不到半个量化间隔",
     "lab_h2o": "H2O：只保留预算内的 4 个键向量",
+    "gqa_by_hand": "与手算的 softmax(q @ k.T / sqrt(2)) 相同，每个键值头重复给它的 2 个查询头",
+    "gqa_half": "缓存只占 MHA 的一半字节",
+    "mla_forms": "逐个 Token 的缓存解码 (吸收形式) == 整句一次算 (展开形式)",
+    "mla_cache": "缓存每个 Token 存 {values} 个值：潜在向量和它的 RoPE 键",
+    "window_rows": "每个查询最多看到 3 个键",
+    "window_last": "最后一个 Token 的输出 == 只对最后 3 个 Token 做注意力",
+    "window_cached": "逐个 Token 经过 3 个槽位的环形缓存 == 整句一次算；缓存里是 Token 3、4、5",
+    "sinks_by_hand": "与手算的 exp(分数) / (exp(分数) 之和 + exp(汇聚 logit)) 相同",
+    "sinks_less": "每一行都分给汇聚点一部分 (在 0 和 1 之间)",
+    "qk_norm_same": "有 QK 归一化时，输入放大 100 倍，权重不变",
+    "plain_peaks": "没有它，每行几乎变成 one-hot (每行最大权重的均值 > 0.95)",
+    "gate_by_hand": "与手算的 out_proj(sigmoid(gate(x)) * context_vec) 相同",
+    "gate_silent": "所有门都关上：输出只剩 out_proj 的偏置项",
+    "linear_forms": "循环形式 == 并行形式 == 分块形式 (float64)",
+    "linear_weights": "等价权重 @ 值向量 == 循环算出的输出",
+    "state_fixed": "100,000 个 Token 的状态和 6 个 Token 的一样大",
+    "delta_replaces": "delta 规则读回第二个值；线性注意力的状态存的是两者之和",
+    "delta_forms": "循环形式 == 分块形式 (float64)",
+    "delta_negative": "有些等价权重是负的",
+    "zoo_all": "每个变体都在，步数和种子相同",
+    "zoo_mla": "MLA 每个 Token 的字节数与公式一致：4 层 x (32 + 8) x 4 字节 = {n}",
+    "zoo_hybrid": "混合模型与公式一致：1 个全注意力层 x 2 x 64 x 4 字节 = {n}，外加固定大小的状态",
+    "zoo_budget": "每个变体的参数量与 mha 相差不超过 5%",
 }
 
 WORDS: dict[str, str] = {
     "heading": "第三章：编码注意力机制",
+    "cache_bytes": "{what} 缓存 6 个 Token：{n} 字节",
+    "llama_gqa": "Llama 3 8B 每个 Token 每层的值个数：MHA {mha:,}，8 个键值头时 {gqa:,}",
+    "cm_latent": "每个 Token 一个潜在向量",
+    "mla_values": "每个 Token 的值个数：潜在缓存 {latent} 个，若存每个头的键和值则 {heads} 个",
+    "deepseek_values": "DeepSeek-V3：每个 Token {latent} 个值，若存 128 个头的键和值则 {heads} 个 ({ratio:.0f} 倍)",
+    "cm_ring": "3 个槽位的环形缓存",
+    "ring_holds": "6 个 Token 之后，环形缓存里是 Token {held}",
+    "gemma_local": "Gemma 3 27B 在 32k 个 Token 时 (52 个窗口 1024 的局部层，10 个全局层)：缓存是全部全局层时的 {share:.0%}",
+    "cm_sink_weight": "Recorder 单独给出汇聚点分走的比例",
+    "cm_sinks": "每个头一个 logit",
+    "sink_share": "每个头第一行分给汇聚点的比例：{shares}",
+    "cm_loud": "输入放大 100 倍",
+    "peak": "{name:<8} 每行最大权重的均值：{quiet:.4f}，输入放大 100 倍后 {loud:.4f}",
+    "cm_gate": "每个维度一个 (0, 1) 之间的数",
+    "gate_shut": "out_proj.bias：{bias}\n所有门关上时，最后一个 Token 的输出：{out}",
+    "cm_phi": "取正值",
+    "state_shape": "S：{s}，z：{z}：共 {n} 个值，与长度无关",
+    "cm_decay": "忘掉一点",
+    "cm_delta": "写入误差",
+    "delta_read": "写了两次的键读回：delta 规则 {delta}，线性注意力的状态 {linear}",
+    "cm_show": "完整的发布结果",
+    "zoo_header": "发布的运行：{steps} 步，{seeds} 个种子，在 2 个 CPU 核上 {minutes:.0f} 分钟",
+    "zoo_columns": "变体          损失    每 Token KV 字节   32k 个 Token 时的缓存",
     "check": "校验",
     "terms": "术语",
-    "passed": "{n} 项校验，所有步骤与书中数值一致",
+    "passed": "{n} 项校验：本章与书中数值一致，每个变体都做到了它声称的效果",
     "mismatch": "{n} 处不一致",
     "kv_step": "第 {t} 步：缓存中有 {t} 个键向量；新的一行 (头 0)：[{row}]",
     "lab_paged": "分页，每块 2 个 Token：块表 {blocks}，{waste} 个空位",
