@@ -300,7 +300,7 @@ def test_the_view_names_each_layers_kind_outlines_its_window_and_says_the_sinks_
         weights = model.attention_weights(torch.tensor([ids]))[:, 0]  # (L, H, T, T)
     share = 1 - weights.sum(-1)  # (L, H, T): what the sinks took of each row
     assert float(share.min()) > 0.01
-    for lang, said in (("en", "the learned sinks take"), ("zh", "注意力汇聚 (sink) 拿走这一行的")):
+    for lang, said in (("en", "the learned sinks take"), ("zh", "可学习的注意力汇聚点 (sink) 拿走这一行的")):
         path = attention_view(model, tokenizer, text, lang=lang).save(tmp_path / f"sinks-{lang}.html")
         problems: list[str] = []
         with sync_playwright() as p:
@@ -377,7 +377,12 @@ def test_a_zoo_models_view_gives_mlas_latent_beside_its_heads_and_a_recurrent_la
                 weights = model.attention_weights(torch.tensor([list(b"the cat sat")]))[:, 0]  # (L, H, T, T)
             negative = [bool((w < 0).any()) for w in weights]  # the delta rule's subtractions, drawn by size
             assert negative == [name == "hybrid"] * 3 + [False], name
-            by_size = [o.endswith("drawn by size, |w|: the delta rule made some weights negative") for o in shown]
+            by_size = [
+                o.endswith(
+                    "some weights are negative (a negative q · k, or the delta rule taking back an earlier write)"
+                )
+                for o in shown
+            ]
             assert by_size[:4] == negative, (name, shown)
         browser.close()
     assert problems == []

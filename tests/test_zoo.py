@@ -105,16 +105,34 @@ def test_a_smoke_run_writes_a_file_its_table_and_plot_are_drawn_from(
 def test_zoo_models_are_named_and_a_missing_one_says_how_to_train_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ATTNLAB_ZOO", str(tmp_path / "run"))
+    run = tmp_path / "run"
+    monkeypatch.setenv("ATTNLAB_ZOO", str(run))
     assert main(["explain", "--model", "zoo:gqa", "the cat"]) == 2
-    err = capsys.readouterr().err
-    assert "--model zoo:gqa: no trained model in" in err and "train it with attnlab zoo gqa --minutes 2" in err
+    err = capsys.readouterr().err  # the command that saves it where this lookup looks
+    assert f"--model zoo:gqa: no trained model in '{run / 'models' / 'gqa'}'" in err
+    assert f"train it with attnlab zoo gqa --minutes 2 --out {run} " in err
     assert main(["heads", "--model", "zoo:gpa"]) == 2
     assert "the zoo has no variant 'gpa'; it holds mha, gqa" in capsys.readouterr().err
-    monkeypatch.delenv("ATTNLAB_ZOO")
-    monkeypatch.chdir(tmp_path)  # without ATTNLAB_ZOO: the zoo's default --out, runs/zoo
+    assert main(["memory", "--model", "zoo:mla"]) == 2  # memory reads the same folder
+    assert "--model zoo:mla: no trained model in" in capsys.readouterr().err
+    run.write_text("not a folder")
     assert main(["explain", "--model", "zoo:mla", "x"]) == 2
-    assert "no trained model in 'runs/zoo/models/mla'" in capsys.readouterr().err
+    assert f"ATTNLAB_ZOO={str(run)!r} is a file; set it to the --out folder of a zoo run" in capsys.readouterr().err
+    monkeypatch.delenv("ATTNLAB_ZOO")
+    monkeypatch.chdir(tmp_path)  # without ATTNLAB_ZOO: the zoo's default --out, runs/zoo, said in full
+    assert main(["explain", "--model", "zoo:mla", "x"]) == 2
+    err = capsys.readouterr().err
+    assert f"no trained model in '{tmp_path / 'runs' / 'zoo' / 'models' / 'mla'}'" in err
+    assert "train it with attnlab zoo mla --minutes 2 (every zoo run" in err
+
+
+def test_a_smoke_run_never_replaces_a_trained_model(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    (models / "mqa").mkdir(parents=True)
+    (models / "mqa" / "config.json").write_text('{"trained": "by a real run"}')
+    run_zoo(["mqa", "gqa"], minutes=5, smoke=True, models=models)
+    assert (models / "mqa" / "config.json").read_text() == '{"trained": "by a real run"}'  # kept as it was
+    assert GPT.from_pretrained(models / "gqa").config == zoo_config("gqa")  # none was there: saved
 
 
 def test_a_difference_is_a_finding_only_past_its_spread_over_seeds() -> None:

@@ -264,7 +264,8 @@ def run_zoo(
 
     With ``models``, each variant's seed-0 model (the one whose decode and heads are measured) is saved to
     ``models/NAME`` with its training log, as ``attnlab train`` saves one: ``attnlab explain --model zoo:NAME``
-    and the interactive view read it from there."""
+    and the interactive view read it from there. A smoke run saves only where no model is yet: its few steps
+    never replace a trained one."""
     from attnlab.models.tasks import TextTask, stdlib_text
     from attnlab.models.train import RunRecord, TrainConfig, train
 
@@ -321,6 +322,8 @@ def run_zoo(
             )
             model = _model(name, seed)
             keep = Path(models) / name if models is not None and seed == 0 else None
+            if keep is not None and smoke and (keep / "config.json").exists():
+                keep = None  # a smoke run's few steps never replace a model a real run trained
             record = RunRecord(tokenizer="bytes", run={"task": "text", "zoo": name})
             log = train(model, task, recipe, checkpoint=keep, record=record)  # Ctrl-C ends the step, then returns
             done = log.step[-1] if log.step else 0

@@ -65,30 +65,15 @@ def check_folder(path: str) -> Path:
 
 def model_path(model: str) -> Path:
     """Where ``--model`` points (a shipped name such as ``induction`` included), or the error that says what to give."""
-    from attnlab.models.checkpoints import SHIPPED, ZOO, locate
+    from attnlab.models.checkpoints import SHIPPED, ZOO, locate, zoo_model
 
-    where = locate(model)
     if model.startswith(ZOO):
-        return _zoo_model(model[len(ZOO) :], where)
+        return zoo_model(model[len(ZOO) :])
+    where = locate(model)
     if not where.exists():
         raise ValueError(
             f"--model {model!r} does not exist; give a checkpoint directory or a .pth file, "
             f"or a checkpoint that ships with attnlab: {', '.join(SHIPPED)}"
-        )
-    return where
-
-
-def _zoo_model(name: str, where: Path) -> Path:
-    """``--model zoo:NAME``: the variant's model that ``attnlab zoo`` saved, or what to run to make it."""
-    from attnlab.models.zoo import VARIANTS
-
-    if name not in VARIANTS:
-        raise ValueError(f"--model zoo:{name}: the zoo has no variant {name!r}; it holds {', '.join(VARIANTS)}")
-    if not (where / "config.json").is_file():
-        raise ValueError(
-            f"--model zoo:{name}: no trained model in {str(where)!r}; train it with attnlab zoo {name} --minutes 2 "
-            "(every zoo run saves its models there), or set ATTNLAB_ZOO to the --out folder of the run that "
-            "trained it"
         )
     return where
 

@@ -63,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def config_for(name: str) -> GPTConfig:
     """The config ``--model NAME`` means: a preset, or a folder's config.json (a shipped model's name too)."""
     from attnlab.bench.kv_bytes import read_config
-    from attnlab.models.checkpoints import locate
+    from attnlab.models.checkpoints import ZOO, locate, zoo_model
     from attnlab.models.config import PRESETS, GPTConfig
     from attnlab.models.families.shapes import SHAPES, shape
 
@@ -71,7 +71,7 @@ def config_for(name: str) -> GPTConfig:
         return GPTConfig.preset(name)
     if name in SHAPES:
         return shape(name)
-    where = locate(name)
+    where = zoo_model(name[len(ZOO) :]) if name.startswith(ZOO) else locate(name)
     if where.is_dir():
         try:
             return read_config(where)

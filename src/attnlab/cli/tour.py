@@ -1,4 +1,4 @@
-"""``attnlab tour``: chapter 3 step by step, in English or Chinese; --check compares with the book; --html."""
+"""``attnlab tour``: chapter 3 step by step, then what came after it, in English or Chinese; --check; --html."""
 
 from __future__ import annotations
 
@@ -18,11 +18,17 @@ from attnlab.explain.render.html import Report
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tour = sub.add_parser(
         "tour",
-        help="walk through chapter 3, step by step, with the book's numbers",
-        description="Walk through chapter 3, step by step, with the book's numbers.",
+        help="walk through chapter 3, step by step, with the book's numbers, then what came after it",
+        description="Walk through chapter 3, step by step, with the book's numbers; then what came after it (GQA, "
+        "MLA, sliding windows, learned sinks, QK-norm, the output gate, linear attention, Gated DeltaNet), each "
+        "variant checked against what it claims.",
     )
     tour.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the explanations")
-    tour.add_argument("--check", action="store_true", help="compare every step with the book; exit 1 on a mismatch")
+    tour.add_argument(
+        "--check",
+        action="store_true",
+        help="check every step (the chapter against the book, each variant against its claim); exit 1 on a mismatch",
+    )
     tour.add_argument("--html", metavar="PATH", help="write the tour as a self-contained HTML report with heatmaps")
 
 

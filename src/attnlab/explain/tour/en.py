@@ -214,6 +214,7 @@ STEPS: dict[str, tuple[str, str]] = {
     "gqa": (
         "Grouped-query attention (GQA): heads share keys and values",
         "Four query heads, but only two key/value heads: heads 0 and 1 read key head 0, heads 2 and 3 key head 1. "
+        "This is grouped-query attention (GQA). "
         "Each head still asks its own question (its own W_q), but the answers it can find are shared, and the KV "
         "cache holds half as much. With one key/value head for all, it is multi-query attention (MQA). Llama 3 8B "
         "keeps 8 key/value heads for 32 query heads.",
@@ -227,9 +228,9 @@ STEPS: dict[str, tuple[str, str]] = {
     ),
     "sliding": (
         "Sliding window: each token sees only the latest ones",
-        "A window of 3: every query attends to itself and the two tokens before it, a band along the diagonal. "
+        "A sliding window of 3: every query attends to itself and the two tokens before it, a band along the diagonal. "
         "The cache becomes a ring of 3 slots, each new token overwriting the oldest. Stacked layers still pass "
-        "information further than one window. Mistral slides on every layer; Gemma 3 has 5 local layers to 1 "
+        "information further than one window. Mistral 7B slides on every layer; Gemma 3 has 5 local layers to 1 "
         "global (full attention) layer, and gpt-oss alternates banded and full layers.",
     ),
     "sinks": (
@@ -242,20 +243,20 @@ STEPS: dict[str, tuple[str, str]] = {
     "qk_norm": (
         "QK-norm: keep the scores in bounds",
         "Scores are dot products, and they grow with the size of the queries and keys; large scores push "
-        "softmax towards one-hot rows and training becomes unstable. Qwen3, Gemma 3 and OLMo 2 apply RMSNorm to "
-        "each head's queries and keys before the dot product, so only their directions count. Here the inputs "
+        "softmax towards one-hot rows and training becomes unstable. QK-norm, in Qwen3 and Gemma 3, applies RMSNorm "
+        "to each head's queries and keys before the dot product, so only their directions count. Here the inputs "
         "are made 100 times larger.",
     ),
     "gate": (
         "Gated attention: an output gate on each head",
-        "Qwen3-Next multiplies each head's context vector by sigmoid(gate(x)), a number between 0 and 1 per "
+        "Qwen3-Next multiplies each head's context vector by an output gate, sigmoid(gate(x)), a number between 0 and 1 per "
         "dimension, computed from the token itself. A head can then say nothing for a token, which softmax alone "
         "cannot: its weights always sum to 1. With every gate shut, only out_proj's bias is left.",
     ),
     "linear": (
         "Linear attention: a state of fixed size instead of a cache",
         "Replace exp(q . k) by phi(q) . phi(k) with a positive feature map phi, and the weighted sum can be "
-        "regrouped: S = sum of outer(phi(k), v) and z = sum of phi(k) are updated once per token, and each output "
+        "regrouped, and that is linear attention: S = sum of outer(phi(k), v) and z = sum of phi(k) are updated once per token, and each output "
         "reads S and z. The state has the same size at 6 tokens and at 100,000: no cache grows. The weights it "
         "equals can still be written down, row by row, and they sum to 1.",
     ),
@@ -264,9 +265,9 @@ STEPS: dict[str, tuple[str, str]] = {
         "Linear attention only adds: write two values under the same key and its state holds their sum (the "
         "normalizer then reads their mean). The delta "
         "rule first reads what the key holds, then writes beta times the difference (the error), so with beta = 1 "
-        "the new value replaces the old. A decay exp(g) lets the state forget. Qwen3-Next and Kimi Linear mix "
-        "such layers with a few full attention layers. The weights it equals can be negative: a later write took "
-        "back part of an earlier one.",
+        "the new value replaces the old. A decay exp(g) lets the state forget: that is Gated DeltaNet, which "
+        "Qwen3-Next mixes with a few full attention layers. The weights it equals can be negative even where every "
+        "q . k is positive: a later write under a similar key took back part of an earlier one.",
     ),
     "zoo_run": (
         "The attention zoo: every variant trained side by side",
@@ -282,10 +283,10 @@ VALUES: dict[str, str] = {
     "mla            cache one latent a token                     DeepSeek-V2/V3\n"
     "sliding        see only the latest tokens; local/global     Mistral, Gemma 3, gpt-oss\n"
     "sinks          a row may attend to nothing                  gpt-oss\n"
-    "qk-norm        RMSNorm on queries and keys                  Qwen3, Gemma 3, OLMo 2\n"
+    "qk-norm        RMSNorm on queries and keys                  Qwen3, Gemma 3\n"
     "gated          an output gate on each head                  Qwen3-Next\n"
     "linear         a state of fixed size, no softmax            Katharopoulos et al.\n"
-    "deltanet       the delta rule, with a decay                 Qwen3-Next, Kimi Linear",
+    "deltanet       the delta rule, with a decay                 Qwen3-Next",
     "overview": "1. simplified self-attention     the idea, no trainable weights\n"
     "2. self-attention                 trainable weights W_q, W_k, W_v (scaled dot-product)\n"
     "3. causal attention               only earlier and current tokens: text stays in order\n"
@@ -351,15 +352,15 @@ CHECKS: dict[str, str] = {
     "plain_peaks": "without it, the rows become almost one-hot (mean largest weight > 0.95)",
     "gate_by_hand": "== out_proj(sigmoid(gate(x)) * context_vec)",
     "gate_silent": "every gate shut: the output is out_proj's bias alone",
-    "linear_forms": "recurrent == parallel == chunked (float64)",
-    "linear_weights": "the implicit weights @ values == the recurrence's output",
+    "linear_forms": "recurrent == parallel == chunked (float64), and the module gives their output",
+    "linear_weights": "the implicit weights: the module records them, they give its output, each row sums to 1",
     "state_fixed": "the state is as large for 100,000 tokens as for 6",
     "delta_replaces": "the delta rule reads back the second value; linear attention's state the sum of both",
     "delta_forms": "recurrent == chunked (float64)",
-    "delta_negative": "some implicit weights are negative",
+    "delta_negative": "with every q . k >= 0, the delta rule still gives v0 a negative weight: 0.28 - 0.6 x 0.936",
     "zoo_all": "every variant, the same steps and seeds",
-    "zoo_mla": "MLA's bytes a token match its formula: 4 layers x (32 + 8) x 4 bytes = {n}",
-    "zoo_hybrid": "the hybrid's match its formula: 1 full layer x 2 x 64 x 4 bytes = {n}, and a fixed state",
+    "zoo_mla": "MLA's cache, measured after {tokens} tokens: {n} bytes a token, {layers} layers x ({rank} + {rope}) x 4 bytes",
+    "zoo_hybrid": "the hybrid's, measured: {n} bytes a token ({full} full layer x 2 x {kv} x 4 bytes), and a state of {state} bytes",
     "zoo_budget": "every variant within 5% of mha's parameters",
 }
 
@@ -385,8 +386,9 @@ WORDS: dict[str, str] = {
     "cm_decay": "forget a little",
     "cm_delta": "write the error",
     "delta_read": "the key written twice reads back: delta rule {delta}, linear attention's state {linear}",
+    "delta_taken": "k0 = [1, 0], then k1 = [0.6, 0.8], read by q = [0.28, 0.96]: every q . k >= 0, v0's weight {w:.4f}",
     "cm_show": "the shipped run, whole",
-    "zoo_header": "the shipped run: {steps} steps, {seeds} seeds, {minutes:.0f} minutes on 2 CPU cores",
+    "zoo_header": "the shipped run: {steps} steps, {seeds} seeds, {minutes:.0f} minutes on {threads} CPU threads",
     "zoo_columns": "variant       loss    KV bytes a token   cache at 32k tokens",
     "check": "check",
     "terms": "term",

@@ -203,27 +203,27 @@ STEPS: dict[str, tuple[str, str]] = {
         "就是多查询注意力 (MQA)。Llama 3 8B 有 32 个查询头，只有 8 个键值头。",
     ),
     "mla": (
-        "多头潜在注意力：每个 Token 只缓存一个潜在向量",
-        "DeepSeek 的多头潜在注意力 (MLA) 把每个 Token 的键和值压缩成一个小的潜在向量 (latent)，缓存里只存它 (外加一个"
+        "潜在注意力：每个 Token 只缓存一个潜在向量",
+        "DeepSeek 的潜在注意力 (MLA) 把每个 Token 的键和值压缩成一个小的潜在向量 (latent)，缓存里只存它 (外加一个"
         "携带位置信息的小键向量)。每个头的键和值都可以从它重建；解码时甚至根本不用重建：把 W_UK 并入查询、W_UV 并入"
         "输出，这叫吸收形式 (absorbed form)，算出的数值完全一样。",
     ),
     "sliding": (
         "滑动窗口：每个 Token 只看最近的几个",
         "窗口为 3 的滑动窗口 (sliding window)：每个查询只关注自己和前面 2 个 Token，沿对角线形成一条带。缓存变成 3 个槽位"
-        "的环形缓存，新 Token 覆盖最旧的那个。多层叠起来，信息仍能传得比一个窗口更远。Mistral 每层都用滑动窗口；"
-        "Gemma 3 是 5 个局部层配 1 个全局层 (全注意力 (full attention))，gpt-oss 则是带状层和全注意力层交替。",
+        "的环形缓存，新 Token 覆盖最旧的那个。多层叠起来，信息仍能传得比一个窗口更远。Mistral 7B 每层都用滑动窗口；"
+        "Gemma 3 是 5 个局部层配 1 个全局层，全局层用的是全注意力 (full attention)；gpt-oss 则是带状层和全注意力层交替。",
     ),
     "sinks": (
-        "可学习的注意力汇聚：给头一个放下多余注意力的地方",
+        "可学习的注意力汇聚点：给头一个放下多余注意力的地方",
         "softmax 让每行之和为 1，所以一个头即使什么也不想找，也得把权重放在某处；训练好的模型会把它堆在第 1 个 Token 上 "
-        "(就是 KV Cache 实验室里的注意力汇聚点)。gpt-oss 给每个头一个可学习的注意力汇聚 (learned sink) logit：它计入 "
-        "softmax 的分母，却没有值向量，于是一行可以把一部分注意力交给“空”。这里四个头的汇聚 logit 设为 0、1、2 和 -1。",
+        "(就是 KV Cache 实验室里的注意力汇聚点)。gpt-oss 给每个头一个可学习的注意力汇聚点 (learned sink)，即一个 logit：它计入 "
+        "softmax 的分母，却没有值向量，于是一行可以把一部分注意力交给“空”。这里四个头的汇聚点 logit 设为 0、1、2 和 -1。",
     ),
     "qk_norm": (
         "QK 归一化：让分数不失控",
-        "分数是点积，会随查询和键向量的长度增大；分数太大时 softmax 的每一行接近 one-hot，训练变得不稳定。Qwen3、"
-        "Gemma 3 和 OLMo 2 在点积之前对每个头的查询和键做均方根归一化 (RMSNorm)，这叫 QK 归一化 (QK-norm)：只有方向起作用。"
+        "分数是点积，会随查询和键向量的长度增大；分数太大时 softmax 的每一行接近 one-hot，训练变得不稳定。Qwen3 和 "
+        "Gemma 3 在点积之前对每个头的查询和键做均方根归一化 (RMSNorm)，这叫 QK 归一化 (QK-norm)：只有方向起作用。"
         "这里把输入放大 100 倍。",
     ),
     "gate": (
@@ -242,13 +242,13 @@ STEPS: dict[str, tuple[str, str]] = {
         "门控 DeltaNet：delta 规则覆盖一个键原来存的内容",
         "线性注意力只会累加：在同一个键下写入两个值，状态里存的是两者之和 (归一化后读出的是平均)。delta 规则 (delta rule) 先读出这个键现在存的值，"
         "再写入 beta 倍的差值 (误差)，所以 beta = 1 时新值直接替换旧值。衰减 (decay) exp(g) 让状态逐渐遗忘。这就是门控 "
-        "DeltaNet (Gated DeltaNet)；Qwen3-Next 和 Kimi Linear 把这样的层和少数全注意力层混在一起。它等价的权重可以是负的："
-        "后来的写入收回了之前写入的一部分。",
+        "DeltaNet (Gated DeltaNet)；Qwen3-Next 把这样的层和少数全注意力层混在一起。即使每个 q · k 都是正的，它等价的权重"
+        "也可以是负的：后来在相近的键下写入，收回了之前写入的一部分。",
     ),
     "zoo_run": (
         "注意力动物园：所有变体放在一起训练",
         "attnlab zoo 用同样的文本、同样的参数量 (相差不超过 5%)、同样的批次、学习率计划和随机数种子训练每个变体，并测量"
-        "留出损失、缓存、解码速度和它长出的头。这里是随 attnlab 一起发布的那次运行；attnlab zoo --show 打印全部结果，并标出"
+        "留出损失、缓存、解码速度和它学到的头。这里是随 attnlab 附带的那次运行结果；attnlab zoo --show 打印全部结果，并标出"
         "哪些差异大于不同种子之间的波动。explain --model zoo:NAME 可以在任意文本上查看一个变体的头。",
     ),
 }
@@ -258,10 +258,10 @@ VALUES: dict[str, str] = {
     "mla            每个 Token 缓存一个潜在向量           DeepSeek-V2/V3\n"
     "sliding        只看最近的 Token；局部层与全局层      Mistral, Gemma 3, gpt-oss\n"
     "sinks          一行可以不关注任何 Token              gpt-oss\n"
-    "qk-norm        对查询和键做 RMSNorm                  Qwen3, Gemma 3, OLMo 2\n"
+    "qk-norm        对查询和键做 RMSNorm                  Qwen3, Gemma 3\n"
     "gated          每个头的输出乘以一个门                Qwen3-Next\n"
     "linear         不随长度增长，没有 softmax            Katharopoulos et al.\n"
-    "deltanet       新值覆盖旧值，并逐渐遗忘              Qwen3-Next, Kimi Linear",
+    "deltanet       新值覆盖旧值，并逐渐遗忘              Qwen3-Next",
     "overview": "1. 简化自注意力 (Simplified self-attention)：核心思想，没有可训练权重\n"
     "2. 自注意力 (Self-attention)：带有可训练权重 Wq, Wk, Wv (缩放点积注意力)\n"
     "3. 因果注意力 (Causal attention)：只关注先前和当前的输入，保持文本生成的时间顺序\n"
@@ -321,21 +321,21 @@ CHECKS: dict[str, str] = {
     "window_rows": "每个查询最多看到 3 个键",
     "window_last": "最后一个 Token 的输出 == 只对最后 3 个 Token 做注意力",
     "window_cached": "逐个 Token 经过 3 个槽位的环形缓存 == 整句一次算；缓存里是 Token 3、4、5",
-    "sinks_by_hand": "与手算的 exp(分数) / (exp(分数) 之和 + exp(汇聚 logit)) 相同",
+    "sinks_by_hand": "与手算的 exp(分数) / (exp(分数) 之和 + exp(汇聚点 logit)) 相同",
     "sinks_less": "每一行都分给汇聚点一部分 (在 0 和 1 之间)",
     "qk_norm_same": "有 QK 归一化时，输入放大 100 倍，权重不变",
     "plain_peaks": "没有它，每行几乎变成 one-hot (每行最大权重的均值 > 0.95)",
     "gate_by_hand": "与手算的 out_proj(sigmoid(gate(x)) * context_vec) 相同",
     "gate_silent": "所有门都关上：输出只剩 out_proj 的偏置项",
-    "linear_forms": "循环形式 == 并行形式 == 分块形式 (float64)",
-    "linear_weights": "等价权重 @ 值向量 == 循环算出的输出",
+    "linear_forms": "循环形式 == 并行形式 == 分块形式 (float64)，模块的输出与它们相同",
+    "linear_weights": "等价权重：模块记录的就是它们，用它们算出的就是模块的输出，每行之和为 1",
     "state_fixed": "100,000 个 Token 的状态和 6 个 Token 的一样大",
     "delta_replaces": "delta 规则读回第二个值；线性注意力的状态存的是两者之和",
     "delta_forms": "循环形式 == 分块形式 (float64)",
-    "delta_negative": "有些等价权重是负的",
+    "delta_negative": "即使每个 q · k >= 0，delta 规则仍给 v0 一个负权重：0.28 - 0.6 x 0.936",
     "zoo_all": "每个变体都在，步数和种子相同",
-    "zoo_mla": "MLA 每个 Token 的字节数与公式一致：4 层 x (32 + 8) x 4 字节 = {n}",
-    "zoo_hybrid": "混合模型与公式一致：1 个全注意力层 x 2 x 64 x 4 字节 = {n}，外加固定大小的状态",
+    "zoo_mla": "MLA 的缓存，在 {tokens} 个 Token 后实测：每个 Token {n} 字节，即 {layers} 层 x ({rank} + {rope}) x 4 字节",
+    "zoo_hybrid": "混合模型实测：每个 Token {n} 字节 ({full} 个全注意力层 x 2 x {kv} x 4 字节)，外加 {state} 字节的状态",
     "zoo_budget": "每个变体的参数量与 mha 相差不超过 5%",
 }
 
@@ -361,8 +361,9 @@ WORDS: dict[str, str] = {
     "cm_decay": "忘掉一点",
     "cm_delta": "写入误差",
     "delta_read": "写了两次的键读回：delta 规则 {delta}，线性注意力的状态 {linear}",
-    "cm_show": "完整的发布结果",
-    "zoo_header": "发布的运行：{steps} 步，{seeds} 个种子，在 2 个 CPU 核上 {minutes:.0f} 分钟",
+    "delta_taken": "k0 = [1, 0]，然后 k1 = [0.6, 0.8]，用 q = [0.28, 0.96] 读：每个 q · k >= 0，v0 的权重为 {w:.4f}",
+    "cm_show": "完整的附带结果",
+    "zoo_header": "附带的运行结果：{steps} 步，{seeds} 个种子，{threads} 个 CPU 线程，{minutes:.0f} 分钟",
     "zoo_columns": "变体          损失    每 Token KV 字节   32k 个 Token 时的缓存",
     "check": "校验",
     "terms": "术语",
