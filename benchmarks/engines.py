@@ -1,0 +1,404 @@
+"""Issue 37, part 1: decoding beside the CPU engines people pick, CTranslate2 and llama.cpp, in one run.
+
+    .venv/bin/python benchmarks/engines.py [--smoke] [--rounds 5] [--threads 2] [--json engines.json]
+    .venv/bin/python benchmarks/engines.py --render engines.json   # the docs/benchmarks.md section, from a run
+
+One seeded GPT-2 (gpt2-small's shape; ``--smoke``: 2 layers of 64) is written once as a Hugging Face folder, with
+a byte-level BPE tokenizer made for it (the 256 bytes, then merges of byte pairs up to the vocabulary's size) so
+that the converters accept it. CTranslate2's converter writes its float32 and int8 forms beside it; llama.cpp's
+GGUF files are read from ``--gguf DIR`` (``convert_hf_to_gguf.py``, from llama-cpp-python's source tree, writes
+them: the wheel does not ship it), and a row without them says so.
+
+Rows: Hugging Face (float32, bfloat16), attnlab (float32, bfloat16, int8), CTranslate2 (float32, int8),
+llama.cpp (f32, f16, q8_0). Each runs in its own process, so a crash or a missing package is a row and not the
+end of the run, and each row's memory is its own. A round runs every row once, in an order rotated each round,
+so a busy moment touches them all; a row's figure is the median over the rounds, with its spread
+((max - min) / median), and a spread over ``NOISY`` is said.
+
+In each process: load, warm up with one generation, then time ``PREFILL_RUNS`` one-token generations (the
+prefill of the prompt) and one generation of ``new_tokens``; decode tokens/s = (new_tokens - 1) / (that time -
+the prefill). Before any figure is kept, the tokens are checked: a float row must give Hugging Face float32's
+greedy tokens exactly, and a quantized row reports the share of them it agrees with.
+
+The floor: the bytes one decode step reads (``attnlab.bench.roofline.decode_bytes``: every weight once, at the
+row's bytes a weight, and the keys and values so far) over the fastest rate this machine streamed a weight
+matrix at, measured in the same run; the floor's time over a row's time a token says how near it runs (100%: at
+the floor; past it, the row streams memory faster than torch's batch-1 product, and the floor is no bound for it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROWS: list[tuple[str, str]] = [
+    ("hf", "float32"),
+    ("hf", "bfloat16"),
+    ("attnlab", "float32"),
+    ("attnlab", "bfloat16"),
+    ("attnlab", "int8"),
+    ("ctranslate2", "float32"),
+    ("ctranslate2", "int8"),
+    ("llama.cpp", "f32"),
+    ("llama.cpp", "f16"),
+    ("llama.cpp", "q8_0"),
+]
+BYTES_A_WEIGHT = {"float32": 4, "bfloat16": 2, "int8": 1, "f32": 4, "f16": 2, "q8_0": 34 / 32}  # q8_0: a scale a 32
+QUANTIZED = {"int8", "q8_0"}
+PREFILL_RUNS = 3
+NOISY = 0.25  # a spread over this is said: too wide to trust a ratio
+SCHEMA = "attnlab.engines/1"
+
+
+# --- the model and its files ------------------------------------------------------------------------------------
+
+
+def shape(smoke: bool) -> dict[str, int]:
+    if smoke:
+        return {"n_layers": 2, "emb_dim": 64, "n_heads": 2, "vocab_size": 512, "context_length": 256}
+    return {"n_layers": 12, "emb_dim": 768, "n_heads": 12, "vocab_size": 50257, "context_length": 1024}
+
+
+def gpt_config(smoke: bool) -> Any:
+    """The benchmark's GPT-2 as attnlab's GPTConfig (GPT-2's layout: biases on q, k, v; no dropout)."""
+    from attnlab.models import GPTConfig
+
+    return GPTConfig.from_dict({**shape(smoke), "drop_rate": 0.0, "qkv_bias": True})
+
+
+def write_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A GPT-2 style byte-level BPE of exactly ``vocab_size`` tokens: the 256 bytes (as GPT-2 maps them to
+    printable characters), then one merge of two byte characters a token, the last one <|endoftext|>."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]  # GPT-2's bytes_to_unicode
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    vocab = {chars[b]: b for b in range(256)}
+    merges = []
+    base = [chars[b] for b in range(256)]  # two byte characters: every merged token a distinct string
+    for first in base:
+        for second in base:
+            if len(vocab) >= vocab_size - 1:
+                break
+            vocab[first + second] = len(vocab)
+            merges.append(f"{first} {second}")
+    vocab["<|endoftext|>"] = len(vocab)
+    if len(vocab) != vocab_size:
+        raise ValueError(f"made {len(vocab)} tokens for a vocabulary of {vocab_size}")
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    eos = "<|endoftext|>"
+    config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024, "bos_token": eos, "eos_token": eos}
+    config["unk_token"] = eos
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+def write_model(folder: Path, smoke: bool) -> None:
+    """The seeded GPT-2 as a Hugging Face folder (attnlab writes GPT-2's names and config), its tokenizer, and
+    CTranslate2's two forms of it when ctranslate2 is installed."""
+    import torch
+
+    from attnlab.models import GPT
+
+    torch.manual_seed(0)
+    config = gpt_config(smoke)
+    GPT(config).eval().save_pretrained(folder / "hf")
+    write_tokenizer(folder / "hf", config.vocab_size)
+    try:
+        from ctranslate2.converters import TransformersConverter
+    except ImportError:
+        return
+    for quantization in ("float32", "int8"):
+        TransformersConverter(str(folder / "hf")).convert(
+            str(folder / f"ct2-{quantization}"), quantization=quantization
+        )
+
+
+# --- one row, in its own process --------------------------------------------------------------------------------
+
+
+def run_row(spec: dict[str, Any]) -> dict[str, Any]:
+    """Load one engine at one precision, warm it up, time the prefill and the decode; return its tokens."""
+    engine, precision, folder = spec["engine"], spec["precision"], Path(spec["folder"])
+    prompt, new = spec["prompt"], spec["new_tokens"]
+    generate = _generator(engine, precision, folder, spec)
+    generate(prompt, new)  # warm-up
+    prefill = []
+    for _ in range(PREFILL_RUNS):
+        start = time.perf_counter()
+        generate(prompt, 1)
+        prefill.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    tokens = generate(prompt, new)
+    total = time.perf_counter() - start
+    first = statistics.median(prefill)
+    return {"tokens": tokens, "prefill_s": first, "decode_tokens_per_s": (new - 1) / max(total - first, 1e-9)}
+
+
+def _generator(engine: str, precision: str, folder: Path, spec: dict[str, Any]) -> Any:
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    if engine == "hf":
+        from transformers import GPT2LMHeadModel
+
+        hf = GPT2LMHeadModel.from_pretrained(folder / "hf", dtype=getattr(torch, precision)).eval()
+
+        def run_hf(prompt: list[int], new: int) -> list[int]:
+            with torch.no_grad():
+                out = hf.generate(
+                    torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+                )
+            return [int(t) for t in out[0, len(prompt) :]]
+
+        return run_hf
+    if engine == "attnlab":
+        from attnlab.models import GPT
+
+        model = GPT.from_pretrained(folder / "hf").eval()
+        if precision == "bfloat16":
+            model = model.to(torch.bfloat16)
+        elif precision == "int8":
+            model.quantize("int8")
+
+        def run_attnlab(prompt: list[int], new: int) -> list[int]:
+            with torch.no_grad():
+                out = model.generate(torch.tensor([prompt]), new)
+            return [int(t) for t in out[0, len(prompt) :]]
+
+        return run_attnlab
+    if engine == "ctranslate2":
+        import ctranslate2
+
+        where = folder / f"ct2-{precision}"
+        if not where.is_dir():
+            raise RuntimeError("ctranslate2 is not installed (pip install 'attnlab[engines]')")
+        generator = ctranslate2.Generator(
+            str(where), device="cpu", compute_type=precision, intra_threads=spec["threads"]
+        )
+        names = generator_vocabulary(folder)
+
+        def run_ct2(prompt: list[int], new: int) -> list[int]:
+            result = generator.generate_batch(
+                [[names[t] for t in prompt]],
+                max_length=new,
+                min_length=new,
+                sampling_topk=1,
+                include_prompt_in_result=False,
+            )
+            return list(result[0].sequences_ids[0])
+
+        return run_ct2
+    if engine == "llama.cpp":
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise RuntimeError("llama-cpp-python is not installed (pip install llama-cpp-python)") from None
+        gguf = Path(spec["gguf"] or "") / f"model-{precision}.gguf"
+        if not spec["gguf"] or not gguf.is_file():
+            raise RuntimeError(f"no {gguf.name}: give --gguf DIR with it (convert_hf_to_gguf.py --outtype {precision})")
+        llm = Llama(model_path=str(gguf), n_threads=spec["threads"], n_ctx=1024, verbose=False)
+
+        def run_llama(prompt: list[int], new: int) -> list[int]:
+            llm.reset()
+            out = []
+            for token in llm.generate(prompt, top_k=1, temp=0.0, reset=True):
+                out.append(int(token))
+                if len(out) == new:
+                    break
+            return out
+
+        return run_llama
+    raise ValueError(f"unknown engine {engine!r}")
+
+
+def generator_vocabulary(folder: Path) -> list[str]:
+    """CTranslate2 takes tokens by name: id -> the tokenizer's string."""
+    vocab = json.loads((folder / "hf" / "vocab.json").read_text(encoding="utf-8"))
+    names = [""] * len(vocab)
+    for name, i in vocab.items():
+        names[i] = name
+    return names
+
+
+# --- the run ------------------------------------------------------------------------------------------------------
+
+
+def floor_seconds(smoke: bool, precision: str, position: int) -> tuple[float, float]:
+    """(seconds, GB/s): the bytes one decode step reads at ``precision`` over this machine's fastest streaming
+    rate, measured now on a weight matrix of the model's width."""
+    from attnlab.bench.roofline import decode_bytes, probe_rates
+
+    config = gpt_config(smoke)
+    step = decode_bytes(config, position, element=4)
+    bytes_read = step.weights / 4 * BYTES_A_WEIGHT[precision] + step.kv
+    rate = max(probe_rates(config.emb_dim, 4 * config.emb_dim).values())
+    return bytes_read / (rate * 1e9), rate
+
+
+def spawn(spec: dict[str, Any]) -> dict[str, Any]:
+    """One row in a fresh process: its result, or {"error": the last line it wrote}."""
+    done = subprocess.run(
+        [sys.executable, __file__, "--row", json.dumps(spec)], capture_output=True, text=True, timeout=1800
+    )
+    if done.returncode != 0:
+        lines = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()]
+        return {"error": lines[-1] if lines else f"exit {done.returncode}"}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def run(
+    *, smoke: bool, rounds: int, threads: int, gguf: str | None, prompt_len: int, new_tokens: int
+) -> dict[str, Any]:
+    import torch
+
+    vocab = shape(smoke)["vocab_size"]
+    prompt = torch.randint(0, vocab - 1, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+    results: dict[str, list[dict[str, Any]]] = {f"{e} {p}": [] for e, p in ROWS}
+    with tempfile.TemporaryDirectory(prefix="attnlab-engines-") as tmp:
+        folder = Path(tmp)
+        write_model(folder, smoke)
+        base = {"folder": tmp, "prompt": prompt, "new_tokens": new_tokens, "threads": threads, "gguf": gguf}
+        order = list(ROWS)
+        for r in range(rounds):
+            for engine, precision in order[r % len(order) :] + order[: r % len(order)]:  # rotated each round
+                name = f"{engine} {precision}"
+                if results[name] and "error" in results[name][0]:
+                    continue  # a row that failed once says so once
+                results[name].append(spawn({**base, "engine": engine, "precision": precision}))
+                print(f"round {r + 1}/{rounds}: {name}", file=sys.stderr, flush=True)
+    reference = results["hf float32"][0].get("tokens") if results["hf float32"] else None
+    rows = []
+    for engine, precision in ROWS:
+        runs = results[f"{engine} {precision}"]
+        row: dict[str, Any] = {"engine": engine, "precision": precision}
+        if not runs or "error" in runs[0]:
+            row["error"] = runs[0]["error"] if runs else "not run"
+            rows.append(row)
+            continue
+        rates = [x["decode_tokens_per_s"] for x in runs]
+        median = statistics.median(rates)
+        tokens = runs[0]["tokens"]
+        agree = sum(a == b for a, b in zip(tokens, reference or [], strict=False)) / max(len(tokens), 1)
+        floor, rate = floor_seconds(smoke, precision, prompt_len + new_tokens // 2)
+        row |= {
+            "decode_tokens_per_s": median,
+            "spread": (max(rates) - min(rates)) / median,
+            "prefill_ms": 1000 * statistics.median(x["prefill_s"] for x in runs),
+            "agreement": agree,
+            "tokens_identical": tokens == reference,
+            "floor_fraction": floor * median,  # the floor's time a token over the row's: 1 at the floor
+            "stream_gb_s": rate,
+        }
+        rows.append(row)
+    hf = next((r for r in rows if r["engine"] == "hf" and r["precision"] == "float32" and "error" not in r), None)
+    for row in rows:
+        if hf and "error" not in row:
+            row["vs_hf_float32"] = row["decode_tokens_per_s"] / hf["decode_tokens_per_s"]
+    return {
+        "schema": SCHEMA,
+        "command": " ".join(["benchmarks/engines.py", *sys.argv[1:]]),
+        "date": datetime.date.today().isoformat(),
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": threads,
+        "rounds": rounds,
+        "model": shape(smoke),
+        "prompt_tokens": prompt_len,
+        "new_tokens": new_tokens,
+        "rows": rows,
+    }
+
+
+def check_quality(result: dict[str, Any]) -> list[str]:
+    """What the tokens say is wrong: a float row whose greedy tokens are not Hugging Face float32's."""
+    wrong = []
+    for row in result["rows"]:
+        if "error" not in row and row["precision"] not in QUANTIZED and row["precision"] != "bfloat16":
+            if not row["tokens_identical"]:
+                wrong.append(f"{row['engine']} {row['precision']}: its greedy tokens differ from HF float32's")
+    return wrong
+
+
+def render(result: dict[str, Any]) -> str:
+    """The table, every cell from the result."""
+    lines = [
+        "| engine | precision | decode tok/s | spread | vs HF float32 | of the floor | prefill ms | tokens vs HF float32 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in sorted(result["rows"], key=lambda r: -r.get("decode_tokens_per_s", 0)):
+        if "error" in row:
+            lines.append(f"| {row['engine']} | {row['precision']} | {row['error']} | | | | | |")
+            continue
+        noisy = " (too wide to trust)" if row["spread"] > NOISY else ""
+        same = "identical" if row["tokens_identical"] else f"{row['agreement']:.0%} agree"
+        lines.append(
+            f"| {row['engine']} | {row['precision']} | {row['decode_tokens_per_s']:.1f} | {row['spread']:.0%}{noisy} | "
+            f"{row.get('vs_hf_float32', float('nan')):.2f}x | {row['floor_fraction']:.0%} | {row['prefill_ms']:.1f} | {same} |"
+        )
+    model = result["model"]
+    lines.append(
+        f"\n`{result['command']}` ({result['date']}, torch {result['torch']}, {result['threads']} threads, "
+        f"{result['rounds']} interleaved rounds): a seeded GPT-2 of {model['n_layers']} layers x {model['emb_dim']}, "
+        f"{model['vocab_size']} tokens; batch 1, a {result['prompt_tokens']}-token prompt, {result['new_tokens']} "
+        "greedy tokens. Decode tok/s is the median over the rounds; the floor is one step's bytes at the fastest "
+        "streaming rate measured in the run."
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="a 2-layer model, 2 rounds, 16 tokens: checks the run")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--gguf", metavar="DIR", help="llama.cpp's model-f32.gguf, model-f16.gguf, model-q8_0.gguf")
+    parser.add_argument("--json", metavar="PATH", help="write the result here")
+    parser.add_argument("--render", metavar="PATH", help="print the table of a saved result, no run")
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # one row, in this process (the run spawns it)
+    args = parser.parse_args()
+    if args.row:
+        print(json.dumps(run_row(json.loads(args.row))))
+        return 0
+    if args.render:
+        print(render(json.loads(Path(args.render).read_text(encoding="utf-8"))))
+        return 0
+    if not 1 <= args.rounds <= 50 or not 1 <= args.threads <= 256:
+        parser.error(f"--rounds must be in [1, 50] and --threads in [1, 256], got {args.rounds} and {args.threads}")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        parser.error(f"cannot write --json {args.json!r}: its folder does not exist")
+    rounds = 2 if args.smoke else args.rounds
+    new = 16 if args.smoke else 64
+    result = run(
+        smoke=args.smoke,
+        rounds=rounds,
+        threads=args.threads,
+        gguf=args.gguf,
+        prompt_len=32 if args.smoke else 128,
+        new_tokens=new,
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(render(result))
+    wrong = check_quality(result)
+    for line in wrong:
+        print(f"tokens: {line}", file=sys.stderr)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

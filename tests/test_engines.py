@@ -1,0 +1,58 @@
+"""Issue 37, part 1: benchmarks/engines.py, decoding beside CTranslate2 and llama.cpp. Its tokenizer is one the
+converters and Hugging Face accept; a float row whose tokens differ from Hugging Face's fails the run; the docs
+quote its result file. (`make smoke` runs the script end to end on a tiny model, every engine in its process.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("engines", ROOT / "benchmarks" / "engines.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("vocab_size", [512, 50257])
+def test_the_tokenizer_made_for_the_model_has_its_size_and_reads_any_text(tmp_path: Path, vocab_size: int) -> None:
+    from transformers import AutoTokenizer
+
+    script().write_tokenizer(tmp_path, vocab_size)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(tokenizer) == vocab_size and tokenizer.eos_token_id == vocab_size - 1
+    for text in ("The for statement", "床前明月光 🙂", "\x00\x01 tabs\tand\nnewlines"):
+        ids = tokenizer.encode(text)
+        assert tokenizer.decode(ids) == text and max(ids) < vocab_size - 1
+    assert tokenizer.encode("\x00\x00") == [256]  # the first merge: two zero bytes, one token
+
+
+def test_a_float_row_whose_tokens_differ_fails_and_a_quantized_one_reports_its_agreement() -> None:
+    engines = script()
+
+    def row(engine: str, precision: str, same: bool) -> dict[str, object]:
+        return {"engine": engine, "precision": precision, "tokens_identical": same, "agreement": 1.0 if same else 0.5}
+
+    result = {"rows": [row("hf", "float32", True), row("ctranslate2", "float32", False), row("attnlab", "int8", False)]}
+    assert engines.check_quality(result) == ["ctranslate2 float32: its greedy tokens differ from HF float32's"]
+    result["rows"].append({"engine": "llama.cpp", "precision": "f32", "error": "not installed"})
+    assert len(engines.check_quality(result)) == 1  # a row that did not run says so in the table, not here
+
+
+def test_the_docs_quote_the_run_file() -> None:
+    engines = script()
+    runs = sorted((ROOT / "benchmarks" / "results").glob("engines-*.json"))
+    assert runs, "no result file of benchmarks/engines.py"
+    result = json.loads(runs[-1].read_text(encoding="utf-8"))
+    assert result["schema"] == engines.SCHEMA and result["model"]["n_layers"] == 12  # gpt2-small's shape
+    assert engines.check_quality(result) == []  # its float rows gave Hugging Face's tokens
+    docs = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert engines.render(result) in docs
