@@ -4,22 +4,19 @@ quote its result file. (`make smoke` runs the script end to end on a tiny model,
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from benchmark_scripts import load
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("engines", ROOT / "benchmarks" / "engines.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("engines")
 
 
 @pytest.mark.parametrize("vocab_size", [512, 50257])

@@ -3,7 +3,6 @@ shipped model together stays under 10 MB; docs/heads.md quotes benchmarks/shippe
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -11,16 +10,13 @@ from types import ModuleType
 from attnlab.models import GPT, load_tokenizer
 from attnlab.models.checkpoints import SHIPPED, locate
 from attnlab.models.tokenizer import CharTokenizer
+from benchmark_scripts import load
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("shipped_models", ROOT / "benchmarks" / "shipped_models.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("shipped_models")
 
 
 def test_repeated_8grams_are_counted_by_hand() -> None:
