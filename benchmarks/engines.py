@@ -116,6 +116,9 @@ def write_model(folder: Path, smoke: bool) -> None:
     torch.manual_seed(0)
     config = gpt_config(smoke)
     GPT(config).eval().save_pretrained(folder / "hf")
+    described = json.loads((folder / "hf" / "config.json").read_text(encoding="utf-8"))
+    described["n_ctx"] = described["n_positions"]  # GPT-2's own config.json has both; llama.cpp's converter reads n_ctx
+    (folder / "hf" / "config.json").write_text(json.dumps(described, indent=2), encoding="utf-8")
     write_tokenizer(folder / "hf", config.vocab_size)
     try:
         from ctranslate2.converters import TransformersConverter
