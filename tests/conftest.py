@@ -22,6 +22,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return None
 
 
+@pytest.fixture(scope="session")
+def tour_pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tour's HTML report in each language, as `attnlab tour --html` writes it, once for every test that reads
+    it (the glossary's links, the report's checks in a browser)."""
+    from attnlab import cli
+
+    folder = tmp_path_factory.mktemp("tour-pages")
+    for lang in ("zh", "en"):
+        assert cli.main(["tour", "--lang", lang, "--html", str(folder / f"tour-{lang}.html")]) == 0
+    return {lang: folder / f"tour-{lang}.html" for lang in ("zh", "en")}
+
+
 @pytest.fixture
 def seed_text() -> str:
     """The reading notes the golden numbers were transcribed from."""

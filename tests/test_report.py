@@ -93,12 +93,11 @@ def _assert_self_contained(html: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def written(tmp_path_factory: pytest.TempPathFactory, tour_pages: dict[str, Path]) -> dict[str, Path]:
     """The Chinese tour and an explain report of hostile text, written once by the command, read by several tests."""
     folder = tmp_path_factory.mktemp("reports")
-    assert cli.main(["tour", "--lang", "zh", "--html", str(folder / "tour.html")]) == 0
     assert cli.main(["explain", XSS, "--html", str(folder / "x.html"), "--heads", "2", "--dropout", "0.2"]) == 0
-    return {"tour-zh": folder / "tour.html", "explain-xss": folder / "x.html"}
+    return {"tour-zh": tour_pages["zh"], "explain-xss": folder / "x.html"}
 
 
 def test_reports_are_self_contained_and_escape_user_text(written: dict[str, Path]) -> None:
@@ -179,11 +178,9 @@ def cache_h2o(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tour_en(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tour_en(tour_pages: dict[str, Path]) -> Path:
     """The English tour, as the command writes it, once."""
-    path = tmp_path_factory.mktemp("tour-en") / "tour.html"
-    assert cli.main(["tour", "--lang", "en", "--html", str(path)]) == 0
-    return path
+    return tour_pages["en"]
 
 
 def _open(p: Any, executable: str) -> Any:
