@@ -25,6 +25,9 @@ from attnlab.cli._common import check_output, error
 MODE_TITLES = {"forward": "forward", "backward": "forward + backward", "decode": "decode: one new token"}
 
 
+QUICK_SEARCH_S = 8.0  # --quick --longest: stop before a length forecast to take longer than this
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = sub.add_parser(
         "bench",
@@ -169,7 +172,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return error(console, err)
     with console.status("measuring this machine (matmul rate, free memory)"):
         machine, spawn_s = measure_machine(config)
-    search = LongestPlan(impls=longest_impls) if longest_impls else None
+    limit = QUICK_SEARCH_S if args.quick else LongestPlan.time_limit_s  # a smoke run: seconds, not minutes
+    search = LongestPlan(impls=longest_impls, time_limit_s=limit) if longest_impls else None
     forecast = sum(estimate_seconds(config, machine, spawn_s)) if sweep else 0.0
     search_forecast = longest_forecast(search, machine, spawn_s) if search else 0.0
     if forecast > 60 or search:
