@@ -378,7 +378,13 @@ def main() -> int:
         print(json.dumps(run_row(json.loads(args.row))))
         return 0
     if args.render:
-        print(render(json.loads(Path(args.render).read_text(encoding="utf-8"))))
+        try:
+            saved = json.loads(Path(args.render).read_text(encoding="utf-8"))
+            if saved.get("schema") != SCHEMA:
+                raise ValueError(f"schema {saved.get('schema')!r}, expected {SCHEMA!r}")
+        except (OSError, ValueError, AttributeError) as err:
+            parser.error(f"--render {args.render!r} is not a result of this script: {err}")
+        print(render(saved))
         return 0
     if not 1 <= args.rounds <= 50 or not 1 <= args.threads <= 256:
         parser.error(f"--rounds must be in [1, 50] and --threads in [1, 256], got {args.rounds} and {args.threads}")

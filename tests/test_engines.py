@@ -53,3 +53,15 @@ def test_the_docs_quote_the_run_file() -> None:
     assert engines.check_quality(result) == []  # its float rows gave Hugging Face's tokens
     docs = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert engines.render(result) in docs
+
+
+def test_a_file_that_is_not_a_run_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{bad")
+    monkeypatch.setattr("sys.argv", ["engines.py", "--render", str(bad)])
+    with pytest.raises(SystemExit) as ended:
+        script().main()
+    assert ended.value.code == 2
+    assert f"--render {str(bad)!r} is not a result of this script" in capsys.readouterr().err
