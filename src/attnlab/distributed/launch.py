@@ -67,8 +67,8 @@ def _check_alive(procs: list[Any], got: dict[int, Any], results: Any) -> None:
         try:  # its answer may still be in the pipe
             while True:
                 r, ok, value = results.get(timeout=0.5)
-                if not ok:
-                    raise RankError(r, *value)
+                if not ok:  # another rank failed on the lost connection: the one that vanished is the cause
+                    _raise_first_cause(procs, got, r, RankError(r, *value))
                 got[r] = value
         except queue.Empty:
             pass
