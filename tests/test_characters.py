@@ -76,6 +76,7 @@ def test_by_character_sums_a_characters_keys_and_averages_its_queries() -> None:
     torch.testing.assert_close(merged.sum(-1), torch.ones(1, 1, 2))
 
 
+@pytest.mark.slow  # slow by nature: a real browser over every shipped model
 def test_every_shipped_models_view_of_a_poem_labels_whole_characters_in_the_browser(tmp_path: Path) -> None:
     """The shipped text model reads bytes: 36 tokens for 12 characters. By token, each is marked as a part of its
     character; by character, one row each, the weights merged and the view saying so. The poems model reads

@@ -447,6 +447,7 @@ def _attnlab() -> str:
     return str(found) if found.exists() else str(shutil.which("attnlab"))
 
 
+@pytest.mark.slow  # slow by nature: console-script processes, signalled
 def test_signals_to_the_console_script_save_the_run_and_leave_nothing_behind(tmp_path: Path) -> None:
     """Two real processes at once (their start-ups overlap): Ctrl-C to `attnlab train` saves the steps it took and
     exits 130 with one line; SIGTERM to `attnlab bench --model` removes its temporary folder and its worker."""

@@ -45,6 +45,7 @@ def _glyph(text: str) -> np.ndarray:
         return np.asarray(canvas.buffer_rgba())[..., 0].copy()
 
 
+@pytest.mark.slow  # slow by nature: the whole Chinese tour drawn with its fonts found afresh
 def test_a_stale_font_cache_still_draws_chinese_without_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     """matplotlib's cache built before the CJK font was installed: attnlab finds the font by file."""
     _need_cjk()
@@ -139,6 +140,7 @@ SLIPS = [
 # every slip, those too, goes through the same main() in process.
 
 
+@pytest.mark.slow  # slow by nature: a console-script process per slip
 def test_every_slip_gets_one_line_and_status_2_from_the_console_script(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -168,6 +170,7 @@ def test_every_slip_gets_one_line_and_status_2_from_the_console_script(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.html"]  # nothing written
 
 
+@pytest.mark.slow  # slow by nature: a console-script process per subcommand
 def test_the_command_alone_helps_and_every_subcommand_says_what_it_does() -> None:
     alone = subprocess.run([str(ATTNLAB)], capture_output=True, text=True, timeout=120)
     assert alone.returncode == 0 and "usage: attnlab" in alone.stdout

@@ -200,7 +200,10 @@ def _open(p: Any, executable: str) -> Any:
     return browser.new_page(viewport={"width": 1280, "height": 900})
 
 
-@pytest.mark.parametrize("kind", ["tour-zh", "explain-xss", "heads-en"])
+@pytest.mark.parametrize(
+    "kind",
+    ["tour-zh", "explain-xss", pytest.param("heads-en", marks=pytest.mark.slow)],  # heads-en: a whole model report
+)
 def test_report_in_headless_chromium(kind: str, written: dict[str, Path], request: pytest.FixtureRequest) -> None:
     executable = _chromium()
     from playwright.sync_api import sync_playwright
@@ -302,7 +305,16 @@ _FIGURE_TEXT = """imgs => imgs.map(i => {
 })"""
 
 
-@pytest.mark.parametrize("kind", ["tour-zh", "tour-en", "explain-xss", "heads-en", "cache-h2o"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "tour-zh",
+        "tour-en",
+        "explain-xss",
+        pytest.param("heads-en", marks=pytest.mark.slow),  # slow by nature: whole model reports
+        pytest.param("cache-h2o", marks=pytest.mark.slow),
+    ],
+)
 def test_every_figure_is_legible_at_the_pages_width(kind: str, request: pytest.FixtureRequest) -> None:
     """In Chromium at a 1280 px window, every figure's smallest text is at least TEXT_FLOOR_PX: its size in the PNG
     (as matplotlib drew it, after layout, at the PNG's dpi: data-text-px) times the scale the page shows the PNG at.

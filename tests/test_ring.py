@@ -256,7 +256,10 @@ def _disagreements(rank: int) -> dict[str, str]:
     return said
 
 
-@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize(
+    "size",
+    [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)],  # processes
+)
 def test_ring_attention_equals_one_process(size: int) -> None:
     got = dict(enumerate(launch(_check_rank, size, timeout_s=TIMEOUT_S)))
     for rank, errors in got.items():
@@ -345,6 +348,7 @@ def test_a_rank_that_vanishes_ends_every_rank(fn: Callable[[], None]) -> None:
         launch(_one_rank_vanishes, 0)
 
 
+@pytest.mark.slow  # slow by nature: torchrun starts a process per rank
 def test_the_ring_command_under_torchrun_is_one_rank_per_process() -> None:
     """What docs/ring.md runs across machines: torchrun starts the ranks, the command joins its group."""
     command = ["ring", "--seq-len", "256", "--check-len", "32", "--heads", "2", "--memory", "--memory-limit", "64"]

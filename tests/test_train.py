@@ -173,6 +173,7 @@ def test_attnlab_train_is_the_loop() -> None:
 # ---- data parallel: real torchrun, real gloo ----
 
 
+@pytest.mark.slow  # slow by nature: two processes under torchrun
 def test_two_gloo_processes_give_the_loss_curve_of_one(tmp_path: Path) -> None:
     """DDP over 2 processes, each on half of the same global batch, against one process on all of it."""
     args = ["train", "--steps", "12", "--batch-size", "8", "--eval-every", "6", "--layers", "1", "--emb-dim", "32"]
