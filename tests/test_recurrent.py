@@ -16,7 +16,13 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.cache.state import StateCache
-from attnlab.functional.recurrent import feature_map, gated_delta_rule, linear_attention, linear_attention_weights
+from attnlab.functional.recurrent import (
+    feature_map,
+    gated_delta_rule,
+    gated_delta_weights,
+    linear_attention,
+    linear_attention_weights,
+)
 from attnlab.models import GPT
 from attnlab.models.config import GPTConfig
 from attnlab.nn.attention import Attention
@@ -244,7 +250,6 @@ def test_recurrent_layers_refuse_what_they_cannot_do() -> None:
 
 def test_the_implicit_weights_are_what_the_recurrence_computes() -> None:
     """Each recurrent layer is linear in its values: out = weights @ v, with the weights formed in closed form."""
-    from attnlab.functional.recurrent import gated_delta_weights
 
     x = inputs(6)
     q, k, v, g, beta = delta_args(x)
@@ -295,3 +300,31 @@ def test_generate_many_refuses_a_recurrent_state_by_name() -> None:
     model = zoo_model(("delta", "full"))
     with pytest.raises(ValueError, match="this model's recurrent layers keep a state per row, which cannot"):
         model.generate_many([[1, 2], [3]], 3, cache="paged")
+
+
+def test_a_decay_or_write_share_out_of_range_is_refused_by_name() -> None:
+    """g = -inf gave NaN in the chunked form (G_i - G_j = -inf + inf); g > 0, NaN and beta outside [0, 1] are
+    outside what the forms agree on. Each is refused naming the value, where it is and what to pass."""
+    q, k, v, g, beta = delta_args(inputs(7, t=6))
+    slips = {
+        ("g", float("-inf")): r"g must be a finite log decay <= 0 .*-30.*; got -inf at \(batch, head, token\) "
+        r"\(1, 2, 3\)",
+        ("g", 0.5): r"g must be a finite log decay <= 0.*; got 0\.5 at",
+        ("g", float("nan")): r"g must be a finite log decay <= 0.*; got nan at",
+        ("beta", 1.5): r"beta must be a share in \[0, 1\], such as sigmoid\(x\); got 1\.5 at \(batch, head, token\) "
+        r"\(1, 2, 3\)",
+        ("beta", -0.1): r"beta must be a share in \[0, 1\].*; got -0\.1 at",
+    }
+    for (label, value), message in slips.items():
+        bad = {"g": g.clone(), "beta": beta.clone()}
+        bad[label][1, 2, 3] = value
+        for form in ("recurrent", "chunked"):
+            with pytest.raises(ValueError, match="gated_delta_rule: " + message):
+                gated_delta_rule(q, k, v, bad["g"], bad["beta"], form=form)
+        with pytest.raises(ValueError, match="gated_delta_weights: " + message):
+            gated_delta_weights(q, k, bad["g"], bad["beta"])
+    edges = (torch.full_like(g, -30.0), torch.zeros_like(g)), (torch.zeros_like(g), torch.ones_like(beta))
+    for edge_g, edge_beta in edges:  # the bounds themselves are taken, and the forms agree there
+        chunked, _ = gated_delta_rule(q, k, v, edge_g, edge_beta, form="chunked", chunk_size=4)
+        recurrent, _ = gated_delta_rule(q, k, v, edge_g, edge_beta, form="recurrent")
+        torch.testing.assert_close(chunked, recurrent, rtol=0, atol=1e-12)

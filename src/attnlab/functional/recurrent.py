@@ -161,6 +161,25 @@ def linear_attention_weights(q: torch.Tensor, k: torch.Tensor, *, real: torch.Te
 # ---- the gated delta rule ----
 
 
+def _check_gates(name: str, g: torch.Tensor, beta: torch.Tensor) -> None:
+    """g a finite log decay <= 0 and beta a share in [0, 1]: outside them the forms part (a g of -inf makes the
+    chunked form's G_i - G_j NaN; a g > 0 grows the state without bound). Skipped while compiling (a sync)."""
+    if torch.compiler.is_compiling():
+        return
+    with torch.no_grad():
+        bad_g = ~(torch.isfinite(g) & (g <= 0))  # NaN fails both
+        bad_beta = ~((beta >= 0) & (beta <= 1))
+    for label, bad, values, rule in (
+        ("g", bad_g, g, "a finite log decay <= 0 (for a full reset, -30 already decays the state by 1e-13)"),
+        ("beta", bad_beta, beta, "a share in [0, 1], such as sigmoid(x)"),
+    ):
+        if bool(bad.any()):
+            where = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"{name}: {label} must be {rule}; got {float(values[where]):g} at (batch, head, token) {where}"
+            )
+
+
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -189,6 +208,7 @@ def gated_delta_rule(
                 f"gated_delta_rule: {label} must be (batch, heads, tokens) = {tuple(q.shape[:3])}, "
                 f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
             )
+    _check_gates("gated_delta_rule", g, beta)
     s_shape, _ = _state_shapes(q, v)
     state = q.new_zeros(s_shape) if state is None else state
     _check_state("gated_delta_rule", state, s_shape)
@@ -217,6 +237,7 @@ def gated_delta_weights(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta:
             f"q, k must be (batch, heads, tokens, dim) of one shape and g, beta (batch, heads, tokens); got "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(g.shape)}, {tuple(beta.shape)}"
         )
+    _check_gates("gated_delta_weights", g, beta)
     t = q.shape[2]
     lower = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     cum = g.cumsum(dim=-1)  # (B, H, T)
