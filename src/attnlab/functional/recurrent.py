@@ -195,8 +195,8 @@ def gated_delta_rule(
 
     Args:
         q, k: (B, H, T, Dk); v: (B, H, T, Dv).
-        g: (B, H, T) log decay, <= 0 (the state is multiplied by exp(g_t) before token t writes).
-        beta: (B, H, T), the share of the error written, in [0, 1].
+        g: (B, H, T) log decay, finite and <= 0 (the state is multiplied by exp(g_t) before token t writes).
+        beta: (B, H, T), the share of the error written, in [0, 1]. Values outside either are refused.
         state: (B, H, Dk, Dv) after earlier tokens; None starts from zero.
         form: "recurrent" or "chunked" (the same numbers).
     Returns: the output (B, H, T, Dv) and the state after the last token.
