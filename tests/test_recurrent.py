@@ -303,27 +303,39 @@ def test_generate_many_refuses_a_recurrent_state_by_name() -> None:
 
 
 def test_a_decay_or_write_share_out_of_range_is_refused_by_name() -> None:
-    """g = -inf gave NaN in the chunked form (G_i - G_j = -inf + inf); g > 0, NaN and beta outside [0, 1] are
-    outside what the forms agree on. Each is refused naming the value, where it is and what to pass."""
+    """g = -inf gave NaN in the chunked form (G_i - G_j = -inf + inf): refused there, pointing at the recurrent form,
+    which takes it exactly as a full reset. g > 0 and beta outside [0, 1] are refused in every form, naming the
+    value and where it is, also when g is a leaf of training (the message is not turned into a warning). NaN stays
+    in its own row, as in attention."""
     q, k, v, g, beta = delta_args(inputs(7, t=6))
+    where = r" at \(batch, head, token\) \(1, 2, 3\)"
     slips = {
-        ("g", float("-inf")): r"g must be a finite log decay <= 0 .*-30.*; got -inf at \(batch, head, token\) "
-        r"\(1, 2, 3\)",
-        ("g", 0.5): r"g must be a finite log decay <= 0.*; got 0\.5 at",
-        ("g", float("nan")): r"g must be a finite log decay <= 0.*; got nan at",
-        ("beta", 1.5): r"beta must be a share in \[0, 1\], such as sigmoid\(x\); got 1\.5 at \(batch, head, token\) "
-        r"\(1, 2, 3\)",
-        ("beta", -0.1): r"beta must be a share in \[0, 1\].*; got -0\.1 at",
+        ("g", 0.5, "recurrent"): r"g must be a log decay <= 0; got 0\.5" + where,
+        ("g", float("-inf"), "chunked"): r"g of -inf \(a full reset\) cannot go through the chunked form.*"
+        r"form='recurrent'.*-30.*; got -inf" + where,
+        ("beta", 1.5, "recurrent"): r"beta must be a share in \[0, 1\], such as sigmoid\(x\); got 1\.5" + where,
+        ("beta", -0.1, "chunked"): r"beta must be a share in \[0, 1\].*; got -0\.1" + where,
     }
-    for (label, value), message in slips.items():
+    for (label, value, form), message in slips.items():
         bad = {"g": g.clone(), "beta": beta.clone()}
         bad[label][1, 2, 3] = value
-        for form in ("recurrent", "chunked"):
-            with pytest.raises(ValueError, match="gated_delta_rule: " + message):
-                gated_delta_rule(q, k, v, bad["g"], bad["beta"], form=form)
+        bad = {name: t.requires_grad_() for name, t in bad.items()}
+        with pytest.raises(ValueError, match="gated_delta_rule: " + message):
+            gated_delta_rule(q, k, v, bad["g"], bad["beta"], form=form)
         with pytest.raises(ValueError, match="gated_delta_weights: " + message):
             gated_delta_weights(q, k, bad["g"], bad["beta"])
-    edges = (torch.full_like(g, -30.0), torch.zeros_like(g)), (torch.zeros_like(g), torch.ones_like(beta))
+    reset = g.clone()
+    reset[:, :, 3] = float("-inf")
+    exact, _ = gated_delta_rule(q, k, v, reset, beta, form="recurrent")
+    reset[:, :, 3] = -30.0
+    for form in ("recurrent", "chunked"):  # -30 decays by 1e-13: the same reset within float64's rounding
+        near, _ = gated_delta_rule(q, k, v, reset, beta, form=form, chunk_size=4)
+        torch.testing.assert_close(near, exact, rtol=0, atol=1e-12)
+    nan = g.clone()
+    nan[1, 2, 3] = float("nan")
+    out, _ = gated_delta_rule(q, k, v, nan, beta, form="chunked", chunk_size=4)
+    assert out[1, 2, 3:].isnan().all() and not out[0].isnan().any() and not out[1, :2].isnan().any()
+    edges = (torch.full_like(g, -30.0), torch.ones_like(beta)), (torch.zeros_like(g), torch.ones_like(beta))
     for edge_g, edge_beta in edges:  # the bounds themselves are taken, and the forms agree there
         chunked, _ = gated_delta_rule(q, k, v, edge_g, edge_beta, form="chunked", chunk_size=4)
         recurrent, _ = gated_delta_rule(q, k, v, edge_g, edge_beta, form="recurrent")

@@ -334,7 +334,7 @@ def _one_rank_vanishes_and_the_other_reports_late() -> None:
     try:
         _one_rank_vanishes()
     except RuntimeError:
-        time.sleep(0.3)  # rank 0's error reaches the parent after rank 1 is seen dead (the check that drains)
+        time.sleep(0.5)  # one of the parent's 0.5 s waits: rank 1 is seen dead first, and this error drained
         raise
 
 

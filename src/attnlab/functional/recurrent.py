@@ -161,23 +161,31 @@ def linear_attention_weights(q: torch.Tensor, k: torch.Tensor, *, real: torch.Te
 # ---- the gated delta rule ----
 
 
-def _check_gates(name: str, g: torch.Tensor, beta: torch.Tensor) -> None:
-    """g a finite log decay <= 0 and beta a share in [0, 1]: outside them the forms part (a g of -inf makes the
-    chunked form's G_i - G_j NaN; a g > 0 grows the state without bound). Skipped while compiling (a sync)."""
+def _check_gates(name: str, g: torch.Tensor, beta: torch.Tensor, *, chunked: bool) -> None:
+    """Refuse what would give a wrong answer rather than NaN in, NaN out: g > 0 (a log decay is <= 0), beta outside
+    [0, 1], and in the chunked forms a g of -inf (a full reset), which makes G_i - G_j = -inf + inf there; the
+    recurrent form takes it exactly. NaN passes through to its own row's output, as in attention. Skipped while
+    compiling (it is one host sync)."""
     if torch.compiler.is_compiling():
         return
     with torch.no_grad():
-        bad_g = ~(torch.isfinite(g) & (g <= 0))  # NaN fails both
-        bad_beta = ~((beta >= 0) & (beta <= 1))
-    for label, bad, values, rule in (
-        ("g", bad_g, g, "a finite log decay <= 0 (for a full reset, -30 already decays the state by 1e-13)"),
-        ("beta", bad_beta, beta, "a share in [0, 1], such as sigmoid(x)"),
-    ):
-        if bool(bad.any()):
-            where = tuple(int(i) for i in bad.nonzero()[0])
-            raise ValueError(
-                f"{name}: {label} must be {rule}; got {float(values[where]):g} at (batch, head, token) {where}"
-            )
+        bad_g = (g > 0) | torch.isneginf(g) if chunked else g > 0
+        bad_beta = (beta < 0) | (beta > 1)
+        if not bool(bad_g.any() | bad_beta.any()):
+            return
+        label, bad, values = ("g", bad_g, g) if bool(bad_g.any()) else ("beta", bad_beta, beta)
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        value = float(values[where].detach())
+    if label == "beta":
+        rule = "beta must be a share in [0, 1], such as sigmoid(x)"
+    elif value > 0:
+        rule = "g must be a log decay <= 0"
+    else:
+        rule = (
+            "g of -inf (a full reset) cannot go through the chunked form (exp(G_i - G_j) would be exp(-inf + inf)): "
+            "pass form='recurrent', or a finite g such as -30, which already decays the state by 1e-13"
+        )
+    raise ValueError(f"{name}: {rule}; got {value:g} at (batch, head, token) {where}")
 
 
 def gated_delta_rule(
@@ -195,7 +203,8 @@ def gated_delta_rule(
 
     Args:
         q, k: (B, H, T, Dk); v: (B, H, T, Dv).
-        g: (B, H, T) log decay, finite and <= 0 (the state is multiplied by exp(g_t) before token t writes).
+        g: (B, H, T) log decay, <= 0 (the state is multiplied by exp(g_t) before token t writes); -inf, a full
+            reset, in the recurrent form only.
         beta: (B, H, T), the share of the error written, in [0, 1]. Values outside either are refused.
         state: (B, H, Dk, Dv) after earlier tokens; None starts from zero.
         form: "recurrent" or "chunked" (the same numbers).
@@ -208,7 +217,7 @@ def gated_delta_rule(
                 f"gated_delta_rule: {label} must be (batch, heads, tokens) = {tuple(q.shape[:3])}, "
                 f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
             )
-    _check_gates("gated_delta_rule", g, beta)
+    _check_gates("gated_delta_rule", g, beta, chunked=form == "chunked")
     s_shape, _ = _state_shapes(q, v)
     state = q.new_zeros(s_shape) if state is None else state
     _check_state("gated_delta_rule", state, s_shape)
@@ -237,7 +246,7 @@ def gated_delta_weights(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta:
             f"q, k must be (batch, heads, tokens, dim) of one shape and g, beta (batch, heads, tokens); got "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(g.shape)}, {tuple(beta.shape)}"
         )
-    _check_gates("gated_delta_weights", g, beta)
+    _check_gates("gated_delta_weights", g, beta, chunked=True)
     t = q.shape[2]
     lower = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     cum = g.cumsum(dim=-1)  # (B, H, T)
