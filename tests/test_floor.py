@@ -29,6 +29,7 @@ FLOORS = {
     "cache": 2,
     "models": 3,
     "distributed": 3,
+    "hf": 3,
     "explain": 4,
     "exercises": 4,
     "bench": 4,

@@ -43,6 +43,8 @@ class TraceStep:
     source: str  # the class or function that recorded it ("MultiHeadAttention", "attention")
     name: str
     tensor: torch.Tensor
+    heads: tuple[int, ...] | None = None  # which heads dim 1 holds, when only some were recomputed
+    layer: int | None = None  # the layer's index, when the attention knows it (a Hugging Face layer)
 
 
 class Recorder:
@@ -52,17 +54,29 @@ class Recorder:
         names: keep only these step names (``fnmatch`` patterns); all by default.
         modules: keep only steps recorded inside these modules (dotted-name
             patterns such as ``"blocks.*.attn"``); all by default.
+        heads: ``[(layer, head), ...]``: recompute exactly these heads' weights
+            and no others, while the model runs its fused path. Attention that
+            runs through ``attnlab.hf`` forms them from q, k and the kernel's
+            row log-sum-exp (:func:`attnlab.functional.eager.head_weights`);
+            read them with :meth:`head`.
 
     While a recorder is active, ``attnlab.attention(backend="auto")`` runs the
     eager backend, the one that forms the weights. A fused backend asked for
     by name records nothing; the recorder notes it, and :meth:`get` says so.
     """
 
-    def __init__(self, *, names: Iterable[str] | None = None, modules: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        names: Iterable[str] | None = None,
+        modules: Iterable[str] | None = None,
+        heads: Iterable[tuple[int, int]] | None = None,
+    ) -> None:
         self.steps: list[TraceStep] = []
         self.notes: list[str] = []  # why something could not be recorded
         self._names = None if names is None else tuple(names)
         self._modules = None if modules is None else tuple(modules)
+        self.heads: dict[int, tuple[int, ...]] | None = None if heads is None else _heads_by_layer(heads)
         self._stack: list[str] = []  # dotted names of the modules running now, innermost last
         self._roots: dict[int, dict[int, str]] = {}  # id(root) -> {id(module): dotted name}
 
@@ -96,10 +110,19 @@ class Recorder:
             return False
         return self._modules is None or any(fnmatch.fnmatchcase(module, p) for p in self._modules)
 
-    def _keep(self, name: str, tensor: torch.Tensor, source: str) -> None:
+    def _keep(
+        self, name: str, tensor: torch.Tensor, source: str, heads: tuple[int, ...] | None, layer: int | None
+    ) -> None:
         module = self._stack[-1] if self._stack else ""
-        if self._wants(name, module):
-            self.steps.append(TraceStep(module, source, name, tensor.detach().clone()))
+        if not self._wants(name, module):
+            return
+        if heads is not None and layer is not None and self.heads is not None:  # only the heads this one chose
+            mine = self.heads.get(layer, ())
+            if not mine:
+                return
+            tensor = tensor[:, [heads.index(h) for h in mine]]  # (B, h, ...): this recorder's heads, in order
+            heads = mine
+        self.steps.append(TraceStep(module, source, name, tensor.detach().clone(), heads, layer))
 
     def _note(self, reason: str) -> None:
         module = self._stack[-1] if self._stack else ""
@@ -128,6 +151,25 @@ class Recorder:
                 return step.tensor
         raise KeyError(self._why_missing(name, module))
 
+    def head(self, layer: int, head: int, name: str = "attn_weights") -> torch.Tensor:
+        """The (B, Tq, Tk) weights of one head chosen with ``heads=``, from its layer's last call.
+
+        Raises:
+            KeyError: naming the heads that were recorded, when this one was not.
+        """
+        for step in reversed(self.steps):
+            if step.name == name and step.layer == layer and step.heads is not None and head in step.heads:
+                return step.tensor[:, step.heads.index(head)]
+        recorded = sorted(
+            {(s.layer, h) for s in self.steps if s.heads is not None and s.layer is not None for h in s.heads}
+        )
+        why = "" if self.heads is None or head in self.heads.get(layer, ()) else "; it is not among heads= "
+        raise KeyError(
+            f"no {name!r} of layer {layer}, head {head} was recorded{why}; recorded (layer, head): {recorded}"
+            + ("; " + "; ".join(self.notes) if self.notes else "")
+            + ("" if recorded else "; heads are recomputed where attention runs through attnlab.hf.use(model)")
+        )
+
     def all(self, name: str) -> dict[str, torch.Tensor]:
         """{module: tensor} for every module that recorded ``name``, the last call of each."""
         return {step.module: step.tensor for step in self.steps if step.name == name}
@@ -151,11 +193,47 @@ def is_recording() -> bool:
     return bool(_ACTIVE) and not torch.compiler.is_compiling()
 
 
-def record(name: str, tensor: torch.Tensor, *, source: str = "") -> None:
-    """Hand ``tensor`` to every active recorder. Costs one list check otherwise."""
+def record(
+    name: str,
+    tensor: torch.Tensor,
+    *,
+    source: str = "",
+    heads: tuple[int, ...] | None = None,
+    layer: int | None = None,
+) -> None:
+    """Hand ``tensor`` to every active recorder. Costs one list check otherwise. ``heads``: dim 1 holds only
+    these heads of layer ``layer`` (each recorder keeps the ones it chose)."""
     if _ACTIVE and not torch.compiler.is_compiling():
         for recorder in _ACTIVE:
-            recorder._keep(name, tensor, source)
+            recorder._keep(name, tensor, source, heads, layer)
+
+
+def chosen_heads(layer: int) -> tuple[int, ...]:
+    """The heads of ``layer`` that any active recorder chose with ``heads=`` (sorted; empty when none did)."""
+    if not _ACTIVE or torch.compiler.is_compiling():
+        return ()
+    return tuple(sorted({h for r in _ACTIVE if r.heads is not None for h in r.heads.get(layer, ())}))
+
+
+def wants_every_head() -> bool:
+    """True when an active recorder chose no heads: it takes every weight the eager backend forms."""
+    return bool(_ACTIVE) and not torch.compiler.is_compiling() and any(r.heads is None for r in _ACTIVE)
+
+
+def _heads_by_layer(heads: Iterable[tuple[int, int]]) -> dict[int, tuple[int, ...]]:
+    """{layer: sorted heads} from (layer, head) pairs, each checked."""
+    by_layer: dict[int, set[int]] = {}
+    for pair in heads:
+        if (
+            not isinstance(pair, tuple)
+            or len(pair) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in pair)
+        ):
+            raise ValueError(f"heads must be (layer, head) pairs of ints >= 0, such as [(0, 3)], got {pair!r}")
+        by_layer.setdefault(pair[0], set()).add(pair[1])
+    if not by_layer:
+        raise ValueError("heads=[] chooses no head: leave heads out to record every head, or name (layer, head) pairs")
+    return {layer: tuple(sorted(hs)) for layer, hs in by_layer.items()}
 
 
 def note_unobserved(reason: str) -> None:

@@ -11,7 +11,7 @@ Tq / Tk = query / key lengths, D = head_dim.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -130,3 +130,41 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, vis: Visibility, *, scal
     by the attention they get (``attnlab.cache.EvictingCache``) while a user records the model's own steps."""
     with torch.no_grad():
         return _softmax_rows(_masked_scores(q, k, vis, scale=scale, note=lambda *a, **kw: None), vis)[0]
+
+
+def head_weights(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    vis: Visibility,
+    *,
+    scale: float,
+    heads: Sequence[int],
+    lse: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The weights (B, len(heads), Tq, Tk) of the chosen query heads alone, exactly as this backend forms them,
+    while the layer itself ran a fused kernel: only these heads' scores are formed.
+
+    With ``lse`` (B, H, Tq), the row log-sum-exp a fused kernel returned (flash), each weight is
+    exp(score - lse) and the rows need no second pass; without it, the chosen heads' softmax. A row that sees
+    nothing gets weights of 0, as here. ``vis`` is the call's bound Visibility (its masks and mods, applied to
+    each chosen head under its own index).
+    """
+    ids = torch.tensor(list(heads), dtype=torch.long, device=q.device)
+    compute = accumulation_dtype(q.dtype)
+    with torch.no_grad():
+        q_h = q.index_select(1, ids)  # (B, h, Tq, D)
+        k_h = k.index_select(1, ids // (q.shape[1] // k.shape[1]))  # each chosen head's key/value head (B, h, Tk, D)
+        scores = (q_h.to(compute) @ k_h.to(compute).transpose(-2, -1)) * scale  # (B, h, Tq, Tk)
+        scores = vis.modify(scores, 0, vis.tq, 0, vis.tk, scratch=True, head_ids=ids)
+        allowed, bias = vis.dense()  # (B|1, H|1, Tq, Tk) each, or None
+        pick = lambda m: m.index_select(1, ids) if m.dim() == 4 and m.shape[1] > 1 else m
+        if bias is not None:
+            scores = scores + pick(bias).to(compute)
+        if allowed is not None:
+            scores = scores.masked_fill(~pick(allowed), float("-inf"))
+        if lse is None:
+            row = torch.logsumexp(scores, dim=-1, keepdim=True)  # (B, h, Tq, 1); -inf on a dead row
+        else:
+            row = lse.index_select(1, ids).to(compute)[..., None]  # (B, h, Tq, 1); +inf on a dead row
+        dead = ~torch.isfinite(row)
+        return torch.exp(scores - row.masked_fill(dead, 0.0)).masked_fill(dead, 0.0)

@@ -352,15 +352,17 @@ def relative_bias(table: torch.Tensor) -> ScoreMod:
 
 
 def index_grid(
-    batch: int, heads: int, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    batch: int, heads: int, q_idx: torch.Tensor, kv_idx: torch.Tensor, *, head_ids: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1 or B, 1, Tq, 1), kv_idx (1 or B, 1, 1, Tk): broadcast to (B, H, Tq, Tk).
 
-    Positions come as (T,) or already on the grid, (1 or B, 1, Tq, 1) and (1 or B, 1, 1, Tk).
+    Positions come as (T,) or already on the grid, (1 or B, 1, Tq, 1) and (1 or B, 1, 1, Tk). ``head_ids``: the
+    heads' own indices when the grid holds only some of a layer's heads (their weights recomputed alone).
     """
     device = q_idx.device
     b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
-    h = torch.arange(heads, device=device).view(1, heads, 1, 1)
+    ids = torch.arange(heads, device=device) if head_ids is None else head_ids.to(device)
+    h = ids.view(1, heads, 1, 1)
     q = q_idx if q_idx.dim() == 4 else q_idx.view(1, 1, -1, 1)  # (T,) -> (1, 1, Tq, 1)
     kv = kv_idx if kv_idx.dim() == 4 else kv_idx.view(1, 1, 1, -1)  # (T,) -> (1, 1, 1, Tk)
     return b, h, q, kv
@@ -388,7 +390,13 @@ def evaluate_mask(
 
 
 def apply_score_mod(
-    score_mod: ScoreMod, score: torch.Tensor, *, q_idx: torch.Tensor, kv_idx: torch.Tensor, scratch: bool = False
+    score_mod: ScoreMod,
+    score: torch.Tensor,
+    *,
+    q_idx: torch.Tensor,
+    kv_idx: torch.Tensor,
+    scratch: bool = False,
+    head_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The mod on (B, H, Tq, Tk) scores, checked: the same shape, floating point; errors name the mod. Its
     result comes back in the scores' dtype (a float64 table in a mod on float32 scores is cast back).
@@ -400,7 +408,7 @@ def apply_score_mod(
     batch, heads = score.shape[0], score.shape[1]
     given = score if scratch and not score.requires_grad else score.clone()
     try:
-        out = score_mod(given, *index_grid(batch, heads, q_idx, kv_idx))
+        out = score_mod(given, *index_grid(batch, heads, q_idx, kv_idx, head_ids=head_ids))
     except Exception as err:
         raise ValueError(f"score_mod {mod_name(score_mod)} raised {type(err).__name__}: {err}") from err
     if not isinstance(out, torch.Tensor) or not torch.is_floating_point(out):

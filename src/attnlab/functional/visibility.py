@@ -445,14 +445,25 @@ class Visibility:
         )
 
     def modify(
-        self, scores: torch.Tensor, i0: int, i1: int, j0: int, j1: int, *, scratch: bool = False
+        self,
+        scores: torch.Tensor,
+        i0: int,
+        i1: int,
+        j0: int,
+        j1: int,
+        *,
+        scratch: bool = False,
+        head_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``score_mod`` on scores (B, H, bq, bk) of rows i0:i1 and columns j0:j1 (the scores themselves without one).
-        ``scratch``: the scores are a fresh tensor nobody else reads, so an in-place mod may write into them."""
+        ``scratch``: the scores are a fresh tensor nobody else reads, so an in-place mod may write into them.
+        ``head_ids``: which heads dim 1 holds, when it holds only some (the mod sees their own indices)."""
         if self.score_mod is None:
             return scores
         qp, kp = self._grid(i0, i1, j0, j1)
-        return apply_score_mod(self.score_mod, scores, q_idx=qp.clamp(min=0), kv_idx=kp.clamp(min=0), scratch=scratch)
+        return apply_score_mod(
+            self.score_mod, scores, q_idx=qp.clamp(min=0), kv_idx=kp.clamp(min=0), scratch=scratch, head_ids=head_ids
+        )
 
     def tile_kinds(self, block_q: int, block_k: int) -> dict[tuple[int, int], int]:
         """Every block_q x block_k tile classified once and kept: EMPTY (skipped), PARTIAL (masked) or FULL.

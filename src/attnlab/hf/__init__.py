@@ -1,0 +1,107 @@
+"""attnlab inside Hugging Face models: its attention as a transformers attention implementation.
+
+>>> import attnlab.hf                                     # registers attn_implementation="attnlab"  # doctest: +SKIP
+>>> model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="attnlab")  # doctest: +SKIP
+>>> attnlab.hf.use(model, backend="flash", score_mod=attnlab.functional.mods.softcap(30.0))  # doctest: +SKIP
+>>> with attnlab.Recorder(heads=[(0, 3)]) as rec:  # doctest: +SKIP
+...     model(ids)
+>>> rec.head(0, 3)  # (B, T, T): layer 0 head 3's weights, recomputed exactly; the model ran flash  # doctest: +SKIP
+
+``use`` returns a handle; as a context manager it puts back what the model ran before (mods for one call).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from attnlab.functional.registry import Backend
+from attnlab.hf.bridge import NAME, PerLayer, Settings, check_settings, hf_attention
+
+__all__ = ["NAME", "Use", "register", "use"]
+
+
+def register() -> None:
+    """Make "attnlab" an attn_implementation transformers knows: the attention function, and the mask transformers
+    builds for sdpa (boolean, True = may attend; left out where causal says it all). Idempotent."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as err:
+        raise ImportError(f"attnlab.hf needs transformers >= 4.54 (pip install 'transformers>=4.54'): {err}") from err
+
+    AttentionInterface.register(NAME, hf_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+class Use:
+    """What ``use`` changed on one model; ``undo()`` (or leaving a ``with`` block) puts back what was there."""
+
+    def __init__(self, model: torch.nn.Module, before: str, settings: Any) -> None:
+        self.model, self._before, self._settings = model, before, settings
+
+    def undo(self) -> None:
+        config: Any = getattr(self.model, "config")  # noqa: B009 - a transformers config, untyped here
+        config._attnlab_settings = self._settings
+        if self._before != NAME:
+            setter: Any = getattr(self.model, "set_attn_implementation")  # noqa: B009
+            setter(self._before)
+
+    def __enter__(self) -> Use:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.undo()
+
+
+def use(
+    model: torch.nn.Module,
+    *,
+    backend: Backend = "flash",
+    mask_mod: PerLayer = None,
+    score_mod: Any = None,
+) -> Use:
+    """Run every attention layer of a transformers model through attnlab.
+
+    Args:
+        model: a transformers ``PreTrainedModel`` whose attention goes through ``AttentionInterface`` (Llama,
+            Mistral, Qwen2/3, Gemma 3, gpt-oss, DeepSeek-V3, GPT-2, ...).
+        backend: attnlab's backend: "flash" (tiled; returns the log-sum-exp that learned sinks and recovered
+            weights are read from), "eager", "sdpa", "flex" or "auto".
+        mask_mod, score_mod: FlexAttention-style mods (``attnlab.functional.mods``) added to the model's own
+            masks in every layer, or ``{layer index: mod}`` for some layers.
+
+    Returns:
+        A handle: ``undo()``, or use it in a ``with`` block, to put back the model's previous attention.
+
+    Raises:
+        ValueError, TypeError: a bad backend or mod, or a model that does not take an attn_implementation;
+            the model is then unchanged.
+    """
+    check_settings(backend, mask_mod, score_mod)
+    config: Any = getattr(model, "config", None)
+    setter: Any = getattr(model, "set_attn_implementation", None)
+    if config is None or not callable(setter):
+        raise TypeError(
+            f"attnlab.hf.use takes a transformers PreTrainedModel, got {type(model).__name__}; for attnlab's own "
+            "models pass backend= to GPT or Attention instead"
+        )
+    register()
+    before = config._attn_implementation
+    settings_before = getattr(config, "_attnlab_settings", None)
+    if before != NAME:
+        setter(NAME)
+        if config._attn_implementation != NAME:
+            raise ValueError(
+                f"{type(model).__name__} kept attn_implementation={config._attn_implementation!r}: its attention "
+                "does not go through transformers' AttentionInterface, so attnlab cannot run inside it"
+            )
+    config._attnlab_settings = Settings(backend=backend, mask_mod=mask_mod, score_mod=score_mod)
+    return Use(model, before, settings_before)
+
+
+try:  # "import attnlab.hf" is enough for from_pretrained(..., attn_implementation="attnlab")
+    register()
+except ImportError:  # transformers is not installed: use() says so when called
+    pass

@@ -1,0 +1,136 @@
+"""attnlab's attention inside a Hugging Face model: one function registered with transformers'
+``AttentionInterface`` (and a mask function with its ``AttentionMaskInterface``) under the name "attnlab".
+
+transformers calls ``attention(module, query, key, value, attention_mask, scaling=, dropout=, ...)`` in every
+attention layer, with the keys and values its cache returned. Here that call becomes one attnlab call:
+
+- the model's mask, which transformers builds for "attnlab" exactly as for "sdpa" (causal, sliding window,
+  padding, packed documents, a model's own overlays), becomes the call's :class:`Visibility`; where transformers
+  leaves it out (nothing but causal), the Visibility is causal;
+- gpt-oss's learned sinks (``s_aux``) are read off the kernel's row log-sum-exp, Gemma 2's ``softcap`` is a
+  score_mod, and the user's ``mask_mod`` / ``score_mod`` for this layer are added to it;
+- the backend runs (attnlab's flash by default; eager, sdpa, flex by name);
+- a :class:`attnlab.Recorder` that chose ``heads=[(layer, head)]`` gets exactly those heads' weights, formed
+  from q, k and the kernel's log-sum-exp (:func:`attnlab.functional.eager.head_weights`): the layer still runs
+  its fused path and only the chosen heads cost memory.
+
+Shapes: B = batch, H = query heads, Hkv = key/value heads, Tq / Tk = query / key lengths, D = head_dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attnlab.functional import mods
+from attnlab.functional.attention import run_kernel
+from attnlab.functional.eager import head_weights
+from attnlab.functional.mods import MaskMod, chain_scores
+from attnlab.functional.registry import KERNELS, Backend, check_backend, resolve
+from attnlab.functional.visibility import Visibility
+from attnlab.observe import chosen_heads, is_recording, record, wants_every_head
+
+NAME = "attnlab"  # the attn_implementation transformers knows this bridge by
+
+PerLayer = MaskMod | dict[int, MaskMod] | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """What ``attnlab.hf.use`` set on one model: the backend, and mods for every layer or by layer index."""
+
+    backend: Backend = "flash"
+    mask_mod: Any = None  # a MaskMod, or {layer: MaskMod}
+    score_mod: Any = None  # a ScoreMod, or {layer: ScoreMod}
+
+
+def _for_layer(mod: Any, layer: int) -> Any:
+    return mod.get(layer) if isinstance(mod, dict) else mod
+
+
+def settings_of(module: torch.nn.Module) -> Settings:
+    """The Settings ``use`` put on the model that holds ``module`` (kept on its config), or the defaults."""
+    config = getattr(module, "config", None)
+    found = getattr(config, "_attnlab_settings", None)
+    return found if isinstance(found, Settings) else Settings()
+
+
+def hf_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention contract: query (B, H, Tq, D), key and value (B, Hkv, Tk, D) after the cache, the
+    mask transformers built for this layer; returns the context (B, Tq, H, Dv) and no weights (a Recorder takes
+    them)."""
+    settings, cap = settings_of(module), softcap
+    layer = getattr(module, "layer_idx", None)
+    index = layer if isinstance(layer, int) else -1
+    tq = query.shape[2]
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    if attention_mask is None and causal and tq > 1 and key.shape[2] > tq:
+        # transformers left the mask out for a prefill into an empty static cache: sdpa's causal mask is aligned
+        # top-left there, so only the first Tq slots are keys (as transformers' sdpa path slices them)
+        key, value = key[:, :, :tq], value[:, :, :tq]
+    mask_mod = _for_layer(settings.mask_mod, index)
+    score_mod = _for_layer(settings.score_mod, index)
+    if cap is not None:
+        capped = mods.softcap(float(cap))
+        score_mod = capped if score_mod is None else chain_scores(capped, score_mod)
+    b, h, tk = query.shape[0], query.shape[1], key.shape[2]
+    vis = Visibility.from_lengths(
+        tq,
+        tk,
+        device=query.device,
+        causal=attention_mask is None and causal and tq > 1,
+        mask=attention_mask,
+        mask_mod=mask_mod,
+        score_mod=score_mod,
+        batch=b,
+        heads=h,
+    )
+    heads = chosen_heads(index) if layer is not None else ()
+    backend: Backend = settings.backend
+    if backend == "auto" and (heads or s_aux is not None) and not wants_every_head():
+        backend = "flash"  # the fused path that returns the log-sum-exp the heads and the sinks are read from
+    name, kernel = resolve(backend, vis=vis)
+    if s_aux is not None and not KERNELS[name].has_lse:
+        raise ValueError(
+            f"this model's learned sinks are read off each row's log-sum-exp, which the {name} backend does not "
+            "return: use attnlab.hf.use(model, backend='flash') (or 'eager')"
+        )
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    out, lse = run_kernel(name, kernel, query, key, value, vis, scale=scale, dropout_p=float(dropout))
+    kept = None
+    if s_aux is not None:
+        assert lse is not None  # has_lse, checked above
+        kept = torch.sigmoid(lse - s_aux.to(lse.dtype)[None, :, None])  # (B, H, Tq): the share the sink left
+        out = out * kept[..., None].to(out.dtype)
+        if is_recording():
+            record("sink_weight", (1 - kept).detach(), source="attnlab.hf")
+    if heads and is_recording():
+        weights = head_weights(query, key, vis.bound_to(b, h, query.device), scale=scale, heads=heads, lse=lse)
+        record("attn_weights", weights, source="attnlab.hf", heads=heads, layer=index)  # (B, len(heads), Tq, Tk)
+    return out.transpose(1, 2).contiguous(), None  # (B, Tq, H, Dv)
+
+
+def check_settings(backend: Backend, mask_mod: PerLayer, score_mod: Any) -> None:
+    """The arguments of ``use``, checked before the model changes."""
+    check_backend(backend)
+    for name, mod in (("mask_mod", mask_mod), ("score_mod", score_mod)):
+        given = mod.values() if isinstance(mod, dict) else [mod]
+        if isinstance(mod, dict) and any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in mod):
+            raise ValueError(f"{name} by layer takes {{layer index: mod}} with indices >= 0, got keys {list(mod)}")
+        for m in given:
+            if m is not None and not callable(m):
+                raise TypeError(f"{name} must be a function (or {{layer: function}}), got {type(m).__name__}")

@@ -1,0 +1,143 @@
+"""attnlab inside Hugging Face models (issue 38): attn_implementation="attnlab" on every family of today's decoders,
+against transformers' own attention (sdpa; eager for gpt-oss, which has no sdpa), and the weights of chosen heads
+recomputed from the fused kernel's log-sum-exp, against transformers' eager weights.
+
+The models are the small random ones of tests/test_families.py, whose windows are shorter than the prompt and
+whose norms, biases and sinks are moved off their defaults, so the masks and sinks act.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+import attnlab.hf
+from attnlab import Recorder
+from attnlab.functional import mods
+from test_families import FAMILIES, IDS, hf_dir
+
+OWN = {"gpt_oss": "eager"}  # transformers' own attention for each family: sdpa where it has one
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("bridge"))
+
+
+def load(family: str, root: str, attn: str) -> PreTrainedModel:
+    return FAMILIES[family][0].from_pretrained(hf_dir(family, root), attn_implementation=attn).eval()
+
+
+PADDED = torch.tensor([[0, 0, 0, 5, 9, 17, 33, 2, 8, 41, 7, 3], [4, 11, 19, 23, 6, 1, 30, 12, 27, 15, 38, 9]])
+PADDING = torch.tensor([[0, 0, 0] + [1] * 9, [1] * 12])  # the first row left-padded by 3
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_and_greedy_tokens_equal_transformers_own_attention(family: str, root: str) -> None:
+    own = load(family, root, OWN.get(family, "sdpa"))
+    ours = load(family, root, "attnlab")  # from_pretrained(..., attn_implementation="attnlab"): flash
+    assert ours.config._attn_implementation == "attnlab"
+    want = own(IDS).logits
+    backends = ["flash", "eager"] + ([] if family == "gpt_oss" else ["sdpa"])
+    for backend in backends:
+        attnlab.hf.use(ours, backend=backend)
+        assert (ours(IDS).logits - want).abs().max().item() < 1e-5, backend
+    attnlab.hf.use(ours, backend="flash")
+    padded = own(PADDED, attention_mask=PADDING).logits
+    got = ours(PADDED, attention_mask=PADDING).logits
+    assert (got - padded)[PADDING.bool()].abs().max().item() < 1e-5  # the padded slots' own rows are not compared
+    greedy = dict(max_new_tokens=16, do_sample=False, attention_mask=PADDING)
+    assert torch.equal(ours.generate(PADDED, **greedy), own.generate(PADDED, **greedy))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_mods_act_in_the_layers_given_and_a_with_block_puts_the_model_back(family: str, root: str) -> None:
+    own = load(family, root, "sdpa")
+    ours = load(family, root, "attnlab")
+    want = own(IDS).logits
+    diagonal = mods.and_masks(mods.causal(), lambda b, h, q, kv: q == kv)  # each token sees itself alone
+    with attnlab.hf.use(ours, mask_mod={1: diagonal}):
+        with Recorder(heads=[(0, 0), (1, 0)]) as rec:
+            moved = ours(IDS).logits
+    assert (moved - want).abs().max().item() > 1e-3  # the mod acts
+    eye = torch.eye(IDS.shape[1]).expand(IDS.shape[0], -1, -1)
+    assert torch.allclose(rec.head(1, 0), eye, atol=1e-6)  # layer 1 sees only itself
+    assert not torch.allclose(rec.head(0, 0), eye)  # layer 0 keeps the model's own mask
+    assert (ours(IDS).logits - want).abs().max().item() < 1e-5  # the block ended: the model is as it was
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chosen_heads_weights_equal_transformers_eager_weights(family: str, root: str) -> None:
+    eager = load(family, root, "eager")
+    out = eager(PADDED, attention_mask=PADDING, output_attentions=True)
+    ours = load(family, root, "attnlab")
+    chosen = [(0, 1), (2, 3), (2, 0)]
+    with Recorder(heads=chosen) as rec:
+        got = ours(PADDED, attention_mask=PADDING).logits
+    assert (got - out.logits)[PADDING.bool()].abs().max().item() < 1e-5
+    rows = PADDING.bool()[:, None, :, None]  # (B, 1, Tq, 1): a padded query's own row is not compared
+    for layer, head in chosen:
+        want = out.attentions[layer][:, head]  # (B, Tq, Tk)
+        weights = rec.head(layer, head)
+        if family == "gpt_oss":  # attnlab's rows sum to 1 and the sink's share is kept beside them
+            sink = rec.get("sink_weight", module=f"model.layers.{layer}.self_attn")[:, head]
+            weights = weights * (1 - sink[..., None])
+        assert ((weights - want) * rows[:, 0]).abs().max().item() < 1e-6, (layer, head)
+    # only the chosen heads were formed: every recorded weight is of chosen heads, the model ran its fused path
+    steps = [s for s in rec.steps if s.name == "attn_weights"]
+    assert {(s.layer, h) for s in steps for h in (s.heads or ())} == set(chosen)
+    assert all(s.tensor.shape[1] == len(s.heads or ()) < 4 for s in steps)
+    with pytest.raises(KeyError, match=r"layer 1, head 1 was recorded; it is not among heads="):
+        rec.head(1, 1)
+
+
+def test_a_recorder_with_heads_gets_nothing_from_transformers_own_attention_and_says_why(root: str) -> None:
+    own = load("llama", root, "sdpa")
+    with Recorder(heads=[(0, 0)]) as rec, torch.no_grad():
+        own(IDS)
+    with pytest.raises(KeyError, match=r"attnlab\.hf\.use\(model\)"):
+        rec.head(0, 0)
+
+
+def test_bad_arguments_are_refused_by_name_and_leave_the_model_as_it_was(root: str) -> None:
+    model = load("gpt_oss", root, "eager")
+    with pytest.raises(ValueError, match="backend"):
+        attnlab.hf.use(model, backend="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"layer index: mod.*\['one'\]"):
+        attnlab.hf.use(model, mask_mod={"one": mods.causal()})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="score_mod must be a function"):
+        attnlab.hf.use(model, score_mod=3.0)
+    with pytest.raises(TypeError, match="transformers PreTrainedModel, got Linear"):
+        attnlab.hf.use(torch.nn.Linear(2, 2))
+    assert model.config._attn_implementation == "eager"
+    attnlab.hf.use(model, backend="sdpa")
+    with pytest.raises(ValueError, match=r"sinks are read off each row's log-sum-exp.*backend='flash'"):
+        with torch.no_grad():
+            model(IDS)
+    with pytest.raises(ValueError, match=r"\(layer, head\) pairs"):
+        Recorder(heads=[(0, -1)])
+    with pytest.raises(ValueError, match="chooses no head"):
+        Recorder(heads=[])
+
+
+@torch.no_grad()
+def test_a_head_dependent_mod_reaches_each_chosen_head_under_its_own_index(root: str) -> None:
+    """The chosen heads are formed alone, so a mod that reads h must see each one's own index: the same weights as
+    every head formed by the eager backend, where h runs over all of them."""
+    model = load("qwen3", root, "attnlab")
+    tilt = lambda score, b, h, q, kv: score + 0.1 * h * (q - kv)
+    hides = lambda b, h, q, kv: (kv != 2) | (h == 3)  # key 2 hidden from every head but 3
+    attnlab.hf.use(model, backend="eager", mask_mod=hides, score_mod=tilt)
+    with Recorder(names=["attn_weights"]) as every:
+        model(IDS)
+    attnlab.hf.use(model, backend="flash", mask_mod=hides, score_mod=tilt)
+    with Recorder(heads=[(1, 3), (1, 0), (2, 2)]) as chosen:
+        model(IDS)
+    for layer, head in [(1, 3), (1, 0), (2, 2)]:
+        want = every.get("attn_weights", module=f"model.layers.{layer}.self_attn")[:, head]
+        assert (chosen.head(layer, head) - want).abs().max().item() < 1e-6
+    assert chosen.head(1, 0)[:, 3:, 2].abs().max() == 0 and chosen.head(1, 3)[:, 3:, 2].min() > 0
