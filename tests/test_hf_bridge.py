@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 import attnlab.hf
 from attnlab import Recorder
+from attnlab.cache import EvictingCache
 from attnlab.functional import mods
+from attnlab.hf.caches import AttnlabLayer
 from test_families import FAMILIES, IDS, hf_dir
 
 OWN = {"gpt_oss": "eager"}  # transformers' own attention for each family: sdpa where it has one
@@ -141,3 +143,79 @@ def test_a_head_dependent_mod_reaches_each_chosen_head_under_its_own_index(root:
         want = every.get("attn_weights", module=f"model.layers.{layer}.self_attn")[:, head]
         assert (chosen.head(layer, head) - want).abs().max().item() < 1e-6
     assert chosen.head(1, 0)[:, 3:, 2].abs().max() == 0 and chosen.head(1, 3)[:, 3:, 2].min() > 0
+
+
+# ---- attnlab's caches as transformers Cache objects ----
+
+GREEDY = dict(max_new_tokens=24, do_sample=False)
+CACHED = ["llama", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss"]  # a full layer each (Mistral: none)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", CACHED)
+def test_the_plain_cache_gives_dynamic_caches_tokens_and_int8_keeps_them_here(family: str, root: str) -> None:
+    own = load(family, root, OWN.get(family, "sdpa"))
+    ours = load(family, root, "attnlab")
+    want = own.generate(IDS, cache=DynamicCache(config=own.config), **GREEDY)
+    made = attnlab.hf.cache("plain", ours)
+    assert torch.equal(ours.generate(IDS, cache=made, **GREEDY), want)
+    full = [layer for layer in made.layers if isinstance(layer, AttnlabLayer)]
+    assert full and all(layer.get_seq_length() == IDS.shape[1] + GREEDY["max_new_tokens"] - 1 for layer in full)
+    assert len(full) < len(made.layers) or family not in ("gemma3_text", "gpt_oss", "qwen2")  # bands keep their ring
+    # int8 is lossy, yet keeps these models' greedy tokens (int4 does not always: its error is measured below)
+    assert torch.equal(ours.generate(IDS, cache=attnlab.hf.cache("int8", ours), **GREEDY), want)
+
+
+@torch.no_grad()
+def test_quantized_caches_return_past_keys_coded_int4_coarser_than_int8(root: str) -> None:
+    """The effect: a prompt longer than the exact ring (32) leaves older keys coded, so the next token's logits
+    move off the exact cache's, by more in int4 than in int8."""
+    model = load("llama", root, "attnlab")
+    prompt = torch.randint(0, 96, (1, 60), generator=torch.Generator().manual_seed(5))
+    step = torch.tensor([[7]])
+
+    def next_logits(past: object) -> torch.Tensor:
+        model(prompt, cache=past, use_cache=True)
+        return model(step, cache=past, use_cache=True).logits[0, -1]
+
+    exact = next_logits(DynamicCache(config=model.config))
+    assert (next_logits(attnlab.hf.cache("plain", model)) - exact).abs().max().item() < 1e-5
+    err8 = (next_logits(attnlab.hf.cache("int8", model)) - exact).abs().max().item()
+    err4 = (next_logits(attnlab.hf.cache("int4", model)) - exact).abs().max().item()
+    assert 1e-5 < err8 < err4 / 4, (err8, err4)
+
+
+@torch.no_grad()
+def test_h2o_keeps_its_budget_of_the_keys_attention_weighed_heaviest(root: str) -> None:
+    model = load("llama", root, "attnlab")
+    made = attnlab.hf.cache("h2o", model, budget=16)
+    model.generate(IDS[:1], cache=made, **GREEDY)
+    layer = made.layers[0]
+    assert isinstance(layer, AttnlabLayer) and isinstance(layer.inner, EvictingCache)
+    kept = layer.inner.positions[0]
+    assert kept.numel() == 16 and len(layer.inner.evicted[0]) == IDS.shape[1] + GREEDY["max_new_tokens"] - 1 - 16
+    scores, cutoff = layer.inner.scores[0], kept.numel() - layer.inner.recent
+    heavy = scores[:cutoff]  # the kept candidates outside the recent window
+    assert heavy.min() > 0 and 0 in kept.tolist()  # the first token, a sink, is among the heavy hitters
+
+
+def test_caches_refuse_what_they_cannot_do_by_name(root: str) -> None:
+    sdpa = load("llama", root, "sdpa")
+    with pytest.raises(ValueError, match=r"weighs the attention.*attn_implementation='attnlab'"):
+        attnlab.hf.cache("h2o", sdpa)
+    for name, why in (("sink", "rotary"), ("paged", "decode loop"), ("prefix", "token ids")):
+        with pytest.raises(ValueError, match=rf"cache\('{name}'\) is refused: .*{why}"):
+            attnlab.hf.cache(name, sdpa)
+    with pytest.raises(ValueError, match=r"unknown cache 'lru'.*'int8'"):
+        attnlab.hf.cache("lru", sdpa)
+    with pytest.raises(ValueError, match="every layer of this model slides"):
+        attnlab.hf.cache("int8", load("mistral", root, "sdpa"))
+    with pytest.raises(ValueError, match="latent attention"):
+        attnlab.hf.cache("int8", load("deepseek_v3", root, "sdpa"))
+    with pytest.raises(ValueError, match=r"max_len must be"):
+        attnlab.hf.cache("plain", sdpa, max_len=0)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"beam search.*num_beams=1"):
+            sdpa.generate(IDS[:1], cache=attnlab.hf.cache("int8", sdpa), max_new_tokens=4, num_beams=2)
+        with pytest.raises(ValueError, match=r"max_len=20 positions.*max_len=21\)"):
+            sdpa.generate(IDS[:1], cache=attnlab.hf.cache("plain", sdpa, max_len=20), max_new_tokens=4)

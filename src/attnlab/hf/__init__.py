@@ -19,7 +19,15 @@ import torch
 from attnlab.functional.registry import Backend
 from attnlab.hf.bridge import NAME, PerLayer, Settings, check_settings, hf_attention
 
-__all__ = ["NAME", "Use", "register", "use"]
+__all__ = ["NAME", "Use", "cache", "register", "use"]
+
+
+def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **options: Any) -> Any:
+    """One of attnlab's KV caches as a transformers Cache, for ``model.generate(..., past_key_values=...)``; see
+    :func:`attnlab.hf.caches.cache` (imported on first use)."""
+    from attnlab.hf.caches import cache as make
+
+    return make(name, model, max_len=max_len, **options)
 
 
 def register() -> None:

@@ -78,7 +78,8 @@ def hf_attention(
     index = layer if isinstance(layer, int) else -1
     tq = query.shape[2]
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    if attention_mask is None and causal and tq > 1 and key.shape[2] > tq:
+    entry = _returned_with(key)
+    if entry is None and attention_mask is None and causal and tq > 1 and key.shape[2] > tq:
         # transformers left the mask out for a prefill into an empty static cache: sdpa's causal mask is aligned
         # top-left there, so only the first Tq slots are keys (as transformers' sdpa path slices them)
         key, value = key[:, :, :tq], value[:, :, :tq]
@@ -88,17 +89,29 @@ def hf_attention(
         capped = mods.softcap(float(cap))
         score_mod = capped if score_mod is None else chain_scores(capped, score_mod)
     b, h, tk = query.shape[0], query.shape[1], key.shape[2]
-    vis = Visibility.from_lengths(
-        tq,
-        tk,
-        device=query.device,
-        causal=attention_mask is None and causal and tq > 1,
-        mask=attention_mask,
-        mask_mod=mask_mod,
-        score_mod=score_mod,
-        batch=b,
-        heads=h,
-    )
+    if entry is not None:  # an attnlab cache returned these keys: each slot's position is known
+        vis = Visibility(
+            q_pos=entry.q_pos,
+            k_pos=entry.k_pos,
+            causal=causal,
+            mask=None if attention_mask is None else _at_slots(attention_mask, entry.k_pos),
+            mask_mod=mask_mod,
+            score_mod=score_mod,
+            batch=b,
+            heads=h,
+        )
+    else:
+        vis = Visibility.from_lengths(
+            tq,
+            tk,
+            device=query.device,
+            causal=attention_mask is None and causal and tq > 1,
+            mask=attention_mask,
+            mask_mod=mask_mod,
+            score_mod=score_mod,
+            batch=b,
+            heads=h,
+        )
     heads = chosen_heads(index) if layer is not None else ()
     backend: Backend = settings.backend
     if backend == "auto" and (heads or s_aux is not None) and not wants_every_head():
@@ -118,10 +131,34 @@ def hf_attention(
         out = out * kept[..., None].to(out.dtype)
         if is_recording():
             record("sink_weight", (1 - kept).detach(), source="attnlab.hf")
+    if entry is not None:
+        entry.observed = True
+        if entry.cache.capabilities.observes:  # an evicting cache weighs its keys by this call's attention
+            entry.cache.observe(query, key, value, visibility=vis, scale=scale)
     if heads and is_recording():
         weights = head_weights(query, key, vis.bound_to(b, h, query.device), scale=scale, heads=heads, lse=lse)
         record("attn_weights", weights, source="attnlab.hf", heads=heads, layer=index)  # (B, len(heads), Tq, Tk)
     return out.transpose(1, 2).contiguous(), None  # (B, Tq, H, Dv)
+
+
+def _returned_with(key: torch.Tensor) -> Any:
+    """What an attnlab cache returned with these keys (``attnlab.hf.cache``), or None; imported here so that a
+    model without one never needs it."""
+    from attnlab.hf.caches import returned_with
+
+    return returned_with(key)
+
+
+def _at_slots(mask: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """transformers' mask over absolute key positions (B|1, 1, Tq, P), read at each slot's position: (.., Tq, S).
+    An empty slot (-1) reads position 0; the Visibility hides it by its position anyway."""
+    slots = k_pos.clamp(min=0)
+    if slots.dim() == 1:
+        return mask[..., slots]
+    b, s = slots.shape  # per-sequence positions (an evicting cache): gather each row's own
+    full = mask.expand(b, mask.shape[1], mask.shape[2], mask.shape[3])  # (B, 1, Tq, P)
+    index = slots[:, None, None, :].expand(b, mask.shape[1], mask.shape[2], s)  # (B, 1, Tq, S)
+    return full.gather(3, index)
 
 
 def check_settings(backend: Backend, mask_mod: PerLayer, score_mod: Any) -> None:

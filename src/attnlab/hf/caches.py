@@ -1,0 +1,223 @@
+"""attnlab's KV caches as a transformers ``Cache``: ``model.generate(..., past_key_values=attnlab.hf.cache(name,
+model))``.
+
+Each full-attention layer gets one of attnlab's caches (``attnlab.cache.CACHES``) behind transformers' layer
+contract (:class:`AttnlabLayer`): ``update`` returns the keys and values the attnlab cache returns, and the
+positions it returns travel to the bridge's attention (``attnlab.hf.bridge``), which builds the call's
+Visibility from them: an empty slot (-1) or an evicted key is hidden by position, and transformers' mask, which
+it builds over absolute positions (``get_mask_sizes`` says so), is read at each slot's position. A sliding layer
+keeps transformers' own ring of its window.
+
+Caches that weigh the attention their keys get (H2O, SnapKV) are told it by the bridge after each call: they
+need the model's attention to run through attnlab (``attn_implementation="attnlab"``) and are refused otherwise.
+
+Shapes: B = batch, Hkv = key/value heads, T = new tokens, S = slots returned, D = head_dim.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
+
+from attnlab.cache import CACHES
+from attnlab.cache.base import Cache as AttnlabCache
+
+NAMES = ("plain", "int8", "int4", "h2o", "snapkv")  # what a transformers model can take today
+REFUSED = {
+    "paged": "paged rows are admitted and released by attnlab's own decode loop, which transformers' generate "
+    "does not run: use attnlab.models.GPT.from_pretrained(path).generate(..., cache='paged')",
+    "prefix": "prefix sharing needs the token ids, which a transformers cache never sees: use attnlab's "
+    "GPT.generate(..., cache='prefix') or generate_many",
+    "sink": "a sink cache turns its sinks by the model's own rotary embedding, which transformers applies "
+    "before the cache and does not hand to it: use attnlab.models.GPT.from_pretrained(path) with cache='sink'",
+}
+
+
+@dataclass
+class Returned:
+    """What one layer's last ``update`` returned: the bridge finds it by the keys tensor it is handed."""
+
+    keys: weakref.ref[torch.Tensor]
+    q_pos: torch.Tensor  # (T,) the new tokens' positions
+    k_pos: torch.Tensor  # (S,) or (B, S): each slot's position, -1 for an empty one
+    cache: AttnlabCache
+    observed: bool = False
+
+
+_RETURNED: dict[int, Returned] = {}  # id(keys) -> what came with them; stale entries fail the weakref check
+
+
+def returned_with(keys: torch.Tensor) -> Returned | None:
+    """The positions (and cache) that came with ``keys``, if an attnlab cache layer just returned them."""
+    found = _RETURNED.get(id(keys))
+    return found if found is not None and found.keys() is keys else None
+
+
+class AttnlabLayer(CacheLayerMixin):
+    """One layer's attnlab cache under transformers' layer contract."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, *, name: str, max_len: int, options: dict[str, Any], observed: bool) -> None:
+        super().__init__()
+        self.name, self.max_len, self.options, self.needs_bridge = name, max_len, options, observed
+        self.inner: AttnlabCache | None = None
+        self.seen = 0
+        self._last: Returned | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h_kv, _, d = key_states.shape
+        factory = CACHES[self.name]
+        self.inner = factory(
+            batch_size=b,
+            num_kv_heads=h_kv,
+            head_dim=d,
+            max_len=self.max_len,
+            window=None,
+            dtype=key_states.dtype,
+            device=key_states.device,
+            rotary=None,
+            context_length=None,
+            **self.options,
+        )
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._last is not None and self.needs_bridge and not self._last.observed:
+            raise ValueError(
+                f"the {self.name} cache weighs the attention its keys get, and the last call's attention did not "
+                "run through attnlab: load the model with attn_implementation='attnlab' (or attnlab.hf.use(model))"
+            )
+        if self.inner is None:
+            self.lazy_initialization(key_states, value_states)
+        assert self.inner is not None
+        t = key_states.shape[2]
+        if self.seen + t > self.max_len:
+            raise ValueError(
+                f"the {self.name} cache holds up to max_len={self.max_len} positions and has {self.seen}; it cannot "
+                f"take {t} more: make it with attnlab.hf.cache({self.name!r}, model, max_len={self.seen + t})"
+            )
+        q_pos = self.inner.next_positions(t)
+        keys, values, positions = self.inner.update(key_states, value_states)
+        self.seen += t
+        if self._last is not None:
+            _RETURNED.pop(id(self._last.keys()), None)
+        self._last = Returned(weakref.ref(keys), q_pos, positions, self.inner)
+        _RETURNED[id(keys)] = self._last
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """The mask is built over absolute positions 0 .. seen + query_length - 1; the bridge reads it at each
+        slot's position."""
+        return self.seen + query_length, 0
+
+    def get_max_length(self) -> int:
+        return self.max_len
+
+    def reset(self) -> None:
+        self.inner, self.seen, self._last, self.is_initialized = None, 0, None, False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        crop = getattr(self.inner, "crop", None)
+        if tokens_to_remove == 0 or self.inner is None:
+            return
+        if not self.inner.capabilities.crop or crop is None:
+            raise ValueError(
+                f"the {self.name} cache cannot be cut back (assisted generation crops rejected tokens): "
+                "use 'plain' for assisted generation"
+            )
+        keep = self.seen + tokens_to_remove if tokens_to_remove < 0 else tokens_to_remove
+        crop(keep)
+        self.seen = keep
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise ValueError(
+            f"beam search reorders a cache's rows, which the {self.name} cache does not do: use num_beams=1"
+        )
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise ValueError(
+            f"the {self.name} cache cannot repeat its rows: make one per prompt, or num_return_sequences=1"
+        )
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise ValueError(f"the {self.name} cache cannot select rows: make one per prompt")
+
+
+class AttnlabCacheForHF(Cache):
+    """A transformers Cache whose full-attention layers are attnlab caches and whose sliding layers keep the ring
+    of their window (transformers' own)."""
+
+    def __init__(self, layers: list[Any], name: str) -> None:
+        super().__init__(layers=layers)
+        self.name = name
+
+
+def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **options: Any) -> AttnlabCacheForHF:
+    """One of attnlab's caches for ``model.generate(..., past_key_values=...)`` of a transformers model.
+
+    Args:
+        name: "plain" (lossless, token-identical to DynamicCache), "int8" or "int4" (KIVI), "h2o" or "snapkv"
+            (eviction: the model's attention must run through attnlab).
+        model: the transformers model it is for (its layers, which of them slide, and its attention).
+        max_len: positions a sequence may reach, prompt included (default: the model's
+            max_position_embeddings, at most 4096); one more is refused by name.
+        options: the cache's own knobs (``budget=`` for h2o and snapkv, ``group_size=``/``residual=`` for int8/int4).
+
+    Raises:
+        ValueError: a name not offered here (with the reason), a model whose every layer slides, or an eviction
+            cache for a model whose attention does not run through attnlab.
+    """
+    if name in REFUSED:
+        raise ValueError(f"attnlab.hf.cache({name!r}) is refused: {REFUSED[name]}")
+    if name not in NAMES:
+        raise ValueError(f"unknown cache {name!r}: attnlab.hf.cache takes {list(NAMES)}")
+    config: Any = getattr(model, "config", None)
+    if config is None or not hasattr(config, "num_hidden_layers"):
+        raise TypeError(f"attnlab.hf.cache takes a transformers model, got {type(model).__name__}")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "kv_lora_rank", None):
+        raise ValueError(
+            "this model's latent attention (DeepSeek's MLA) hands transformers' cache full keys and values of "
+            "different widths, not the latent: load it with attnlab.models.GPT.from_pretrained(path), whose latent "
+            "cache keeps kv_lora_rank + rope values a token (int8 and int4 too)"
+        )
+    observed = name in ("h2o", "snapkv")
+    if observed and config._attn_implementation != "attnlab":
+        raise ValueError(
+            f"the {name} cache weighs the attention its keys get, which transformers' {config._attn_implementation!r} "
+            "attention never hands a cache: load the model with attn_implementation='attnlab' (or attnlab.hf.use(model))"
+        )
+    longest = int(getattr(text, "max_position_embeddings", 4096) or 4096)
+    span = min(longest, 4096) if max_len is None else max_len
+    if isinstance(span, bool) or not isinstance(span, int) or span < 1:
+        raise ValueError(f"max_len must be a whole number of positions >= 1, got {max_len!r}")
+    kinds = list(getattr(text, "layer_types", None) or [])
+    window: Any = getattr(text, "sliding_window", None)
+    if not kinds:
+        kinds = ["sliding_attention" if window else "full_attention"] * text.num_hidden_layers
+    if all(k != "full_attention" for k in kinds):
+        raise ValueError(
+            f"every layer of this model slides (window {window}): each keeps the ring of its window, so the {name} "
+            "cache would apply to no layer"
+        )
+    layers: list[Any] = []
+    for kind in kinds:
+        if kind == "sliding_attention":
+            layers.append(DynamicSlidingWindowLayer(sliding_window=int(window)))
+        elif kind == "full_attention":
+            layers.append(AttnlabLayer(name=name, max_len=span, options=options, observed=observed))
+        else:
+            raise ValueError(f"a {kind!r} layer has no KV cache attnlab.hf.cache can give it")
+    return AttnlabCacheForHF(layers, name)
