@@ -219,3 +219,17 @@ def test_caches_refuse_what_they_cannot_do_by_name(root: str) -> None:
             sdpa.generate(IDS[:1], cache=attnlab.hf.cache("int8", sdpa), max_new_tokens=4, num_beams=2)
         with pytest.raises(ValueError, match=r"max_len=20 positions.*max_len=21\)"):
             sdpa.generate(IDS[:1], cache=attnlab.hf.cache("plain", sdpa, max_len=20), max_new_tokens=4)
+
+
+@torch.no_grad()
+def test_a_finished_cache_is_not_kept_alive_by_the_bridge(root: str) -> None:
+    import gc
+    import weakref
+
+    model = load("llama", root, "attnlab")
+    made = attnlab.hf.cache("plain", model)
+    model.generate(IDS[:1], cache=made, max_new_tokens=3, do_sample=False)
+    gone = weakref.ref(made.layers[0].inner)
+    del made
+    gc.collect()
+    assert gone() is None

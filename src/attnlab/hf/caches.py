@@ -48,7 +48,9 @@ class Returned:
     observed: bool = False
 
 
-_RETURNED: dict[int, Returned] = {}  # id(keys) -> what came with them; stale entries fail the weakref check
+# id(keys) -> what came with them. Held by its layer alone: an entry goes when its cache does (no cache is kept
+# alive from here), and one whose keys were freed and whose id was reused fails the weakref check.
+_RETURNED: weakref.WeakValueDictionary[int, Returned] = weakref.WeakValueDictionary()
 
 
 def returned_with(keys: torch.Tensor) -> Returned | None:
