@@ -17,7 +17,7 @@ from attnlab import Recorder
 from attnlab.cache import EvictingCache
 from attnlab.functional import mods
 from attnlab.hf.caches import AttnlabLayer
-from test_families import FAMILIES, IDS, hf_dir
+from test_families import BOOK_LLAMA, BOOK_QWEN, FAMILIES, IDS, hf_dir
 
 OWN = {"gpt_oss": "eager"}  # transformers' own attention for each family: sdpa where it has one
 
@@ -233,3 +233,54 @@ def test_a_finished_cache_is_not_kept_alive_by_the_bridge(root: str) -> None:
     del made
     gc.collect()
     assert gone() is None
+
+
+# ---- the book's own models, by module replacement ----
+
+BOOK_GPT = dict(vocab_size=96, context_length=32, emb_dim=64, n_heads=4, n_layers=3, drop_rate=0.0, qkv_bias=True)
+
+
+def book_model(which: str) -> torch.nn.Module:
+    """The book's GPTModel, Llama3Model or Qwen3Model (llms-from-scratch), random, its norms moved off ones."""
+    torch.manual_seed(0)
+    if which == "gpt":
+        from llms_from_scratch.ch04 import GPTModel
+
+        model = GPTModel(BOOK_GPT)
+    elif which == "llama3":
+        from llms_from_scratch.llama3 import Llama3Model
+
+        model = Llama3Model(BOOK_LLAMA)
+    else:
+        from llms_from_scratch.qwen3 import Qwen3Model
+
+        model = Qwen3Model(BOOK_QWEN)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.5)
+    return model.eval()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("which", ["gpt", "llama3", "qwen3"])
+def test_the_books_models_run_attnlab_by_module_replacement(which: str) -> None:
+    book = book_model(which)
+    want, keys = book(IDS), list(book.state_dict())
+    chosen = [(0, 1), (1, 3), (1, 0)]
+    handle = attnlab.hf.use(book, backend="eager")
+    with Recorder(names=["attn_weights"]) as every:
+        assert (book(IDS) - want).abs().max().item() < 1e-5
+    attnlab.hf.use(book, backend="flash")
+    with Recorder(heads=chosen) as rec:
+        assert (book(IDS) - want).abs().max().item() < 1e-5
+    for layer, head in chosen:
+        eager = every.get("attn_weights", module=f"trf_blocks.{layer}.att")[:, head]
+        assert (rec.head(layer, head) - eager).abs().max().item() < 1e-6
+    assert list(book.state_dict()) == keys  # the book's weights, untouched
+    diagonal = mods.and_masks(mods.causal(), lambda b, h, q, kv: q == kv)
+    with attnlab.hf.use(book, mask_mod={1: diagonal}):
+        assert (book(IDS) - want).abs().max().item() > 1e-3  # the mod acts
+    handle.undo()
+    assert all("forward" not in block.att.__dict__ for block in book.trf_blocks)
+    assert torch.equal(book(IDS), want)  # the book's own forward again

@@ -46,10 +46,15 @@ def register() -> None:
 class Use:
     """What ``use`` changed on one model; ``undo()`` (or leaving a ``with`` block) puts back what was there."""
 
-    def __init__(self, model: torch.nn.Module, before: str, settings: Any) -> None:
-        self.model, self._before, self._settings = model, before, settings
+    def __init__(self, model: torch.nn.Module, before: str, settings: Any, *, book: Any = None) -> None:
+        self.model, self._before, self._settings, self._book = model, before, settings, book
 
     def undo(self) -> None:
+        if self._book is not None:  # the book's modules get their own forward back
+            from attnlab.hf.book import unhook
+
+            unhook(self._book)
+            return
         config: Any = getattr(self.model, "config")  # noqa: B009 - a transformers config, untyped here
         config._attnlab_settings = self._settings
         if self._before != NAME:
@@ -74,7 +79,9 @@ def use(
 
     Args:
         model: a transformers ``PreTrainedModel`` whose attention goes through ``AttentionInterface`` (Llama,
-            Mistral, Qwen2/3, Gemma 3, gpt-oss, DeepSeek-V3, GPT-2, ...).
+            Mistral, Qwen2/3, Gemma 3, gpt-oss, DeepSeek-V3, GPT-2, ...), or the book's own ``GPTModel``,
+            ``Llama3Model`` or ``Qwen3Model`` (``llms-from-scratch``; each attention module gets attnlab's forward,
+            :mod:`attnlab.hf.book`).
         backend: attnlab's backend: "flash" (tiled; returns the log-sum-exp that learned sinks and recovered
             weights are read from), "eager", "sdpa", "flex" or "auto".
         mask_mod, score_mod: FlexAttention-style mods (``attnlab.functional.mods``) added to the model's own
@@ -88,12 +95,18 @@ def use(
             the model is then unchanged.
     """
     check_settings(backend, mask_mod, score_mod)
+    from attnlab.hf.book import book_attention, hook
+
+    modules = book_attention(model)
+    if modules is not None:  # the book's GPTModel, Llama3Model or Qwen3Model: by module replacement
+        settings = Settings(backend=backend, mask_mod=mask_mod, score_mod=score_mod)
+        return Use(model, NAME, None, book=hook(modules, settings))
     config: Any = getattr(model, "config", None)
     setter: Any = getattr(model, "set_attn_implementation", None)
     if config is None or not callable(setter):
         raise TypeError(
-            f"attnlab.hf.use takes a transformers PreTrainedModel, got {type(model).__name__}; for attnlab's own "
-            "models pass backend= to GPT or Attention instead"
+            f"attnlab.hf.use takes a transformers PreTrainedModel or the book's GPTModel, Llama3Model or Qwen3Model, "
+            f"got {type(model).__name__}; for attnlab's own models pass backend= to GPT or Attention instead"
         )
     register()
     before = config._attn_implementation

@@ -46,7 +46,7 @@ class Settings:
     score_mod: Any = None  # a ScoreMod, or {layer: ScoreMod}
 
 
-def _for_layer(mod: Any, layer: int) -> Any:
+def for_layer(mod: Any, layer: int) -> Any:
     return mod.get(layer) if isinstance(mod, dict) else mod
 
 
@@ -83,18 +83,57 @@ def hf_attention(
         # transformers left the mask out for a prefill into an empty static cache: sdpa's causal mask is aligned
         # top-left there, so only the first Tq slots are keys (as transformers' sdpa path slices them)
         key, value = key[:, :, :tq], value[:, :, :tq]
-    mask_mod = _for_layer(settings.mask_mod, index)
-    score_mod = _for_layer(settings.score_mod, index)
+    mask_mod = for_layer(settings.mask_mod, index)
+    score_mod = for_layer(settings.score_mod, index)
     if cap is not None:
         capped = mods.softcap(float(cap))
         score_mod = capped if score_mod is None else chain_scores(capped, score_mod)
+    out = attend(
+        query,
+        key,
+        value,
+        settings=settings,
+        layer=layer if isinstance(layer, int) else None,
+        mask=attention_mask,
+        causal=causal,
+        scale=float(scaling) if scaling is not None else query.shape[-1] ** -0.5,
+        dropout=float(dropout),
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        sinks=s_aux,
+        entry=entry,
+    )
+    return out.transpose(1, 2).contiguous(), None  # (B, Tq, H, Dv)
+
+
+def attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    settings: Settings,
+    layer: int | None,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+    dropout: float,
+    mask_mod: MaskMod | None,
+    score_mod: Any,
+    sinks: torch.Tensor | None = None,
+    entry: Any = None,
+) -> torch.Tensor:
+    """One attention call of a model attnlab runs inside: query (B, H, Tq, D), key and value (B, Hkv, Tk, D), a
+    bool mask (True = may attend) over the keys as given (or, with a cache ``entry``, over absolute positions), or
+    None for causal alone; returns the context (B, H, Tq, Dv). The chosen heads' weights go to the Recorder."""
+    index = -1 if layer is None else layer
+    tq = query.shape[2]
     b, h, tk = query.shape[0], query.shape[1], key.shape[2]
     if entry is not None:  # an attnlab cache returned these keys: each slot's position is known
         vis = Visibility(
             q_pos=entry.q_pos,
             k_pos=entry.k_pos,
             causal=causal,
-            mask=None if attention_mask is None else _at_slots(attention_mask, entry.k_pos),
+            mask=None if mask is None else _at_slots(mask, entry.k_pos),
             mask_mod=mask_mod,
             score_mod=score_mod,
             batch=b,
@@ -105,8 +144,8 @@ def hf_attention(
             tq,
             tk,
             device=query.device,
-            causal=attention_mask is None and causal and tq > 1,
-            mask=attention_mask,
+            causal=mask is None and causal and tq > 1,
+            mask=mask,
             mask_mod=mask_mod,
             score_mod=score_mod,
             batch=b,
@@ -114,20 +153,19 @@ def hf_attention(
         )
     heads = chosen_heads(index) if layer is not None else ()
     backend: Backend = settings.backend
-    if backend == "auto" and (heads or s_aux is not None) and not wants_every_head():
+    if backend == "auto" and (heads or sinks is not None) and not wants_every_head():
         backend = "flash"  # the fused path that returns the log-sum-exp the heads and the sinks are read from
     name, kernel = resolve(backend, vis=vis)
-    if s_aux is not None and not KERNELS[name].has_lse:
+    if sinks is not None and not KERNELS[name].has_lse:
         raise ValueError(
             f"this model's learned sinks are read off each row's log-sum-exp, which the {name} backend does not "
             "return: use attnlab.hf.use(model, backend='flash') (or 'eager')"
         )
-    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-    out, lse = run_kernel(name, kernel, query, key, value, vis, scale=scale, dropout_p=float(dropout))
+    out, lse = run_kernel(name, kernel, query, key, value, vis, scale=scale, dropout_p=dropout)
     kept = None
-    if s_aux is not None:
+    if sinks is not None:
         assert lse is not None  # has_lse, checked above
-        kept = torch.sigmoid(lse - s_aux.to(lse.dtype)[None, :, None])  # (B, H, Tq): the share the sink left
+        kept = torch.sigmoid(lse - sinks.to(lse.dtype)[None, :, None])  # (B, H, Tq): the share the sink left
         out = out * kept[..., None].to(out.dtype)
         if is_recording():
             record("sink_weight", (1 - kept).detach(), source="attnlab.hf")
@@ -138,7 +176,7 @@ def hf_attention(
     if heads and is_recording():
         weights = head_weights(query, key, vis.bound_to(b, h, query.device), scale=scale, heads=heads, lse=lse)
         record("attn_weights", weights, source="attnlab.hf", heads=heads, layer=index)  # (B, len(heads), Tq, Tk)
-    return out.transpose(1, 2).contiguous(), None  # (B, Tq, H, Dv)
+    return out
 
 
 def _returned_with(key: torch.Tensor) -> Any:
