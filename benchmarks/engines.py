@@ -9,8 +9,9 @@ that the converters accept it. CTranslate2's converter writes its float32 and in
 GGUF files are read from ``--gguf DIR`` (``convert_hf_to_gguf.py``, from llama-cpp-python's source tree, writes
 them: the wheel does not ship it), and a row without them says so.
 
-Rows: Hugging Face (float32, bfloat16), attnlab (float32, bfloat16, int8), CTranslate2 (float32, int8),
-llama.cpp (f32, f16, q8_0). Each runs in its own process, so a crash or a missing package is a row and not the
+Rows: Hugging Face (float32, bfloat16), attnlab (float32 and bfloat16, each also with ``set_layout("auto")``;
+float32 compiled; int8), CTranslate2 (float32, int8), llama.cpp (f32, f16, q8_0). Each row names the kernel its
+weights ran through (attnlab: the layouts or int8 kernels it chose, counted over its weights). Each runs in its own process, so a crash or a missing package is a row and not the
 end of the run, and each row's memory is its own. A round runs every row once, in an order rotated each round,
 so a busy moment touches them all; a row's figure is the median over the rounds, with its spread
 ((max - min) / median), and a spread over ``NOISY`` is said.
@@ -44,7 +45,10 @@ ROWS: list[tuple[str, str]] = [
     ("hf", "float32"),
     ("hf", "bfloat16"),
     ("attnlab", "float32"),
+    ("attnlab", "float32 layout-auto"),  # set_layout("auto"): each weight in the layout this machine streams fastest
+    ("attnlab", "float32 compiled"),  # generate(compile=True): the decode step under torch.compile
     ("attnlab", "bfloat16"),
+    ("attnlab", "bfloat16 layout-auto"),
     ("attnlab", "int8"),
     ("ctranslate2", "float32"),
     ("ctranslate2", "int8"),
@@ -137,7 +141,7 @@ def run_row(spec: dict[str, Any]) -> dict[str, Any]:
     """Load one engine at one precision, warm it up, time the prefill and the decode; return its tokens."""
     engine, precision, folder = spec["engine"], spec["precision"], Path(spec["folder"])
     prompt, new = spec["prompt"], spec["new_tokens"]
-    generate = _generator(engine, precision, folder, spec)
+    generate, kernel = _generator(engine, precision, folder, spec)
     generate(prompt, new)  # warm-up
     prefill = []
     for _ in range(PREFILL_RUNS):
@@ -148,10 +152,19 @@ def run_row(spec: dict[str, Any]) -> dict[str, Any]:
     tokens = generate(prompt, new)
     total = time.perf_counter() - start
     first = statistics.median(prefill)
-    return {"tokens": tokens, "prefill_s": first, "decode_tokens_per_s": (new - 1) / max(total - first, 1e-9)}
+    speed = (new - 1) / max(total - first, 1e-9)
+    return {"tokens": tokens, "prefill_s": first, "decode_tokens_per_s": speed, "kernel": kernel}
 
 
-def _generator(engine: str, precision: str, folder: Path, spec: dict[str, Any]) -> Any:
+def _counted(chosen: dict[str, str]) -> str:
+    """{weight: kernel} as "onednn x49, rows x1", most used first."""
+    from collections import Counter
+
+    return ", ".join(f"{name} x{n}" for name, n in Counter(chosen.values()).most_common())
+
+
+def _generator(engine: str, precision: str, folder: Path, spec: dict[str, Any]) -> tuple[Any, str]:
+    """(generate(prompt, new) -> new tokens, the kernel its weights run through)."""
     import torch
 
     torch.set_num_threads(spec["threads"])
@@ -167,22 +180,29 @@ def _generator(engine: str, precision: str, folder: Path, spec: dict[str, Any]) 
                 )
             return [int(t) for t in out[0, len(prompt) :]]
 
-        return run_hf
+        return run_hf, "torch matmul (Conv1D)"
     if engine == "attnlab":
         from attnlab.models import GPT
 
+        base, _, variant = precision.partition(" ")
         model = GPT.from_pretrained(folder / "hf").eval()
-        if precision == "bfloat16":
+        kernel = "rows (F.linear)"
+        if base == "bfloat16":
             model = model.to(torch.bfloat16)
-        elif precision == "int8":
-            model.quantize("int8")
+        elif base == "int8":
+            kernel = _counted(model.quantize("int8"))
+        if variant == "layout-auto":
+            kernel = _counted(model.set_layout("auto"))
+        compiled = variant == "compiled"
+        if compiled:
+            kernel += ", torch.compile"
 
         def run_attnlab(prompt: list[int], new: int) -> list[int]:
             with torch.no_grad():
-                out = model.generate(torch.tensor([prompt]), new)
+                out = model.generate(torch.tensor([prompt]), new, compile=compiled)
             return [int(t) for t in out[0, len(prompt) :]]
 
-        return run_attnlab
+        return run_attnlab, kernel
     if engine == "ctranslate2":
         import ctranslate2
 
@@ -204,7 +224,7 @@ def _generator(engine: str, precision: str, folder: Path, spec: dict[str, Any]) 
             )
             return list(result[0].sequences_ids[0])
 
-        return run_ct2
+        return run_ct2, f"ctranslate2 {precision}"
     if engine == "llama.cpp":
         try:
             from llama_cpp import Llama
@@ -224,7 +244,7 @@ def _generator(engine: str, precision: str, folder: Path, spec: dict[str, Any]) 
                     break
             return out
 
-        return run_llama
+        return run_llama, f"ggml {precision}"
     raise ValueError(f"unknown engine {engine!r}")
 
 
@@ -247,7 +267,7 @@ def floor_seconds(smoke: bool, precision: str, position: int) -> tuple[float, fl
 
     config = gpt_config(smoke)
     step = decode_bytes(config, position, element=4)
-    bytes_read = step.weights / 4 * BYTES_A_WEIGHT[precision] + step.kv
+    bytes_read = step.weights / 4 * BYTES_A_WEIGHT[precision.split()[0]] + step.kv
     rate = max(probe_rates(config.emb_dim, 4 * config.emb_dim).values())
     return bytes_read / (rate * 1e9), rate
 
@@ -299,6 +319,7 @@ def run(
         agree = sum(a == b for a, b in zip(tokens, reference or [], strict=False)) / max(len(tokens), 1)
         floor, rate = floor_seconds(smoke, precision, prompt_len + new_tokens // 2)
         row |= {
+            "kernel": runs[0].get("kernel", ""),
             "decode_tokens_per_s": median,
             "spread": (max(rates) - min(rates)) / median,
             "prefill_ms": 1000 * statistics.median(x["prefill_s"] for x in runs),
@@ -331,7 +352,8 @@ def check_quality(result: dict[str, Any]) -> list[str]:
     """What the tokens say is wrong: a float row whose greedy tokens are not Hugging Face float32's."""
     wrong = []
     for row in result["rows"]:
-        if "error" not in row and row["precision"] not in QUANTIZED and row["precision"] != "bfloat16":
+        base = row["precision"].split()[0]
+        if "error" not in row and base not in QUANTIZED and base != "bfloat16":
             if not row["tokens_identical"]:
                 wrong.append(f"{row['engine']} {row['precision']}: its greedy tokens differ from HF float32's")
     return wrong
@@ -340,18 +362,20 @@ def check_quality(result: dict[str, Any]) -> list[str]:
 def render(result: dict[str, Any]) -> str:
     """The table, every cell from the result."""
     lines = [
-        "| engine | precision | decode tok/s | spread | vs HF float32 | of the floor | prefill ms | tokens vs HF float32 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| engine | precision | decode tok/s | spread | vs HF float32 | of the floor | prefill ms | tokens vs HF float32 "
+        "| kernel |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in sorted(result["rows"], key=lambda r: -r.get("decode_tokens_per_s", 0)):
         if "error" in row:
-            lines.append(f"| {row['engine']} | {row['precision']} | {row['error']} | | | | | |")
+            lines.append(f"| {row['engine']} | {row['precision']} | {row['error']} | | | | | | |")
             continue
         noisy = " (too wide to trust)" if row["spread"] > NOISY else ""
         same = "identical" if row["tokens_identical"] else f"{row['agreement']:.0%} agree"
         lines.append(
             f"| {row['engine']} | {row['precision']} | {row['decode_tokens_per_s']:.1f} | {row['spread']:.0%}{noisy} | "
-            f"{row.get('vs_hf_float32', float('nan')):.2f}x | {row['floor_fraction']:.0%} | {row['prefill_ms']:.1f} | {same} |"
+            f"{row.get('vs_hf_float32', float('nan')):.2f}x | {row['floor_fraction']:.0%} | {row['prefill_ms']:.1f} | {same} "
+            f"| {row.get('kernel') or 'not recorded'} |"
         )
     model = result["model"]
     lines.append(

@@ -8,6 +8,8 @@ whose norms, biases and sinks are moved off their defaults, so the masks and sin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -17,7 +19,7 @@ from attnlab import Recorder
 from attnlab.cache import EvictingCache
 from attnlab.functional import mods
 from attnlab.hf.caches import AttnlabLayer
-from test_families import BOOK_LLAMA, BOOK_QWEN, FAMILIES, IDS, hf_dir
+from test_families import BOOK_LLAMA, BOOK_QWEN, COMMON, FAMILIES, IDS, hf_dir
 
 OWN = {"gpt_oss": "eager"}  # transformers' own attention for each family: sdpa where it has one
 
@@ -113,7 +115,7 @@ def test_bad_arguments_are_refused_by_name_and_leave_the_model_as_it_was(root: s
         attnlab.hf.use(model, mask_mod={"one": mods.causal()})  # type: ignore[dict-item]
     with pytest.raises(TypeError, match="score_mod must be a function"):
         attnlab.hf.use(model, score_mod=3.0)
-    with pytest.raises(TypeError, match="transformers PreTrainedModel, got Linear"):
+    with pytest.raises(TypeError, match=r"transformers PreTrainedModel or the book.s GPTModel.*got Linear"):
         attnlab.hf.use(torch.nn.Linear(2, 2))
     assert model.config._attn_implementation == "eager"
     attnlab.hf.use(model, backend="sdpa")
@@ -201,8 +203,11 @@ def test_h2o_keeps_its_budget_of_the_keys_attention_weighed_heaviest(root: str) 
 
 def test_caches_refuse_what_they_cannot_do_by_name(root: str) -> None:
     sdpa = load("llama", root, "sdpa")
-    with pytest.raises(ValueError, match=r"weighs the attention.*attn_implementation='attnlab'"):
+    with pytest.raises(ValueError, match=r"weighs the attention.*runs 'sdpa'.*attn_implementation='attnlab'"):
         attnlab.hf.cache("h2o", sdpa)
+    with torch.no_grad():  # the plain cache hands over its filled slots alone: transformers' own attention reads them
+        want = sdpa.generate(IDS, **GREEDY)
+        assert torch.equal(sdpa.generate(IDS, cache=attnlab.hf.cache("plain", sdpa), **GREEDY), want)
     for name, why in (("sink", "rotary"), ("paged", "decode loop"), ("prefix", "token ids")):
         with pytest.raises(ValueError, match=rf"cache\('{name}'\) is refused: .*{why}"):
             attnlab.hf.cache(name, sdpa)
@@ -214,11 +219,18 @@ def test_caches_refuse_what_they_cannot_do_by_name(root: str) -> None:
         attnlab.hf.cache("int8", load("deepseek_v3", root, "sdpa"))
     with pytest.raises(ValueError, match=r"max_len must be"):
         attnlab.hf.cache("plain", sdpa, max_len=0)
+    ours = load("llama", root, "attnlab")
     with torch.no_grad():
         with pytest.raises(ValueError, match=r"beam search.*num_beams=1"):
-            sdpa.generate(IDS[:1], cache=attnlab.hf.cache("int8", sdpa), max_new_tokens=4, num_beams=2)
-        with pytest.raises(ValueError, match=r"max_len=20 positions.*max_len=21\)"):
-            sdpa.generate(IDS[:1], cache=attnlab.hf.cache("plain", sdpa, max_len=20), max_new_tokens=4)
+            ours.generate(IDS[:1], cache=attnlab.hf.cache("int8", ours), max_new_tokens=4, num_beams=2)
+        with pytest.raises(ValueError, match=r"max_len=20 positions and has 20.*prompt's length plus every token"):
+            ours.generate(IDS[:1], cache=attnlab.hf.cache("plain", ours, max_len=20), max_new_tokens=4)
+        made = attnlab.hf.cache("h2o", ours, budget=8)
+        ours(IDS[:1], cache=made, use_cache=True)
+        ours.set_attn_implementation("sdpa")  # switched away: the keys are not weighed, and the next write says so
+        ours(IDS[:1, :1], cache=made, use_cache=True)
+        with pytest.raises(ValueError, match="last keys were not read by attnlab's attention"):
+            ours(IDS[:1, :1], cache=made, use_cache=True)
 
 
 @torch.no_grad()
@@ -284,3 +296,64 @@ def test_the_books_models_run_attnlab_by_module_replacement(which: str) -> None:
     handle.undo()
     assert all("forward" not in block.att.__dict__ for block in book.trf_blocks)
     assert torch.equal(book(IDS), want)  # the book's own forward again
+
+
+@torch.no_grad()
+def test_assisted_generation_crops_the_plain_cache_and_keeps_the_greedy_tokens(root: str) -> None:
+    ours, own = load("llama", root, "attnlab"), load("llama", root, "sdpa")
+    helper = load("llama", root, "sdpa")
+    want = own.generate(IDS[:1], **GREEDY)
+    got = ours.generate(IDS[:1], cache=attnlab.hf.cache("plain", ours), assistant_model=helper, **GREEDY)
+    assert torch.equal(got, want)
+
+
+@torch.no_grad()
+def test_a_mod_reads_each_rows_own_positions_through_a_sliding_layers_cache_and_left_padding(root: str) -> None:
+    """kv != 2 hides the third token of each row, wherever its cache put it: a decode with transformers'
+    DynamicCache (gemma3's sliding layers keep a window of keys) equals the whole sequence read at once, and a
+    left-padded row numbered as generate numbers it (position_ids) reads as the row alone."""
+    model = load("gemma3_text", root, "attnlab")
+    hide = lambda b, h, q, kv: kv != 2
+    attnlab.hf.use(model, mask_mod=hide)
+    whole = model(IDS[:1], use_cache=False).logits[0, -1]
+    past = DynamicCache(config=model.config)
+    model(IDS[:1, :-1], cache=past, use_cache=True)
+    assert (model(IDS[:1, -1:], cache=past, use_cache=True).logits[0, -1] - whole).abs().max().item() < 1e-5
+    alone = model(PADDED[:1, 3:]).logits[0, -1]
+    row_positions = (PADDING[:1].cumsum(-1) - 1).clamp(min=0)  # as generate numbers a left-padded row
+    padded = model(PADDED[:1], attention_mask=PADDING[:1], position_ids=row_positions).logits[0, -1]
+    assert (padded - alone).abs().max().item() < 1e-5
+    assert (model(PADDED[:1, 3:], use_cache=False).logits[0, -1] - whole).abs().max().item() > 1e-3  # not trivial
+    from transformers import StaticCache
+
+    with pytest.raises(ValueError, match=r"do not end at the query \(a static cache's buffer\)"):
+        model.generate(IDS[:1], cache=StaticCache(config=model.config, max_cache_len=64), max_new_tokens=2)
+
+
+@torch.no_grad()
+def test_use_reaches_a_composite_models_parts_and_leaves_its_config_saveable(tmp_path: Path) -> None:
+    """Llava's language model reads its own sub-config: the mod must reach it, and save_pretrained must still work
+    (transformers saves every attribute a config has)."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    vision = CLIPVisionConfig(
+        hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8
+    )
+    text = LlamaConfig(**{**COMMON, "num_hidden_layers": 2})
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(LlavaConfig(vision_config=vision, text_config=text, image_token_index=95))
+    model.eval()
+    before = model(IDS[:1]).logits
+    attnlab.hf.use(model, mask_mod=mods.and_masks(mods.causal(), lambda b, h, q, kv: q == kv))
+    assert (model(IDS[:1]).logits - before).abs().max().item() > 1e-3
+    model.save_pretrained(tmp_path)
+    assert "_attnlab" not in (tmp_path / "config.json").read_text(encoding="utf-8")
+
+
+def test_heads_and_layers_out_of_range_are_refused_by_name(root: str) -> None:
+    model = load("llama", root, "attnlab")
+    with pytest.raises(ValueError, match=r"chose head 9 of layer 0, which has 4 heads \(0 to 3\)"):
+        with Recorder(heads=[(0, 9)]), torch.no_grad():
+            model(IDS)
+    with pytest.raises(ValueError, match=r"score_mod names layers \[99\], but the model has 3 \(0 to 2\)"):
+        attnlab.hf.use(model, score_mod={99: mods.softcap(5.0)})

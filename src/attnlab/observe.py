@@ -154,6 +154,10 @@ class Recorder:
     def head(self, layer: int, head: int, name: str = "attn_weights") -> torch.Tensor:
         """The (B, Tq, Tk) weights of one head chosen with ``heads=``, from its layer's last call.
 
+        Tk counts the keys the layer attended over: through an attnlab cache (``attnlab.hf.cache``) its slots, in
+        the cache's order (an empty one weighs 0). With learned sinks (gpt-oss) a row sums to 1 over the keys and
+        the sink's share is recorded beside, as "sink_weight" (B, H, Tq): key j's true weight is w_j * (1 - sink).
+
         Raises:
             KeyError: naming the heads that were recorded, when this one was not.
         """

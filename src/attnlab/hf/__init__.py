@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from attnlab.functional.registry import Backend
-from attnlab.hf.bridge import NAME, PerLayer, Settings, check_settings, hf_attention
+from attnlab.hf.bridge import NAME, PerLayer, Settings, check_settings, hf_attention, set_settings, settings_for
 
 __all__ = ["NAME", "Use", "cache", "register", "use"]
 
@@ -55,8 +55,8 @@ class Use:
 
             unhook(self._book)
             return
-        config: Any = getattr(self.model, "config")  # noqa: B009 - a transformers config, untyped here
-        config._attnlab_settings = self._settings
+        for config, settings in self._settings:
+            set_settings(config, settings)
         if self._before != NAME:
             setter: Any = getattr(self.model, "set_attn_implementation")  # noqa: B009
             setter(self._before)
@@ -99,6 +99,7 @@ def use(
 
     modules = book_attention(model)
     if modules is not None:  # the book's GPTModel, Llama3Model or Qwen3Model: by module replacement
+        _check_layers(mask_mod, score_mod, len(modules))
         settings = Settings(backend=backend, mask_mod=mask_mod, score_mod=score_mod)
         return Use(model, NAME, None, book=hook(modules, settings))
     config: Any = getattr(model, "config", None)
@@ -109,8 +110,11 @@ def use(
             f"got {type(model).__name__}; for attnlab's own models pass backend= to GPT or Attention instead"
         )
     register()
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    _check_layers(mask_mod, score_mod, int(getattr(text, "num_hidden_layers", 0) or 0) or None)
     before = config._attn_implementation
-    settings_before = getattr(config, "_attnlab_settings", None)
+    configs = _configs(model)
+    settings_before = [(c, settings_for(c)) for c in configs]
     if before != NAME:
         setter(NAME)
         if config._attn_implementation != NAME:
@@ -118,8 +122,26 @@ def use(
                 f"{type(model).__name__} kept attn_implementation={config._attn_implementation!r}: its attention "
                 "does not go through transformers' AttentionInterface, so attnlab cannot run inside it"
             )
-    config._attnlab_settings = Settings(backend=backend, mask_mod=mask_mod, score_mod=score_mod)
+    settings = Settings(backend=backend, mask_mod=mask_mod, score_mod=score_mod)
+    for c in configs:  # a composite model's (Llava's, Gemma 3's) attention reads its own sub-config
+        set_settings(c, settings)
     return Use(model, before, settings_before)
+
+
+def _configs(model: torch.nn.Module) -> list[Any]:
+    """Every config object the model's modules hold (a composite model has one per part), each once."""
+    found: dict[int, Any] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            found.setdefault(id(config), config)
+    return list(found.values())
+
+
+def _check_layers(mask_mod: Any, score_mod: Any, layers: int | None) -> None:
+    for name, mod in (("mask_mod", mask_mod), ("score_mod", score_mod)):
+        if isinstance(mod, dict) and layers is not None and any(k >= layers for k in mod):
+            raise ValueError(f"{name} names layers {sorted(mod)}, but the model has {layers} (0 to {layers - 1})")
 
 
 try:  # "import attnlab.hf" is enough for from_pretrained(..., attn_implementation="attnlab")

@@ -19,6 +19,7 @@ Shapes: B = batch, H = query heads, Hkv = key/value heads, Tq / Tk = query / key
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,11 +51,27 @@ def for_layer(mod: Any, layer: int) -> Any:
     return mod.get(layer) if isinstance(mod, dict) else mod
 
 
+# id(config) -> (the config, weakly, and its Settings): kept beside the config, never on it (transformers saves
+# and prints every attribute a config has); an entry whose config is gone is ignored and replaced.
+_SETTINGS: dict[int, tuple[weakref.ref[Any], Settings]] = {}
+
+
 def settings_of(module: torch.nn.Module) -> Settings:
-    """The Settings ``use`` put on the model that holds ``module`` (kept on its config), or the defaults."""
-    config = getattr(module, "config", None)
-    found = getattr(config, "_attnlab_settings", None)
-    return found if isinstance(found, Settings) else Settings()
+    """The Settings ``use`` gave the config of the model that holds ``module``, or the defaults."""
+    return settings_for(getattr(module, "config", None)) or Settings()
+
+
+def settings_for(config: Any) -> Settings | None:
+    found = _SETTINGS.get(id(config))
+    return found[1] if found is not None and found[0]() is config else None
+
+
+def set_settings(config: Any, settings: Settings | None) -> None:
+    """Give ``config`` these Settings (None: none)."""
+    if settings is None:
+        _SETTINGS.pop(id(config), None)
+    else:
+        _SETTINGS[id(config)] = (weakref.ref(config), settings)
 
 
 def hf_attention(
@@ -85,6 +102,9 @@ def hf_attention(
         key, value = key[:, :, :tq], value[:, :, :tq]
     mask_mod = for_layer(settings.mask_mod, index)
     score_mod = for_layer(settings.score_mod, index)
+    positions = None
+    if entry is None and (mask_mod is not None or score_mod is not None):
+        positions = _positions_for_mods(query, key, attention_mask, kwargs.get("position_ids"), index)
     if cap is not None:
         capped = mods.softcap(float(cap))
         score_mod = capped if score_mod is None else chain_scores(capped, score_mod)
@@ -102,8 +122,34 @@ def hf_attention(
         mask_mod=mask_mod,
         sinks=s_aux,
         entry=entry,
+        positions=positions,
     )
     return out.transpose(1, 2).contiguous(), None  # (B, Tq, H, Dv)
+
+
+def _positions_for_mods(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    layer: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(q_pos (B|1, Tq), k_pos (B|1, Tk)): each query's and key's position in its own sequence, for a mod to read
+    (left padding taken off, a sliding layer's window placed where it sits). transformers' caches hand over keys
+    that end at the current query (a dynamic cache, full or sliding), which places them; a static buffer does not,
+    and is refused: its keys' positions cannot be told here. None without position_ids (then no padding is
+    possible to tell: the keys are numbered from 0, the queries last)."""
+    tq, tk = query.shape[2], key.shape[2]
+    if mask is not None and not bool(mask[..., -1, -1].all()):
+        raise ValueError(
+            f"layer {layer}: mask_mod and score_mod read each key's position, and these keys do not end at the query "
+            "(a static cache's buffer): use transformers' DynamicCache (the default) or attnlab.hf.cache('plain')"
+        )
+    if not isinstance(position_ids, torch.Tensor) or position_ids.shape[-1] != tq:
+        return None
+    q_pos = position_ids.reshape(-1, tq).to(query.device)  # (B|1, Tq)
+    k_pos = q_pos[:, -1:] - (tk - 1) + torch.arange(tk, device=query.device)  # (B|1, Tk): ending at the last query
+    return q_pos.clamp(min=-1), k_pos.clamp(min=-1)  # a left pad's slot: -1, hidden
 
 
 def attend(
@@ -121,6 +167,7 @@ def attend(
     score_mod: Any,
     sinks: torch.Tensor | None = None,
     entry: Any = None,
+    positions: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One attention call of a model attnlab runs inside: query (B, H, Tq, D), key and value (B, Hkv, Tk, D), a
     bool mask (True = may attend) over the keys as given (or, with a cache ``entry``, over absolute positions), or
@@ -139,6 +186,17 @@ def attend(
             batch=b,
             heads=h,
         )
+    elif positions is not None:  # a mod reads positions: each row's own, the mask as transformers built it
+        vis = Visibility(
+            q_pos=positions[0],
+            k_pos=positions[1],
+            causal=mask is None and causal and tq > 1,
+            mask=mask,
+            mask_mod=mask_mod,
+            score_mod=score_mod,
+            batch=b,
+            heads=h,
+        )
     else:
         vis = Visibility.from_lengths(
             tq,
@@ -152,6 +210,10 @@ def attend(
             heads=h,
         )
     heads = chosen_heads(index) if layer is not None else ()
+    if heads and heads[-1] >= h:
+        raise ValueError(
+            f"Recorder(heads=...) chose head {heads[-1]} of layer {index}, which has {h} heads (0 to {h - 1})"
+        )
     backend: Backend = settings.backend
     if backend == "auto" and (heads or sinks is not None) and not wants_every_head():
         backend = "flash"  # the fused path that returns the log-sum-exp the heads and the sinks are read from

@@ -1,12 +1,13 @@
-"""attnlab's KV caches as a transformers ``Cache``: ``model.generate(..., past_key_values=attnlab.hf.cache(name,
-model))``.
+"""attnlab's KV caches as a transformers ``Cache``: ``model.generate(..., cache=attnlab.hf.cache(name, model))``
+(``past_key_values=`` before transformers 5.24).
 
 Each full-attention layer gets one of attnlab's caches (``attnlab.cache.CACHES``) behind transformers' layer
-contract (:class:`AttnlabLayer`): ``update`` returns the keys and values the attnlab cache returns, and the
-positions it returns travel to the bridge's attention (``attnlab.hf.bridge``), which builds the call's
-Visibility from them: an empty slot (-1) or an evicted key is hidden by position, and transformers' mask, which
-it builds over absolute positions (``get_mask_sizes`` says so), is read at each slot's position. A sliding layer
-keeps transformers' own ring of its window.
+contract (:class:`AttnlabLayer`). The plain and quantized caches keep position j in slot j, so ``update``
+hands over their filled slots alone, which any attention reads as it reads ``DynamicCache``'s (transformers'
+sdpa and eager too). An evicting cache keeps the positions it chooses: they travel to the bridge's attention
+(``attnlab.hf.bridge``), which builds the call's Visibility from them, and transformers' mask, built over
+absolute positions (``get_mask_sizes`` says so), is read at each kept key's position. A sliding layer keeps
+transformers' own ring of its window.
 
 Caches that weigh the attention their keys get (H2O, SnapKV) are told it by the bridge after each call: they
 need the model's attention to run through attnlab (``attn_implementation="attnlab"``) and are refused otherwise.
@@ -27,6 +28,8 @@ from attnlab.cache import CACHES
 from attnlab.cache.base import Cache as AttnlabCache
 
 NAMES = ("plain", "int8", "int4", "h2o", "snapkv")  # what a transformers model can take today
+PREFIX = ("plain", "int8", "int4")  # slot j holds position j: the filled slots are a prefix, handed over alone
+EVICTING = ("h2o", "snapkv")  # the keys they keep are theirs to choose, by the attention attnlab computed
 REFUSED = {
     "paged": "paged rows are admitted and released by attnlab's own decode loop, which transformers' generate "
     "does not run: use attnlab.models.GPT.from_pretrained(path).generate(..., cache='paged')",
@@ -65,9 +68,10 @@ class AttnlabLayer(CacheLayerMixin):
     is_compileable = False
     is_sliding = False
 
-    def __init__(self, *, name: str, max_len: int, options: dict[str, Any], observed: bool) -> None:
+    def __init__(self, *, name: str, max_len: int, options: dict[str, Any]) -> None:
         super().__init__()
-        self.name, self.max_len, self.options, self.needs_bridge = name, max_len, options, observed
+        self.name, self.max_len, self.options = name, max_len, options
+        self.is_croppable = name == "plain"  # assisted generation crops rejected tokens: the plain cache can
         self.inner: AttnlabCache | None = None
         self.seen = 0
         self._last: Returned | None = None
@@ -93,10 +97,10 @@ class AttnlabLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._last is not None and self.needs_bridge and not self._last.observed:
+        if self._last is not None and self.name in EVICTING and not self._last.observed:
             raise ValueError(
-                f"the {self.name} cache weighs the attention its keys get, and the last call's attention did not "
-                "run through attnlab: load the model with attn_implementation='attnlab' (or attnlab.hf.use(model))"
+                f"the {self.name} cache weighs the attention its keys get, and its last keys were not read by "
+                "attnlab's attention (the model's attention was switched away): run it with attn_implementation='attnlab'"
             )
         if self.inner is None:
             self.lazy_initialization(key_states, value_states)
@@ -105,11 +109,14 @@ class AttnlabLayer(CacheLayerMixin):
         if self.seen + t > self.max_len:
             raise ValueError(
                 f"the {self.name} cache holds up to max_len={self.max_len} positions and has {self.seen}; it cannot "
-                f"take {t} more: make it with attnlab.hf.cache({self.name!r}, model, max_len={self.seen + t})"
+                f"take {t} more: make it with attnlab.hf.cache({self.name!r}, model, max_len=...) at least the "
+                "prompt's length plus every token to generate"
             )
         q_pos = self.inner.next_positions(t)
         keys, values, positions = self.inner.update(key_states, value_states)
         self.seen += t
+        if self.name in PREFIX:  # only the filled slots: any attention reads them as it reads DynamicCache's
+            keys, values, positions = keys[:, :, : self.seen], values[:, :, : self.seen], positions[: self.seen]
         if self._last is not None:
             _RETURNED.pop(id(self._last.keys()), None)
         self._last = Returned(weakref.ref(keys), q_pos, positions, self.inner)
@@ -167,18 +174,18 @@ class AttnlabCacheForHF(Cache):
 
 
 def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **options: Any) -> AttnlabCacheForHF:
-    """One of attnlab's caches for ``model.generate(..., past_key_values=...)`` of a transformers model.
+    """One of attnlab's caches for ``model.generate(..., cache=...)`` of a transformers model.
 
     Args:
-        name: "plain" (lossless, token-identical to DynamicCache), "int8" or "int4" (KIVI), "h2o" or "snapkv"
-            (eviction: the model's attention must run through attnlab).
+        name: "plain" (lossless, token-identical to DynamicCache; it crops, for assisted generation), "int8"
+            or "int4" (KIVI), "h2o" or "snapkv" (eviction, by the attention attnlab computed).
         model: the transformers model it is for (its layers, which of them slide, and its attention).
         max_len: positions a sequence may reach, prompt included (default: the model's
             max_position_embeddings, at most 4096); one more is refused by name.
         options: the cache's own knobs (``budget=`` for h2o and snapkv, ``group_size=``/``residual=`` for int8/int4).
 
     Raises:
-        ValueError: a name not offered here (with the reason), a model whose every layer slides, or an eviction
+        ValueError: a name not offered here (with the reason), a model whose every layer slides, or an evicting
             cache for a model whose attention does not run through attnlab.
     """
     if name in REFUSED:
@@ -195,12 +202,6 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
             "different widths, not the latent: load it with attnlab.models.GPT.from_pretrained(path), whose latent "
             "cache keeps kv_lora_rank + rope values a token (int8 and int4 too)"
         )
-    observed = name in ("h2o", "snapkv")
-    if observed and config._attn_implementation != "attnlab":
-        raise ValueError(
-            f"the {name} cache weighs the attention its keys get, which transformers' {config._attn_implementation!r} "
-            "attention never hands a cache: load the model with attn_implementation='attnlab' (or attnlab.hf.use(model))"
-        )
     longest = int(getattr(text, "max_position_embeddings", 4096) or 4096)
     span = min(longest, 4096) if max_len is None else max_len
     if isinstance(span, bool) or not isinstance(span, int) or span < 1:
@@ -214,12 +215,18 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
             f"every layer of this model slides (window {window}): each keeps the ring of its window, so the {name} "
             "cache would apply to no layer"
         )
+    if name in EVICTING and config._attn_implementation != "attnlab":
+        raise ValueError(
+            f"the {name} cache weighs the attention its keys get, which transformers' own attention never hands a "
+            f"cache, and this model runs {config._attn_implementation!r}: load it with attn_implementation='attnlab' "
+            "(or call attnlab.hf.use(model) first)"
+        )
     layers: list[Any] = []
     for kind in kinds:
         if kind == "sliding_attention":
             layers.append(DynamicSlidingWindowLayer(sliding_window=int(window)))
         elif kind == "full_attention":
-            layers.append(AttnlabLayer(name=name, max_len=span, options=options, observed=observed))
+            layers.append(AttnlabLayer(name=name, max_len=span, options=options))
         else:
             raise ValueError(f"a {kind!r} layer has no KV cache attnlab.hf.cache can give it")
     return AttnlabCacheForHF(layers, name)
