@@ -23,7 +23,7 @@ __all__ = ["NAME", "Use", "cache", "register", "use"]
 
 
 def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **options: Any) -> Any:
-    """One of attnlab's KV caches as a transformers Cache, for ``model.generate(..., past_key_values=...)``; see
+    """One of attnlab's KV caches as a transformers Cache, for ``model.generate(..., cache=...)``; see
     :func:`attnlab.hf.caches.cache` (imported on first use)."""
     from attnlab.hf.caches import cache as make
 
@@ -37,7 +37,7 @@ def register() -> None:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     except ImportError as err:
-        raise ImportError(f"attnlab.hf needs transformers >= 4.54 (pip install 'transformers>=4.54'): {err}") from err
+        raise ImportError(f"attnlab.hf needs transformers >= 5.0 (pip install 'attnlab[hf]'): {err}") from err
 
     AttentionInterface.register(NAME, hf_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
