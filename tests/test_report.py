@@ -202,7 +202,11 @@ def _open(p: Any, executable: str) -> Any:
 
 @pytest.mark.parametrize(
     "kind",
-    ["tour-zh", "explain-xss", pytest.param("heads-en", marks=pytest.mark.slow)],  # heads-en: a whole model report
+    [  # tour-zh and heads-en: a browser over a whole report (the zh tour's 19 s is most of its drawing)
+        pytest.param("tour-zh", marks=pytest.mark.slow),
+        "explain-xss",
+        pytest.param("heads-en", marks=pytest.mark.slow),
+    ],
 )
 def test_report_in_headless_chromium(kind: str, written: dict[str, Path], request: pytest.FixtureRequest) -> None:
     executable = _chromium()

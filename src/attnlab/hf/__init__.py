@@ -1,11 +1,13 @@
 """attnlab inside Hugging Face models: its attention as a transformers attention implementation.
 
->>> import attnlab.hf                                     # registers attn_implementation="attnlab"  # doctest: +SKIP
->>> model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="attnlab")  # doctest: +SKIP
->>> attnlab.hf.use(model, backend="flash", score_mod=attnlab.functional.mods.softcap(30.0))  # doctest: +SKIP
->>> with attnlab.Recorder(heads=[(0, 3)]) as rec:  # doctest: +SKIP
-...     model(ids)
->>> rec.head(0, 3)  # (B, T, T): layer 0 head 3's weights, recomputed exactly; the model ran flash  # doctest: +SKIP
+    import attnlab.hf                      # registers attn_implementation="attnlab"
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="attnlab")
+    attnlab.hf.use(model, backend="flash", score_mod=attnlab.functional.mods.softcap(30.0))
+    with attnlab.Recorder(heads=[(0, 3)]) as rec:
+        model(ids)
+    rec.head(0, 3)  # (B, T, T): layer 0 head 3's weights, recomputed exactly; the model ran flash
+
+(the README's example runs as written, tests/test_docs.py)
 
 ``use`` returns a handle; as a context manager it puts back what the model ran before (mods for one call).
 """
