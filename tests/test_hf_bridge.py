@@ -327,6 +327,9 @@ def test_a_mod_reads_each_rows_own_positions_through_a_sliding_layers_cache_and_
     padded = model(PADDED[:1], attention_mask=PADDING[:1], position_ids=row_positions).logits[0, -1]
     assert (padded - alone).abs().max().item() < 1e-5
     assert (model(PADDED[:1, 3:], use_cache=False).logits[0, -1] - whole).abs().max().item() > 1e-3  # not trivial
+    right = torch.cat([IDS[:1, :9], torch.zeros(1, 3, dtype=torch.long)], dim=1)  # a right-padded batch of one
+    padded_right = model(torch.cat([right, IDS[1:, :12]]), attention_mask=torch.tensor([[1] * 9 + [0] * 3, [1] * 12]))
+    assert (padded_right.logits[0, 8] - model(IDS[:1, :9]).logits[0, -1]).abs().max().item() < 1e-5
     from transformers import StaticCache
 
     with pytest.raises(ValueError, match=r"do not end at the query \(a static cache's buffer\)"):

@@ -140,7 +140,7 @@ def _positions_for_mods(
     and is refused: its keys' positions cannot be told here. None without position_ids (then no padding is
     possible to tell: the keys are numbered from 0, the queries last)."""
     tq, tk = query.shape[2], key.shape[2]
-    if mask is not None and not bool(mask[..., -1, -1].all()):
+    if mask is not None and not bool(mask[..., -1].any()):  # the last slot hidden from every row: a static buffer
         raise ValueError(
             f"layer {layer}: mask_mod and score_mod read each key's position, and these keys do not end at the query "
             "(a static cache's buffer): use transformers' DynamicCache (the default) or attnlab.hf.cache('plain')"
