@@ -363,3 +363,18 @@ def test_heads_and_layers_out_of_range_are_refused_by_name(root: str) -> None:
             model(IDS)
     with pytest.raises(ValueError, match=r"score_mod names layers \[99\], but the model has 3 \(0 to 2\)"):
         attnlab.hf.use(model, score_mod={99: mods.softcap(5.0)})
+
+
+def test_the_docs_quote_the_recovered_weights_benchmarks_run() -> None:
+    import json
+
+    from benchmark_scripts import load as load_script
+
+    view = load_script("hf_view")
+    root = Path(__file__).resolve().parents[1]
+    runs = sorted((root / "benchmarks" / "results").glob("hf_view-*.json"))
+    assert runs, "no result file of benchmarks/hf_view.py"
+    result = json.loads(runs[-1].read_text(encoding="utf-8"))
+    assert result["schema"] == view.SCHEMA and result["model"]["layers"] == 12 and result["model"]["tokens"] == 1024
+    assert all(row["max_error_vs_eager"] <= 1e-6 for row in result["rows"])
+    assert view.render(result) in (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")

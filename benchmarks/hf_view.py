@@ -1,0 +1,209 @@
+"""Issue 38, part 3: the weights a view needs, from a transformers model, recovered from a fused kernel against
+forcing the model onto its eager path.
+
+    .venv/bin/python benchmarks/hf_view.py [--smoke] [--rounds 3] [--json hf_view.json]
+    .venv/bin/python benchmarks/hf_view.py --render hf_view.json   # the docs/benchmarks.md section, from a run
+
+One seeded Llama of 12 layers (256 wide, 8 heads of 32) reads 1024 tokens once (``--smoke``: 2 layers, 64 tokens).
+Three ways to get attention weights out of it, each in its own process, interleaved over the rounds:
+
+- ``eager``: ``attn_implementation="eager"`` with ``output_attentions=True``, the way transformers offers: every
+  layer runs the eager path and returns every head's weights;
+- ``recover every head``: ``attn_implementation="attnlab"`` (flash) under ``Recorder(heads=...)`` naming every
+  head of every layer: each layer runs the fused kernel, then its heads' weights are formed from q, k and the
+  kernel's log-sum-exp;
+- ``recover one layer``: the same, naming the 8 heads of the middle layer (what one layer's head view shows).
+
+For each: the forward's wall time (median over the rounds) and its peak memory, the process's peak resident
+bytes during the forward over what it held before (``ru_maxrss``; each process loads the model and warms up with
+a short forward first). Before a figure is kept, a sample of each way's weights (the last row of the middle
+layer's first and last heads) is checked against the eager way's, to 1e-6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "attnlab.hf_view/1"
+WAYS = ("eager", "recover every head", "recover one layer")
+NOISY = 0.25  # a spread over this is said
+
+
+def shape(smoke: bool) -> dict[str, int]:
+    if smoke:
+        return {"layers": 2, "hidden": 64, "heads": 4, "tokens": 64}
+    return {"layers": 12, "hidden": 256, "heads": 8, "tokens": 1024}
+
+
+def run_way(spec: dict[str, Any]) -> dict[str, Any]:
+    """One way, in this process: (seconds, peak bytes over the baseline, a checksum of the weights it got)."""
+    import time
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import attnlab.hf  # noqa: F401 - registers attn_implementation="attnlab"
+    from attnlab import Recorder
+
+    torch.set_num_threads(spec["threads"])
+    s = shape(spec["smoke"])
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=s["hidden"],
+        intermediate_size=2 * s["hidden"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["heads"],
+        max_position_embeddings=s["tokens"],
+    )
+    torch.manual_seed(0)
+    way = spec["way"]
+    model = LlamaForCausalLM(config).eval()
+    model.set_attn_implementation("eager" if way == "eager" else "attnlab")
+    ids = torch.randint(0, 512, (1, s["tokens"]), generator=torch.Generator().manual_seed(1))
+    middle = s["layers"] // 2
+    chosen = (
+        [(layer, h) for layer in range(s["layers"]) for h in range(s["heads"])]
+        if way in ("eager", "recover every head")  # eager forms every head whatever is asked
+        else [(middle, h) for h in range(s["heads"])]
+    )
+
+    def forward(tokens: torch.Tensor) -> dict[tuple[int, int], torch.Tensor]:
+        with torch.no_grad():
+            if way == "eager":
+                out = model(tokens, output_attentions=True)
+                return {(layer, h): out.attentions[layer][0, h] for layer, h in chosen}
+            with Recorder(heads=chosen) as rec:
+                model(tokens)
+            return {(layer, h): rec.head(layer, h)[0] for layer, h in chosen}
+
+    forward(ids[:, :16])  # warm-up
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    start = time.perf_counter()
+    weights = forward(ids)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    sample = {f"{layer},{h}": weights[(layer, h)][-1].tolist() for layer, h in [(middle, 0), (middle, s["heads"] - 1)]}
+    return {"seconds": seconds, "peak_bytes": peak, "heads": len(chosen), "sample": sample}
+
+
+def spawn(spec: dict[str, Any]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--way", json.dumps(spec)], capture_output=True, text=True, timeout=1800
+    )
+    if done.returncode != 0:
+        lines = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()]
+        raise RuntimeError(f"{spec['way']}: {lines[-1] if lines else done.returncode}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def run(*, smoke: bool, rounds: int, threads: int) -> dict[str, Any]:
+    import torch
+
+    results: dict[str, list[dict[str, Any]]] = {way: [] for way in WAYS}
+    for r in range(rounds):
+        order = WAYS[r % len(WAYS) :] + WAYS[: r % len(WAYS)]  # rotated each round
+        for way in order:
+            results[way].append(spawn({"way": way, "smoke": smoke, "threads": threads}))
+            print(f"round {r + 1}/{rounds}: {way}", file=sys.stderr, flush=True)
+    reference = results["eager"][0]["sample"]
+    rows = []
+    for way in WAYS:
+        runs = results[way]
+        worst = max(
+            abs(a - b) for key, row in runs[0]["sample"].items() for a, b in zip(row, reference[key], strict=True)
+        )
+        if worst > 1e-6:
+            raise RuntimeError(f"{way}: its weights differ from eager's by {worst:.2e}")
+        seconds = [x["seconds"] for x in runs]
+        peaks = [x["peak_bytes"] for x in runs]
+        rows.append(
+            {
+                "way": way,
+                "heads": runs[0]["heads"],
+                "seconds": statistics.median(seconds),
+                "seconds_spread": (max(seconds) - min(seconds)) / statistics.median(seconds),
+                "peak_bytes": statistics.median(peaks),
+                "peak_spread": (max(peaks) - min(peaks)) / max(statistics.median(peaks), 1),
+                "max_error_vs_eager": worst,
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "command": " ".join(["benchmarks/hf_view.py", *sys.argv[1:]]),
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "threads": threads,
+        "rounds": rounds,
+        "model": shape(smoke),
+        "rows": rows,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    """The table and what it says, every figure from the result."""
+    eager = next(r for r in result["rows"] if r["way"] == "eager")
+    lines = [
+        "| way | heads formed | forward s | spread | peak memory | spread | vs eager's peak | error vs eager |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        noisy = lambda x: f"{x:.0%}" + (" (too wide to trust)" if x > NOISY else "")
+        lines.append(
+            f"| {row['way']} | {row['heads']} | {row['seconds']:.2f} | {noisy(row['seconds_spread'])} | "
+            f"{row['peak_bytes'] / 2**20:.0f} MiB | {noisy(row['peak_spread'])} | "
+            f"{row['peak_bytes'] / max(eager['peak_bytes'], 1):.2f}x | {row['max_error_vs_eager']:.1e} |"
+        )
+    m = result["model"]
+    lines.append(
+        f"\n`{result['command']}` ({result['date']}, torch {result['torch']}, {result['threads']} threads, "
+        f"{result['rounds']} interleaved rounds): a seeded Llama of {m['layers']} layers, {m['heads']} heads of "
+        f"{m['hidden'] // m['heads']}, reading {m['tokens']} tokens once. Peak memory: the process's peak resident "
+        "bytes during the forward over what it held before; the medians over the rounds."
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="2 layers, 64 tokens, 1 round: checks the run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", metavar="PATH", help="write the result here")
+    parser.add_argument("--render", metavar="PATH", help="print the table of a saved result, no run")
+    parser.add_argument("--way", help=argparse.SUPPRESS)  # one way, in this process (the run spawns it)
+    args = parser.parse_args()
+    if args.way:
+        print(json.dumps(run_way(json.loads(args.way))))
+        return 0
+    if args.render:
+        try:
+            saved = json.loads(Path(args.render).read_text(encoding="utf-8"))
+            if saved.get("schema") != SCHEMA:
+                raise ValueError(f"schema {saved.get('schema')!r}, expected {SCHEMA!r}")
+        except (OSError, ValueError, AttributeError) as err:
+            parser.error(f"--render {args.render!r} is not a result of this script: {err}")
+        print(render(saved))
+        return 0
+    if not 1 <= args.rounds <= 50 or not 1 <= args.threads <= 256:
+        parser.error(f"--rounds must be in [1, 50] and --threads in [1, 256], got {args.rounds} and {args.threads}")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        parser.error(f"cannot write --json {args.json!r}: its folder does not exist")
+    result = run(smoke=args.smoke, rounds=1 if args.smoke else args.rounds, threads=args.threads)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
