@@ -378,3 +378,34 @@ def test_the_docs_quote_the_recovered_weights_benchmarks_run() -> None:
     assert result["schema"] == view.SCHEMA and result["model"]["layers"] == 12 and result["model"]["tokens"] == 1024
     assert all(row["max_error_vs_eager"] <= 1e-6 for row in result["rows"])
     assert view.render(result) in (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
+def test_the_view_of_a_transformers_model_holds_its_eager_weights_while_it_runs_flash(
+    family: str, root: str, tmp_path: Path
+) -> None:
+    """Every head's weights in the view equal transformers' eager ones; each sliding layer's window is outlined;
+    the model's own attention is back after; gpt-oss's rows fall short of 1 by what its sinks took."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from attnlab.explain.hf_view import transformers_view
+
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(96)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words)
+    text = " ".join(f"w{int(i)}" for i in IDS[0])
+    model = load(family, root, "sdpa" if family != "gpt_oss" else "eager")
+    view = transformers_view(model, tokenizer, text, lang="zh")
+    assert model.config._attn_implementation == ("sdpa" if family != "gpt_oss" else "eager")
+    eager = load(family, root, "eager")(IDS[:1], output_attentions=True).attentions  # L x (1, H, T, T)
+    assert (view.weights - torch.stack([a[0] for a in eager])).abs().max().item() < 1e-6
+    assert view.tokens[:2] == ["w" + str(int(IDS[0, 0])), "w" + str(int(IDS[0, 1]))]
+    kinds = FAMILIES[family][1]().layer_types  # type: ignore[attr-defined]
+    assert [w is not None for w in view.windows or []] == [k == "sliding_attention" for k in kinds]
+    assert view.sinks == (family == "gpt_oss")
+    if family == "gpt_oss":
+        assert view.weights.sum(-1).max() < 1 - 1e-3
+    view.save(tmp_path / "view.html")
+    assert (tmp_path / "view.html").stat().st_size > 10_000
