@@ -242,7 +242,7 @@ def test_a_finished_cache_is_not_kept_alive_by_the_bridge(root: str) -> None:
     import weakref
 
     model = load("llama", root, "attnlab")
-    made = attnlab.hf.cache("plain", model)
+    made = attnlab.hf.cache("h2o", model, budget=8)  # its keys go to the bridge with their positions
     model.generate(IDS[:1], cache=made, max_new_tokens=3, do_sample=False)
     gone = weakref.ref(made.layers[0].inner)
     del made

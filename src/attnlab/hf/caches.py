@@ -116,9 +116,9 @@ class AttnlabLayer(CacheLayerMixin):
         keys, values, positions = self.inner.update(key_states, value_states)
         self.seen += t
         if self.name in PREFIX:  # only the filled slots: any attention reads them as it reads DynamicCache's
-            keys, values, positions = keys[:, :, : self.seen], values[:, :, : self.seen], positions[: self.seen]
-        if self._last is not None:
-            _RETURNED.pop(id(self._last.keys()), None)
+            return keys[:, :, : self.seen], values[:, :, : self.seen]
+        # an evicting cache's keys sit at the positions it chose: they go to the bridge, which also tells it the
+        # attention they got (one entry a layer: the last one goes with this one's predecessor)
         self._last = Returned(weakref.ref(keys), q_pos, positions, self.inner)
         _RETURNED[id(keys)] = self._last
         return keys, values
