@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _runs import add_run_arguments, check_run, render_saved
+
 ROWS: list[tuple[str, str]] = [
     ("hf", "float32"),
     ("hf", "bfloat16"),
@@ -391,29 +393,17 @@ def render(result: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a 2-layer model, 2 rounds, 16 tokens: checks the run")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
+    add_run_arguments(parser, rounds=5)
     parser.add_argument("--gguf", metavar="DIR", help="llama.cpp's model-f32.gguf, model-f16.gguf, model-q8_0.gguf")
-    parser.add_argument("--json", metavar="PATH", help="write the result here")
-    parser.add_argument("--render", metavar="PATH", help="print the table of a saved result, no run")
     parser.add_argument("--row", help=argparse.SUPPRESS)  # one row, in this process (the run spawns it)
     args = parser.parse_args()
     if args.row:
         print(json.dumps(run_row(json.loads(args.row))))
         return 0
     if args.render:
-        try:
-            saved = json.loads(Path(args.render).read_text(encoding="utf-8"))
-            if saved.get("schema") != SCHEMA:
-                raise ValueError(f"schema {saved.get('schema')!r}, expected {SCHEMA!r}")
-        except (OSError, ValueError, AttributeError) as err:
-            parser.error(f"--render {args.render!r} is not a result of this script: {err}")
-        print(render(saved))
+        render_saved(parser, args.render, SCHEMA, render)
         return 0
-    if not 1 <= args.rounds <= 50 or not 1 <= args.threads <= 256:
-        parser.error(f"--rounds must be in [1, 50] and --threads in [1, 256], got {args.rounds} and {args.threads}")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        parser.error(f"cannot write --json {args.json!r}: its folder does not exist")
+    check_run(parser, args)
     rounds = 2 if args.smoke else args.rounds
     new = 16 if args.smoke else 64
     result = run(

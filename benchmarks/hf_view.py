@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _runs import add_run_arguments, check_run, render_saved
+
 SCHEMA = "attnlab.hf_view/1"
 WAYS = ("eager", "recover every head", "recover one layer")
 NOISY = 0.25  # a spread over this is said
@@ -176,28 +178,16 @@ def render(result: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="2 layers, 64 tokens, 1 round: checks the run")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", metavar="PATH", help="write the result here")
-    parser.add_argument("--render", metavar="PATH", help="print the table of a saved result, no run")
+    add_run_arguments(parser, rounds=3)
     parser.add_argument("--way", help=argparse.SUPPRESS)  # one way, in this process (the run spawns it)
     args = parser.parse_args()
     if args.way:
         print(json.dumps(run_way(json.loads(args.way))))
         return 0
     if args.render:
-        try:
-            saved = json.loads(Path(args.render).read_text(encoding="utf-8"))
-            if saved.get("schema") != SCHEMA:
-                raise ValueError(f"schema {saved.get('schema')!r}, expected {SCHEMA!r}")
-        except (OSError, ValueError, AttributeError) as err:
-            parser.error(f"--render {args.render!r} is not a result of this script: {err}")
-        print(render(saved))
+        render_saved(parser, args.render, SCHEMA, render)
         return 0
-    if not 1 <= args.rounds <= 50 or not 1 <= args.threads <= 256:
-        parser.error(f"--rounds must be in [1, 50] and --threads in [1, 256], got {args.rounds} and {args.threads}")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        parser.error(f"cannot write --json {args.json!r}: its folder does not exist")
+    check_run(parser, args)
     result = run(smoke=args.smoke, rounds=1 if args.smoke else args.rounds, threads=args.threads)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -186,29 +186,12 @@ def attend(
             batch=b,
             heads=h,
         )
-    elif positions is not None:  # a mod reads positions: each row's own, the mask as transformers built it
-        vis = Visibility(
-            q_pos=positions[0],
-            k_pos=positions[1],
-            causal=mask is None and causal and tq > 1,
-            mask=mask,
-            mask_mod=mask_mod,
-            score_mod=score_mod,
-            batch=b,
-            heads=h,
-        )
-    else:
-        vis = Visibility.from_lengths(
-            tq,
-            tk,
-            device=query.device,
-            causal=mask is None and causal and tq > 1,
-            mask=mask,
-            mask_mod=mask_mod,
-            score_mod=score_mod,
-            batch=b,
-            heads=h,
-        )
+    else:  # transformers' mask over the keys as given, or causal alone where it left the mask out
+        given = dict(causal=mask is None and causal and tq > 1, mask=mask, mask_mod=mask_mod, score_mod=score_mod)
+        if positions is not None:  # a mod reads positions: each row's own
+            vis = Visibility(q_pos=positions[0], k_pos=positions[1], batch=b, heads=h, **given)
+        else:  # keys 0 .. Tk - 1, the queries last (the flash kernel's tiles know this arithmetic)
+            vis = Visibility.from_lengths(tq, tk, device=query.device, batch=b, heads=h, **given)
     heads = chosen_heads(index) if layer is not None else ()
     if heads and heads[-1] >= h:
         raise ValueError(

@@ -1,0 +1,38 @@
+"""What the benchmark scripts that save their run share: their ``--rounds``, ``--threads``, ``--json`` and
+``--render`` arguments, printing a saved run, and the checks before any work starts (each refusal one line from
+argparse)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, rounds: int) -> None:
+    """--rounds, --threads, --json and --render, as every such script takes them."""
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", metavar="PATH", help="write the result here")
+    parser.add_argument("--render", metavar="PATH", help="print the table of a saved result, no run")
+
+
+def render_saved(parser: argparse.ArgumentParser, path: str, schema: str, render: Callable[[Any], str]) -> None:
+    """Print ``render`` of the run saved at ``path``; a file that is not one of this script's runs is refused."""
+    try:
+        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+        if saved.get("schema") != schema:
+            raise ValueError(f"schema {saved.get('schema')!r}, expected {schema!r}")
+    except (OSError, ValueError, AttributeError) as err:
+        parser.error(f"--render {path!r} is not a result of this script: {err}")
+    print(render(saved))
+
+
+def check_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--rounds in [1, 50], --threads in [1, 256], and a --json whose folder exists."""
+    if not 1 <= args.rounds <= 50 or not 1 <= args.threads <= 256:
+        parser.error(f"--rounds must be in [1, 50] and --threads in [1, 256], got {args.rounds} and {args.threads}")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        parser.error(f"cannot write --json {args.json!r}: its folder does not exist")
