@@ -34,6 +34,7 @@ import base64
 import html
 import json
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -314,8 +315,8 @@ def rollout(weights: torch.Tensor) -> torch.Tensor:
     t = weights.shape[-1]
     eye = torch.eye(t, dtype=torch.float64)
     total = eye
-    for layer in weights.to(torch.float64):  # (H, T, T)
-        step = 0.5 * layer.mean(dim=0) + 0.5 * eye
+    for layer in weights:  # (H, T, T), one layer at a time in float64 (not a float64 copy of them all)
+        step = 0.5 * layer.to(torch.float64).mean(dim=0) + 0.5 * eye
         step = step / step.sum(dim=-1, keepdim=True)
         total = step @ total
     return total.float()
@@ -329,17 +330,22 @@ def _pack_all(weights: torch.Tensor, rolled: torch.Tensor, causal: bool) -> dict
     MAX_VIEW_BYTES ("weights"); else, for long texts, each row's keys of weight at least 0.01 (exactly the
     lines the head view draws) with each pattern's picture pooled here ("sparse")."""
     layers, heads, t, _ = weights.shape
-    patterns = torch.cat([weights.flatten(0, 1), rolled[None]])  # (L*H + 1, T, T): the rollout last
-    dense = patterns.shape[0] * (t * (t + 1) // 2 if causal else t * t)
+    dense = (layers * heads + 1) * (t * (t + 1) // 2 if causal else t * t)
     if dense <= MAX_VIEW_BYTES:
-        return {"weights": _pack(patterns, causal)}
-    steps = torch.round(patterns.clamp(0, 1) * 255).to(torch.uint8)  # (N, T, T)
-    keep = steps >= SPARSE_STEP
+        return {"weights": _pack([*weights.flatten(0, 1), rolled], causal)}  # the rollout last
     size = min(t, THUMB)
-    thumbs = F.adaptive_max_pool2d(steps[: layers * heads].float(), (size, size)).to(torch.uint8)  # (L*H, R, R)
-    counts = keep.flatten(0, 1).sum(dim=-1)  # (N*T,) keys kept per row
-    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    found = keep.nonzero()  # (E, 3): pattern, query, key, in row order
+    counts, keys, values, pictures = [], [], [], []
+    for n, pattern in enumerate([*weights.flatten(0, 1), rolled]):  # the rollout last; one (T, T) at a time
+        steps = torch.round(pattern.clamp(0, 1) * 255).to(torch.uint8)  # (T, T)
+        keep = steps >= SPARSE_STEP
+        counts.append(keep.sum(dim=-1))  # (T,) keys kept per row
+        keys.append(keep.nonzero()[:, 1])  # (e,): each kept key, in row order
+        values.append(steps[keep])
+        if n < layers * heads:  # a head's picture (the rollout has none)
+            pictures.append(F.adaptive_max_pool2d(steps[None].float(), (size, size)).to(torch.uint8))  # (1, R, R)
+    kept = torch.cat(counts)  # (N*T,)
+    offsets = torch.cat([kept.new_zeros(1), kept.cumsum(0)])
+    found, thumbs = torch.cat(keys), torch.cat(pictures)  # (E,), (L*H, R, R)
     sparse_bytes = 4 * offsets.numel() + 3 * found.shape[0] + thumbs.numel()
     if sparse_bytes > MAX_VIEW_BYTES:
         raise ValueError(
@@ -351,8 +357,8 @@ def _pack_all(weights: torch.Tensor, rolled: torch.Tensor, causal: bool) -> dict
     return {
         "sparse": {
             "offsets": b64(offsets.numpy().astype("<u4")),
-            "keys": b64(found[:, 2].numpy().astype("<u2")),
-            "values": b64(steps[keep].numpy()),
+            "keys": b64(found.numpy().astype("<u2")),
+            "values": b64(torch.cat(values).numpy()),
             "thumbs": b64(thumbs.contiguous().numpy()),
         }
     }
@@ -366,14 +372,18 @@ def _sink_steps(weights: torch.Tensor) -> str:
     return base64.b64encode(steps.numpy().tobytes()).decode("ascii")
 
 
-def _pack(weights: torch.Tensor, causal: bool) -> str:
-    """(N, T, T) weights in [0, 1] -> base64 of uint8 steps, row by row, only the lower triangle when causal."""
-    t = weights.shape[-1]
-    steps = torch.round(weights.clamp(0, 1) * 255).to(torch.uint8)  # (N, T, T)
-    if causal:
-        rows, cols = torch.tril_indices(t, t)
-        steps = steps[:, rows, cols]  # (N, T (T + 1) / 2): row by row, each row up to its diagonal
-    return base64.b64encode(steps.contiguous().numpy().tobytes()).decode("ascii")
+def _pack(patterns: Sequence[torch.Tensor], causal: bool) -> str:
+    """N patterns (T, T) of weights in [0, 1] -> base64 of uint8 steps, pattern by pattern and row by row, only the
+    lower triangle when causal. One pattern at a time: no temporary the size of them all."""
+    t = patterns[0].shape[-1]
+    rows, cols = torch.tril_indices(t, t)
+    chunks = []
+    for weights in patterns:
+        steps = torch.round(weights.clamp(0, 1) * 255).to(torch.uint8)  # (T, T)
+        if causal:
+            steps = steps[rows, cols]  # (T (T + 1) / 2,): row by row, each row up to its diagonal
+        chunks.append(steps.contiguous().numpy().tobytes())
+    return base64.b64encode(b"".join(chunks)).decode("ascii")
 
 
 def _json_for_html(value: object) -> str:
@@ -453,7 +463,7 @@ class AttentionView:
         shown = [str(token).translate(_SHOWN) for token in self.tokens]
         self.tokens = [s if s.strip() else "\u2423" * len(s) or "\u00b7" for s in shown]  # a space shows as ␣
         self.rollout = rollout(self.weights)
-        self.causal = bool((self.weights.triu(1) == 0).all())
+        self.causal = all(bool((layer.triu(1) == 0).all()) for layer in self.weights)  # a layer's copy at a time
         self._packed = _pack_all(self.weights, self.rollout, self.causal)
         # its script finds its root by this id, wherever a notebook runs the script (jQuery moves it to <head>)
         self._id = f"attnview-{secrets.token_hex(6)}"
