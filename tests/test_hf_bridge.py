@@ -409,3 +409,13 @@ def test_the_view_of_a_transformers_model_holds_its_eager_weights_while_it_runs_
         assert view.weights.sum(-1).max() < 1 - 1e-3
     view.save(tmp_path / "view.html")
     assert (tmp_path / "view.html").stat().st_size > 10_000
+
+
+@torch.no_grad()
+def test_a_recorder_of_every_head_never_takes_another_recorders_chosen_heads_for_all(root: str) -> None:
+    model = load("llama", root, "attnlab")  # flash: the weights are formed only for the chosen heads
+    with Recorder() as every, Recorder(heads=[(0, 1)]) as chosen:
+        model(IDS)
+    assert chosen.head(0, 1).shape == (2, IDS.shape[1], IDS.shape[1])
+    with pytest.raises(KeyError, match=r"formed only the heads a Recorder\(heads=...\) chose"):
+        every.get("attn_weights")

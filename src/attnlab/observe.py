@@ -116,6 +116,12 @@ class Recorder:
         module = self._stack[-1] if self._stack else ""
         if not self._wants(name, module):
             return
+        if heads is not None and self.heads is None:  # some heads alone, which another recorder chose
+            self._note(
+                "the layer ran a fused backend and formed only the heads a Recorder(heads=...) chose; for every "
+                "head name them all, or run the eager backend"
+            )
+            return
         if heads is not None and layer is not None and self.heads is not None:  # only the heads this one chose
             mine = self.heads.get(layer, ())
             if not mine:
