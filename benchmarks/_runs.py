@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,3 +37,14 @@ def check_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         parser.error(f"--rounds must be in [1, 50] and --threads in [1, 256], got {args.rounds} and {args.threads}")
     if args.json and not Path(args.json).resolve().parent.is_dir():
         parser.error(f"cannot write --json {args.json!r}: its folder does not exist")
+
+
+def exit_with(main: Callable[[], int]) -> None:
+    """Run ``main`` as the script's whole life: its exit code, or on Ctrl-C one line and 130 (a run is written
+    only whole, so an interrupted one leaves no file)."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("interrupted: nothing written (a run is saved only when every round has finished)", file=sys.stderr)
+        code = 130
+    sys.exit(code)

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _runs import add_run_arguments, check_run, render_saved
+from _runs import add_run_arguments, check_run, exit_with, render_saved
 
 ROWS: list[tuple[str, str]] = [
     ("hf", "float32"),
@@ -424,4 +424,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

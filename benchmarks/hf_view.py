@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _runs import add_run_arguments, check_run, render_saved
+from _runs import add_run_arguments, check_run, exit_with, render_saved
 
 SCHEMA = "attnlab.hf_view/1"
 WAYS = ("eager", "recover every head", "recover one layer")
@@ -196,4 +196,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

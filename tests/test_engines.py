@@ -65,3 +65,16 @@ def test_a_file_that_is_not_a_run_is_refused_in_one_line(
         script().main()
     assert ended.value.code == 2
     assert f"--render {str(bad)!r} is not a result of this script" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_a_saved_run_script_is_one_line_and_130(capsys: pytest.CaptureFixture[str]) -> None:
+    runs = load("_runs")
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as done:
+        runs.exit_with(interrupted)
+    assert done.value.code == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("interrupted: nothing written")
