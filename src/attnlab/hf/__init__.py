@@ -97,12 +97,12 @@ def use(
             the model is then unchanged.
     """
     check_settings(backend, mask_mod, score_mod)
+    settings = Settings(backend=backend, mask_mod=mask_mod, score_mod=score_mod)
     from attnlab.hf.book import book_attention, hook
 
     modules = book_attention(model)
     if modules is not None:  # the book's GPTModel, Llama3Model or Qwen3Model: by module replacement
         _check_layers(mask_mod, score_mod, len(modules))
-        settings = Settings(backend=backend, mask_mod=mask_mod, score_mod=score_mod)
         return Use(model, NAME, None, book=hook(modules, settings))
     config: Any = getattr(model, "config", None)
     setter: Any = getattr(model, "set_attn_implementation", None)
@@ -124,7 +124,6 @@ def use(
                 f"{type(model).__name__} kept attn_implementation={config._attn_implementation!r}: its attention "
                 "does not go through transformers' AttentionInterface, so attnlab cannot run inside it"
             )
-    settings = Settings(backend=backend, mask_mod=mask_mod, score_mod=score_mod)
     for c in configs:  # a composite model's (Llava's, Gemma 3's) attention reads its own sub-config
         set_settings(c, settings)
     return Use(model, before, settings_before)
