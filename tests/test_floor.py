@@ -16,7 +16,7 @@ import torch.nn as nn
 from attnlab import Attention, attention
 from attnlab.functional import KERNELS, Visibility
 from attnlab.models import GPT, GPTConfig
-from attnlab.observe import Recorder
+from attnlab.observe import Recorder, TraceStep
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "attnlab"
 # LAYOUT.md's floors; cli is the top. A module may import its own floor or lower ones, never a higher one.
@@ -119,6 +119,36 @@ def test_recorder_keys_each_layer_by_its_dotted_name() -> None:
     with Recorder(modules=["trf_blocks.1.*"]) as only_one:
         model(idx)
     assert only_one.modules() == ["trf_blocks.1.att"]
+
+
+def test_a_recorder_with_on_step_hands_each_step_over_as_it_comes_and_keeps_none() -> None:
+    """on_step gets every step the recorder would keep, in order, each detached, while the forward runs
+    (the next layer has not run when the last one's weights arrive); the recorder keeps none and says so."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=256, context_length=16, emb_dim=32, n_heads=4, n_layers=3)).eval()
+    idx = torch.randint(0, 256, (1, 7))
+    with Recorder(names=["attn_weights"]) as kept:
+        model(idx)
+    done = [0]  # blocks finished so far
+    for block in model.trf_blocks:
+        block.register_forward_hook(lambda *_: done.__setitem__(0, done[0] + 1))
+    finished_before: list[int] = []
+    handed: list[TraceStep] = []
+
+    def take(step: TraceStep) -> None:
+        finished_before.append(done[0])
+        handed.append(step)
+
+    with Recorder(names=["attn_weights"], on_step=take) as rec:
+        model(idx)
+    assert finished_before == [0, 1, 2]  # each layer's weights arrive while that layer runs
+    assert [s.module for s in handed] == kept.modules("attn_weights") and rec.steps == [] and rec.handed == 3
+    for got, want in zip(handed, kept.steps, strict=True):
+        assert torch.equal(got.tensor, want.tensor) and not got.tensor.requires_grad
+    with pytest.raises(KeyError, match="3 steps went to on_step as they were recorded; this recorder kept none"):
+        rec.get("attn_weights")
+    with pytest.raises(TypeError, match="on_step must be a function of one TraceStep, got list"):
+        Recorder(on_step=[])  # type: ignore[arg-type]
 
 
 def test_a_recorder_that_caught_nothing_says_why() -> None:

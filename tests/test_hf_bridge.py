@@ -8,7 +8,9 @@ whose norms, biases and sinks are moved off their defaults, so the masks and sin
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from transformers import DynamicCache, PreTrainedModel
 import attnlab.hf
 from attnlab import Recorder
 from attnlab.cache import EvictingCache
+from attnlab.explain.render.view import AttentionView
 from attnlab.functional import mods
 from attnlab.hf.caches import AttnlabLayer
 from test_families import BOOK_LLAMA, BOOK_QWEN, COMMON, FAMILIES, IDS, hf_dir
@@ -380,13 +383,41 @@ def test_the_docs_quote_the_recovered_weights_benchmarks_run() -> None:
     assert view.render(result) in (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
 
 
+def test_the_docs_quote_the_caches_in_transformers_run_and_it_judges_them() -> None:
+    """The saved run of benchmarks/hf_caches.py is the one docs/benchmarks.md shows; in it each cache measured the
+    same in transformers as on attnlab's model, the plain one as recomputing, and the lossy ones lost something
+    (a cache that did nothing would read as plain)."""
+    import json
+
+    from benchmark_scripts import load as load_script
+
+    script = load_script("hf_caches")
+    root = Path(__file__).resolve().parents[1]
+    runs = sorted((root / "benchmarks" / "results").glob("hf_caches-*.json"))
+    assert runs, "no result file of benchmarks/hf_caches.py"
+    result = json.loads(runs[-1].read_text(encoding="utf-8"))
+    assert result["schema"] == script.SCHEMA and result["held_out"] == 128 and script.parted(result) == []
+    rows = {row["cache"]: row["transformers"] for row in result["rows"]}
+    assert rows["plain"]["agreement"] == 1.0
+    assert abs(rows["plain"]["perplexity"] / result["recompute_perplexity"] - 1) <= 1e-5
+    for lossy in ("int4", "h2o 25%", "snapkv 25% of prompt"):
+        assert rows[lossy]["agreement"] < 1.0 and rows[lossy]["perplexity"] != rows["plain"]["perplexity"], lossy
+    assert script.render(result) in (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    apart = json.loads(json.dumps(result))
+    apart["rows"][3]["transformers"]["agreement"] = 1.0  # H2O handing transformers every key
+    assert script.parted(apart) == [
+        "h2o 25%: 100.0% agree and perplexity 2.49964 in transformers, 78.9% and 2.49964 on attnlab's model"
+    ]
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
 def test_the_view_of_a_transformers_model_holds_its_eager_weights_while_it_runs_flash(
     family: str, root: str, tmp_path: Path
 ) -> None:
-    """Every head's weights in the view equal transformers' eager ones; each sliding layer's window is outlined;
-    the model's own attention is back after; gpt-oss's rows fall short of 1 by what its sinks took."""
+    """The view's page holds, byte for byte, what a view of transformers' eager weights holds (its rollout within
+    1e-6), though it never held them all; each sliding layer's window is outlined; the model's own attention is
+    back after; gpt-oss's rows fall short of 1 by what its sinks took."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -400,13 +431,18 @@ def test_the_view_of_a_transformers_model_holds_its_eager_weights_while_it_runs_
     view = transformers_view(model, tokenizer, text, lang="zh")
     assert model.config._attn_implementation == ("sdpa" if family != "gpt_oss" else "eager")
     eager = load(family, root, "eager")(IDS[:1], output_attentions=True).attentions  # L x (1, H, T, T)
-    assert (view.weights - torch.stack([a[0] for a in eager])).abs().max().item() < 1e-6
+    whole = torch.stack([a[0] for a in eager])  # (L, H, T, T)
+    forced = AttentionView(tokens=view.tokens, weights=whole, sinks=family == "gpt_oss")
+    assert view.weights is None and view.shape == tuple(whole.shape)
+    assert view._packed == forced._packed and view._sink_steps == forced._sink_steps
+    assert view.rollout is not None and forced.rollout is not None
+    assert (view.rollout - forced.rollout).abs().max().item() < 1e-6
     assert view.tokens[:2] == ["w" + str(int(IDS[0, 0])), "w" + str(int(IDS[0, 1]))]
     kinds = FAMILIES[family][1]().layer_types  # type: ignore[attr-defined]
     assert [w is not None for w in view.windows or []] == [k == "sliding_attention" for k in kinds]
     assert view.sinks == (family == "gpt_oss")
     if family == "gpt_oss":
-        assert view.weights.sum(-1).max() < 1 - 1e-3
+        assert whole.sum(-1).max() < 1 - 1e-3 and any(base64.b64decode(view._sink_steps))  # shares shown
     view.save(tmp_path / "view.html")
     assert (tmp_path / "view.html").stat().st_size > 10_000
 
@@ -419,3 +455,111 @@ def test_a_recorder_of_every_head_never_takes_another_recorders_chosen_heads_for
     assert chosen.head(0, 1).shape == (2, IDS.shape[1], IDS.shape[1])
     with pytest.raises(KeyError, match=r"formed only the heads a Recorder\(heads=...\) chose"):
         every.get("attn_weights")
+
+
+def _word_tokenizer(n: int) -> Any:
+    """A transformers tokenizer of the words w0 .. w{n-1}, one id each."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(n)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=words)
+
+
+@torch.no_grad()
+def test_explain_runs_a_transformers_checkpoint_in_transformers_and_shows_every_head_recovered(
+    root: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``attnlab explain --model DIR --transformers --html``: the page's weights are, byte for byte, those of a view
+    of transformers' eager weights, though the model ran attnlab's flash kernel; its text is the reader's
+    language; what does not fit is refused by name before anything loads."""
+    import json
+    import re
+
+    from attnlab import cli
+
+    folder = hf_dir("gpt_oss", root)
+    _word_tokenizer(96).save_pretrained(folder)
+    text = " ".join(f"w{int(i)}" for i in IDS[0])
+    out = tmp_path / "gpt_oss.html"
+    assert (
+        cli.main(["explain", text, "--model", str(folder), "--transformers", "--html", str(out), "--lang", "zh"]) == 0
+    )
+    page = out.read_text(encoding="utf-8")
+    config = FAMILIES["gpt_oss"][1]()
+    shape = f"(gpt_oss：{config.num_hidden_layers} 层，{config.num_attention_heads} 个头)"  # type: ignore[attr-defined]
+    assert "注意力换成了 attnlab 的 flash 内核" in page and shape in page
+    found = re.search(r'<script type="application/json" class="attnview-data">(.*?)</script>', page)
+    assert found is not None
+    data = json.loads(found.group(1))
+    eager = load("gpt_oss", root, "eager")(IDS[:1], output_attentions=True).attentions  # L x (1, H, T, T)
+    forced = AttentionView(
+        tokens=[f"w{int(i)}" for i in IDS[0]], weights=torch.stack([a[0] for a in eager]), sinks=True
+    )
+    packed = next(iter(forced._packed))
+    assert data[packed] == forced._packed[packed] and data["sinks"] == forced._sink_steps
+    capsys.readouterr()
+    from transformers import Phi3Config, Phi3ForCausalLM  # a family attnlab does not load itself
+
+    torch.manual_seed(0)
+    phi3 = Phi3ForCausalLM(
+        Phi3Config(
+            vocab_size=96,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+    ).eval()
+    phi3.save_pretrained(tmp_path / "phi3")
+    _word_tokenizer(96).save_pretrained(tmp_path / "phi3")
+    assert cli.main(["explain", text, "--model", str(tmp_path / "phi3")]) == 2
+    assert "attnlab reads model_type" in (err := capsys.readouterr().err) and "add --transformers" in err
+    out = tmp_path / "phi3.html"
+    from transformers.models.phi3 import modeling_phi3
+
+    def no_eager(*args: object, **kwargs: object) -> None:
+        raise AssertionError("transformers' eager attention ran")
+
+    with pytest.MonkeyPatch.context() as patch:  # the flash kernel ran each layer, never transformers' eager path
+        patch.setattr(modeling_phi3, "eager_attention_forward", no_eager)
+        assert cli.main(["explain", text, "--model", str(tmp_path / "phi3"), "--transformers", "--html", str(out)]) == 0
+    found = re.search(r'<script type="application/json" class="attnview-data">(.*?)</script>', out.read_text())
+    assert found is not None and "(phi3: 2 layers, 4 heads)" in out.read_text()
+    phi3.set_attn_implementation("eager")
+    eager = phi3(IDS[:1], output_attentions=True).attentions  # L x (1, H, T, T)
+    forced = AttentionView(tokens=[f"w{int(i)}" for i in IDS[0]], weights=torch.stack([a[0] for a in eager]))
+    packed = next(iter(forced._packed))
+    assert json.loads(found.group(1))[packed] == forced._packed[packed]
+    capsys.readouterr()
+    for args, message in [
+        (["--transformers", "--html", "x.html"], "--transformers runs a transformers checkpoint: give --model DIR"),
+        (["--model", str(folder), "--transformers"], "--transformers shows every head in an interactive page: give"),
+        (["--model", str(folder), "--transformers", "--html", "x.html", "--cache", "int8"], "--cache works on a "),
+        (["--model", str(tmp_path), "--transformers", "--html", "x.html"], "is no transformers checkpoint (no config"),
+        (["--model", str(folder), "--transformers", "--html", "x.txt"], "'x.txt' should end in .html or .htm"),
+    ]:
+        assert cli.main(["explain", "w1 w2", *args]) == 2, args
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (args, err)
+    assert (
+        cli.main(
+            [
+                "explain",
+                "w1 w2",
+                "--model",
+                str(folder),
+                "--transformers",
+                "--html",
+                str(tmp_path / "a.html"),
+                "--tokenizer",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
+    assert "transformers found no tokenizer in" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.explain.render.view import MAX_VIEW_BYTES, AttentionView, rollout
+from attnlab.explain.render.view import MAX_VIEW_BYTES, AttentionView, ViewBuilder, rollout
 from test_report import _chromium
 
 
@@ -386,3 +386,62 @@ def test_a_zoo_models_view_gives_mlas_latent_beside_its_heads_and_a_recurrent_la
             assert by_size[:4] == negative, (name, shown)
         browser.close()
     assert problems == []
+
+
+@pytest.mark.parametrize(
+    ("budget", "causal", "packed"),
+    [
+        (None, True, "weights"),  # fits as bytes from the start
+        (500_000, True, "weights"),  # settled at the end: causal, so the lower triangles fit (401,000 bytes)
+        (500_000, False, "sparse"),  # settled at the end: not causal, the whole squares do not (800,000)
+        (300_000, True, "sparse"),  # too big even as triangles: each pattern goes sparse as it comes
+    ],
+)
+def test_a_view_built_a_layer_at_a_time_is_the_page_of_the_whole_weights(
+    budget: int | None, causal: bool, packed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ViewBuilder makes, byte for byte, the page AttentionView(weights=...) makes, in each way the page's size
+    is settled; and past the budget it holds the page's data, not the layers' weights (a quarter of them as
+    bytes would fail it)."""
+    from attnlab.explain.render import view as view_module
+
+    if budget is not None:
+        monkeypatch.setattr(view_module, "MAX_VIEW_BYTES", budget)
+    t = 400
+    g = torch.Generator().manual_seed(7)
+    scores = 3 * torch.randn(2, 2, t, t, generator=g)  # sharp rows: few keys of at least 0.01 each
+    w = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)  # (L, H, T, T)
+    if not causal:
+        w = (w + w.transpose(-2, -1)) / 2  # rows need not sum to 1: the view takes any non-negative weights
+    tokens = [f"t{i}" for i in range(t)]
+    whole = AttentionView(tokens=tokens, weights=w, lang="zh", kinds=["a", "b"])
+    builder = ViewBuilder(tokens=tokens, layers=2, heads=2)
+    for layer in w:
+        builder.add(layer)
+    if budget == 300_000:
+        assert builder.held_bytes() < w.numel() // 4  # under the weights as bytes, let alone as float32
+    built = builder.view(lang="zh", kinds=["a", "b"])
+    assert list(built._packed) == [packed] and built.causal == causal and built.weights is None
+    assert built.to_html().replace(built._id, "X") == whole.to_html().replace(whole._id, "X")
+    assert built.shape == whole.shape == (2, 2, t, t)
+
+
+def test_a_view_builder_refuses_what_does_not_fit_by_name() -> None:
+    w = _causal(2, 2, 4, seed=1)
+    builder = ViewBuilder(tokens=list("abcd"), layers=2, heads=2)
+    with pytest.raises(ValueError, match=r"layer 0: weights must be \(heads, T, T\) = \(2, 4, 4\), got \(3, 4, 4\)"):
+        builder.add(torch.ones(3, 4, 4))
+    builder.add(w[0])
+    with pytest.raises(ValueError, match="1 of 2 layers were added: add every layer before view"):
+        builder.view()
+    builder.add(2 * w[1])  # rows summing to 2
+    with pytest.raises(ValueError, match="all 2 layers were added"):
+        builder.add(w[1])
+    with pytest.raises(ValueError, match="with sinks, each row of weights sums to at most 1"):
+        builder.view(sinks=True)
+    with pytest.raises(ValueError, match="names must be 2 lists of 2 names"):
+        builder.view(names=[["x"]])
+    with pytest.raises(ValueError, match="the view shows 1 to 1024 tokens, got 0"):
+        ViewBuilder(tokens=[], layers=1, heads=1)
+    with pytest.raises(ValueError, match="heads must be an int >= 1, got 0"):
+        ViewBuilder(tokens=["a"], layers=1, heads=0)

@@ -24,7 +24,7 @@ into Python), so compiled code carries no recorder guard.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,13 @@ class Recorder:
             runs through ``attnlab.hf`` forms them from q, k and the kernel's
             row log-sum-exp (:func:`attnlab.functional.eager.head_weights`);
             read them with :meth:`head`.
+        on_step: hand each step to this function as it is recorded,
+            instead of keeping it: a consumer that packs or writes each
+            layer as it comes (``attnlab.explain.hf_view`` builds a view
+            so) holds one layer's tensors at a time, not the whole model's.
+            The step's tensor is the one recorded, detached but not copied
+            (a copy would double the layer's bytes): it is valid during the
+            call, so copy what you keep past it.
 
     While a recorder is active, ``attnlab.attention(backend="auto")`` runs the
     eager backend, the one that forms the weights. A fused backend asked for
@@ -71,12 +78,17 @@ class Recorder:
         names: Iterable[str] | None = None,
         modules: Iterable[str] | None = None,
         heads: Iterable[tuple[int, int]] | None = None,
+        on_step: Callable[[TraceStep], None] | None = None,
     ) -> None:
+        if on_step is not None and not callable(on_step):
+            raise TypeError(f"on_step must be a function of one TraceStep, got {type(on_step).__name__}")
         self.steps: list[TraceStep] = []
         self.notes: list[str] = []  # why something could not be recorded
         self._names = None if names is None else tuple(names)
         self._modules = None if modules is None else tuple(modules)
         self.heads: dict[int, tuple[int, ...]] | None = None if heads is None else _heads_by_layer(heads)
+        self.on_step = on_step
+        self.handed = 0  # steps handed to on_step (none kept)
         self._stack: list[str] = []  # dotted names of the modules running now, innermost last
         self._roots: dict[int, dict[int, str]] = {}  # id(root) -> {id(module): dotted name}
 
@@ -126,8 +138,13 @@ class Recorder:
             mine = self.heads.get(layer, ())
             if not mine:
                 return
-            tensor = tensor[:, [heads.index(h) for h in mine]]  # (B, h, ...): this recorder's heads, in order
+            if mine != heads:
+                tensor = tensor[:, [heads.index(h) for h in mine]]  # (B, h, ...): this recorder's heads, in order
             heads = mine
+        if self.on_step is not None:  # handed over as it is, no copy: the consumer copies what it keeps
+            self.on_step(TraceStep(module, source, name, tensor.detach(), heads, layer))
+            self.handed += 1
+            return
         self.steps.append(TraceStep(module, source, name, tensor.detach().clone(), heads, layer))
 
     def _note(self, reason: str) -> None:
@@ -177,7 +194,12 @@ class Recorder:
         raise KeyError(
             f"no {name!r} of layer {layer}, head {head} was recorded{why}; recorded (layer, head): {recorded}"
             + ("; " + "; ".join(self.notes) if self.notes else "")
-            + ("" if recorded else "; heads are recomputed where attention runs through attnlab.hf.use(model)")
+            + (f"; {self.handed} steps went to on_step and none was kept" if self.handed else "")
+            + (
+                ""
+                if recorded or self.handed
+                else "; heads are recomputed where attention runs through attnlab.hf.use(model)"
+            )
         )
 
     def all(self, name: str) -> dict[str, torch.Tensor]:
@@ -193,7 +215,9 @@ class Recorder:
         if self._names is not None and not any(fnmatch.fnmatchcase(name, p) for p in self._names):
             parts.append(f"this recorder keeps only names matching {list(self._names)}")
         parts.extend(self.notes)
-        if not self.steps and not self.notes:
+        if self.handed:
+            parts.append(f"{self.handed} steps went to on_step as they were recorded; this recorder kept none")
+        elif not self.steps and not self.notes:
             parts.append("no attnlab attention ran inside the recorder (nothing called record())")
         return "; ".join(parts)
 

@@ -41,6 +41,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "tokens): a key's weight summed over its tokens, a query's row their mean",
     )
     explain.add_argument(
+        "--transformers",
+        action="store_true",
+        help="with --model DIR and --html: run the checkpoint in transformers (any causal LM it reads) with "
+        "attnlab's flash kernel as its attention, and show every head, each recovered exactly from the kernel: "
+        "no eager pass",
+    )
+    explain.add_argument(
         "--cache",
         metavar="NAME",
         help="with --model: show the KV cache NAME (plain, paged, prefix, sink, int8, int4, h2o, snapkv) as the "
@@ -49,6 +56,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    if args.transformers:
+        return run_transformers(args, console)
     if args.model:
         return run_model(args, console)
     if args.cache:
@@ -114,6 +123,8 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
                 cache_sections(model, tokenizer, args.sentence, args.cache, lang=args.lang, figures=figures)
             )
     except (ValueError, TypeError) as err:
+        if "attnlab reads model_type" in str(err):  # a family attnlab does not load: transformers may
+            err = ValueError(f"{err}; or run it in transformers, attnlab's attention inside: add --transformers")
         return error(console, err)
     if args.html:
         return write_report(console, report, args.html)
@@ -124,6 +135,63 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
         for c in section.checks:
             console.print(("✓ " if c.ok else "✗ ") + c.label, markup=False)
     return 0
+
+
+def run_transformers(args: argparse.Namespace, console: Console) -> int:
+    """``--transformers``: a transformers checkpoint run in transformers, attnlab's attention inside it."""
+    from pathlib import Path
+
+    try:
+        folder = check_transformers_args(args)
+        check_output(args.html, suffixes=(".html", ".htm"))
+        try:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError:
+            raise ValueError("--transformers needs transformers: pip install 'attnlab[hf]'") from None
+        from attnlab.explain.hf_view import transformers_report
+
+        where = args.tokenizer or args.model
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True)
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(f"transformers found no tokenizer in {where!r} ({err}); pass --tokenizer DIR") from None
+        from transformers.utils import logging as hf_logging
+
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # its loading bar is not this command's output
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(f"transformers could not load --model {args.model!r} as a causal LM: {err}") from None
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()
+        report = transformers_report(model, tokenizer, args.sentence, name=Path(args.model).name, lang=args.lang)
+    except (ValueError, TypeError) as err:
+        return error(console, err)
+    return write_report(console, report, args.html)
+
+
+def check_transformers_args(args: argparse.Namespace) -> str:
+    """What ``--transformers`` needs, checked before anything loads: the checkpoint's folder."""
+    from pathlib import Path
+
+    if not args.model:
+        raise ValueError("--transformers runs a transformers checkpoint: give --model DIR, the folder it was saved to")
+    if args.cache or args.characters:
+        used = "--cache" if args.cache else "--characters"
+        raise ValueError(f"{used} works on a model attnlab loads itself: drop --transformers, or drop {used}")
+    if not args.html:
+        raise ValueError("--transformers shows every head in an interactive page: give --html PATH")
+    folder = Path(args.model)
+    if not (folder / "config.json").is_file():
+        raise ValueError(
+            f"--model {args.model!r} is no transformers checkpoint (no config.json in a folder of that name): give "
+            "the folder save_pretrained wrote"
+        )
+    if args.tokenizer is not None and not Path(args.tokenizer).is_dir():
+        raise ValueError(f"--tokenizer {args.tokenizer!r} is not a folder; give the folder with tokenizer.json")
+    return str(folder)
 
 
 def heading(console: Console, title: str) -> None:

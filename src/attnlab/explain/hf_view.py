@@ -3,7 +3,9 @@ flash kernel (``attnlab.hf``), not transformers' eager path.
 
 ``transformers_view(model, tokenizer, text)`` runs the model once with attnlab's attention and a
 ``Recorder(heads=...)`` naming every head; each layer's weights are formed from q, k and the kernel's
-log-sum-exp, exactly (``benchmarks/hf_view.py`` measures the time and memory of this beside eager). The model's
+log-sum-exp, exactly, and go into the view's page data as they come (``Recorder(on_step=...)`` and a
+:class:`ViewBuilder`), so one layer's weights are held at a time, not the model's (``benchmarks/hf_view.py``
+measures the time and memory of this beside eager). The model's
 own attention comes back after. Layers are named by kind (full, or the window of a sliding layer, outlined);
 a model with learned sinks (gpt-oss) shows each row short of 1 by the share its sink took.
 """
@@ -16,8 +18,10 @@ import torch
 
 from attnlab import Recorder
 from attnlab.explain.model_report import layer_kind
-from attnlab.explain.render.view import MAX_VIEW_TOKENS, AttentionView
+from attnlab.explain.render.html import Report, Section
+from attnlab.explain.render.view import MAX_VIEW_TOKENS, AttentionView, ViewBuilder
 from attnlab.explain.report_text import REPORT_TEXT
+from attnlab.observe import TraceStep
 
 
 def transformers_view(model: Any, tokenizer: Any, text: str, *, lang: str = "en") -> AttentionView:
@@ -38,26 +42,62 @@ def transformers_view(model: Any, tokenizer: Any, text: str, *, lang: str = "en"
         )
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     n_layers, n_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
+    builder = ViewBuilder(tokens=[tokenizer.decode([i]) for i in ids], layers=n_layers, heads=n_heads)
+    shares: dict[str, torch.Tensor] = {}  # module -> what its sinks took of each row (B, H, T), gpt-oss
+    sunk: list[bool] = []  # per layer added, whether its sinks' share was taken off
+
+    def take(step: TraceStep) -> None:  # each layer's weights as the forward forms them, one layer held at a time
+        if step.name == "sink_weight":  # recorded just before its layer's weights
+            shares[step.module] = step.tensor
+            return
+        if step.name != "attn_weights" or step.layer is None:
+            return
+        if step.layer != builder.added:
+            raise RuntimeError(f"the view expected layer {builder.added}'s weights and got layer {step.layer}'s")
+        w = step.tensor[0]  # (H, T, T), rows summing to 1
+        share = shares.pop(step.module, None)
+        if share is not None:  # what a row gives its sink is given to no key
+            w = w * (1 - share[0, :, :, None])
+        sunk.append(share is not None)
+        builder.add(w)
+
     every = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
-    with attnlab.hf.use(model, backend="flash"), Recorder(heads=every) as rec, torch.no_grad():
+    with attnlab.hf.use(model, backend="flash"), Recorder(heads=every, on_step=take), torch.no_grad():
         model(torch.tensor([ids]))
-    layers = []
-    sinks = rec.all("sink_weight")  # {module: (B, H, T)}: gpt-oss's learned sinks, by layer in order
-    shares = list(sinks.values()) if len(sinks) == n_layers else None
-    for layer in range(n_layers):
-        w = torch.stack([rec.head(layer, head)[0] for head in range(n_heads)])  # (H, T, T), rows summing to 1
-        if shares is not None:  # what a row gives its sink is given to no key
-            w = w * (1 - shares[layer][0, :, :, None])
-        layers.append(w)
+    if builder.added != n_layers or len(set(sunk)) > 1:
+        raise RuntimeError(
+            f"the view got the weights of {builder.added} of {n_layers} layers (sinks on {sum(sunk)}): every "
+            "layer's attention must run through attnlab.hf"
+        )
     window = getattr(config, "sliding_window", None)
     types = list(getattr(config, "layer_types", None) or [("sliding" if window else "full") + "_attention"] * n_layers)
     windows = [window if kind == "sliding_attention" else None for kind in types]  # Mistral: every layer slides
     txt = REPORT_TEXT[lang]
-    return AttentionView(
-        tokens=[tokenizer.decode([i]) for i in ids],
-        weights=torch.stack(layers),  # (L, H, T, T)
+    return builder.view(lang=lang, kinds=[layer_kind(w, None, txt) for w in windows], windows=windows, sinks=all(sunk))
+
+
+def transformers_report(model: Any, tokenizer: Any, text: str, *, name: str, lang: str = "en") -> Report:
+    """The report ``attnlab explain --transformers`` writes: what ran, and the view of every head
+    (:func:`transformers_view`) of a transformers causal LM on ``text``.
+
+    Raises:
+        ValueError: as :func:`transformers_view`.
+    """
+    view = transformers_view(model, tokenizer, text, lang=lang)
+    txt = REPORT_TEXT[lang]
+    layers, heads, tokens, _ = view.shape
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    section = Section(
+        key="view",
+        title=txt["view_title"],
+        text=txt["hf_view_text"],
+        code="transformers_view(model, tokenizer, text)  # attnlab.explain.hf_view",
+        view=view.to_fragment(),
+    )
+    return Report(
+        title=txt["model_title"].format(name=name, text=text),
+        intro=txt["hf_intro"].format(kind=config.model_type, layers=layers, heads=heads, tokens=tokens),
         lang=lang,
-        kinds=[layer_kind(w, None, txt) for w in windows],
-        windows=windows,
-        sinks=shares is not None,
+        sections=[section],
+        labels={"contents": txt["contents"], "numbers": txt["numbers"], "enlarge": txt["enlarge"]},
     )

@@ -113,6 +113,13 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "the first). An induction head draws a diagonal one step right of the copy's position; a previous-token "
         "head, the line just below the main diagonal.",
         "model_title": "attnlab: every head of {name} on your text, as typed: {text!r}",
+        "hf_intro": "A transformers model ({kind}: {layers} layers, {heads} heads) on {tokens} tokens, labelled as "
+        "its tokenizer cuts the text. It ran in transformers with attnlab's flash kernel as its attention "
+        "(attnlab.hf): no eager pass. Each layer's weights were formed exactly from its q, k and the kernel's "
+        "log-sum-exp, one layer at a time, and went into the view as they came.",
+        "hf_view_text": "Hover a token on the left to see, layer by layer and head by head, which tokens it draws on; "
+        "the grid below holds every layer x head as a small pattern: click one to open it. The rollout follows "
+        "attention through every layer, with the residual stream counted as half of each step.",
         "model_intro": "A real checkpoint ({layers} layers, {heads} heads, {emb} dimensions) on {tokens} tokens, "
         "labelled as its tokenizer cuts the text. One forward pass, recorded layer by layer.",
         "characters_note": "Shown by character: the text's {tokens} tokens are {chars} characters (a Chinese "
@@ -246,6 +253,11 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "probe_text": "{heads} 个头在探针的第一条序列上 (标签是 Token 编号；后一半重复前一半)。"
         "归纳头画出一条在副本位置右边一格的对角线；前一个 Token 头画出紧贴主对角线下方的一条线。",
         "model_title": "attnlab：{name} 的每个注意力头，输入 (你输入的原文) {text!r}",
+        "hf_intro": "一个 transformers 模型 ({kind}：{layers} 层，{heads} 个头)，输入 {tokens} 个 Token，标签是分词器切出的 "
+        "Token。它在 transformers 里运行，注意力换成了 attnlab 的 flash 内核 (attnlab.hf)：没有走 eager 路径。"
+        "每一层的权重都由这一层的 q、k 和内核给出的 log-sum-exp 精确算出，一次只算一层，算出就放进下面的视图。",
+        "hf_view_text": "把鼠标移到左列的某个 Token 上，就能逐层、逐头看到它从哪些 Token 取信息；下面的网格把每一层的每个头"
+        "画成一个小图：点一下就在上方打开。rollout 把注意力沿着所有层连乘起来，其中每一步的残差连接算作一半。",
         "model_intro": "一个真实的模型检查点 ({layers} 层，{heads} 个头，{emb} 维)，输入 {tokens} 个 Token，"
         "标签是分词器切出的 Token。一次前向传播，逐层记录。",
         "characters_note": "按字显示：这段文字的 {tokens} 个 Token 是 {chars} 个字 (一个汉字是 3 个字节 Token，"

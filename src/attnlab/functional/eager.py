@@ -154,17 +154,17 @@ def head_weights(
     with torch.no_grad():
         q_h = q.index_select(1, ids)  # (B, h, Tq, D)
         k_h = k.index_select(1, ids // (q.shape[1] // k.shape[1]))  # each chosen head's key/value head (B, h, Tk, D)
-        scores = (q_h.to(compute) @ k_h.to(compute).transpose(-2, -1)) * scale  # (B, h, Tq, Tk)
+        scores = (q_h.to(compute) @ k_h.to(compute).transpose(-2, -1)).mul_(scale)  # (B, h, Tq, Tk), scaled in place
         scores = vis.modify(scores, 0, vis.tq, 0, vis.tk, scratch=True, head_ids=ids)
         allowed, bias = vis.dense()  # (B|1, H|1, Tq, Tk) each, or None
         pick = lambda m: m.index_select(1, ids) if m.dim() == 4 and m.shape[1] > 1 else m
         if bias is not None:
             scores = scores + pick(bias).to(compute)
-        if allowed is not None:
-            scores = scores.masked_fill(~pick(allowed), float("-inf"))
+        if allowed is not None:  # in place from here: one (B, h, Tq, Tk) buffer, however many heads are chosen
+            scores.masked_fill_(~pick(allowed), float("-inf"))
         if lse is None:
             row = torch.logsumexp(scores, dim=-1, keepdim=True)  # (B, h, Tq, 1); -inf on a dead row
         else:
             row = lse.index_select(1, ids).to(compute)[..., None]  # (B, h, Tq, 1); +inf on a dead row
         dead = ~torch.isfinite(row)
-        return torch.exp(scores - row.masked_fill(dead, 0.0)).masked_fill(dead, 0.0)
+        return scores.sub_(row.masked_fill(dead, 0.0)).exp_().masked_fill_(dead, 0.0)

@@ -313,73 +313,194 @@ def rollout(weights: torch.Tensor) -> torch.Tensor:
     rows renormalised; the layers multiply, the first on the right.
     """
     t = weights.shape[-1]
-    eye = torch.eye(t, dtype=torch.float64)
-    total = eye
+    total, step = torch.eye(t, dtype=torch.float64), torch.empty(t, t, dtype=torch.float64)
     for layer in weights:  # (H, T, T), one layer at a time in float64 (not a float64 copy of them all)
-        step = 0.5 * layer.to(torch.float64).mean(dim=0) + 0.5 * eye
-        step = step / step.sum(dim=-1, keepdim=True)
-        total = step @ total
+        total = _rollout_step(layer, total, step=step)
     return total.float()
+
+
+def _rollout_step(
+    layer: torch.Tensor, total: torch.Tensor, *, step: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The rollout (T, T) float64 after one more layer (H, T, T); ``step`` (T, T) float64 is worked in place, the
+    result goes into ``out`` when given."""
+    step.copy_(layer[0])
+    for head in layer[1:]:  # the heads' mean, summed in float64 head by head: no float64 copy of the layer
+        step.add_(head)
+    step.div_(layer.shape[0]).mul_(0.5).diagonal().add_(0.5)  # 0.5 * A + 0.5 * I
+    step.div_(step.sum(dim=-1, keepdim=True))
+    return torch.matmul(step, total, out=out)
 
 
 SPARSE_STEP = 3  # 3 / 255 >= 0.01 > 2 / 255: the head view draws a line exactly for a step of at least this
 
 
-def _pack_all(weights: torch.Tensor, rolled: torch.Tensor, causal: bool) -> dict[str, object]:
-    """The page's data for weights (L, H, T, T) and the rollout (T, T): every weight as a byte when that fits
-    MAX_VIEW_BYTES ("weights"); else, for long texts, each row's keys of weight at least 0.01 (exactly the
-    lines the head view draws) with each pattern's picture pooled here ("sparse")."""
-    layers, heads, t, _ = weights.shape
-    dense = (layers * heads + 1) * (t * (t + 1) // 2 if causal else t * t)
-    if dense <= MAX_VIEW_BYTES:
-        return {"weights": _pack([*weights.flatten(0, 1), rolled], causal)}  # the rollout last
-    size = min(t, THUMB)
-    counts, keys, values, pictures = [], [], [], []
-    for n, pattern in enumerate([*weights.flatten(0, 1), rolled]):  # the rollout last; one (T, T) at a time
-        steps = torch.round(pattern.clamp(0, 1) * 255).to(torch.uint8)  # (T, T)
-        keep = steps >= SPARSE_STEP
-        counts.append(keep.sum(dim=-1))  # (T,) keys kept per row
-        keys.append(keep.nonzero()[:, 1])  # (e,): each kept key, in row order
-        values.append(steps[keep])
-        if n < layers * heads:  # a head's picture (the rollout has none)
-            pictures.append(F.adaptive_max_pool2d(steps[None].float(), (size, size)).to(torch.uint8))  # (1, R, R)
-    kept = torch.cat(counts)  # (N*T,)
-    offsets = torch.cat([kept.new_zeros(1), kept.cumsum(0)])
-    found, thumbs = torch.cat(keys), torch.cat(pictures)  # (E,), (L*H, R, R)
-    sparse_bytes = 4 * offsets.numel() + 3 * found.shape[0] + thumbs.numel()
-    if sparse_bytes > MAX_VIEW_BYTES:
-        raise ValueError(
-            f"{layers} layers x {heads} heads x {t} tokens would embed {dense / 2**20:.1f} MiB of weights, and "
-            f"{sparse_bytes / 2**20:.1f} MiB even keeping only those of at least 0.01; a page holds "
-            f"{MAX_VIEW_BYTES / 2**20:.1f} MiB and opens quickly: shorten the text"
-        )
-    b64 = lambda a: base64.b64encode(a.tobytes()).decode("ascii")
-    return {
-        "sparse": {
-            "offsets": b64(offsets.numpy().astype("<u4")),
-            "keys": b64(found.numpy().astype("<u2")),
-            "values": b64(torch.cat(values).numpy()),
-            "thumbs": b64(thumbs.contiguous().numpy()),
+class ViewBuilder:
+    """An :class:`AttentionView` built one layer at a time: ``add`` each layer's weights (H, T, T) in order, then
+    ``view(...)``. It holds the page's data as it grows and one layer's weights, never the (L, H, T, T) of them
+    all: at 12 layers x 8 heads x 1024 tokens those are 384 MiB of float32, and the page's data about 10 MB.
+
+    The page's data is byte for byte what ``AttentionView(weights=...)`` makes of the same weights (that
+    constructor runs this builder over its layers).
+
+    >>> builder = ViewBuilder(tokens=["a", "b"], layers=1, heads=1)
+    >>> builder.add(torch.tensor([[[1.0, 0.0], [0.5, 0.5]]]))
+    >>> builder.view().causal
+    True
+    """
+
+    def __init__(self, *, tokens: Sequence[str], layers: int, heads: int) -> None:
+        t = len(tokens)
+        if not 0 < t <= MAX_VIEW_TOKENS:
+            raise ValueError(f"the view shows 1 to {MAX_VIEW_TOKENS} tokens, got {t}; shorten the text")
+        for what, n in (("layers", layers), ("heads", heads)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"{what} must be an int >= 1, got {n!r}")
+        self.tokens, self.shape = list(tokens), (layers, heads, t, t)
+        self.added = 0  # layers so far
+        self.causal = True  # nothing above any diagonal so far
+        self.rows_past_one = False  # some row sums past 1: no sink's share explains that
+        self._sink_steps: list[torch.Tensor] = []  # per layer (H, T) uint8: 1 minus each row's sum
+        # Every step goes in the page when it fits MAX_VIEW_BYTES (of a causal view the lower triangles alone);
+        # past that, each row's keys the head view draws. Settled now when the size does, else at view().
+        self._sparse = self._dense_bytes(causal=True) > MAX_VIEW_BYTES
+        self._dense: list[torch.Tensor] = []  # per layer (H, T, T) uint8 steps, while dense may be chosen
+        self._entries: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # per layer, sparse
+        self._pictures: list[torch.Tensor] = []  # per layer (H, R, R), sparse
+        # Buffers worked in place layer after layer, and whole layers at a time: a new (T, T) temporary for each
+        # pattern, among the small tensors kept, left the allocator holes it never gave back (a 12-layer view
+        # at 1024 tokens grew the process by 200 MiB more, measured with ru_maxrss).
+        self._rolled = torch.eye(t, dtype=torch.float64)  # the rollout of the layers so far (T, T)
+        self._spare, self._step = torch.empty(t, t, dtype=torch.float64), torch.empty(t, t, dtype=torch.float64)
+        self._scratch = torch.empty(t, t)
+
+    def held_bytes(self) -> int:
+        """The bytes of the page's data the builder holds now (the weights added are not among them)."""
+        tensors = [*self._dense, *self._pictures, *(x for entry in self._entries for x in entry)]
+        return sum(x.numel() * x.element_size() for x in tensors)
+
+    def _dense_bytes(self, *, causal: bool) -> int:
+        layers, heads, t, _ = self.shape
+        return (layers * heads + 1) * (t * (t + 1) // 2 if causal else t * t)  # the rollout too
+
+    def add(self, weights: torch.Tensor) -> None:
+        """The next layer's weights (H, T, T), each row a distribution (or short of 1 by what a sink took).
+
+        Raises:
+            ValueError: a layer past the last, of another shape, or weights not finite and non-negative.
+        """
+        layers, heads, t, _ = self.shape
+        if self.added == layers:
+            raise ValueError(f"all {layers} layers were added; view() makes the view")
+        if not isinstance(weights, torch.Tensor) or tuple(weights.shape) != (heads, t, t):
+            got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
+            raise ValueError(f"layer {self.added}: weights must be (heads, T, T) = {(heads, t, t)}, got {got}")
+        w = weights.detach().float().cpu()
+        sums = w.sum(-1)  # (H, T); a NaN or an infinity anywhere leaves its row's sum not finite
+        if not bool(torch.isfinite(sums).all()) or float(w.min()) < 0:  # reductions: no (H, T, T) temporaries
+            raise ValueError("weights must be finite and non-negative (attention weights, each row a distribution)")
+        self.rows_past_one |= bool((sums > 1 + 1e-4).any())
+        self._sink_steps.append(((1 - sums).clamp(0, 1) * 255).round().to(torch.uint8))
+        steps = torch.empty(heads, t, t, dtype=torch.uint8)
+        for n, pattern in enumerate(w):  # (T, T), one at a time through the scratch buffer
+            self.causal &= not bool(torch.triu(pattern, 1, out=self._scratch).any())
+            steps[n].copy_(torch.clamp(pattern, 0, 1, out=self._scratch).mul_(255).round_())  # whole numbers
+        self._rolled, self._spare = _rollout_step(w, self._rolled, step=self._step, out=self._spare), self._rolled
+        self._take(steps, pictures=True)
+        self.added += 1
+
+    def _take(self, steps: torch.Tensor, *, pictures: bool) -> None:
+        """Patterns' uint8 steps (N, T, T): kept whole while dense may be chosen; else only the keys of each row
+        the head view draws, and for heads their pictures pooled to at most THUMB a side."""
+        if not self._sparse:
+            self._dense.append(steps)
+            return
+        keep = steps >= SPARSE_STEP  # (N, T, T)
+        kept, keys = keep.sum(dim=-1).to(torch.int32), keep.nonzero()[:, -1].to(torch.int16)  # keys < 1024 tokens
+        self._entries.append((kept.flatten(), keys, steps[keep]))  # (N*T,) kept a row; (e,) their keys and steps
+        if pictures:
+            size = min(steps.shape[-1], THUMB)
+            drawn = [F.adaptive_max_pool2d(self._scratch.copy_(x)[None], (size, size)) for x in steps]  # (1, R, R)
+            self._pictures.append(torch.cat(drawn).to(torch.uint8))  # (N, R, R)
+
+    def _packed(self) -> dict[str, object]:
+        """The page's data: the patterns, then the rollout."""
+        rolled = torch.clamp(self._rolled.float(), 0, 1).mul_(255).round_().to(torch.uint8)[None]  # (1, T, T)
+        patterns = [pattern for layer in self._dense for pattern in layer]
+        if not self._sparse and self._dense_bytes(causal=self.causal) <= MAX_VIEW_BYTES:
+            return {"weights": _pack([*patterns, rolled[0]], self.causal)}
+        self._sparse, dense, self._dense = True, self._dense, []
+        for steps in dense:  # the size was settled only now: the layers kept whole go sparse
+            self._take(steps, pictures=True)
+        self._take(rolled, pictures=False)  # the rollout has no picture
+        layers, heads, t, _ = self.shape
+        counts = torch.cat([kept for kept, _, _ in self._entries])  # (N*T,)
+        offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0, dtype=torch.int64)])
+        found, thumbs = (
+            torch.cat([keys for _, keys, _ in self._entries]),
+            torch.cat(self._pictures),
+        )  # (E,), (L*H, R, R)
+        sparse_bytes = 4 * offsets.numel() + 3 * found.shape[0] + thumbs.numel()
+        if sparse_bytes > MAX_VIEW_BYTES:
+            raise ValueError(
+                f"{layers} layers x {heads} heads x {t} tokens would embed "
+                f"{self._dense_bytes(causal=self.causal) / 2**20:.1f} MiB of weights, and "
+                f"{sparse_bytes / 2**20:.1f} MiB even keeping only those of at least 0.01; a page holds "
+                f"{MAX_VIEW_BYTES / 2**20:.1f} MiB and opens quickly: shorten the text"
+            )
+        b64 = lambda a: base64.b64encode(a.tobytes()).decode("ascii")
+        return {
+            "sparse": {
+                "offsets": b64(offsets.numpy().astype("<u4")),
+                "keys": b64(found.numpy().astype("<u2")),
+                "values": b64(torch.cat([values for _, _, values in self._entries]).numpy()),
+                "thumbs": b64(thumbs.contiguous().numpy()),
+            }
         }
-    }
 
+    def view(
+        self,
+        *,
+        names: list[list[str]] | None = None,
+        lang: str = "en",
+        title: str = "",
+        held: torch.Tensor | None = None,
+        cache: str = "",
+        kinds: list[str] | None = None,
+        windows: list[int | None] | None = None,
+        sinks: bool = False,
+        note: str = "",
+    ) -> AttentionView:
+        """The view of every layer added, with :class:`AttentionView`'s options (checked the same way).
 
-def _sink_steps(weights: torch.Tensor) -> str:
-    """What the learned sinks took of each row of weights (L, H, T, T): 1 minus the row's sum, (L, H, T) in steps
-    of 255, base64."""
-    share = (1 - weights.sum(-1)).clamp(0, 1)  # (L, H, T)
-    steps = (share * 255).round().to(torch.uint8).contiguous()
-    return base64.b64encode(steps.numpy().tobytes()).decode("ascii")
+        Raises:
+            ValueError: layers missing, or an option that does not fit the view (named).
+        """
+        if self.added != self.shape[0]:
+            raise ValueError(f"{self.added} of {self.shape[0]} layers were added: add every layer before view()")
+        return AttentionView(
+            tokens=self.tokens,
+            weights=None,
+            names=names,
+            lang=lang,
+            title=title,
+            held=held,
+            cache=cache,
+            kinds=kinds,
+            windows=windows,
+            sinks=sinks,
+            note=note,
+            _built=self,
+        )
 
 
 def _pack(patterns: Sequence[torch.Tensor], causal: bool) -> str:
-    """N patterns (T, T) of weights in [0, 1] -> base64 of uint8 steps, pattern by pattern and row by row, only the
-    lower triangle when causal. One pattern at a time: no temporary the size of them all."""
+    """N patterns (T, T) of uint8 steps -> base64, pattern by pattern and row by row, only the lower triangle
+    when causal. One pattern at a time: no temporary the size of them all."""
     t = patterns[0].shape[-1]
     rows, cols = torch.tril_indices(t, t)
     chunks = []
-    for weights in patterns:
-        steps = torch.round(weights.clamp(0, 1) * 255).to(torch.uint8)  # (T, T)
+    for steps in patterns:
         if causal:
             steps = steps[rows, cols]  # (T (T + 1) / 2,): row by row, each row up to its diagonal
         chunks.append(steps.contiguous().numpy().tobytes())
@@ -406,7 +527,9 @@ class AttentionView:
 
     Args:
         tokens: the text's tokens as labels, T of them (at most MAX_VIEW_TOKENS).
-        weights: (L, H, T, T), each row a distribution (``GPT.attention_weights(ids)[:, 0]``).
+        weights: (L, H, T, T), each row a distribution (``GPT.attention_weights(ids)[:, 0]``). To build a
+            view without holding them all, add them a layer at a time to a :class:`ViewBuilder`; its view
+            has ``weights`` None.
         names: per layer and head, a name shown under its pattern ("induction 0.93"), or None.
         lang: "en" or "zh".
         held: (L, T) bool, which keys each layer's KV cache holds (``cache`` names it): the rest are struck out.
@@ -418,7 +541,7 @@ class AttentionView:
     """
 
     tokens: list[str]
-    weights: torch.Tensor
+    weights: torch.Tensor | None
     names: list[list[str]] | None = None
     lang: str = "en"
     title: str = ""
@@ -428,43 +551,50 @@ class AttentionView:
     windows: list[int | None] | None = None
     sinks: bool = False
     note: str = ""
+    _built: ViewBuilder | None = field(default=None, repr=False)  # set by ViewBuilder.view()
+    shape: tuple[int, int, int, int] = field(default=(0, 0, 0, 0), init=False)  # (L, H, T, T)
     rollout: torch.Tensor | None = field(default=None, init=False)
     causal: bool = field(default=False, init=False)  # nothing above the diagonal: only the lower triangle embedded
     _id: str = field(default="", init=False, repr=False)
     _packed: dict[str, object] = field(default_factory=dict, init=False, repr=False)
+    _sink_steps: str = field(default="", init=False, repr=False)  # (L, H, T) uint8 steps of 1/255, base64
 
     def __post_init__(self) -> None:
         if self.lang not in VIEW_TEXT:
             raise ValueError(f"lang must be one of {sorted(VIEW_TEXT)}, got {self.lang!r}")
-        w = self.weights
-        if not isinstance(w, torch.Tensor) or w.dim() != 4 or w.shape[-1] != w.shape[-2]:
-            got = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
-            raise ValueError(f"weights must be (layers, heads, T, T), got {got}")
-        if w.shape[-1] != len(self.tokens):
-            raise ValueError(f"{len(self.tokens)} tokens but weights for {w.shape[-1]}: give one label per token")
-        if not 0 < len(self.tokens) <= MAX_VIEW_TOKENS:
-            raise ValueError(f"the view shows 1 to {MAX_VIEW_TOKENS} tokens, got {len(self.tokens)}; shorten the text")
-        if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
-            raise ValueError("weights must be finite and non-negative (attention weights, each row a distribution)")
-        if self.names is not None and (len(self.names) != w.shape[0] or any(len(r) != w.shape[1] for r in self.names)):
-            raise ValueError(f"names must be {w.shape[0]} lists of {w.shape[1]} names, one per layer and head")
-        t = w.shape[-1]
-        if self.held is not None and tuple(self.held.shape) != (w.shape[0], t):
-            raise ValueError(f"held must be (layers, T) = {(w.shape[0], t)}, got {tuple(self.held.shape)}")
+        built = self._built
+        if built is None:  # weights given whole: the builder runs over its layers
+            w = self.weights
+            if not isinstance(w, torch.Tensor) or w.dim() != 4 or w.shape[-1] != w.shape[-2]:
+                got = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+                raise ValueError(f"weights must be (layers, heads, T, T), got {got}")
+            if w.shape[-1] != len(self.tokens):
+                raise ValueError(f"{len(self.tokens)} tokens but weights for {w.shape[-1]}: give one label per token")
+            built = ViewBuilder(tokens=self.tokens, layers=w.shape[0], heads=w.shape[1])
+            for layer in w:
+                built.add(layer)
+            self.weights = w.detach().float().cpu()
+        layers, heads, t, _ = self.shape = built.shape
+        if self.names is not None and (len(self.names) != layers or any(len(r) != heads for r in self.names)):
+            raise ValueError(f"names must be {layers} lists of {heads} names, one per layer and head")
+        if self.held is not None and tuple(self.held.shape) != (layers, t):
+            raise ValueError(f"held must be (layers, T) = {(layers, t)}, got {tuple(self.held.shape)}")
         for what, given in (("kinds", self.kinds), ("windows", self.windows)):
-            if given is not None and len(given) != w.shape[0]:
-                raise ValueError(f"{what} must give one entry per layer, {w.shape[0]}, got {len(given)}")
+            if given is not None and len(given) != layers:
+                raise ValueError(f"{what} must give one entry per layer, {layers}, got {len(given)}")
         if self.windows is not None and any(x is not None and (type(x) is not int or x < 1) for x in self.windows):
             raise ValueError(f"windows must be positive ints or None (full attention), got {self.windows}")
-        sums = w.sum(-1)  # (L, H, T)
-        if self.sinks and bool((sums > 1 + 1e-4).any()):
+        if self.sinks and built.rows_past_one:
             raise ValueError("with sinks, each row of weights sums to at most 1 (the rest is the sinks' share)")
-        self.weights = w.detach().float().cpu()
         shown = [str(token).translate(_SHOWN) for token in self.tokens]
         self.tokens = [s if s.strip() else "\u2423" * len(s) or "\u00b7" for s in shown]  # a space shows as ␣
-        self.rollout = rollout(self.weights)
-        self.causal = all(bool((layer.triu(1) == 0).all()) for layer in self.weights)  # a layer's copy at a time
-        self._packed = _pack_all(self.weights, self.rollout, self.causal)
+        self.rollout = built._rolled.float()
+        self.causal = built.causal
+        self._packed = built._packed()
+        if self.sinks:
+            steps = torch.stack(built._sink_steps).contiguous()  # (L, H, T)
+            self._sink_steps = base64.b64encode(steps.numpy().tobytes()).decode("ascii")
+        self._built = None  # the view keeps its page's data, not the builder's
         # its script finds its root by this id, wherever a notebook runs the script (jQuery moves it to <head>)
         self._id = f"attnview-{secrets.token_hex(6)}"
 
@@ -472,7 +602,7 @@ class AttentionView:
         """The view as one ``<div>`` with its own style, data and script: to place inside any page."""
         e = html.escape
         txt = VIEW_TEXT[self.lang]
-        layers, heads, _, _ = self.weights.shape
+        layers, heads, _, _ = self.shape
         data = {
             "tokens": self.tokens,
             "layers": layers,
@@ -489,7 +619,7 @@ class AttentionView:
             },
             "held": None if self.held is None else self.held.int().tolist(),
             "windows": self.windows,
-            "sinks": _sink_steps(self.weights) if self.sinks else None,
+            "sinks": self._sink_steps if self.sinks else None,
             **self._packed,
         }
         kind = [f" · {k}" for k in self.kinds] if self.kinds else [""] * layers
