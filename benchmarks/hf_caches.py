@@ -10,7 +10,7 @@ rotated, the tanh GELU, zero qkv biases), and loaded with ``attn_implementation=
 is kept, its logits on the held-out text must equal attnlab's model's within ``PARITY`` and its greedy tokens
 without a cache must be attnlab's.
 
-Each cache (``attnlab.hf.cache``: plain, int8, int4, H2O and SnapKV at the cache lab's budgets) is measured as
+Each cache (``attnlab.hf.cache``: plain, int8, int4, sink, H2O and SnapKV at the cache lab's budgets) is measured as
 ``attnlab bench --caches`` measures attnlab's own (``attnlab.bench.caches``, its default sizes, on the same
 prompts and held-out windows):
 
@@ -18,6 +18,11 @@ prompts and held-out windows):
   ``use_cache=False``), position by position;
 - **perplexity**: the held-out text fed one token at a time after a prefill through the cache, and its increase
   over recomputing's (one causal forward).
+
+The sink cache keeps everything within these sizes, as in the cache lab; what it is for, going past the model's
+context, is measured apart: the perplexity of a held-out window of twice the sink cache's window (the model's
+context; ``--smoke``: 32) fed one token at a time through it, in transformers and on attnlab's model (no
+recomputing reaches past the context).
 
 Beside each row, the same cache class on attnlab's own copy of the model, in the same run: the two columns
 measure one cache through two models' code. Where they part (other tokens, or perplexities apart by more than
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import sys
 import time
@@ -40,7 +46,7 @@ from _runs import exit_with, render_saved
 SCHEMA = "attnlab.hf_caches/1"
 PARITY = 1e-4  # logits of the transformers copy against attnlab's model: the same arithmetic in another order
 APART = 1e-4  # a cache's perplexity in transformers against attnlab's model's, relative: float rounding, no more
-NAMES = ("plain", "int8", "int4", "h2o", "snapkv")
+NAMES = ("plain", "int8", "int4", "sink", "h2o", "snapkv")
 
 
 def neox_copy(model: Any) -> Any:
@@ -126,6 +132,8 @@ def run(*, smoke: bool, threads: int) -> dict[str, Any]:
         recomputed_perplexity,
         variants,
     )
+    from attnlab.cache import CACHES
+    from attnlab.models.tasks import TextTask, stdlib_text
 
     torch.set_num_threads(threads)
     config = QUICK_CACHES if smoke else DEFAULT_CACHES
@@ -140,6 +148,21 @@ def run(*, smoke: bool, threads: int) -> dict[str, Any]:
     if gap > PARITY or not torch.equal(recomputed_hf, reference):
         raise RuntimeError(f"the transformers copy is not the model: logits {gap:.2e} apart, or other greedy tokens")
     recomputed = recomputed_perplexity(model, held_out, config.prompt_len)
+    # past the window, where only a sink cache goes: twice the context (the smoke run, twice a window of 32)
+    recent = 28 if smoke else model.config.context_length - 4  # 4 sinks, as StreamingLLM
+    sink = functools.partial(CACHES["sink"], recent=recent)
+    long_text = TextTask(stdlib_text(), seq_len=2 * (recent + 4)).batch(
+        1, torch.Generator().manual_seed(1), split="eval"
+    )[0]
+    with torch.no_grad():
+        past = {
+            "tokens": int(long_text.shape[1]),
+            "window": recent + 4,
+            "transformers": hf_perplexity(
+                hf, attnlab.hf.cache("sink", hf, recent=recent), long_text, config.prompt_len
+            ),
+            "attnlab": perplexity(model, sink, long_text, config.prompt_len),
+        }
     rows = []
     for label, factory in variants(NAMES, config.prompt_len):
         name = label.split()[0]
@@ -177,6 +200,8 @@ def run(*, smoke: bool, threads: int) -> dict[str, Any]:
         "held_out_rows": int(held_out.shape[0]),
         "recompute_perplexity": recomputed,
         "rows": rows,
+        "past_context": past,
+        "context_length": model.config.context_length,
     }
 
 
@@ -201,6 +226,13 @@ def render(result: dict[str, Any]) -> str:
         f"{result['prompts']} prompts of {result['prompt_len']} + {result['new_tokens']} greedy tokens against "
         f"recomputing's; perplexity over {result['held_out']} held-out tokens in {result['held_out_rows']} windows "
         f"after a prefill of {result['prompt_len']}, recomputing's {base:.4f}."
+    )
+    past = result["past_context"]
+    lines.append(
+        f"\nPast its window: a held-out window of {past['tokens']} tokens, twice the sink cache's window of "
+        f"{past['window']} (4 sinks and the latest {past['window'] - 4}; the model's context is "
+        f"{result['context_length']}), fed one token at a time, has perplexity {past['transformers']:.4f} in "
+        f"transformers and {past['attnlab']:.4f} on attnlab's model."
     )
     return "\n".join(lines)
 
@@ -233,7 +265,16 @@ def parted(result: dict[str, Any]) -> list[str]:
     """The rows where the cache in transformers measured otherwise than the same class on attnlab's model: other
     tokens, or a perplexity apart by more than ``APART`` (relative). One class, two models' code: they agree."""
     out = []
-    for row in result["rows"]:
+    past = result["past_context"]
+    sink = {"agreement": 1.0, "perplexity": past["attnlab"]}
+    for row in [
+        *result["rows"],
+        {
+            "cache": "sink past the context",
+            "transformers": {**sink, "perplexity": past["transformers"]},
+            "attnlab": sink,
+        },
+    ]:
         hf, own = row["transformers"], row["attnlab"]
         off = hf["perplexity"] / own["perplexity"] - 1
         if hf["agreement"] != own["agreement"] or not abs(off) <= APART:  # NaN is apart too

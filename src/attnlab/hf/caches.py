@@ -9,7 +9,9 @@ sdpa and eager too). An evicting cache keeps the positions it chooses: they trav
 absolute positions (``get_mask_sizes`` says so), is read at each kept key's position. A sliding layer keeps
 transformers' own ring of its window.
 
-Caches that weigh the attention their keys get (H2O, SnapKV) are told it by the bridge after each call: they
+Caches that weigh the attention their keys get (H2O, SnapKV) are told it by the bridge after each call; a sink
+cache (StreamingLLM) turns its sinks on by the model's own rotation (``attnlab.hf.rotation``) and runs past the
+model's context in the memory of its window. All three hand the bridge positions that are not their slots: they
 need the model's attention to run through attnlab (``attn_implementation="attnlab"``) and are refused otherwise.
 
 Shapes: B = batch, Hkv = key/value heads, T = new tokens, S = slots returned, D = head_dim.
@@ -26,17 +28,17 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindo
 
 from attnlab.cache import CACHES
 from attnlab.cache.base import Cache as AttnlabCache
+from attnlab.hf.rotation import ModelRotation
 
-NAMES = ("plain", "int8", "int4", "h2o", "snapkv")  # what a transformers model can take today
+NAMES = ("plain", "int8", "int4", "sink", "h2o", "snapkv")  # what a transformers model can take today
 PREFIX = ("plain", "int8", "int4")  # slot j holds position j: the filled slots are a prefix, handed over alone
 EVICTING = ("h2o", "snapkv")  # the keys they keep are theirs to choose, by the attention attnlab computed
+POSITIONED = ("sink", *EVICTING)  # their keys' positions are not their slots: only the bridge can read them
 REFUSED = {
     "paged": "paged rows are admitted and released by attnlab's own decode loop, which transformers' generate "
     "does not run: use attnlab.models.GPT.from_pretrained(path).generate(..., cache='paged')",
     "prefix": "prefix sharing needs the token ids, which a transformers cache never sees: use attnlab's "
     "GPT.generate(..., cache='prefix') or generate_many",
-    "sink": "a sink cache turns its sinks by the model's own rotary embedding, which transformers applies "
-    "before the cache and does not hand to it: use attnlab.models.GPT.from_pretrained(path) with cache='sink'",
 }
 
 
@@ -68,9 +70,9 @@ class AttnlabLayer(CacheLayerMixin):
     is_compileable = False
     is_sliding = False
 
-    def __init__(self, *, name: str, max_len: int, options: dict[str, Any]) -> None:
+    def __init__(self, *, name: str, max_len: int, options: dict[str, Any], rotary: Any = None) -> None:
         super().__init__()
-        self.name, self.max_len, self.options = name, max_len, options
+        self.name, self.max_len, self.options, self.rotary = name, max_len, options, rotary
         self.is_croppable = name == "plain"  # assisted generation crops rejected tokens: the plain cache can
         self.inner: AttnlabCache | None = None
         self.seen = 0
@@ -87,7 +89,7 @@ class AttnlabLayer(CacheLayerMixin):
             window=None,
             dtype=key_states.dtype,
             device=key_states.device,
-            rotary=None,
+            rotary=self.rotary,  # a sink cache's: the model's own rotation
             context_length=None,
             **self.options,
         )
@@ -97,16 +99,16 @@ class AttnlabLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._last is not None and self.name in EVICTING and not self._last.observed:
+        if self._last is not None and self.name in POSITIONED and not self._last.observed:
             raise ValueError(
-                f"the {self.name} cache weighs the attention its keys get, and its last keys were not read by "
-                "attnlab's attention (the model's attention was switched away): run it with attn_implementation='attnlab'"
+                f"the {self.name} cache's keys sit at positions only attnlab's attention reads, and its last keys "
+                "were not read by it (the model's attention was switched away): run it with attn_implementation='attnlab'"
             )
         if self.inner is None:
             self.lazy_initialization(key_states, value_states)
         assert self.inner is not None
         t = key_states.shape[2]
-        if self.seen + t > self.max_len:
+        if self.seen + t > self.max_len and self.name != "sink":  # a sink cache's window slides on, past any length
             raise ValueError(
                 f"the {self.name} cache holds up to max_len={self.max_len} positions and has {self.seen}; it cannot "
                 f"take {t} more: make it with attnlab.hf.cache({self.name!r}, model, max_len=...) at least the "
@@ -178,11 +180,14 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
 
     Args:
         name: "plain" (lossless, token-identical to DynamicCache; it crops, for assisted generation), "int8"
-            or "int4" (KIVI), "h2o" or "snapkv" (eviction, by the attention attnlab computed).
+            or "int4" (KIVI), "sink" (StreamingLLM: the first tokens and a window of the latest, past the
+            model's context on RoPE), "h2o" or "snapkv" (eviction, by the attention attnlab computed).
         model: the transformers model it is for (its layers, which of them slide, and its attention).
         max_len: positions a sequence may reach, prompt included (default: the model's
-            max_position_embeddings, at most 4096); one more is refused by name.
-        options: the cache's own knobs (``budget=`` for h2o and snapkv, ``group_size=``/``residual=`` for int8/int4).
+            max_position_embeddings, at most 4096); one more is refused by name. A sink cache's window instead:
+            it keeps ``sinks`` first tokens and the latest ``max_len - sinks``, and goes on past any length.
+        options: the cache's own knobs (``budget=`` for h2o and snapkv, ``group_size=``/``residual=`` for int8/int4,
+            ``sinks=``/``recent=`` for sink).
 
     Raises:
         ValueError: a name not offered here (with the reason), a model whose every layer slides, or an evicting
@@ -215,18 +220,21 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
             f"every layer of this model slides (window {window}): each keeps the ring of its window, so the {name} "
             "cache would apply to no layer"
         )
-    if name in EVICTING and config._attn_implementation != "attnlab":
+    if name in POSITIONED and config._attn_implementation != "attnlab":
+        why = "weighs the attention its keys get, which transformers' own attention never hands a cache"
+        if name == "sink":
+            why = "moves its sinks' keys to positions that are not their slots, which only attnlab's attention reads"
         raise ValueError(
-            f"the {name} cache weighs the attention its keys get, which transformers' own attention never hands a "
-            f"cache, and this model runs {config._attn_implementation!r}: load it with attn_implementation='attnlab' "
-            "(or call attnlab.hf.use(model) first)"
+            f"the {name} cache {why}, and this model runs {config._attn_implementation!r}: load it with "
+            "attn_implementation='attnlab' (or call attnlab.hf.use(model) first)"
         )
+    rotary = ModelRotation(model, text) if name == "sink" else None
     layers: list[Any] = []
     for kind in kinds:
         if kind == "sliding_attention":
             layers.append(DynamicSlidingWindowLayer(sliding_window=int(window)))
         elif kind == "full_attention":
-            layers.append(AttnlabLayer(name=name, max_len=span, options=options))
+            layers.append(AttnlabLayer(name=name, max_len=span, options=options, rotary=rotary))
         else:
             raise ValueError(f"a {kind!r} layer has no KV cache attnlab.hf.cache can give it")
     return AttnlabCacheForHF(layers, name)
