@@ -39,6 +39,19 @@ def check_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
         parser.error(f"cannot write --json {args.json!r}: its folder does not exist")
 
 
+def finish(
+    path: str | None, result: dict[str, Any], render: Callable[[Any], str], problems: list[str], tag: str
+) -> int:
+    """Save the run to ``path`` (if given), print its table, then each problem as "tag: problem" on stderr; the
+    exit status: 1 when there is a problem."""
+    if path:
+        Path(path).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(render(result))
+    for line in problems:
+        print(f"{tag}: {line}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def exit_with(main: Callable[[], int]) -> None:
     """Run ``main`` as the script's whole life: its exit code, or on Ctrl-C one line and 130 (a run is written
     only whole, so an interrupted one leaves no file)."""

@@ -35,13 +35,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _runs import exit_with, render_saved
+from _runs import exit_with, finish, render_saved
 
 SCHEMA = "attnlab.hf_caches/1"
 PARITY = 1e-4  # logits of the transformers copy against attnlab's model: the same arithmetic in another order
@@ -53,6 +52,8 @@ def neox_copy(model: Any) -> Any:
     """attnlab's text model (a rotary GPT with LayerNorm and a GELU MLP) as a transformers GPTNeoXForCausalLM."""
     import torch
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    import attnlab.hf  # noqa: F401 - registers attn_implementation="attnlab"
 
     c = model.config
     d = c.emb_dim // c.n_heads
@@ -93,9 +94,9 @@ def neox_copy(model: Any) -> Any:
             ("mlp.dense_h_to_4h", "ff.0"),
             ("mlp.dense_4h_to_h", "ff.2"),
         ]
-        for neox, attnlab in pairs:
+        for neox, ours_name in pairs:
             for part in ("weight", "bias"):
-                theirs[f"{b}{neox}.{part}"] = ours[f"{a}{attnlab}.{part}"]
+                theirs[f"{b}{neox}.{part}"] = ours[f"{a}{ours_name}.{part}"]
     copy = GPTNeoXForCausalLM(config).eval()
     missing, unexpected = copy.load_state_dict(theirs, strict=False)
     left = [m for m in missing if "rotary" not in m]
@@ -252,13 +253,7 @@ def main() -> int:
     if args.json and not Path(args.json).resolve().parent.is_dir():
         parser.error(f"cannot write --json {args.json!r}: its folder does not exist")
     result = run(smoke=args.smoke, threads=args.threads)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(render(result))
-    apart = parted(result)
-    for line in apart:
-        print(f"apart: {line}", file=sys.stderr)
-    return 1 if apart else 0
+    return finish(args.json, result, render, parted(result), "apart")
 
 
 def parted(result: dict[str, Any]) -> list[str]:

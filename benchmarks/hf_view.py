@@ -35,10 +35,9 @@ import resource
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
-from _runs import add_run_arguments, check_run, exit_with, render_saved
+from _runs import add_run_arguments, check_run, exit_with, finish, render_saved
 
 SCHEMA = "attnlab.hf_view/1"
 WAYS = ("eager", "recover every head", "recover one layer", "view, eager", "view, recovered")
@@ -230,10 +229,7 @@ def main() -> int:
         return 0
     check_run(parser, args)
     result = run(smoke=args.smoke, rounds=1 if args.smoke else args.rounds, threads=args.threads)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(render(result))
-    return 0
+    return finish(args.json, result, render, [], "")
 
 
 if __name__ == "__main__":

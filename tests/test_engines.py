@@ -78,3 +78,45 @@ def test_ctrl_c_in_a_saved_run_script_is_one_line_and_130(capsys: pytest.Capture
     assert done.value.code == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("interrupted: nothing written")
+
+
+def test_the_targets_are_judged_from_the_rows_and_the_noise_rule() -> None:
+    """A ratio is judged only where both rows ran and spread at most 25%; a margin inside the spread is said."""
+    engines = script()
+
+    def row(name: str, rate: float, spread: float = 0.1, prefill: float = 100.0) -> dict[str, object]:
+        engine, precision = name.split(" ", 1)
+        return {
+            "engine": engine,
+            "precision": precision,
+            "decode_tokens_per_s": rate,
+            "spread": spread,
+            "prefill_ms": prefill,
+            "prefill_spread": 0.05,
+        }
+
+    result = {
+        "rows": [
+            row("attnlab int8", 60.0),
+            row("ctranslate2 int8", 50.0, prefill=50.0),
+            row("attnlab float32", 20.0),
+            row("attnlab float32 layout-auto", 30.0, spread=0.4),  # the faster eager row, but too noisy
+            row("ctranslate2 float32", 40.0),
+            row("attnlab int8 batch 8", 100.0),
+            row("ctranslate2 int8 batch 8", 98.0),
+            {"engine": "llama.cpp", "precision": "f16", "error": "not installed"},
+        ]
+    }
+    said = engines.verdicts(result)
+    assert said[0] == "int8 decode (attnlab int8 against ctranslate2 int8): 1.20x, target 1x: met"
+    assert said[1] == "bfloat16 decode against llama.cpp: not established (a row did not run)"
+    assert said[3] == (
+        "float32 eager decode (attnlab float32 layout-auto against ctranslate2 float32): 0.75x, target 1x: "
+        "not established (a spread too wide to trust)"
+    )
+    assert said[5] == (
+        "int8 at 8 prompts (attnlab int8 batch 8 against ctranslate2 int8 batch 8): 1.02x, target 1x: met (by 2%, "
+        "inside the rows' 10% spread: another run may say otherwise)"
+    )
+    assert "int8 prefill (attnlab int8 against ctranslate2 int8): 0.50x, target 1x: not met" in said
+    assert [engines.batch_of(p) for p in ("int8", "int8 batch 8", "float32 layout-auto")] == [1, 8, 1]
