@@ -231,6 +231,46 @@ def test_a_sink_cache_in_transformers_goes_past_the_context_as_attnlabs_own_does
     assert held.k_cache.shape[2] == 4 + 124 and made.get_seq_length() == 399  # flat memory, every token seen
 
 
+@pytest.mark.slow  # 16 s: two families, each generating through three sink caches
+@torch.no_grad()
+@pytest.mark.parametrize("family", ["llama", "gpt_oss"])  # gpt-oss: YaRN, whose cos and sin carry a scaling
+def test_a_sink_cache_gives_attnlabs_own_tokens_past_its_window_and_refuses_what_it_cannot_hold(
+    family: str, root: str
+) -> None:
+    """Past a window of 4 + 8, transformers' generate through attnlab.hf.cache("sink") gives the tokens attnlab's
+    own model gives through its sink cache; a left-padded batch (pads among the sinks) and a prompt longer than
+    the window in one chunk are refused by name, and the chunk one token at a time gives attnlab's tokens."""
+    from attnlab.cache import CACHES
+    from attnlab.models import GPT
+
+    folder = hf_dir(family, root)
+    hf = FAMILIES[family][0].from_pretrained(folder, attn_implementation="attnlab").eval()
+    own = GPT.from_pretrained(folder).eval()
+    sink = functools.partial(CACHES["sink"], recent=8)
+    greedy = {"do_sample": False, "eos_token_id": None, "pad_token_id": 0}
+    prompt = IDS[:1, :10]
+    want = own.generate(prompt, 30, cache=sink)[0, 10:]
+    got = hf.generate(prompt, max_new_tokens=30, cache=attnlab.hf.cache("sink", hf, recent=8), **greedy)[0, 10:]
+    assert torch.equal(got, want)
+    padded = torch.ones(2, 10, dtype=torch.long)
+    padded[0, :3] = 0
+    with pytest.raises(ValueError, match="left padding put pad tokens among the sink cache's 4 sinks"):
+        hf.generate(
+            IDS[:2, :10],
+            attention_mask=padded,
+            max_new_tokens=4,
+            cache=attnlab.hf.cache("sink", hf, recent=8),
+            **greedy,
+        )
+    long = IDS[:1, :20]
+    with pytest.raises(ValueError, match=r"holds 12 more of these 20 tokens at once.*prefill_chunk_size=1"):
+        hf.generate(long, max_new_tokens=4, cache=attnlab.hf.cache("sink", hf, recent=8), **greedy)
+    one_by_one = hf.generate(
+        long, max_new_tokens=4, cache=attnlab.hf.cache("sink", hf, recent=8), prefill_chunk_size=1, **greedy
+    )
+    assert torch.equal(one_by_one[0, 20:], own.generate(long, 4, cache=sink)[0, 20:])
+
+
 def test_caches_refuse_what_they_cannot_do_by_name(root: str) -> None:
     sdpa = load("llama", root, "sdpa")
     with pytest.raises(ValueError, match=r"weighs the attention.*runs 'sdpa'.*attn_implementation='attnlab'"):
@@ -606,3 +646,14 @@ def test_explain_runs_a_transformers_checkpoint_in_transformers_and_shows_every_
         == 2
     )
     assert "transformers found no tokenizer in" in capsys.readouterr().err
+    from transformers import T5Config  # no causal LM: transformers' long answer comes back as one line
+
+    T5Config(vocab_size=96, d_model=16, num_layers=1, num_heads=2, d_ff=32).save_pretrained(tmp_path / "t5")
+    _word_tokenizer(96).save_pretrained(tmp_path / "t5")
+    assert cli.main(["explain", "w1", "--model", str(tmp_path / "t5"), "--transformers", "--html", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "could not load --model" in err and "as a causal LM: Unrecognized configuration class" in err
+    assert err.count("\n") == 1 and len(err) < 500, err
+    _word_tokenizer(300).save_pretrained(tmp_path / "phi3")  # a tokenizer past the model's 96 tokens
+    assert cli.main(["explain", "w250", "--model", str(tmp_path / "phi3"), "--transformers", "--html", str(out)]) == 2
+    assert "the tokenizer gives id 250 but the model knows 96 tokens" in capsys.readouterr().err

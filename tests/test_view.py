@@ -424,6 +424,7 @@ def test_a_view_built_a_layer_at_a_time_is_the_page_of_the_whole_weights(
     assert list(built._packed) == [packed] and built.causal == causal and built.weights is None
     assert built.to_html().replace(built._id, "X") == whole.to_html().replace(whole._id, "X")
     assert built.shape == whole.shape == (2, 2, t, t)
+    assert builder.view(lang="en")._packed == built._packed  # a second view shares the page's data, whole
 
 
 def test_a_view_builder_refuses_what_does_not_fit_by_name() -> None:

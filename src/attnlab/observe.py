@@ -64,8 +64,9 @@ class Recorder:
             layer as it comes (``attnlab.explain.hf_view`` builds a view
             so) holds one layer's tensors at a time, not the whole model's.
             The step's tensor is the one recorded, detached but not copied
-            (a copy would double the layer's bytes): it is valid during the
-            call, so copy what you keep past it.
+            (a copy would double the layer's bytes): read it, never write
+            to it (the model may still use it), and copy what you keep past
+            the call.
 
     While a recorder is active, ``attnlab.attention(backend="auto")`` runs the
     eager backend, the one that forms the weights. A fused backend asked for

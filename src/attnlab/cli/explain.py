@@ -148,28 +148,41 @@ def run_transformers(args: argparse.Namespace, console: Console) -> int:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError:
             raise ValueError("--transformers needs transformers: pip install 'attnlab[hf]'") from None
+        from transformers.utils import logging as hf_logging
+
         from attnlab.explain.hf_view import transformers_report
 
         where = args.tokenizer or args.model
+        shown, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+        hf_logging.disable_progress_bar()  # its loading bar and notes are not this command's output
+        hf_logging.set_verbosity_error()
         try:
-            tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True)
-        except (OSError, ValueError, KeyError) as err:
-            raise ValueError(f"transformers found no tokenizer in {where!r} ({err}); pass --tokenizer DIR") from None
-        from transformers.utils import logging as hf_logging
-
-        shown = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()  # its loading bar is not this command's output
-        try:
-            model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
-        except (OSError, ValueError, KeyError) as err:
-            raise ValueError(f"transformers could not load --model {args.model!r} as a causal LM: {err}") from None
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True)
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                raise ValueError(
+                    f"transformers found no tokenizer in {where!r} ({_one_line(err)}); pass --tokenizer DIR"
+                ) from None
+            try:
+                model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+            except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+                raise ValueError(
+                    f"transformers could not load --model {args.model!r} as a causal LM: {_one_line(err)}"
+                ) from None
         finally:
+            hf_logging.set_verbosity(verbosity)
             if shown:
                 hf_logging.enable_progress_bar()
         report = transformers_report(model, tokenizer, args.sentence, name=Path(args.model).name, lang=args.lang)
     except (ValueError, TypeError) as err:
         return error(console, err)
     return write_report(console, report, args.html)
+
+
+def _one_line(err: BaseException, most: int = 300) -> str:
+    """transformers' message on one line, cut at ``most`` characters (some list every config they know)."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= most else text[: most - 1] + "…"
 
 
 def check_transformers_args(args: argparse.Namespace) -> str:

@@ -28,19 +28,26 @@ def transformers_view(model: Any, tokenizer: Any, text: str, *, lang: str = "en"
     """Every layer and head of a transformers causal LM on ``text``; ``tokenizer`` is its transformers tokenizer.
 
     Raises:
-        ValueError: a text of no tokens or of more than MAX_VIEW_TOKENS, or a model attnlab cannot run inside
-            (named by :func:`attnlab.hf.use`).
+        ValueError: a text of no tokens or of more than MAX_VIEW_TOKENS, ids past the model's vocabulary, a model
+            attnlab cannot run inside (named by :func:`attnlab.hf.use`), or one with layers that are not attention.
     """
     import attnlab.hf
 
     if lang not in REPORT_TEXT:
         raise ValueError(f"lang must be one of {sorted(REPORT_TEXT)}, got {lang!r}")
     ids = [int(i) for i in tokenizer(text)["input_ids"]]
-    if not 0 < len(ids) <= MAX_VIEW_TOKENS:
+    if not ids:
+        raise ValueError(f"the text has no tokens: {text!r}; give a text to look at")
+    if len(ids) > MAX_VIEW_TOKENS:
         raise ValueError(
             f"the view shows 1 to {MAX_VIEW_TOKENS} tokens; {text[:40]!r}... has {len(ids)}: give a shorter text"
         )
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if max(ids) >= int(config.vocab_size):
+        raise ValueError(
+            f"the tokenizer gives id {max(ids)} but the model knows {config.vocab_size} tokens: pass the tokenizer "
+            "the model was trained with"
+        )
     n_layers, n_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
     builder = ViewBuilder(tokens=[tokenizer.decode([i]) for i in ids], layers=n_layers, heads=n_heads)
     shares: dict[str, torch.Tensor] = {}  # module -> what its sinks took of each row (B, H, T), gpt-oss
@@ -53,7 +60,10 @@ def transformers_view(model: Any, tokenizer: Any, text: str, *, lang: str = "en"
         if step.name != "attn_weights" or step.layer is None:
             return
         if step.layer != builder.added:
-            raise RuntimeError(f"the view expected layer {builder.added}'s weights and got layer {step.layer}'s")
+            raise ValueError(
+                f"layer {builder.added} ran no attention through attnlab.hf (layer {step.layer}'s came next): the view "
+                "shows models whose every layer is attention, not hybrids of attention and other layers"
+            )
         w = step.tensor[0]  # (H, T, T), rows summing to 1
         share = shares.pop(step.module, None)
         if share is not None:  # what a row gives its sink is given to no key
@@ -65,7 +75,7 @@ def transformers_view(model: Any, tokenizer: Any, text: str, *, lang: str = "en"
     with attnlab.hf.use(model, backend="flash"), Recorder(heads=every, on_step=take), torch.no_grad():
         model(torch.tensor([ids]))
     if builder.added != n_layers or len(set(sunk)) > 1:
-        raise RuntimeError(
+        raise ValueError(
             f"the view got the weights of {builder.added} of {n_layers} layers (sinks on {sum(sunk)}): every "
             "layer's attention must run through attnlab.hf"
         )

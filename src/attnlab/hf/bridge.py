@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from attnlab.cache.sink import SinkCache
 from attnlab.functional import mods
 from attnlab.functional.attention import run_kernel
 from attnlab.functional.eager import head_weights
@@ -175,6 +176,13 @@ def attend(
     index = -1 if layer is None else layer
     tq = query.shape[2]
     b, h, tk = query.shape[0], query.shape[1], key.shape[2]
+    if entry is not None and mask is not None and isinstance(entry.cache, SinkCache):
+        first = entry.cache.sinks  # a sink cache's first positions, kept for good
+        if not bool(mask[..., -1, :first].all()):  # the last query sees every position before it, but a pad's
+            raise ValueError(
+                f"left padding put pad tokens among the sink cache's {first} sinks, the first positions it keeps for "
+                "good: make one sink cache per prompt (generate the rows one at a time, unpadded)"
+            )
     if entry is not None:  # an attnlab cache returned these keys: each slot's position is known
         vis = Visibility(
             q_pos=entry.q_pos,

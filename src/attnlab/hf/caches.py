@@ -115,6 +115,13 @@ class AttnlabLayer(CacheLayerMixin):
                 "prompt's length plus every token to generate"
             )
         q_pos = self.inner.next_positions(t)
+        limit = self.inner.room()
+        if t > 1 and limit is not None and t > limit:  # a sink cache's chunk would push out what it still needs
+            raise ValueError(
+                f"the sink cache's window holds {limit} more of these {t} tokens at once: a longer prompt goes "
+                "through it one token at a time, generate(..., prefill_chunk_size=1), or make the window longer "
+                "(max_len=, recent=)"
+            )
         keys, values, positions = self.inner.update(key_states, value_states)
         self.seen += t
         if self.name in PREFIX:  # only the filled slots: any attention reads them as it reads DynamicCache's

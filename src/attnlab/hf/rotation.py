@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-FIXED = ("default", "linear", "llama3")  # RoPE variants whose frequencies are fixed: rotations add up
+FIXED = ("default", "linear", "llama3", "yarn")  # frequencies fixed (YaRN's scaling of cos and sin is divided out)
 
 
 class ModelRotation:

@@ -373,6 +373,7 @@ class ViewBuilder:
         self._rolled = torch.eye(t, dtype=torch.float64)  # the rollout of the layers so far (T, T)
         self._spare, self._step = torch.empty(t, t, dtype=torch.float64), torch.empty(t, t, dtype=torch.float64)
         self._scratch = torch.empty(t, t)
+        self._page: dict[str, object] | None = None  # the page's data, once view() made it
 
     def held_bytes(self) -> int:
         """The bytes of the page's data the builder holds now (the weights added are not among them)."""
@@ -390,7 +391,7 @@ class ViewBuilder:
             ValueError: a layer past the last, of another shape, or weights not finite and non-negative.
         """
         layers, heads, t, _ = self.shape
-        if self.added == layers:
+        if self.added == layers or self._page is not None:
             raise ValueError(f"all {layers} layers were added; view() makes the view")
         if not isinstance(weights, torch.Tensor) or tuple(weights.shape) != (heads, t, t):
             got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
@@ -424,7 +425,12 @@ class ViewBuilder:
             self._pictures.append(torch.cat(drawn).to(torch.uint8))  # (N, R, R)
 
     def _packed(self) -> dict[str, object]:
-        """The page's data: the patterns, then the rollout."""
+        """The page's data: the patterns, then the rollout (made once: a second view shares it)."""
+        if self._page is None:
+            self._page = self._pack_page()
+        return self._page
+
+    def _pack_page(self) -> dict[str, object]:
         rolled = torch.clamp(self._rolled.float(), 0, 1).mul_(255).round_().to(torch.uint8)[None]  # (1, T, T)
         patterns = [pattern for layer in self._dense for pattern in layer]
         if not self._sparse and self._dense_bytes(causal=self.causal) <= MAX_VIEW_BYTES:
