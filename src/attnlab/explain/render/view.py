@@ -416,18 +416,27 @@ class ViewBuilder:
         if not self._sparse:
             self._dense.append(steps)
             return
+        entry, drawn = self._sparse_of(steps, pictures=pictures)
+        self._entries.append(entry)
+        self._pictures += drawn
+
+    def _sparse_of(
+        self, steps: torch.Tensor, *, pictures: bool
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], list[torch.Tensor]]:
+        """Of steps (N, T, T): (each row's count of kept keys (N*T,), their keys (e,), their steps (e,)), and the
+        heads' pictures [(N, R, R)] (none for the rollout)."""
         keep = steps >= SPARSE_STEP  # (N, T, T)
         kept, keys = keep.sum(dim=-1).to(torch.int32), keep.nonzero()[:, -1].to(torch.int16)  # keys < 1024 tokens
-        self._entries.append((kept.flatten(), keys, steps[keep]))  # (N*T,) kept a row; (e,) their keys and steps
-        if pictures:
-            size = min(steps.shape[-1], THUMB)
-            drawn = [F.adaptive_max_pool2d(self._scratch.copy_(x)[None], (size, size)) for x in steps]  # (1, R, R)
-            self._pictures.append(torch.cat(drawn).to(torch.uint8))  # (N, R, R)
+        if not pictures:
+            return (kept.flatten(), keys, steps[keep]), []
+        size = min(steps.shape[-1], THUMB)
+        drawn = [F.adaptive_max_pool2d(self._scratch.copy_(x)[None], (size, size)) for x in steps]  # (1, R, R) each
+        return (kept.flatten(), keys, steps[keep]), [torch.cat(drawn).to(torch.uint8)]  # (N, R, R)
 
     def _packed(self) -> dict[str, object]:
         """The page's data: the patterns, then the rollout (made once: a second view shares it)."""
         if self._page is None:
-            self._page = self._pack_page()
+            self._page = self._pack_page()  # a page too big raises, and says so again on every later call
         return self._page
 
     def _pack_page(self) -> dict[str, object]:
@@ -435,17 +444,16 @@ class ViewBuilder:
         patterns = [pattern for layer in self._dense for pattern in layer]
         if not self._sparse and self._dense_bytes(causal=self.causal) <= MAX_VIEW_BYTES:
             return {"weights": _pack([*patterns, rolled[0]], self.causal)}
-        self._sparse, dense, self._dense = True, self._dense, []
-        for steps in dense:  # the size was settled only now: the layers kept whole go sparse
-            self._take(steps, pictures=True)
-        self._take(rolled, pictures=False)  # the rollout has no picture
+        entries, pictures = list(self._entries), list(self._pictures)  # this page's, the builder's left as they are
+        late = [(steps, True) for steps in self._dense]  # the size was settled only now: these go sparse too
+        for steps, drawn in [*late, (rolled, False)]:  # the rollout last, with no picture
+            got = self._sparse_of(steps, pictures=drawn)
+            entries.append(got[0])
+            pictures += got[1]
         layers, heads, t, _ = self.shape
-        counts = torch.cat([kept for kept, _, _ in self._entries])  # (N*T,)
+        counts = torch.cat([kept for kept, _, _ in entries])  # (N*T,)
         offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0, dtype=torch.int64)])
-        found, thumbs = (
-            torch.cat([keys for _, keys, _ in self._entries]),
-            torch.cat(self._pictures),
-        )  # (E,), (L*H, R, R)
+        found, thumbs = torch.cat([keys for _, keys, _ in entries]), torch.cat(pictures)  # (E,), (L*H, R, R)
         sparse_bytes = 4 * offsets.numel() + 3 * found.shape[0] + thumbs.numel()
         if sparse_bytes > MAX_VIEW_BYTES:
             raise ValueError(
@@ -459,7 +467,7 @@ class ViewBuilder:
             "sparse": {
                 "offsets": b64(offsets.numpy().astype("<u4")),
                 "keys": b64(found.numpy().astype("<u2")),
-                "values": b64(torch.cat([values for _, _, values in self._entries]).numpy()),
+                "values": b64(torch.cat([values for _, _, values in entries]).numpy()),
                 "thumbs": b64(thumbs.contiguous().numpy()),
             }
         }
