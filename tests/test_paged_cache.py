@@ -104,6 +104,21 @@ def test_a_full_pool_is_refused_before_anything_is_written() -> None:
         cache.update(torch.ones(2, 1, 9, 2), torch.ones(2, 1, 9, 2))
 
 
+def test_a_step_reads_only_the_blocks_up_to_its_longest_row() -> None:
+    """The effect: rows of 3 and 6 tokens in blocks of 2 hand attention 3 blocks' slots each (6), not the 16 of
+    max_len, and every slot past a row's end is marked empty. (Gathering every block made each decode step copy
+    a whole context's keys for every row and layer.)"""
+    cache = PagedKVCache(batch_size=2, num_kv_heads=1, head_dim=2, num_blocks=8, max_len=16, block_size=2)
+    k = torch.arange(2 * 6 * 2, dtype=torch.float32).view(2, 1, 6, 2)
+    cache.rows([0]).update(k[:1, :, :3], k[:1, :, :3])
+    keys, values, positions = cache.rows([1]).update(k[1:], k[1:])
+    assert keys.shape == (1, 1, 6, 2) and torch.equal(keys[0, 0], k[1, 0])
+    keys, values, positions = cache.update(torch.ones(2, 1, 1, 2), torch.ones(2, 1, 1, 2))  # 4 and 7 tokens
+    assert keys.shape == (2, 1, 8, 2) and positions.shape == (2, 8)
+    assert positions.tolist() == [[0, 1, 2, 3, -1, -1, -1, -1], [0, 1, 2, 3, 4, 5, 6, -1]]
+    assert torch.equal(keys[0, 0, :3], k[0, 0, :3]) and torch.equal(keys[1, 0, :6], k[1, 0])
+
+
 def test_the_cache_is_named_and_its_misuses_are_refused() -> None:
     m = model()
     idx = torch.randint(0, 64, (1, 4))

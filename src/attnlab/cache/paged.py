@@ -369,8 +369,13 @@ class PagedKVCache(LayerCache):
         (R, S), -1 past each row's end (``ends``, default its length)."""
         index = torch.arange(self.batch_size, device=self.lengths.device) if index is None else index
         ends = self.lengths[index] if ends is None else ends
-        m, p = self.table.blocks_per_seq, self.block_size
-        table = self.block_table[index].clamp(min=0)  # (R, M); an unused entry reads block 0, hidden by its position
+        p = self.block_size
+        # only the blocks up to the longest row's end: gathering all blocks_per_seq copied the whole context's
+        # worth of keys for every row, layer and step (at 32 rows, most of a decode step's time)
+        m = max(1, -(-int(ends.max()) // p)) if len(index) else 1
+        table = self.block_table[index, :m].clamp(
+            min=0
+        )  # (R, m); an unused entry reads block 0, hidden by its position
         keys = self.k_pool[table].permute(0, 2, 1, 3, 4).reshape(len(index), self.num_kv_heads, m * p, self.head_dim)
         values = self.v_pool[table].permute(0, 2, 1, 3, 4).reshape(len(index), self.num_kv_heads, m * p, self.head_dim)
         slots = torch.arange(m * p, device=ends.device)[None, :]  # (1, S)

@@ -16,6 +16,11 @@ values agree with ``F.linear``'s to float rounding. It serves inference on
 the CPU in float32 and bfloat16; a product that needs a gradient, runs under
 torch.compile or has another dtype or device goes through ``F.linear``.
 
+A fourth also keeps the rows: "gemv" multiplies a decode step's few rows by
+a loop that torch.compile writes for the product (:mod:`attnlab.nn.gemv`:
+each weight read once, widened to float32 in registers), and more rows, a
+prompt's, by oneDNN. It needs torch.compile to work here (a C++ compiler).
+
 :func:`fastest_layout` times both on weights that together exceed the
 caches (256 MB, cycled), as decoding meets them, and keeps the answer for
 the process. :func:`set_layout` re-stores a module's ``nn.Linear`` weights
@@ -34,7 +39,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-Layout = Literal["rows", "columns", "onednn"]
+from attnlab.nn.gemv import FLOAT_ROWS, gemv, gemv_applies, why_no_gemv
+
+Layout = Literal["rows", "columns", "onednn", "gemv"]
 STORAGES: tuple[Layout, ...] = ("rows", "columns")  # F.linear, the weight stored either way
 ONEDNN_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's CPU inner product takes
 
@@ -44,14 +51,14 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-LAYOUTS: tuple[Layout, ...] = (*STORAGES, "onednn") if onednn_available() else STORAGES
+LAYOUTS: tuple[Layout, ...] = (*STORAGES, "onednn", "gemv") if onednn_available() else (*STORAGES, "gemv")
 _CHOSEN: dict[tuple[int, int, torch.dtype], Layout] = {}
 STREAM_BYTES = 256 * 2**20  # more than any CPU cache: the weights stream from memory, as a decode step's do
 
 
 def laid_out(weight: torch.Tensor, layout: Layout) -> torch.Tensor:
     """``weight`` (out, in) with its numbers stored row by row, or column by column."""
-    if layout in ("rows", "onednn"):
+    if layout in ("rows", "onednn", "gemv"):
         return weight.contiguous()
     return weight.t().contiguous().t()  # (out, in), strides (1, out)
 
@@ -102,8 +109,35 @@ class OneDNNLinear(nn.Linear):
         return onednn_linear(input, self.weight, self.bias)
 
 
+def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``: up to :data:`attnlab.nn.gemv.FLOAT_ROWS` rows (a decode step) by the
+    compiled loop of :func:`attnlab.nn.gemv.gemv` where it applies (inference on the CPU, one dtype throughout,
+    a row-major weight; under torch.compile the loop joins the graph), other calls by :func:`onednn_linear`."""
+    flat = x.reshape(-1, x.shape[-1])  # (B, T, in) -> (N, in)
+    same = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype) and weight.is_contiguous()
+    if torch.compiler.is_compiling():
+        fits = same and x.dtype in ONEDNN_DTYPES and flat.shape[0] <= FLOAT_ROWS and not torch.is_grad_enabled()
+    else:
+        fits = same and onednn_applies(x, weight, bias) and gemv_applies(flat, weight)
+    if fits:
+        out = gemv(flat, weight, None, bias)  # (N, out)
+        return out.reshape(*x.shape[:-1], weight.shape[0])  # (N, out) -> (B, T, out)
+    return onednn_linear(x, weight, bias)
+
+
+class GemvLinear(nn.Linear):
+    """An ``nn.Linear`` in the "gemv" layout: the same parameters, its product by :func:`gemv_linear`."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return gemv_linear(input, self.weight, self.bias)
+
+
+CLASSES: dict[Layout, type[nn.Linear]] = {"rows": nn.Linear, "columns": nn.Linear, "onednn": OneDNNLinear}
+CLASSES["gemv"] = GemvLinear
+
+
 def _product(layout: Layout) -> Callable[..., torch.Tensor]:
-    return onednn_linear if layout == "onednn" else F.linear
+    return {"onednn": onednn_linear, "gemv": gemv_linear}.get(layout, F.linear)
 
 
 def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict[Layout, float]:
@@ -116,6 +150,8 @@ def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, r
     rates: dict[Layout, float] = {}
     with torch.no_grad():
         for layout in LAYOUTS:
+            if layout == "gemv" and (why_no_gemv() or dtype not in ONEDNN_DTYPES):
+                continue  # its rate would be oneDNN's or F.linear's, measured under its name
             weights = [laid_out(torch.randn(d_out, d_in, dtype=dtype), layout) for _ in range(copies)]
             calls = [partial(_product(layout), x, w) for w in weights]
             rates[layout] = copies * size / pass_seconds(calls, repeats) / 1e9
@@ -138,12 +174,13 @@ def pass_seconds(calls: Sequence[Callable[[], object]], repeats: int) -> float:
 
 def fastest_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32) -> Layout:
     """The layout in which the product of one vector streams a (d_out, d_in) weight fastest here (kept per
-    shape); "onednn" only for the dtypes it takes."""
+    shape); "onednn" and "gemv" only for the dtypes they take, "gemv" only where its loop can be built."""
     key = (d_in, d_out, dtype)
     if key not in _CHOSEN:
         rates = stream_rates(d_in, d_out, dtype=dtype)
         if dtype not in ONEDNN_DTYPES:
             rates.pop("onednn", None)
+            rates.pop("gemv", None)
         _CHOSEN[key] = max(rates, key=rates.__getitem__)
     return _CHOSEN[key]
 
@@ -155,19 +192,21 @@ def set_layout(module: nn.Module, layout: Layout | Literal["auto"]) -> dict[str,
     if layout not in (*LAYOUTS, "auto"):
         raise ValueError(f"layout must be one of {(*LAYOUTS, 'auto')}, got {layout!r}")
     linears = [(name, sub) for name, sub in module.named_modules() if isinstance(sub, nn.Linear)]
-    if layout == "onednn":
+    if layout in ("onednn", "gemv"):
         dtypes = sorted({str(sub.weight.dtype) for _, sub in linears} - {str(d) for d in ONEDNN_DTYPES})
         if dtypes:
-            raise TypeError(f"the onednn layout takes float32 or bfloat16 weights, this module holds {dtypes}")
+            raise TypeError(f"the {layout} layout takes float32 or bfloat16 weights, this module holds {dtypes}")
+    if layout == "gemv" and why_no_gemv():
+        raise RuntimeError(f"the gemv layout cannot run here: {why_no_gemv()}; use layout='onednn' or 'auto'")
     chosen: dict[str, Layout] = {}
     with torch.no_grad():
         for name, sub in linears:
             out_f, in_f = sub.weight.shape
             pick: Layout = fastest_layout(in_f, out_f, dtype=sub.weight.dtype) if layout == "auto" else layout
             sub.weight.data = laid_out(sub.weight.data, pick)  # a new storage; the Parameter object stays
-            if type(sub) in (nn.Linear, OneDNNLinear):  # another class's forward is its own: rows, as it was
-                sub.__class__ = OneDNNLinear if pick == "onednn" else nn.Linear
-            elif pick == "onednn":
+            if type(sub) in set(CLASSES.values()):  # another class's forward is its own: rows, as it was
+                sub.__class__ = CLASSES[pick]
+            elif pick in ("onednn", "gemv"):
                 pick = "rows"
             chosen[f"{name}.weight"] = pick
     return chosen

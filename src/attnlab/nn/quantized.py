@@ -6,13 +6,18 @@ Quantization is symmetric per output channel (row ``o`` of ``W`` (out, in)):
 ``scale[o] = max |W[o]| / 127`` and ``W_int8 = round(W / scale)``, so each
 weight is off by at most half a step of its own row.
 
-Three kernels multiply by it; :func:`fastest_int8_kernel` times them on this
+Four kernels multiply by it; :func:`fastest_int8_kernel` times them on this
 machine and picks one per weight shape:
 
 * ``"dequantize"``: ``F.linear(x, W_int8 * scale)``, the readable path: exactly
   weight-only, and slow (it re-forms the float weight every call);
 * ``"int8pack"``: PyTorch's weight-only ``torch._weight_int8pack_mm``, the
   same numbers as dequantize up to float rounding;
+* ``"gemv"``: weight-only too: a decode step's few rows by a loop that
+  torch.compile writes (:mod:`attnlab.nn.gemv`: each int8 weight read once,
+  widened and scaled in registers), more rows (a prompt) by dequantizing the
+  weight and oneDNN's product; dequantize's numbers to float rounding, and a
+  row's numbers never depend on the other rows of the call;
 * ``"dynamic"``: the x86/fbgemm dynamic quantized linear, which also rounds
   the activations to 7 bits on the fly, each token (row) with its own scale
   and zero point, so a token's output never depends on the other tokens of
@@ -41,11 +46,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnlab.nn.layout import pass_seconds
+from attnlab.nn.gemv import INT8_ROWS, gemv, gemv_applies, why_no_gemv
+from attnlab.nn.layout import onednn_linear, pass_seconds
 
-Int8Kernel = Literal["dynamic", "int8pack", "dequantize"]
-INT8_KERNELS: tuple[Int8Kernel, ...] = ("dynamic", "int8pack", "dequantize")
+Int8Kernel = Literal["dynamic", "int8pack", "gemv", "dequantize"]
+INT8_KERNELS: tuple[Int8Kernel, ...] = ("dynamic", "int8pack", "gemv", "dequantize")
 _CHOSEN: dict[tuple[int, int], Int8Kernel] = {}
+SLICE_BYTES = 8 * 2**20  # the gemv kernel's float slice of a weight, for many rows
 STREAM_BYTES = 128 * 2**20  # int8 weights that together exceed the caches, as a decode step meets them
 
 
@@ -65,6 +72,8 @@ def available_kernels() -> tuple[Int8Kernel, ...]:
         found.append("dynamic")
     if hasattr(torch, "_weight_int8pack_mm"):
         found.append("int8pack")
+    if not why_no_gemv():
+        found.append("gemv")
     return (*found, "dequantize")
 
 
@@ -164,8 +173,7 @@ class Int8Linear(nn.Module):
             raise TypeError(
                 f"int8 quantization starts from float32 weights, got {linear.weight.dtype}; call .float() first"
             )
-        if kernel not in available_kernels():
-            raise ValueError(f"kernel must be one of {available_kernels()} in this PyTorch build, got {kernel!r}")
+        _check_kernel(kernel)
         self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
         q, scale = quantize_rows(linear.weight)
         self.register_buffer("weight_int8", q)  # (out, in)
@@ -226,12 +234,34 @@ class Int8Linear(nn.Module):
                 out[~plain] = self._alone(flat[~plain])
         elif self.kernel == "dynamic":
             out = self._alone(flat)
+        elif self.kernel == "gemv" and self._loop_fits(flat):
+            out = gemv(flat, self.weight_int8, self.scale, self.bias)
+        elif self.kernel == "gemv":  # a prompt's rows, a large batch: the float weight a slice at a time
+            out = self._dequantized_product(flat)
         elif self.kernel == "int8pack":
             out = torch._weight_int8pack_mm(flat.contiguous(), self.weight_int8, self.scale)
             out = out if self.bias is None else out + self.bias
         else:
             out = F.linear(flat, self.dequantized(), self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)  # (N, out) -> (B, T, out)
+
+    def _dequantized_product(self, flat: torch.Tensor) -> torch.Tensor:
+        """(N, in) -> (N, out): ``F.linear`` with :meth:`dequantized`'s weight, made a slice of output rows at a
+        time, so that no float copy of the whole weight is ever held (a vocabulary's is hundreds of MB)."""
+        step = max(1, SLICE_BYTES // (4 * self.in_features))
+        out = flat.new_empty(flat.shape[0], self.out_features)  # (N, out)
+        for o0 in range(0, self.out_features, step):
+            o1 = min(o0 + step, self.out_features)
+            weight = self.weight_int8[o0:o1].float() * self.scale[o0:o1, None]  # (o1 - o0, in)
+            bias = None if self.bias is None else self.bias[o0:o1]
+            out[:, o0:o1] = onednn_linear(flat, weight, bias)
+        return out
+
+    def _loop_fits(self, flat: torch.Tensor) -> bool:
+        """Whether the gemv kernel's loop takes these rows (a decode step's few, no gradient wanted)."""
+        if torch.compiler.is_compiling():
+            return flat.shape[0] <= INT8_ROWS and not torch.is_grad_enabled()
+        return gemv_applies(flat, self.weight_int8)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel!r}"
@@ -261,10 +291,18 @@ def fastest_int8_kernel(d_in: int, d_out: int) -> Int8Kernel:
     return _CHOSEN[key]
 
 
+def _check_kernel(kernel: str) -> None:
+    """Refuse a kernel this PyTorch build or machine lacks, naming what it has (and why "gemv" cannot run)."""
+    if kernel == "gemv" and why_no_gemv():
+        raise ValueError(f"the 'gemv' kernel cannot run here: {why_no_gemv()}; use kernel='auto'")
+    if kernel not in INT8_KERNELS or (kernel != "gemv" and kernel not in available_kernels()):
+        raise ValueError(f"kernel must be one of {available_kernels()} in this PyTorch build, got {kernel!r}")
+
+
 def quantize_linears(module: nn.Module, kernel: Int8Kernel | Literal["auto"] = "auto") -> dict[str, Int8Kernel]:
     """Replace every ``nn.Linear`` inside ``module`` by an :class:`Int8Linear`, in place; the kernel each got."""
-    if kernel != "auto" and kernel not in available_kernels():
-        raise ValueError(f"kernel must be 'auto' or one of {available_kernels()} in this PyTorch build, got {kernel!r}")
+    if kernel != "auto":
+        _check_kernel(kernel)
     chosen: dict[str, Int8Kernel] = {}
     for name, sub in list(module.named_modules()):
         for child_name, child in list(sub.named_children()):

@@ -1,0 +1,147 @@
+"""One token's product with a weight, by a loop that torch.compile writes for it (issue 37).
+
+A decode step multiplies one token's vector by every weight, so it is bound
+by how fast the weights stream from memory. The BLAS routines behind
+``F.linear`` treat that product as a small matrix product; on some CPUs they
+stream a weight well below memory's rate, and for bfloat16 and int8 weights
+they convert the whole weight before they multiply. Written as what it is,
+
+    out[n, o] = sum_i x[n, i] * weight[o, i] * scale[o] + bias[o]
+
+and handed to ``torch.compile``, Inductor makes one loop over the weight's
+rows that reads each weight once, widens it (bfloat16, int8) to float32 in
+registers and sums in float32. On the machine of ``docs/benchmarks.md`` it
+streams bfloat16 and int8 weights several times faster than the BLAS.
+
+:func:`gemv` is that product; :func:`readable_gemv` is the same sum written
+plainly, the path it is tested against. Each shape gets its own loop,
+compiled on its first call in a process (about a second; Inductor keeps it
+on disk for later processes) and called without torch.compile's guards, so
+a call costs microseconds. A row's numbers never depend on the other rows
+of the call. :func:`why_no_gemv` says why the loop cannot be built here
+(torch.compile needs a C++ compiler), or nothing: where it cannot,
+``set_layout("auto")`` and ``quantize("int8")`` never choose it, and asking
+for it by name is refused with the reason.
+
+Shapes: N = rows (tokens), in / out = the weight's features.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+# At most this many rows go through the loop, which reads the weight once per row; more go to a matrix product.
+# Measured on the machine of docs/benchmarks.md, against oneDNN (float) and dequantize-then-oneDNN (int8), on
+# weights streamed from memory: the loop was faster up to 2 float rows and up to 8 int8 rows.
+FLOAT_ROWS = 2
+INT8_ROWS = 8
+GEMV_DTYPES = (torch.float32, torch.bfloat16, torch.int8)  # the weights it reads
+
+
+def readable_gemv(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(N, in) x (out, in) -> (N, out) in float32 then ``x``'s dtype: each weight widened, times its row's
+    ``scale`` (int8 weights), plus ``bias``; the readable path :func:`gemv` is tested against."""
+    full = weight.float() if scale is None else weight.float() * scale.float()[:, None]  # (out, in)
+    out = F.linear(x.float(), full, None if bias is None else bias.float())
+    return out.to(x.dtype)
+
+
+def _loop(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """The sum as Inductor fuses it: (N, 1, in) * (1, out, in), summed over in, in float32."""
+    products = x.float()[:, None, :] * weight.float()[None, :, :]  # (N, out, in): never formed, the loop's body
+    out = products.sum(-1)  # (N, out)
+    if scale is not None:
+        out = out * scale.float()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+Spec = tuple[object, ...]
+_KERNELS: dict[Spec, Callable[..., torch.Tensor]] = {}  # one compiled loop per spec, made on first use
+
+
+def _spec(tensors: tuple[torch.Tensor | None, ...]) -> Spec:
+    """What a compiled loop is specialized to: each tensor's shape, strides and dtype (None where absent), and
+    the threads it was built for. A loop is only ever called with tensors of its own spec, so it needs no guard."""
+    laid = tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in tensors)
+    return (*laid, torch.get_num_threads())
+
+
+def _kernel(spec: Spec, tensors: tuple[torch.Tensor | None, ...]) -> Callable[..., torch.Tensor]:
+    """The loop compiled by Inductor for ``spec`` (traced to a graph with make_fx, then torch._inductor.compile:
+    no Dynamo, so a call costs microseconds, not a guard check)."""
+    if spec not in _KERNELS:
+        from torch._inductor import compile as inductor_compile
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        given = [t is not None for t in tensors]
+
+        def body(*present: torch.Tensor) -> torch.Tensor:
+            it = iter(present)
+            x, weight, scale, bias = (next(it) if has else None for has in given)
+            assert x is not None and weight is not None  # always given
+            return _loop(x, weight, scale, bias)
+
+        inputs: list[torch.Tensor | int | torch.SymInt | None] = [t for t in tensors if t is not None]
+        graph = make_fx(body)(*inputs)
+        _KERNELS[spec] = inductor_compile(graph, inputs)
+    return _KERNELS[spec]
+
+
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(N, in) x (out, in) -> (N, out): :func:`readable_gemv`'s numbers to float rounding, by the compiled loop
+    (under an enclosing torch.compile, the loop is traced into its graph). ``scale``: int8 weights' (out,).
+    For inference on the CPU with a few rows (:data:`FLOAT_ROWS`, :data:`INT8_ROWS`); the caller checks
+    (:func:`gemv_applies`)."""
+    if (weight.dtype == torch.int8) != (scale is not None):
+        raise ValueError(f"an int8 weight takes a scale per row and a {weight.dtype} weight none")
+    if torch.compiler.is_compiling():
+        return _loop(x, weight, scale, bias)
+    tensors = (x, weight, scale, bias)
+    out: torch.Tensor = _kernel(_spec(tensors), tensors)(*(t for t in tensors if t is not None))
+    return out
+
+
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`gemv` may serve this product: a few rows (:data:`FLOAT_ROWS`, or :data:`INT8_ROWS` for
+    an int8 weight), on the CPU, weights it reads, no gradient wanted, and torch.compile working here."""
+    if x.dim() != 2 or x.shape[0] > rows_for(weight) or x.shape[0] == 0 or x.shape[1] == 0:
+        return False
+    if x.device.type != "cpu" or weight.device.type != "cpu" or weight.dtype not in GEMV_DTYPES:
+        return False
+    if type(x) is not torch.Tensor or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return False
+    return not why_no_gemv()
+
+
+def rows_for(weight: torch.Tensor) -> int:
+    """How many rows at most :func:`gemv` serves for this weight's dtype."""
+    return INT8_ROWS if weight.dtype == torch.int8 else FLOAT_ROWS
+
+
+@functools.cache
+def why_no_gemv() -> str:
+    """Why torch.compile cannot serve the loop here, in one line; "" where it builds and runs it. Tried once per
+    process, on tiny products of each kind checked against :func:`readable_gemv`."""
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(1, 16, generator=generator), torch.randn(8, 16, generator=generator)
+    q, scale = torch.randint(-127, 128, (8, 16), generator=generator, dtype=torch.int8), torch.rand(8) + 0.5
+    try:
+        with torch.no_grad():
+            got = [gemv(x, weight), gemv(x, q, scale)]
+    except Exception as error:  # no C++ compiler, an unsupported platform: the reason, in one line
+        first = (str(error).splitlines() or [""])[0][:200]
+        return f"torch.compile cannot build the loop here ({type(error).__name__}: {first})"
+    want = [readable_gemv(x, weight), readable_gemv(x, q, scale)]
+    if not all(torch.allclose(a, b, rtol=1e-5, atol=1e-4) for a, b in zip(got, want, strict=True)):
+        return "torch.compile's loop here disagrees with the readable product"
+    return ""

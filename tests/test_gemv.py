@@ -1,0 +1,177 @@
+"""The decode step's product by a loop torch.compile writes (issue 37, attnlab.nn.gemv): the loop agrees with
+the readable product for every weight it reads; a row's numbers never depend on the other rows; the "gemv"
+layout and int8 kernel send every product of a decode step through the loop (seen by the profiler) and a
+prompt's many rows elsewhere; a machine without torch.compile is refused by name and never chosen."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.models import GPT, GPTConfig
+from attnlab.nn import gemv as gemv_module
+from attnlab.nn import layout, quantized
+from attnlab.nn.gemv import FLOAT_ROWS, INT8_ROWS, gemv, readable_gemv, why_no_gemv
+from attnlab.nn.layout import GemvLinear
+from attnlab.nn.quantized import Int8Linear
+
+if why_no_gemv() and os.environ.get("CI") != "true":  # under CI=true the tests run, and fail
+    pytest.skip(f"no gemv loop here: {why_no_gemv()}", allow_module_level=True)
+
+
+def weights(dtype: torch.dtype, out: int, d_in: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    generator = torch.Generator().manual_seed(out * d_in)
+    if dtype == torch.int8:
+        q = torch.randint(-127, 128, (out, d_in), generator=generator, dtype=torch.int8)
+        return q, torch.rand(out, generator=generator) / 50 + 1e-3
+    return torch.randn(out, d_in, generator=generator).to(dtype), None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_loop_agrees_with_the_readable_product(dtype: torch.dtype, with_bias: bool) -> None:
+    """Odd widths (the loop's vector tails), one row and the most the loop serves, and rows cut from a larger
+    tensor at an odd offset (not aligned as a fresh tensor is)."""
+    x_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    weight, scale = weights(dtype, 37, 100)
+    bias = torch.randn(37).to(x_dtype) if with_bias else None
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-4}
+    for n in (1, INT8_ROWS if dtype == torch.int8 else FLOAT_ROWS):
+        x = torch.randn(n * 100 + 3, generator=torch.Generator().manual_seed(n)).to(x_dtype)[3:].view(n, 100)
+        got = gemv(x, weight, scale, bias)
+        assert got.shape == (n, 37) and got.dtype == x_dtype
+        torch.testing.assert_close(got, readable_gemv(x, weight, scale, bias), **tol)
+    if dtype == torch.float32:  # the readable path is F.linear's product, for float weights
+        x = torch.randn(2, 100)
+        torch.testing.assert_close(readable_gemv(x, weight, None, bias), F.linear(x, weight, bias))
+
+
+def test_a_rows_numbers_never_depend_on_the_other_rows_of_the_call() -> None:
+    """Bitwise: each row of an 8-row call is what that row gives alone (a prompt lookup's check, a batch of
+    prompts and a decode step see the same numbers for a token)."""
+    weight, scale = weights(torch.int8, 53, 96)
+    x = torch.randn(INT8_ROWS, 96, generator=torch.Generator().manual_seed(5))
+    together = gemv(x, weight, scale)
+    alone = torch.cat([gemv(row[None], weight, scale) for row in x])
+    assert torch.equal(together, alone)
+    w, _ = weights(torch.float32, 53, 96)
+    assert torch.equal(gemv(x[:2], w), torch.cat([gemv(x[:1], w), gemv(x[1:2], w)]))
+
+
+def test_a_wrong_scale_is_refused_by_name() -> None:
+    weight, scale = weights(torch.int8, 8, 16)
+    with pytest.raises(ValueError, match=r"an int8 weight takes a scale per row and a torch\.float32 weight none"):
+        gemv(torch.randn(1, 16), weight.float(), scale)
+    with pytest.raises(ValueError, match=r"an int8 weight takes a scale per row and a torch\.int8 weight none"):
+        gemv(torch.randn(1, 16), weight)
+
+
+def small() -> GPT:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=96, context_length=32, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0)
+    return GPT(config).eval()
+
+
+def products(model: GPT, idx: torch.Tensor) -> dict[str, int]:
+    """How many products of one forward pass (its logits at the last position, as generation asks) ran through
+    the compiled loop and how many through a BLAS or oneDNN (torch.profiler, real kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(idx, last_only=True)
+    count = {e.key: e.count for e in prof.key_averages()}
+    return {
+        "loop": sum(n for key, n in count.items() if "CompiledFxGraph" in key),
+        "other": sum(count.get(k, 0) for k in ("mkldnn::_linear_pointwise", "aten::linear")),  # F.linear or oneDNN
+    }
+
+
+def test_the_gemv_layout_sends_a_decode_steps_products_through_the_loop() -> None:
+    """The effect: after set_layout("gemv") a one-token forward runs all 9 products (qkv, out_proj, two ff per
+    block, out_head) in the loop and none elsewhere; a 10-token prompt's blocks go to oneDNN, its last position's
+    logits through the loop. The same greedy tokens as the rows layout, and "rows" puts F.linear back."""
+    model = small()
+    idx = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(1))
+    tokens = model.generate(idx, 12)
+    assert products(model, idx[:, :1]) == {"loop": 0, "other": 9}
+    got = model.set_layout("gemv")
+    assert set(got.values()) == {"gemv"} and len(got) == 9
+    assert all(type(m) is GemvLinear for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert products(model, idx[:, :1]) == {"loop": 9, "other": 0}
+    assert products(model, idx) == {"loop": 1, "other": 8}
+    assert torch.equal(model.generate(idx, 12), tokens)
+    model.set_layout("rows")
+    assert products(model, idx[:, :1]) == {"loop": 0, "other": 9}
+
+
+def test_the_gemv_int8_kernel_runs_the_loop_for_a_few_rows_and_slices_for_many() -> None:
+    """quantize(kernel="gemv"): a decode step's 9 products in the loop; a prompt of more than INT8_ROWS tokens
+    dequantizes its weights a slice at a time; both are dequantize's numbers to float rounding, and greedy
+    decoding keeps the readable kernel's tokens."""
+    readable, model = small(), small()
+    readable.quantize(kernel="dequantize")
+    assert set(model.quantize(kernel="gemv").values()) == {"gemv"}
+    idx = torch.randint(0, 96, (1, INT8_ROWS + 4), generator=torch.Generator().manual_seed(2))
+    assert products(model, idx[:, :1]) == {"loop": 9, "other": 0}
+    assert products(model, idx[:, :INT8_ROWS]) == {"loop": 9, "other": 0}
+    assert products(model, idx)["loop"] == 1  # the blocks' products sliced, out_head's one row in the loop
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), readable(idx), rtol=1e-4, atol=1e-4)
+    assert torch.equal(model.generate(idx, 12), readable.generate(idx, 12))
+
+
+def test_slices_of_a_large_weight_give_the_whole_products_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slices of 7 rows (a tiny SLICE_BYTES) for a 37-row weight: the last slice short, every slice placed."""
+    linear = torch.nn.Linear(100, 37)
+    layer = Int8Linear(linear=linear, kernel="gemv")
+    x = torch.randn(INT8_ROWS + 3, 100)
+    want = F.linear(x, layer.dequantized(), layer.bias)
+    monkeypatch.setattr(quantized, "SLICE_BYTES", 7 * 4 * 100)
+    torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_gradient_goes_through_f_linear_and_stays_exact() -> None:
+    """A product that needs a gradient is not the loop's (it has no backward): a training step after
+    set_layout("gemv") gives a plain model's gradients, bit for bit."""
+    plain, fast = small(), small()
+    fast.set_layout("gemv")
+    idx = torch.randint(0, 96, (1, 1), generator=torch.Generator().manual_seed(2))
+    for model in (plain, fast):
+        model.train()
+        F.cross_entropy(model(idx).flatten(0, 1), idx.flatten()).backward()
+    for (name, a), b in zip(plain.named_parameters(), fast.parameters(), strict=True):
+        assert a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad), name
+
+
+def test_without_torch_compile_gemv_is_refused_by_name_and_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    reason = "torch.compile cannot build the loop here (InvalidCxxCompiler: no working C++ compiler found)"
+    for module in (gemv_module, layout, quantized):
+        monkeypatch.setattr(module, "why_no_gemv", lambda: reason)
+    model = small()
+    with pytest.raises(RuntimeError, match=r"the gemv layout cannot run here: torch.compile cannot build .*'onednn'"):
+        model.set_layout("gemv")
+    assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
+    with pytest.raises(ValueError, match=r"the 'gemv' kernel cannot run here: torch.compile cannot build"):
+        model.quantize(kernel="gemv")
+    assert not model.quantized
+    assert "gemv" not in quantized.available_kernels()
+    assert "gemv" not in layout.stream_rates(16, 32, repeats=1)
+    monkeypatch.setattr(layout, "_CHOSEN", {})
+    assert layout.fastest_layout(16, 32) != "gemv"
+
+
+def test_a_compiler_that_fails_is_reported_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """why_no_gemv's probe, with the compile step failing as it does without a C++ compiler."""
+
+    def fails(*args: object) -> object:
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nsecond line")
+
+    monkeypatch.setattr(gemv_module, "_kernel", fails)
+    reason = why_no_gemv.__wrapped__()
+    assert (
+        reason
+        == "torch.compile cannot build the loop here (RuntimeError: InvalidCxxCompiler: No working C++ compiler found)"
+    )
