@@ -68,4 +68,5 @@ def probe_rates(d_in: int, d_out: int) -> dict[str, float]:
     """GB/s of a batch-1 product with a d_in x d_out weight, per layout, streamed from memory as decoding streams
     it (``attnlab.nn.layout.stream_rates``, what ``GPT.set_layout("auto")`` chooses by)."""
     names = {"rows": "(out, in) rows", "columns": "(in, out) columns", "onednn": "(out, in) rows, oneDNN"}
+    names["gemv"] = "(out, in) rows, a compiled loop"
     return {names[layout]: rate for layout, rate in stream_rates(d_in, d_out).items()}

@@ -430,7 +430,8 @@ class GPT(nn.Module):
     def set_layout(self, layout: str = "auto") -> dict[str, str]:
         """Store every linear weight row by row ("rows", nn.Linear's own), column by column ("columns", the
         layout of Hugging Face GPT-2's Conv1D), row by row with oneDNN's product in place of the BLAS's
-        ("onednn": inference on the CPU, float32 or bfloat16), or in whichever this machine streams fastest
+        ("onednn": inference on the CPU, float32 or bfloat16), row by row with a decode step's product by a
+        loop torch.compile writes ("gemv", :mod:`attnlab.nn.gemv`; a prompt's by oneDNN), or in whichever this machine streams fastest
         for its shape ("auto", measured once per process): the same values, shapes and checkpoints, a
         faster decode where the measurement says so (:mod:`attnlab.nn.layout`). Returns the layout each
         weight got."""
@@ -441,8 +442,10 @@ class GPT(nn.Module):
     def quantize(self, kind: str = "int8", *, kernel: str = "auto") -> dict[str, str]:
         """Store every linear weight, the vocabulary projection's too, as int8 with one scale per output channel
         (:mod:`attnlab.nn.quantized`), in place; the embeddings and norms stay float32. ``kernel``: "auto"
-        (the fastest here, measured once per weight shape), "dynamic", "int8pack" or "dequantize". For
-        decoding on the CPU; a quantized model is not saved (save the float one and quantize after loading).
+        (the fastest here for one row, a decode step, measured once per weight shape), "gemv", "dynamic",
+        "int8pack" or "dequantize". "auto" serves one prompt; for many prompts at once (``generate_many``),
+        "dynamic"'s int8 x int8 products run faster. For decoding on the CPU; a quantized model is not saved
+        (save the float one and quantize after loading).
         Returns the kernel each weight got."""
         from attnlab.nn.quantized import INT8_KERNELS, Int8Kernel, quantize_linears
 
