@@ -107,6 +107,7 @@ def test_the_gemv_layout_sends_a_decode_steps_products_through_the_loop() -> Non
     assert products(model, idx[:, :1]) == {"loop": 0, "other": 9}
 
 
+@pytest.mark.slow  # about 10 s of compiling: each of the model's shapes at 1 and at 8 rows
 def test_the_gemv_int8_kernel_runs_the_loop_for_a_few_rows_and_slices_for_many() -> None:
     """quantize(kernel="gemv"): a decode step's 9 products in the loop; a prompt of more than INT8_ROWS tokens
     dequantizes its weights a slice at a time; both are dequantize's numbers to float rounding, and greedy
