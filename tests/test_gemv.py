@@ -61,12 +61,57 @@ def test_a_rows_numbers_never_depend_on_the_other_rows_of_the_call() -> None:
     assert torch.equal(gemv(x[:2], w), torch.cat([gemv(x[:1], w), gemv(x[1:2], w)]))
 
 
-def test_a_wrong_scale_is_refused_by_name() -> None:
+def test_what_the_loop_would_broadcast_is_refused_by_name() -> None:
+    """Shapes F.linear refuses, and a scale missing or misplaced: a one-feature x would broadcast silently."""
     weight, scale = weights(torch.int8, 8, 16)
-    with pytest.raises(ValueError, match=r"an int8 weight takes a scale per row and a torch\.float32 weight none"):
+    with pytest.raises(ValueError, match=r"gemv got a torch\.float32 weight and a scale \(8,\): pass scale \(out,\)"):
         gemv(torch.randn(1, 16), weight.float(), scale)
-    with pytest.raises(ValueError, match=r"an int8 weight takes a scale per row and a torch\.int8 weight none"):
+    with pytest.raises(ValueError, match=r"gemv got a torch\.int8 weight and no scale: pass scale \(out,\) with"):
         gemv(torch.randn(1, 16), weight)
+    with pytest.raises(ValueError, match=r"got x \(1, 1\) and weight \(8, 16\): reshape x to \(-1, 16\)"):
+        gemv(torch.randn(1, 1), weight, scale)
+    with pytest.raises(ValueError, match=r"gemv's bias must be \(8,\), one a row of the weight, got \(16,\)"):
+        gemv(torch.randn(1, 16), weight, scale, torch.zeros(16))
+    layer = GemvLinear(16, 8)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"), torch.no_grad():  # F.linear's own
+        layer(torch.randn(1, 1))
+
+
+def test_the_loop_reads_the_weight_as_it_is_now_and_any_view_of_x() -> None:
+    """A kernel is compiled once per shape, not per tensor: an in-place edit of the weight is read, a row cut from
+    a batch (aligned, then at an odd offset) and a strided x give the readable numbers."""
+    weight, _ = weights(torch.float32, 24, 40)
+    x = torch.randn(6, 40)
+    torch.testing.assert_close(gemv(x[:1], weight), readable_gemv(x[:1], weight))
+    weight.mul_(-2)
+    torch.testing.assert_close(gemv(x[:1], weight), readable_gemv(x[:1], weight))
+    torch.testing.assert_close(gemv(x[3:4], weight), readable_gemv(x[3:4], weight))
+    odd = torch.randn(81)[1:].view(2, 40)
+    torch.testing.assert_close(gemv(odd, weight), readable_gemv(odd, weight))
+    strided = torch.randn(40, 2).t()  # (2, 40), not contiguous
+    torch.testing.assert_close(gemv(strided, weight), readable_gemv(strided, weight))
+
+
+def test_a_gradient_through_gemv_itself_is_kept() -> None:
+    """The compiled loop has no backward: a call that wants a gradient runs the loop's own ops instead."""
+    weight, _ = weights(torch.float32, 8, 16)
+    x = torch.randn(1, 16, requires_grad=True)
+    gemv(x, weight).sum().backward()
+    assert x.grad is not None
+    torch.testing.assert_close(x.grad, weight.sum(0, keepdim=True))
+
+
+def test_a_tracer_records_the_plain_product() -> None:
+    """Under a tracer (make_fx here, a dispatch mode as torch.export's is) the compiled kernel would run unseen and
+    its output be baked in as a constant: the layout hands the tracer plain ops, so the graph follows new inputs."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    layer = GemvLinear(16, 8).eval()
+    layer.requires_grad_(False)
+    with torch.no_grad():
+        graph = make_fx(layer)(torch.randn(1, 16))
+        x = torch.randn(1, 16)
+        torch.testing.assert_close(graph(x), F.linear(x, layer.weight, layer.bias))
 
 
 def small() -> GPT:
@@ -155,7 +200,7 @@ def test_without_torch_compile_gemv_is_refused_by_name_and_never_chosen(monkeypa
     with pytest.raises(RuntimeError, match=r"the gemv layout cannot run here: torch.compile cannot build .*'onednn'"):
         model.set_layout("gemv")
     assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
-    with pytest.raises(ValueError, match=r"the 'gemv' kernel cannot run here: torch.compile cannot build"):
+    with pytest.raises(RuntimeError, match=r"the 'gemv' kernel cannot run here: torch.compile cannot build"):
         model.quantize(kernel="gemv")
     assert not model.quantized
     assert "gemv" not in quantized.available_kernels()

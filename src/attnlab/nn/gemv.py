@@ -17,8 +17,9 @@ streams bfloat16 and int8 weights several times faster than the BLAS.
 plainly, the path it is tested against. Each shape gets its own loop,
 compiled on its first call in a process (about a second; Inductor keeps it
 on disk for later processes) and called without torch.compile's guards, so
-a call costs microseconds. A row's numbers never depend on the other rows
-of the call. :func:`why_no_gemv` says why the loop cannot be built here
+a call costs microseconds. Within the rows the loop serves, a row's numbers
+never depend on the other rows of the call (tested bitwise); more rows go to
+a matrix product, whose numbers differ from the loop's by float rounding. :func:`why_no_gemv` says why the loop cannot be built here
 (torch.compile needs a C++ compiler), or nothing: where it cannot,
 ``set_layout("auto")`` and ``quantize("int8")`` never choose it, and asking
 for it by name is refused with the reason.
@@ -67,6 +68,19 @@ Spec = tuple[object, ...]
 _KERNELS: dict[Spec, Callable[..., torch.Tensor]] = {}  # one compiled loop per spec, made on first use
 
 
+def _canonical(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor with its strides written as a fresh tensor's (a row cut from a batch, (1, in) with
+    the batch's row stride, is the same memory): one compiled loop serves every such view."""
+    if not t.is_contiguous():
+        return t
+    strides, step = [], 1
+    for size in reversed(t.shape):
+        strides.append(step)
+        step *= size
+    fresh = tuple(reversed(strides))
+    return t if t.stride() == fresh else t.as_strided(t.shape, fresh, t.storage_offset())
+
+
 def _spec(tensors: tuple[torch.Tensor | None, ...]) -> Spec:
     """What a compiled loop is specialized to: each tensor's shape, strides and dtype (None where absent), and
     the threads it was built for. A loop is only ever called with tensors of its own spec, so it needs no guard."""
@@ -90,7 +104,7 @@ def _kernel(spec: Spec, tensors: tuple[torch.Tensor | None, ...]) -> Callable[..
             return _loop(x, weight, scale, bias)
 
         inputs: list[torch.Tensor | int | torch.SymInt | None] = [t for t in tensors if t is not None]
-        graph = make_fx(body)(*inputs)
+        graph = make_fx(body, tracing_mode="fake")(*inputs)  # traced on fake tensors: (N, out, in) never formed
         _KERNELS[spec] = inductor_compile(graph, inputs)
     return _KERNELS[spec]
 
@@ -102,25 +116,57 @@ def gemv(
     (under an enclosing torch.compile, the loop is traced into its graph). ``scale``: int8 weights' (out,).
     For inference on the CPU with a few rows (:data:`FLOAT_ROWS`, :data:`INT8_ROWS`); the caller checks
     (:func:`gemv_applies`)."""
-    if (weight.dtype == torch.int8) != (scale is not None):
-        raise ValueError(f"an int8 weight takes a scale per row and a {weight.dtype} weight none")
-    if torch.compiler.is_compiling():
+    _check(x, weight, scale, bias)
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, scale, bias))
+    if torch.compiler.is_compiling() or wants_grad:  # traced into a graph, or differentiated: the loop's own ops
         return _loop(x, weight, scale, bias)
-    tensors = (x, weight, scale, bias)
+    tensors = (_canonical(x), _canonical(weight), scale, bias)
     out: torch.Tensor = _kernel(_spec(tensors), tensors)(*(t for t in tensors if t is not None))
     return out
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+    """Refuse what the loop's broadcasting would take silently: shapes that F.linear refuses, a scale missing
+    from an int8 weight or given to a float one."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"gemv multiplies x (N, in) by a weight (out, in), got x {tuple(x.shape)} and weight "
+            f"{tuple(weight.shape)}: reshape x to (-1, {weight.shape[-1]})"
+        )
+    if (weight.dtype == torch.int8) != (scale is not None):
+        given = "no scale" if scale is None else f"a scale {tuple(scale.shape)}"
+        raise ValueError(
+            f"gemv got a {weight.dtype} weight and {given}: pass scale (out,) with an int8 weight, none with a "
+            "float one"
+        )
+    for name, t in (("scale", scale), ("bias", bias)):
+        if t is not None and tuple(t.shape) != (weight.shape[0],):
+            raise ValueError(
+                f"gemv's {name} must be ({weight.shape[0]},), one a row of the weight, got {tuple(t.shape)}"
+            )
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`gemv` may serve this product: a few rows (:data:`FLOAT_ROWS`, or :data:`INT8_ROWS` for
     an int8 weight), on the CPU, weights it reads, no gradient wanted, and torch.compile working here."""
-    if x.dim() != 2 or x.shape[0] > rows_for(weight) or x.shape[0] == 0 or x.shape[1] == 0:
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        return False  # F.linear's own error, as for any linear
+    if x.shape[0] > rows_for(weight) or x.shape[0] == 0 or x.shape[1] == 0:
         return False
+    if torch.jit.is_tracing() or torch.fx._symbolic_trace.is_fx_tracing() or _dispatch_mode():
+        return False  # a tracer would not see the compiled kernel run: the plain ops, for it to record
     if x.device.type != "cpu" or weight.device.type != "cpu" or weight.dtype not in GEMV_DTYPES:
         return False
     if type(x) is not torch.Tensor or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return False
     return not why_no_gemv()
+
+
+def _dispatch_mode() -> bool:
+    """Whether a Python dispatch mode (make_fx, FakeTensorMode, a profiler of ops) is active."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is not None
 
 
 def rows_for(weight: torch.Tensor) -> int:

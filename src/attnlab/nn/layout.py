@@ -71,6 +71,8 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     lowers the op only for frozen weights), tensor subclasses, and an empty inner dimension."""
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor or x.device.type != "cpu":
         return False
+    if not onednn_available() or weight.dim() != 2 or x.shape[-1] != weight.shape[-1]:
+        return False  # F.linear's own error names mismatched shapes; oneDNN's does not
     if x.dtype not in ONEDNN_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return False
     if x.shape[-1] == 0 or _autocast() or _transformed(x, weight, bias):

@@ -47,7 +47,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attnlab.nn.gemv import INT8_ROWS, gemv, gemv_applies, why_no_gemv
-from attnlab.nn.layout import onednn_linear, pass_seconds
+from attnlab.nn.layout import _transformed, onednn_linear, pass_seconds
 
 Int8Kernel = Literal["dynamic", "int8pack", "gemv", "dequantize"]
 INT8_KERNELS: tuple[Int8Kernel, ...] = ("dynamic", "int8pack", "gemv", "dequantize")
@@ -65,16 +65,20 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def available_kernels() -> tuple[Int8Kernel, ...]:
-    """The kernels this PyTorch build has, readable path last."""
+def _built_in() -> list[Int8Kernel]:
+    """The kernels this PyTorch build has as ops (no compiling needed)."""
     found: list[Int8Kernel] = []
     if {"x86", "fbgemm"} & set(torch.backends.quantized.supported_engines):
         found.append("dynamic")
     if hasattr(torch, "_weight_int8pack_mm"):
         found.append("int8pack")
-    if not why_no_gemv():
-        found.append("gemv")
-    return (*found, "dequantize")
+    return found
+
+
+def available_kernels() -> tuple[Int8Kernel, ...]:
+    """The kernels this PyTorch build and machine have, readable path last ("gemv" where its loop builds)."""
+    gemv_here: list[Int8Kernel] = [] if why_no_gemv() else ["gemv"]
+    return (*_built_in(), *gemv_here, "dequantize")
 
 
 def _pack(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.ScriptObject:
@@ -261,7 +265,7 @@ class Int8Linear(nn.Module):
         """Whether the gemv kernel's loop takes these rows (a decode step's few, no gradient wanted)."""
         if torch.compiler.is_compiling():
             return flat.shape[0] <= INT8_ROWS and not torch.is_grad_enabled()
-        return gemv_applies(flat, self.weight_int8)
+        return gemv_applies(flat, self.weight_int8) and not _transformed(flat)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel!r}"
@@ -293,9 +297,10 @@ def fastest_int8_kernel(d_in: int, d_out: int) -> Int8Kernel:
 
 def _check_kernel(kernel: str) -> None:
     """Refuse a kernel this PyTorch build or machine lacks, naming what it has (and why "gemv" cannot run)."""
-    if kernel == "gemv" and why_no_gemv():
-        raise ValueError(f"the 'gemv' kernel cannot run here: {why_no_gemv()}; use kernel='auto'")
-    if kernel not in INT8_KERNELS or (kernel != "gemv" and kernel not in available_kernels()):
+    if kernel == "gemv":
+        if why_no_gemv():
+            raise RuntimeError(f"the 'gemv' kernel cannot run here: {why_no_gemv()}; use kernel='auto'")
+    elif kernel not in (*_built_in(), "dequantize"):  # without compiling gemv's probe, unless refusing
         raise ValueError(f"kernel must be one of {available_kernels()} in this PyTorch build, got {kernel!r}")
 
 
