@@ -412,7 +412,7 @@ class GPT(nn.Module):
         if any(getattr(m, "kernel", None) == "dynamic" for m in self.modules()):
             raise ValueError(
                 "compile= cannot hold int8 weights on the 'dynamic' kernel in one graph (torch.compile breaks "
-                "at its packed weight); decode them uncompiled, or quantize(kernel='int8pack')"
+                "at its packed weight); decode them uncompiled, or quantize(kernel='gemv')"
             )
         if backend is True:
             backend = "inductor"

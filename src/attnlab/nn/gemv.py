@@ -153,7 +153,7 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False  # F.linear's own error, as for any linear
     if x.shape[0] > rows_for(weight) or x.shape[0] == 0 or x.shape[1] == 0:
         return False
-    if torch.jit.is_tracing() or torch.fx._symbolic_trace.is_fx_tracing() or _dispatch_mode():
+    if torch.jit.is_tracing() or torch.fx._symbolic_trace.is_fx_symbolic_tracing() or _dispatch_mode():
         return False  # a tracer would not see the compiled kernel run: the plain ops, for it to record
     if x.device.type != "cpu" or weight.device.type != "cpu" or weight.dtype not in GEMV_DTYPES:
         return False
