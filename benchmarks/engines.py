@@ -367,15 +367,14 @@ def run(
     reference = results["hf float32"][0].get("tokens") if results["hf float32"] else None
     rows = []
     for engine, precision in ROWS:
-        tried = results[f"{engine} {precision}"]
-        runs = [x for x in tried if "error" not in x]  # a row that failed in a later round keeps its good rounds
         row: dict[str, Any] = {"engine": engine, "precision": precision}
+        runs, failed = good_rounds(results[f"{engine} {precision}"])
         if not runs:
-            row["error"] = tried[0]["error"] if tried else "not run"
+            row["error"] = failed[0] if failed else "not run"
             rows.append(row)
             continue
-        if len(runs) < len(tried):
-            row["failed_rounds"] = [x["error"] for x in tried if "error" in x]
+        if failed:
+            row["failed_rounds"] = failed
         rates = [x["decode_tokens_per_s"] for x in runs]
         median = statistics.median(rates)
         prefills = [x["prefill_s"] for x in runs]
@@ -413,6 +412,12 @@ def run(
         "new_tokens": new_tokens,
         "rows": rows,
     }
+
+
+def good_rounds(tried: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the rounds a row ran, the errors of those it failed): a row that crashed in a later round keeps the
+    figures of its good ones, and the table says how many failed."""
+    return [x for x in tried if "error" not in x], [x["error"] for x in tried if "error" in x]
 
 
 def check_quality(result: dict[str, Any]) -> list[str]:

@@ -120,3 +120,25 @@ def test_the_targets_are_judged_from_the_rows_and_the_noise_rule() -> None:
     )
     assert "int8 prefill (attnlab int8 against ctranslate2 int8): 0.50x, target 1x: not met" in said
     assert [engines.batch_of(p) for p in ("int8", "int8 batch 8", "float32 layout-auto")] == [1, 8, 1]
+
+
+def test_a_round_that_fails_late_keeps_the_rows_good_rounds_and_is_said() -> None:
+    """A crash in round 3 (llama.cpp's q8_0 segfaulted here once) once lost a whole run's figures."""
+    engines = script()
+    tried = [{"decode_tokens_per_s": 50.0}, {"decode_tokens_per_s": 52.0}, {"error": "exit -11"}]
+    runs, failed = engines.good_rounds(tried)
+    assert runs == tried[:2] and failed == ["exit -11"]
+    assert engines.good_rounds([{"error": "not installed"}]) == ([], ["not installed"])
+    row = {
+        "engine": "llama.cpp",
+        "precision": "q8_0",
+        "decode_tokens_per_s": 51.0,
+        "spread": 0.04,
+        "floor_fraction": 0.5,
+        "prefill_ms": 100.0,
+        "tokens_identical": False,
+        "agreement": 0.8,
+        "kernel": "ggml q8_0",
+        "failed_rounds": failed,
+    }
+    assert engines._row_line(row, ["llama.cpp", "q8_0"], None).endswith("| ggml q8_0; 1 round(s) failed: exit -11 |")

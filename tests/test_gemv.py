@@ -134,6 +134,7 @@ def products(model: GPT, idx: torch.Tensor) -> dict[str, int]:
     }
 
 
+@pytest.mark.slow  # a few seconds of compiling: each of the model's shapes
 def test_the_gemv_layout_sends_a_decode_steps_products_through_the_loop() -> None:
     """The effect: after set_layout("gemv") a one-token forward runs all 9 products (qkv, out_proj, two ff per
     block, out_head) in the loop and none elsewhere; a 10-token prompt's blocks go to oneDNN, its last position's
