@@ -30,6 +30,7 @@ def weights(dtype: torch.dtype, out: int, d_in: int) -> tuple[torch.Tensor, torc
     return torch.randn(out, d_in, generator=generator).to(dtype), None
 
 
+@pytest.mark.slow  # compiles a kernel for each shape it tries (cold: about a second each)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_the_loop_agrees_with_the_readable_product(dtype: torch.dtype, with_bias: bool) -> None:
@@ -49,6 +50,7 @@ def test_the_loop_agrees_with_the_readable_product(dtype: torch.dtype, with_bias
         torch.testing.assert_close(readable_gemv(x, weight, None, bias), F.linear(x, weight, bias))
 
 
+@pytest.mark.slow  # compiles a kernel for each shape it tries (cold: about a second each)
 def test_a_rows_numbers_never_depend_on_the_other_rows_of_the_call() -> None:
     """Bitwise: each row of an 8-row call is what that row gives alone (a prompt lookup's check, a batch of
     prompts and a decode step see the same numbers for a token)."""
@@ -77,6 +79,7 @@ def test_what_the_loop_would_broadcast_is_refused_by_name() -> None:
         layer(torch.randn(1, 1))
 
 
+@pytest.mark.slow  # compiles a kernel for each shape it tries (cold: about a second each)
 def test_the_loop_reads_the_weight_as_it_is_now_and_any_view_of_x() -> None:
     """A kernel is compiled once per shape, not per tensor: an in-place edit of the weight is read, a row cut from
     a batch (aligned, then at an odd offset) and a strided x give the readable numbers."""

@@ -46,6 +46,7 @@ def test_columns_store_the_same_matrix_and_generate_the_same_tokens(tmp_path: Pa
     assert model.out_head.weight.is_contiguous()
 
 
+@pytest.mark.slow  # "auto" times the gemv loop too: a compile for each shape
 def test_auto_measures_each_shape_and_a_wrong_layout_is_refused() -> None:
     model = small()
     got = model.set_layout("auto")
