@@ -82,9 +82,9 @@ def _canonical(t: torch.Tensor) -> torch.Tensor:
 
 
 def _spec(tensors: tuple[torch.Tensor | None, ...]) -> Spec:
-    """What a compiled loop is specialized to: each tensor's shape, strides and dtype (None where absent), and
+    """What a compiled loop is specialized to: each tensor's shape, strides, dtype and device (None where absent), and
     the threads it was built for. A loop is only ever called with tensors of its own spec, so it needs no guard."""
-    laid = tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in tensors)
+    laid = tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device) for t in tensors)
     return (*laid, torch.get_num_threads())
 
 
