@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -54,10 +55,13 @@ def finish(
 
 def exit_with(main: Callable[[], int]) -> None:
     """Run ``main`` as the script's whole life: its exit code, or on Ctrl-C one line and 130 (a run is written
-    only whole, so an interrupted one leaves no file)."""
+    only whole, so an interrupted one leaves no file); a pipe closed by its reader ends it quietly."""
     try:
         code = main()
     except KeyboardInterrupt:
         print("interrupted: nothing written (a run is saved only when every round has finished)", file=sys.stderr)
         code = 130
+    except BrokenPipeError:  # a reader that stopped early (``| head``): what it took was written; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush goes nowhere
+        code = 0
     sys.exit(code)

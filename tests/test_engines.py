@@ -142,3 +142,20 @@ def test_a_round_that_fails_late_keeps_the_rows_good_rounds_and_is_said() -> Non
         "failed_rounds": failed,
     }
     assert engines._row_line(row, ["llama.cpp", "q8_0"], None).endswith("| ggml q8_0; 1 round(s) failed: exit -11 |")
+
+
+def test_a_reader_that_stops_early_ends_the_script_quietly() -> None:
+    """``... --render run.json | head``: the script's output past what the reader took goes nowhere, with no
+    traceback (more than a pipe holds, so the reader's close is met)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.path.insert(0, 'benchmarks'); from _runs import exit_with\n"
+        "def main():\n    print('row ' * 200_000)\n    return 0\n"
+        "exit_with(main)"
+    )
+    done = subprocess.run(
+        f'{sys.executable} -c "{code}" | head -c 10', shell=True, capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.stdout == "row row ro" and done.stderr == ""
