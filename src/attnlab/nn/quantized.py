@@ -16,8 +16,9 @@ machine and picks one per weight shape:
 * ``"gemv"``: weight-only too: a decode step's few rows by a loop that
   torch.compile writes (:mod:`attnlab.nn.gemv`: each int8 weight read once,
   widened and scaled in registers), more rows (a prompt) by dequantizing the
-  weight and oneDNN's product; dequantize's numbers to float rounding, and a
-  row's numbers never depend on the other rows of the call;
+  weight and oneDNN's product; dequantize's numbers to float rounding, and
+  within the loop's rows a row's numbers never depend on the other rows of
+  the call (past them, the product's differ from the loop's by rounding);
 * ``"dynamic"``: the x86/fbgemm dynamic quantized linear, which also rounds
   the activations to 7 bits on the fly, each token (row) with its own scale
   and zero point, so a token's output never depends on the other tokens of
