@@ -557,7 +557,7 @@ def verdicts(result: dict[str, Any]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="a 2-layer model, 2 rounds, 16 tokens: checks the run")
+    parser.add_argument("--smoke", action="store_true", help="a 2-layer model, 1 round, 16 tokens: checks the run")
     add_run_arguments(parser, rounds=5)
     parser.add_argument("--gguf", metavar="DIR", help="llama.cpp's model-f32.gguf, model-f16.gguf, model-q8_0.gguf")
     parser.add_argument("--row", help=argparse.SUPPRESS)  # one row, in this process (the run spawns it)
@@ -569,7 +569,7 @@ def main() -> int:
         render_saved(parser, args.render, SCHEMA, render)
         return 0
     check_run(parser, args)
-    rounds = 2 if args.smoke else args.rounds
+    rounds = 1 if args.smoke else args.rounds
     new = 16 if args.smoke else 64
     result = run(
         smoke=args.smoke,

@@ -173,6 +173,30 @@ def test_the_gemv_int8_kernel_runs_the_loop_for_a_few_rows_and_slices_for_many()
     assert torch.equal(model.generate(idx, 12), readable.generate(idx, 12))
 
 
+@pytest.mark.slow  # compiles the decode step, and the loop for each of the model's shapes
+@pytest.mark.parametrize("kind", ["layout", "int8"])
+def test_a_compiled_step_calls_the_loop_as_one_op_for_each_product(kind: str) -> None:
+    """Under generate(compile=True) each of a step's 9 products is the op attnlab::gemv, which the graph calls
+    without looking inside, and the loop compiled on its own runs it: traced inline, Inductor fused the norm and
+    GELU before each product into the loop and recomputed them for every weight row (docs/benchmarks.md). The
+    compiled step keeps the eager tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = small()
+    if kind == "layout":
+        model.set_layout("gemv")
+    else:
+        model.quantize(kernel="gemv")
+    idx = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(3))
+    eager = model.generate(idx, 6)
+    model.generate(idx, 6, compile=True)  # compiles the step
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        compiled = model.generate(idx, 6, compile=True)
+    count = {e.key: e.count for e in prof.key_averages()}
+    assert count.get("attnlab::gemv", 0) == 9 * 5  # 5 decode steps: the prompt's pass draws the first token
+    assert torch.equal(compiled, eager)
+
+
 def test_slices_of_a_large_weight_give_the_whole_products_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Slices of 7 rows (a tiny SLICE_BYTES) for a 37-row weight: the last slice short, every slice placed."""
     linear = torch.nn.Linear(100, 37)

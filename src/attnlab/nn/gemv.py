@@ -113,16 +113,45 @@ def gemv(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """(N, in) x (out, in) -> (N, out): :func:`readable_gemv`'s numbers to float rounding, by the compiled loop
-    (under an enclosing torch.compile, the loop is traced into its graph). ``scale``: int8 weights' (out,).
+    (under an enclosing torch.compile on the CPU, the graph calls it as the op ``attnlab::gemv``). ``scale``: int8 weights' (out,).
     For inference on the CPU with a few rows (:data:`FLOAT_ROWS`, :data:`INT8_ROWS`); the caller checks
     (:func:`gemv_applies`)."""
     _check(x, weight, scale, bias)
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, scale, bias))
-    if torch.compiler.is_compiling() or wants_grad:  # traced into a graph, or differentiated: the loop's own ops
+    if wants_grad:  # differentiated: the loop's own ops, which autograd follows
         return _loop(x, weight, scale, bias)
+    if torch.compiler.is_compiling():
+        if x.device.type != "cpu":  # traced into the graph: its compiler writes the loop for that device
+            return _loop(x, weight, scale, bias)
+        # One opaque op in the graph, run by the loop compiled on its own. Traced inline, Inductor fuses the
+        # norm or activation before the product into the loop's body and recomputes it for every weight row:
+        # the step's products ran at about two thirds of their own loop's speed (docs/benchmarks.md).
+        return torch.ops.attnlab.gemv(x, weight, scale, bias)
+    return _compiled(x, weight, scale, bias)
+
+
+def _compiled(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The product by the loop compiled for these tensors' spec (checked by the caller)."""
     tensors = (_canonical(x), _canonical(weight), scale, bias)
     out: torch.Tensor = _kernel(_spec(tensors), tensors)(*(t for t in tensors if t is not None))
     return out
+
+
+@torch.library.custom_op("attnlab::gemv", mutates_args=())
+def _gemv_op(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """:func:`gemv` as an op a torch.compile graph calls without looking inside (inference only: no backward)."""
+    return _compiled(x, weight, scale, bias)
+
+
+@_gemv_op.register_fake
+def _gemv_op_shape(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])  # (N, out), contiguous like the loop's own
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> None:
