@@ -143,6 +143,54 @@ def test_a_nan_query_gives_a_nan_row_in_every_backend(backend: str) -> None:
     assert out.isnan().sum() == out.shape[-1]  # that row only
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cache_that_vouches_for_its_buffers_keeps_the_rule(backend: str) -> None:
+    """A KV cache checks what it is written and vouches for its buffers, so attention does not sum them again.
+    What it was written (a NaN token) still makes NaN every later query that sees it; a NaN put into an unfilled
+    slot in place, after the cache vouched, moves the buffer's version and is seen: hidden, it stays out of the
+    outputs (SDPA alone would spread it: a weight of 0 times NaN)."""
+    torch.manual_seed(0)
+    attn = Attention(d_in=8, num_heads=2, backend=backend).eval()
+    x = torch.randn(1, 7, 8)
+    with torch.no_grad():
+        cache = attn.make_cache(batch_size=1, max_len=8)
+        attn(x[:, :4], cache=cache)
+        cache.v_cache[:, :, -1] = float("nan")  # slot 7: unfilled, hidden from every query below
+        steps = [attn(x[:, t : t + 1], cache=cache) for t in range(4, 7)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), attn(x)[:, 4:], atol=1e-5, rtol=1e-5)
+        poisoned = x.clone()
+        poisoned[0, 2, 0] = float("nan")
+        cache = attn.make_cache(batch_size=1, max_len=8)
+        attn(poisoned[:, :2], cache=cache)
+        third, fourth = attn(poisoned[:, 2:3], cache=cache), attn(poisoned[:, 3:4], cache=cache)
+    assert third.isnan().all() and fourth.isnan().all()  # the NaN token's own query, and the next one sees it
+
+
+def test_a_decode_step_sums_its_query_not_the_whole_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The effect of vouching: in a decode step of a model with the plain cache no reduction reads a cache buffer
+    (torch.profiler, input shapes recorded); with the vouch dropped after each write, each layer sums both."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import attnlab.cache.kv as kv
+
+    torch.manual_seed(0)
+    model = GPT(small()).eval()
+    idx = torch.randint(0, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(0))
+
+    def cache_sums() -> int:
+        caches = model.make_caches(batch_size=1, max_len=12)
+        with torch.no_grad():
+            model(idx, caches=caches)
+            shape = list(caches[0].k_cache.shape)
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                model(idx[:, :1], caches=caches, last_only=True)
+        return sum(1 for e in prof.events() if e.name == "aten::sum" and e.input_shapes and e.input_shapes[0] == shape)
+
+    assert cache_sums() == 0
+    monkeypatch.setattr(kv, "vouch", lambda t: None)  # the cache vouches for nothing
+    assert cache_sums() == 2 * 2  # k and v, in each of the 2 layers
+
+
 # -- sizes ---------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("shapes", "pattern"),

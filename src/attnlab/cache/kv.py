@@ -31,6 +31,7 @@ import torch
 
 from attnlab._checks import check_positive_int
 from attnlab.cache.base import Capabilities, LayerCache
+from attnlab.functional.finite import vouch, vouched
 
 
 class _CacheBase(LayerCache):
@@ -106,6 +107,8 @@ class KVCache(_CacheBase):
             device=device,
         )
         self.max_len = max_len
+        vouch(self.k_cache)  # zeros: finite (attnlab.functional.finite); each write keeps or drops this
+        vouch(self.v_cache)
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Append k, v (B, Hkv, T, D); return the buffers (B, Hkv, max_len, D) and positions (max_len,), -1 unfilled."""
@@ -119,9 +122,13 @@ class KVCache(_CacheBase):
                     f"more; build it with max_len >= {start + t}, or crop()/reset() it"
                 )
         new = self.next_positions(t)
+        checked = not torch.compiler.is_compiling() and vouched(self.k_cache) and vouched(self.v_cache)
         self.k_cache.index_copy_(2, new, k)  # in place: O(T) per step, no copy of the past
         self.v_cache.index_copy_(2, new, v)
         self._length.add_(t)
+        if checked and bool(torch.isfinite(k.sum(dtype=torch.float32) + v.sum(dtype=torch.float32))):
+            vouch(self.k_cache)  # finite before and in what was written: attention need not sum them again
+            vouch(self.v_cache)
         slots = torch.arange(self.max_len, device=self.k_cache.device)
         return self.k_cache, self.v_cache, torch.where(slots < self._length, slots, -1)
 

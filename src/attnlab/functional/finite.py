@@ -14,7 +14,9 @@ whose tile met it). The kernels run on cleaned inputs (non-finite entries set
 to 0) and the rows the rule names are set to NaN afterwards.
 
 The check costs one sum over each of q, k and v and, when everything is
-finite (the usual case), nothing else. Under ``torch.compile`` it is skipped, so that the
+finite (the usual case), nothing else. A KV cache checks each write instead and
+vouches for its buffers (:func:`vouch`), so a decode step sums its one new
+query, not the whole cache, in every layer. Under ``torch.compile`` it is skipped, so that the
 compiled graph has no data-dependent branch; compiled code gets the kernel's
 own behaviour.
 
@@ -40,6 +42,21 @@ class NonFinite:
     bad_kv: torch.Tensor
 
 
+def vouch(t: torch.Tensor) -> None:
+    """Say that ``t`` holds only finite numbers as it is now (a cache that checked each write to its buffer):
+    :func:`clean` skips its sum until ``t`` or a view of it is written in place again (its version counter
+    moves). Inference tensors keep no version, so they are never vouched for; a write through ``.data``, which
+    moves no version, is not seen."""
+    if not torch.compiler.is_compiling() and not t.is_inference():
+        t._attnlab_finite_at = t._version  # type: ignore[attr-defined]
+
+
+def vouched(t: torch.Tensor) -> bool:
+    """Whether ``t`` was vouched for (:func:`vouch`) and not written in place since."""
+    at = getattr(t, "_attnlab_finite_at", None)
+    return at is not None and not t.is_inference() and at == t._version
+
+
 def clean(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, NonFinite | None]:
@@ -48,9 +65,13 @@ def clean(
         return q, k, v, None
     # A NaN or inf anywhere makes the sum non-finite, so a finite sum proves every entry finite: one cheap
     # reduction per tensor instead of isfinite's compare-and-abs passes. (A finite overflow only sends us
-    # to the exact check below.)
+    # to the exact check below.) A cache's buffers that it vouched for are not summed again.
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    if bool(torch.isfinite(q.sum(dtype=acc) + k.sum(dtype=acc) + v.sum(dtype=acc))):
+    total = q.sum(dtype=acc)
+    for t in (k, v):
+        if not vouched(t):
+            total = total + t.sum(dtype=acc)
+    if bool(torch.isfinite(total)):
         return q, k, v, None
     fin_q, fin_k, fin_v = torch.isfinite(q), torch.isfinite(k), torch.isfinite(v)
     if bool(fin_q.all() & fin_k.all() & fin_v.all()):
