@@ -119,6 +119,23 @@ def test_a_step_reads_only_the_blocks_up_to_its_longest_row() -> None:
     assert torch.equal(keys[0, 0, :3], k[0, 0, :3]) and torch.equal(keys[1, 0, :6], k[1, 0])
 
 
+def test_a_step_copies_each_block_it_reads_once() -> None:
+    """The effect of the pool's layout, heads outermost: the gathered blocks become (R, Hkv, S, D) as a view,
+    with no second copy (torch.profiler: no clone or copy_ in a decode step's update; the blocks-first pool
+    made one for the keys and one for the values), and they are the keys written."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cache = PagedKVCache(batch_size=2, num_kv_heads=3, head_dim=4, num_blocks=8, max_len=16, block_size=2)
+    k = torch.randn(2, 3, 5, 4, generator=torch.Generator().manual_seed(0))
+    cache.update(k, -k)
+    new = torch.randn(2, 3, 1, 4, generator=torch.Generator().manual_seed(1))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        keys, values, _ = cache.update(new, -new)
+    copies = [e.name for e in prof.events() if e.name in ("aten::clone", "aten::copy_")]
+    assert copies == [], copies
+    assert torch.equal(keys[:, :, :6], torch.cat([k, new], dim=2)) and torch.equal(values[:, :, :6], -keys[:, :, :6])
+
+
 def test_the_cache_is_named_and_its_misuses_are_refused() -> None:
     m = model()
     idx = torch.randint(0, 64, (1, 4))

@@ -266,7 +266,9 @@ class PagedKVCache(LayerCache):
             batch_size=batch_size, num_blocks=num_blocks, max_len=max_len, block_size=block_size, device=device
         )
         self.table.layers = 1
-        pool = (num_blocks, num_kv_heads, block_size, head_dim)
+        # (Hkv, N, P, D): heads outermost, so that a row's gathered blocks, (Hkv, R, m, P, D) permuted to
+        # (R, Hkv, m, P, D), merge m and P into one axis as a view: a decode step copies each block once
+        pool = (num_kv_heads, num_blocks, block_size, head_dim)
         self.register_buffer("k_pool", torch.zeros(pool, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_pool", torch.zeros(pool, dtype=dtype, device=device), persistent=False)
         self.k_pool: torch.Tensor
@@ -355,10 +357,10 @@ class PagedKVCache(LayerCache):
         self.check(k, v, batch=len(rows))
         plan = self.table.plan(rows, k.shape[2])
         for source, block in plan.copies:  # copy on write: this sequence gets its own copy of a shared block
-            self.k_pool[block].copy_(self.k_pool[source])
-            self.v_pool[block].copy_(self.v_pool[source])
-        self.k_pool[plan.blocks, :, plan.offsets] = k.transpose(1, 2)  # (R, T, Hkv, D) into (N, Hkv, P, D)
-        self.v_pool[plan.blocks, :, plan.offsets] = v.transpose(1, 2)
+            self.k_pool[:, block].copy_(self.k_pool[:, source])
+            self.v_pool[:, block].copy_(self.v_pool[:, source])
+        self.k_pool[:, plan.blocks, plan.offsets] = k.transpose(0, 1)  # (Hkv, R, T, D) into (Hkv, N, P, D)
+        self.v_pool[:, plan.blocks, plan.offsets] = v.transpose(0, 1)
         self.table.wrote(plan)
         return self.gathered(plan.index, plan.ends)
 
@@ -376,8 +378,9 @@ class PagedKVCache(LayerCache):
         table = self.block_table[index, :m].clamp(
             min=0
         )  # (R, m); an unused entry reads block 0, hidden by its position
-        keys = self.k_pool[table].permute(0, 2, 1, 3, 4).reshape(len(index), self.num_kv_heads, m * p, self.head_dim)
-        values = self.v_pool[table].permute(0, 2, 1, 3, 4).reshape(len(index), self.num_kv_heads, m * p, self.head_dim)
+        shape = (len(index), self.num_kv_heads, m * p, self.head_dim)
+        keys = self.k_pool[:, table].transpose(0, 1).reshape(shape)  # (Hkv, R, m, P, D) -> (R, Hkv, m * P, D), a view
+        values = self.v_pool[:, table].transpose(0, 1).reshape(shape)
         slots = torch.arange(m * p, device=ends.device)[None, :]  # (1, S)
         return keys, values, torch.where(slots < ends[:, None], slots, -1)  # positions (R, S)
 
