@@ -216,7 +216,7 @@ def _generator(engine: str, precision: str, folder: Path, spec: dict[str, Any]) 
         if base == "bfloat16":
             model = model.to(torch.bfloat16)
         elif base == "int8":
-            # batched: the dynamic kernel's int8 x int8 products; compiled: the gemv loop, which a graph takes in
+            # batched: the dynamic kernel's int8 x int8 products; compiled: the gemv loop, an op of the graph
             # (variant "static": generate over the prompts as one batch, instead of generate_many)
             pick = "dynamic" if batch > 1 else "gemv" if variant == "compiled" else "auto"
             kernel = _counted(model.quantize("int8", kernel=pick))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy as copy_module
+
 import pytest
 import torch
 import torch.nn as nn
@@ -145,25 +147,30 @@ def test_a_nan_query_gives_a_nan_row_in_every_backend(backend: str) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_cache_that_vouches_for_its_buffers_keeps_the_rule(backend: str) -> None:
-    """A KV cache checks what it is written and vouches for its buffers, so attention does not sum them again.
-    What it was written (a NaN token) still makes NaN every later query that sees it; a NaN put into an unfilled
-    slot in place, after the cache vouched, moves the buffer's version and is seen: hidden, it stays out of the
-    outputs (SDPA alone would spread it: a weight of 0 times NaN)."""
+    """A KV cache checks what it is written and vouches for its buffers, so attention does not sum them again;
+    every NaN below sits where no query may see it, so the rule keeps every output finite (SDPA alone would
+    spread it: a weight of 0 times NaN). A NaN put into an unfilled slot in place, after the cache vouched, moves
+    the buffer's version and is seen; NaN tokens the cache was written, then cropped away, are never vouched for,
+    nor are they in a deep copy of the cache, whatever its version counter comes to read."""
     torch.manual_seed(0)
     attn = Attention(d_in=8, num_heads=2, backend=backend).eval()
-    x = torch.randn(1, 7, 8)
+    x = torch.randn(1, 10, 8)
+    want = attn(x).detach()  # (1, 10, 8): each query's output with nothing hidden in its way
     with torch.no_grad():
-        cache = attn.make_cache(batch_size=1, max_len=8)
-        attn(x[:, :4], cache=cache)
-        cache.v_cache[:, :, -1] = float("nan")  # slot 7: unfilled, hidden from every query below
-        steps = [attn(x[:, t : t + 1], cache=cache) for t in range(4, 7)]
-        torch.testing.assert_close(torch.cat(steps, dim=1), attn(x)[:, 4:], atol=1e-5, rtol=1e-5)
-        poisoned = x.clone()
-        poisoned[0, 2, 0] = float("nan")
-        cache = attn.make_cache(batch_size=1, max_len=8)
-        attn(poisoned[:, :2], cache=cache)
-        third, fourth = attn(poisoned[:, 2:3], cache=cache), attn(poisoned[:, 3:4], cache=cache)
-    assert third.isnan().all() and fourth.isnan().all()  # the NaN token's own query, and the next one sees it
+        cache = attn.make_cache(batch_size=1, max_len=12)
+        attn(x[:, :3], cache=cache)
+        cache.v_cache[:, :, -1] = float("nan")  # slot 11: unfilled, hidden from every query below
+        steps = [attn(x[:, t : t + 1], cache=cache) for t in range(3, 10)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), want[:, 3:], atol=1e-5, rtol=1e-5)
+        cache = attn.make_cache(batch_size=1, max_len=12)
+        for t in range(3):  # one token a write, each vouched for: the buffers' version counters move to 3
+            attn(x[:, t : t + 1], cache=cache)
+        attn(torch.full((1, 7, 8), float("nan")), cache=cache)  # slots 3..9
+        cache.crop(3)  # the NaN keys and values stay, hidden past the length
+        copy = copy_module.deepcopy(cache)
+        for held in (cache, copy):  # query t overwrites slot t and sees 0..t; slots past t keep their NaN
+            for t in range(3, 9):
+                torch.testing.assert_close(attn(x[:, t : t + 1], cache=held), want[:, t : t + 1], atol=1e-5, rtol=1e-5)
 
 
 def test_a_decode_step_sums_its_query_not_the_whole_cache(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -103,7 +103,11 @@ def test_the_targets_are_judged_from_the_rows_and_the_noise_rule() -> None:
             row("attnlab float32 layout-auto", 30.0, spread=0.4),  # the faster eager row, but too noisy
             row("ctranslate2 float32", 40.0),
             row("attnlab int8 batch 8", 100.0),
+            row("attnlab int8 static batch 8", 90.0),  # the slower of attnlab's two ways: not the one judged
             row("ctranslate2 int8 batch 8", 98.0),
+            row("attnlab int8 batch 32", 150.0),
+            row("attnlab int8 static batch 32", 210.0),  # the faster: judged
+            row("ctranslate2 int8 batch 32", 200.0),
             {"engine": "llama.cpp", "precision": "f16", "error": "not installed"},
         ]
     }
@@ -118,8 +122,13 @@ def test_the_targets_are_judged_from_the_rows_and_the_noise_rule() -> None:
         "int8 at 8 prompts (attnlab int8 batch 8 against ctranslate2 int8 batch 8): 1.02x, target 1x: met (by 2%, "
         "inside the rows' 10% spread: another run may say otherwise)"
     )
+    assert said[6] == (
+        "int8 at 32 prompts (attnlab int8 static batch 32 against ctranslate2 int8 batch 32): 1.05x, target 1x: met "
+        "(by 5%, inside the rows' 10% spread: another run may say otherwise)"
+    )
     assert "int8 prefill (attnlab int8 against ctranslate2 int8): 0.50x, target 1x: not met" in said
-    assert [engines.batch_of(p) for p in ("int8", "int8 batch 8", "float32 layout-auto")] == [1, 8, 1]
+    names = ("int8", "int8 batch 8", "float32 layout-auto", "int8 static batch 32")
+    assert [engines.batch_of(p) for p in names] == [1, 8, 1, 32]
 
 
 def test_a_round_that_fails_late_keeps_the_rows_good_rounds_and_is_said() -> None:

@@ -197,6 +197,19 @@ def test_a_compiled_step_calls_the_loop_as_one_op_for_each_product(kind: str) ->
     assert torch.equal(compiled, eager)
 
 
+@pytest.mark.slow  # compiles the loop for each kind
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_the_op_a_graph_calls_passes_torchs_own_checks(dtype: torch.dtype) -> None:
+    """attnlab::gemv under torch.library.opcheck: its schema, its fake (the shape, dtype and strides a graph plans
+    for) against what the loop returns, and how it dispatches; with a bias, and int8's scale."""
+    weight, scale = weights(dtype, 24, 40)
+    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(4)).to(
+        torch.float32 if dtype == torch.int8 else dtype
+    )
+    bias = torch.randn(24).to(x.dtype)
+    torch.library.opcheck(torch.ops.attnlab.gemv, (x, weight, scale, bias))
+
+
 def test_slices_of_a_large_weight_give_the_whole_products_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Slices of 7 rows (a tiny SLICE_BYTES) for a 37-row weight: the last slice short, every slice placed."""
     linear = torch.nn.Linear(100, 37)

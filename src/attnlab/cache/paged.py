@@ -1,6 +1,6 @@
 """A paged KV cache: pools of fixed-size blocks, and one block table for every layer that pages.
 
-vLLM's layout (Kwon et al., 2023). Keys and values live in a pool of
+vLLM's design (Kwon et al., 2023). Keys and values live in a pool of
 ``num_blocks`` blocks of ``block_size`` tokens per layer; a sequence owns a
 row of the :class:`BlockTable`, the ids of its blocks in order, and a length.
 Every layer allocates the same block ids, so the layers that page share one

@@ -14,9 +14,9 @@ whose tile met it). The kernels run on cleaned inputs (non-finite entries set
 to 0) and the rows the rule names are set to NaN afterwards.
 
 The check costs one sum over each of q, k and v and, when everything is
-finite (the usual case), nothing else. A KV cache checks each write instead and
-vouches for its buffers (:func:`vouch`), so a decode step sums its one new
-query, not the whole cache, in every layer. Under ``torch.compile`` it is skipped, so that the
+finite (the usual case), nothing else. The plain KV cache on the CPU checks
+each write instead and vouches for its buffers (:func:`vouch`), so a decode
+step sums its one new query, not the whole cache, in every layer. Under ``torch.compile`` it is skipped, so that the
 compiled graph has no data-dependent branch; compiled code gets the kernel's
 own behaviour.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from attnlab.functional.visibility import Visibility
 
@@ -42,18 +43,23 @@ class NonFinite:
     bad_kv: torch.Tensor
 
 
+# Tensors vouched for, by identity (a copy or an unpickled tensor is another object, never vouched for), each with
+# the version counter it had then.
+_VOUCHED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
 def vouch(t: torch.Tensor) -> None:
     """Say that ``t`` holds only finite numbers as it is now (a cache that checked each write to its buffer):
     :func:`clean` skips its sum until ``t`` or a view of it is written in place again (its version counter
-    moves). Inference tensors keep no version, so they are never vouched for; a write through ``.data``, which
-    moves no version, is not seen."""
+    moves). Inference tensors keep no version, so they are never vouched for; a write that moves no version
+    (through ``.data``, or another library's view of the memory) is not seen."""
     if not torch.compiler.is_compiling() and not t.is_inference():
-        t._attnlab_finite_at = t._version  # type: ignore[attr-defined]
+        _VOUCHED[t] = t._version
 
 
 def vouched(t: torch.Tensor) -> bool:
-    """Whether ``t`` was vouched for (:func:`vouch`) and not written in place since."""
-    at = getattr(t, "_attnlab_finite_at", None)
+    """Whether ``t`` itself was vouched for (:func:`vouch`) and not written in place since."""
+    at = _VOUCHED.get(t)
     return at is not None and not t.is_inference() and at == t._version
 
 

@@ -113,7 +113,8 @@ def gemv(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """(N, in) x (out, in) -> (N, out): :func:`readable_gemv`'s numbers to float rounding, by the compiled loop
-    (under an enclosing torch.compile on the CPU, the graph calls it as the op ``attnlab::gemv``). ``scale``: int8 weights' (out,).
+    (under an enclosing torch.compile on the CPU, the graph calls it as the op ``attnlab::gemv``; under
+    torch.export, the loop's plain ops). ``scale``: int8 weights' (out,).
     For inference on the CPU with a few rows (:data:`FLOAT_ROWS`, :data:`INT8_ROWS`); the caller checks
     (:func:`gemv_applies`)."""
     _check(x, weight, scale, bias)
@@ -121,13 +122,18 @@ def gemv(
     if wants_grad:  # differentiated: the loop's own ops, which autograd follows
         return _loop(x, weight, scale, bias)
     if torch.compiler.is_compiling():
-        if x.device.type != "cpu":  # traced into the graph: its compiler writes the loop for that device
-            return _loop(x, weight, scale, bias)
-        # One opaque op in the graph, run by the loop compiled on its own. Traced inline, Inductor fuses the
-        # norm or activation before the product into the loop's body and recomputes it for every weight row:
-        # the step's products ran at about two thirds of their own loop's speed (docs/benchmarks.md).
+        if x.device.type != "cpu" or _exporting():  # the loop's own ops: for another device's compiler, or for
+            return _loop(x, weight, scale, bias)  # an exported program, which must not need attnlab to run
+        # One opaque op in the graph, run by the loop compiled on its own. Traced inline, Inductor fused the norm
+        # or activation before the product into the loop's body and recomputed it for every weight row, and the
+        # compiled step's products ran slower than the loop's own (tests/test_gemv.py counts the op).
         return torch.ops.attnlab.gemv(x, weight, scale, bias)
     return _compiled(x, weight, scale, bias)
+
+
+def _exporting() -> bool:
+    is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch 2.6 and later
+    return bool(is_exporting()) if is_exporting is not None else False
 
 
 def _compiled(

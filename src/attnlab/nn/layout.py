@@ -92,8 +92,8 @@ def _transformed(*tensors: torch.Tensor | None) -> bool:
     wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
     if any(t is not None and wrapped(t) for t in tensors):
         return True
-    if getattr(fwAD, "_current_level", 0) < 0:  # no dual_level open: tangents live only inside one (a call a
-        return False  # product saves microseconds of unpack_dual, three tensors at every product of a step)
+    if getattr(fwAD, "_current_level", 0) < 0:  # no dual_level open, so no tangents: unpack_dual's
+        return False  # microseconds, for three tensors at every product of a step, are saved
     return any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
 
 
@@ -118,7 +118,8 @@ class OneDNNLinear(nn.Linear):
 def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: up to :data:`attnlab.nn.gemv.FLOAT_ROWS` rows (a decode step) by the
     compiled loop of :func:`attnlab.nn.gemv.gemv` where it applies (inference on the CPU, one dtype throughout,
-    a row-major weight; under torch.compile the loop joins the graph), other calls by :func:`onednn_linear`."""
+    a row-major weight; under torch.compile, the op ``attnlab::gemv`` in the graph), other calls by
+    :func:`onednn_linear`."""
     flat = x.reshape(-1, x.shape[-1])  # (B, T, in) -> (N, in)
     same = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype) and weight.is_contiguous()
     if torch.compiler.is_compiling():
