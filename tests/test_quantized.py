@@ -150,6 +150,56 @@ def test_a_rows_output_in_a_call_is_its_output_alone_bitwise(fast: bool, monkeyp
         assert float((alone[:7] - want).abs().amax(dim=1).div(want.abs().amax(dim=1) + 1e-3).max()) < 0.03
 
 
+def test_many_rows_are_rounded_by_one_compiled_kernel_with_the_readable_numbers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The effect: several rows on the dynamic kernel are rounded to 7 bits by one kernel Inductor compiled (no
+    aminmax or round among the call's ops, torch.profiler), where the readable rounding takes about 25 ops; its
+    codes, scales and plain rows are the readable ones bitwise, and the call's output too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    needs_dynamic()
+    if quantized.why_no_gemv() and os.environ.get("CI") != "true":
+        pytest.skip(f"no compiler here: {quantized.why_no_gemv()}")
+    torch.manual_seed(0)
+    layer = Int8Linear(linear=nn.Linear(100, 37), kernel="dynamic")
+    x = rows_of_every_kind(100)
+    for rows in (x, x[:5], x[:1]):  # 8 rows, and 5 and 1 padded to the kernels of 8 and 2 rows
+        assert quantized._same_rounding(quantized._round(rows), quantized._rounded_rows(rows))
+
+    def rounding_ops() -> int:
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = layer(x)
+        names = [e.name for e in prof.events()]
+        return out, sum(names.count(op) for op in ("aten::aminmax", "aten::round"))
+
+    fast, ops = rounding_ops()
+    assert ops == 0
+    monkeypatch.setattr(quantized, "_round", quantized._rounded_rows)
+    readable, ops = rounding_ops()
+    assert ops == 1 + 2  # aminmax once; round for the zero points and for the codes
+    assert torch.equal(fast, readable)
+
+
+def test_a_compiled_rounding_that_disagrees_is_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each compiled rounding is checked against the readable one on rows of every kind before its first use: one
+    that differs (here a kernel made to move the codes by one) is set aside, and the readable numbers stay."""
+    needs_dynamic()
+    monkeypatch.setattr(quantized, "_ROUNDING_SAME", {})
+
+    def off_by_one(key: object, fn: object, inputs: list[torch.Tensor]) -> object:
+        return lambda flat: (lambda c, s, p: (c // 2, s, p))(*quantized._rounded_rows(flat))
+
+    monkeypatch.setattr(quantized, "compiled", off_by_one)
+    torch.manual_seed(0)
+    layer = Int8Linear(linear=nn.Linear(100, 37), kernel="dynamic")
+    x = rows_of_every_kind(100)
+    assert quantized._same_rounding(quantized._round(x), quantized._rounded_rows(x))
+    assert list(quantized._ROUNDING_SAME.values()) == [False]
+    with torch.no_grad():
+        assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
+
+
 def tiny_lm(seed: int, *, layers: int = 2, dim: int = 32) -> GPT:
     """test_speculative's model, quantized on the dynamic kernel."""
     torch.manual_seed(seed)

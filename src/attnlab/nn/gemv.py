@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +66,7 @@ def _loop(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bia
 
 
 Spec = tuple[object, ...]
-_KERNELS: dict[Spec, Callable[..., torch.Tensor]] = {}  # one compiled loop per spec, made on first use
+_KERNELS: dict[object, Callable[..., Any]] = {}  # one compiled kernel per key (a spec), made on first use
 
 
 def _canonical(t: torch.Tensor) -> torch.Tensor:
@@ -81,32 +82,37 @@ def _canonical(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride() == fresh else t.as_strided(t.shape, fresh, t.storage_offset())
 
 
-def _spec(tensors: tuple[torch.Tensor | None, ...]) -> Spec:
-    """What a compiled loop is specialized to: each tensor's shape, strides, dtype and device (None where absent), and
-    the threads it was built for. A loop is only ever called with tensors of its own spec, so it needs no guard."""
+def kernel_spec(tensors: tuple[torch.Tensor | None, ...]) -> Spec:
+    """What a compiled kernel is specialized to: each tensor's shape, strides, dtype and device (None where absent),
+    and the threads it was built for. A kernel is only ever called with tensors of its own spec: no guard."""
     laid = tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device) for t in tensors)
     return (*laid, torch.get_num_threads())
 
 
-def _kernel(spec: Spec, tensors: tuple[torch.Tensor | None, ...]) -> Callable[..., torch.Tensor]:
-    """The loop compiled by Inductor for ``spec`` (traced to a graph with make_fx, then torch._inductor.compile:
-    no Dynamo, so a call costs microseconds, not a guard check)."""
-    if spec not in _KERNELS:
+def compiled(key: object, fn: Callable[..., Any], inputs: list[torch.Tensor]) -> Callable[..., Any]:
+    """``fn`` traced with make_fx on fake tensors like ``inputs`` and compiled by Inductor (no Dynamo, so a call
+    costs microseconds, not a guard check), made once per ``key``, which names everything it is specialized to
+    (a :func:`kernel_spec`): the caller hands it tensors of that spec only."""
+    if key not in _KERNELS:
         from torch._inductor import compile as inductor_compile
         from torch.fx.experimental.proxy_tensor import make_fx
 
-        given = [t is not None for t in tensors]
+        graph = make_fx(fn, tracing_mode="fake")(*inputs)  # on fake tensors: gemv's (N, out, in) is never formed
+        _KERNELS[key] = inductor_compile(graph, list(inputs))
+    return _KERNELS[key]
 
-        def body(*present: torch.Tensor) -> torch.Tensor:
-            it = iter(present)
-            x, weight, scale, bias = (next(it) if has else None for has in given)
-            assert x is not None and weight is not None  # always given
-            return _loop(x, weight, scale, bias)
 
-        inputs: list[torch.Tensor | int | torch.SymInt | None] = [t for t in tensors if t is not None]
-        graph = make_fx(body, tracing_mode="fake")(*inputs)  # traced on fake tensors: (N, out, in) never formed
-        _KERNELS[spec] = inductor_compile(graph, inputs)
-    return _KERNELS[spec]
+def _kernel(spec: Spec, tensors: tuple[torch.Tensor | None, ...]) -> Callable[..., torch.Tensor]:
+    """The loop compiled by Inductor for ``spec``."""
+    given = [t is not None for t in tensors]
+
+    def body(*present: torch.Tensor) -> torch.Tensor:
+        it = iter(present)
+        x, weight, scale, bias = (next(it) if has else None for has in given)
+        assert x is not None and weight is not None  # always given
+        return _loop(x, weight, scale, bias)
+
+    return compiled(spec, body, [t for t in tensors if t is not None])
 
 
 def gemv(
@@ -141,7 +147,7 @@ def _compiled(
 ) -> torch.Tensor:
     """The product by the loop compiled for these tensors' spec (checked by the caller)."""
     tensors = (_canonical(x), _canonical(weight), scale, bias)
-    out: torch.Tensor = _kernel(_spec(tensors), tensors)(*(t for t in tensors if t is not None))
+    out: torch.Tensor = _kernel(kernel_spec(tensors), tensors)(*(t for t in tensors if t is not None))
     return out
 
 
@@ -188,13 +194,19 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False  # F.linear's own error, as for any linear
     if x.shape[0] > rows_for(weight) or x.shape[0] == 0 or x.shape[1] == 0:
         return False
-    if torch.jit.is_tracing() or torch.fx._symbolic_trace.is_fx_symbolic_tracing() or _dispatch_mode():
+    if traced():
         return False  # a tracer would not see the compiled kernel run: the plain ops, for it to record
     if x.device.type != "cpu" or weight.device.type != "cpu" or weight.dtype not in GEMV_DTYPES:
         return False
     if type(x) is not torch.Tensor or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return False
     return not why_no_gemv()
+
+
+def traced() -> bool:
+    """Whether a tracer records this call (torch.jit.trace, fx's symbolic trace, a dispatch mode), which would not
+    see a compiled kernel run: such calls take the plain ops."""
+    return torch.jit.is_tracing() or torch.fx._symbolic_trace.is_fx_symbolic_tracing() or _dispatch_mode()
 
 
 def _dispatch_mode() -> bool:

@@ -25,7 +25,9 @@ machine and picks one per weight shape:
   the call (issue 30): a prompt, a batch, a speculative check and a decode
   step give each token the same numbers. One row (a decode step) goes to
   ``quantized.linear_dynamic`` itself; several rows are rounded here with
-  the scale and zero point it would choose for each row alone, multiplied
+  the scale and zero point it would choose for each row alone (by one kernel
+  Inductor compiles per width and power of two of rows, on first use, checked
+  bitwise against the readable ops before it is used), multiplied
   with ``torch._int_mm`` and finished with its float epilogue, bitwise what
   it gives row by row (checked once per process; where it is not, the rows
   run one by one). Its int8 x int8 products are the fastest here, at a small
@@ -47,7 +49,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnlab.nn.gemv import INT8_ROWS, gemv, gemv_applies, why_no_gemv
+from attnlab.nn.gemv import INT8_ROWS, compiled, gemv, gemv_applies, kernel_spec, traced, why_no_gemv
 from attnlab.nn.layout import _transformed, onednn_linear, pass_seconds
 
 Int8Kernel = Literal["dynamic", "int8pack", "gemv", "dequantize"]
@@ -114,16 +116,69 @@ def _activation_qparams(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     return scale.float(), zero, plain
 
 
+def _rounded_rows(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(centered (N, in) int8, x_scale (N,), plain (N,)): every row rounded to 7 bits with its own scale and zero
+    point, fbgemm's arithmetic step by step, less its zero point. The readable path of :func:`_round`."""
+    x_scale, zero, plain = _activation_qparams(flat)
+    inverse = 1.0 / x_scale  # float32, as fbgemm multiplies by it
+    # fbgemm rounds fma(x, 1/scale, zero): float64 holds the product exactly, so only a tie finer than float64 differs
+    codes = torch.round((flat.double() * inverse.double()[:, None] + zero[:, None]).float()).clamp_(0, 255)
+    return (codes - zero[:, None]).to(torch.int8), x_scale, plain  # (N, in): x / x_scale, in -127..127
+
+
+_ROUNDING_SAME: dict[object, bool] = {}  # per spec: whether the compiled rounding gives _rounded_rows' numbers
+
+
+def _round(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_rounded_rows` of ``flat`` (N, in), by one kernel Inductor compiled (the readable rounding is about 25
+    small ops a product, most of a batched step's time outside its products) where that kernel gives the readable
+    numbers bitwise, checked once per shape on rows of every kind (:func:`_probe_rows`); by the readable ops
+    elsewhere, under a tracer and without a compiler. The rows are padded with zeros to a power of two (each row is
+    rounded on its own), so that one kernel serves every count of rows up to it."""
+    if why_no_gemv() or traced() or type(flat) is not torch.Tensor or flat.device.type != "cpu":
+        return _rounded_rows(flat)
+    n, d_in = flat.shape
+    rows = max(2, 1 << (n - 1).bit_length())
+    padded = torch.cat([flat, flat.new_zeros(rows - n, d_in)]) if rows > n else flat.contiguous()  # (rows, in)
+    key = ("int8 rows", kernel_spec((padded,)))
+    kernel = compiled(key, _rounded_rows, [padded])
+    if key not in _ROUNDING_SAME:
+        _ROUNDING_SAME[key] = all(_same_rounding(kernel(p), _rounded_rows(p)) for p in _probe_rows(rows, d_in))
+    if not _ROUNDING_SAME[key]:
+        return _rounded_rows(flat)
+    codes, x_scale, plain = kernel(padded)
+    return codes[:n], x_scale[:n], plain[:n]
+
+
+def _same_rounding(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> bool:
+    """Bitwise the same scales and plain rows, and the same codes in the plain rows (the others run alone, and a
+    NaN's cast to int8 is whatever the machine makes of it)."""
+    (codes, x_scale, plain), (want_codes, want_scale, want_plain) = got, want
+    same = torch.equal(plain, want_plain) and torch.equal(x_scale, want_scale)
+    return same and torch.equal(codes[plain], want_codes[plain])
+
+
+def _probe_rows(n: int, d_in: int) -> list[torch.Tensor]:
+    """Batches (n, d_in) in which every kind of row stands at every place: rows of several ranges, all positive,
+    all negative, fma's ties, constant (a tiny range), zero, and with a NaN or an inf (not plain)."""
+    generator = torch.Generator().manual_seed(0)
+    base = torch.randn(8, d_in, generator=generator) * torch.tensor([0.01, 1.0, 4.0, 1.0, 1.0, 1.0, 1.0, 1.0])[:, None]
+    base[3], base[4] = base[3].abs(), -base[4].abs()
+    base[5, 0::2], base[5, 1::2] = 0.5 + 2**-20, -1.5 - 2**-20
+    base[5, :2] = torch.tensor([-64.0, 63.0])[: min(2, d_in)]
+    base[6], base[7] = 0.25, 0.0
+    nan, inf = base[1].clone(), base[2].clone()
+    nan[0], inf[-1] = float("nan"), float("inf")
+    kinds = torch.cat([base, nan[None], inf[None]])  # (10, d_in)
+    return [kinds[(torch.arange(n) + j) % len(kinds)] for j in range(len(kinds))]  # each (n, d_in)
+
+
 def _per_row(
     flat: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (N, out), plain (N,)): every row rounded with its own scale and zero point, fbgemm's arithmetic
     step by step; the rows ``plain`` is False for are to be run alone."""
-    x_scale, zero, plain = _activation_qparams(flat)
-    inverse = 1.0 / x_scale  # float32, as fbgemm multiplies by it
-    # fbgemm rounds fma(x, 1/scale, zero): float64 holds the product exactly, so only a tie finer than float64 differs
-    codes = torch.round((flat.double() * inverse.double()[:, None] + zero[:, None]).float()).clamp_(0, 255)
-    centered = (codes - zero[:, None]).to(torch.int8)  # (N, in): x / x_scale, in -127..127
+    centered, x_scale, plain = _round(flat)
     acc = torch._int_mm(centered, weight_int8.t())  # (N, in) @ (in, out) -> (N, out) int32, exact
     multiplier = x_scale[:, None] * scale[None, :]  # (N, out), rounded to float32 first, as fbgemm does
     if bias is None:
