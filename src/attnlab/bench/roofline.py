@@ -69,4 +69,5 @@ def probe_rates(d_in: int, d_out: int) -> dict[str, float]:
     it (``attnlab.nn.layout.stream_rates``, what ``GPT.set_layout("auto")`` chooses by)."""
     names = {"rows": "(out, in) rows", "columns": "(in, out) columns", "onednn": "(out, in) rows, oneDNN"}
     names["gemv"] = "(out, in) rows, a compiled loop"
+    names["packed"] = "(out, in) rows, oneDNN's packed copy"
     return {names[layout]: rate for layout, rate in stream_rates(d_in, d_out).items()}

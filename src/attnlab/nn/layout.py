@@ -21,6 +21,12 @@ a loop that torch.compile writes for the product (:mod:`attnlab.nn.gemv`:
 each weight read once, widened to float32 in registers), and more rows, a
 prompt's, by oneDNN. It needs torch.compile to work here (a C++ compiler).
 
+A fifth keeps the rows and a second copy: "packed" multiplies by oneDNN's
+inner product over a copy of the weight reordered once into oneDNN's own
+blocked format (:mod:`attnlab.nn.packed`), which the CPU's bfloat16
+dot-product instructions read directly; it costs a second copy of the
+weights' memory.
+
 :func:`fastest_layout` times both on weights that together exceed the
 caches (256 MB, cycled), as decoding meets them, and keeps the answer for
 the process. :func:`set_layout` re-stores a module's ``nn.Linear`` weights
@@ -39,9 +45,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnlab.nn.gemv import FLOAT_ROWS, gemv, gemv_applies, why_no_gemv
+from attnlab.nn import packed
+from attnlab.nn.gemv import FLOAT_ROWS, _exporting, gemv, gemv_applies, traced, why_no_gemv
 
-Layout = Literal["rows", "columns", "onednn", "gemv"]
+Layout = Literal["rows", "columns", "onednn", "gemv", "packed"]
 STORAGES: tuple[Layout, ...] = ("rows", "columns")  # F.linear, the weight stored either way
 ONEDNN_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's CPU inner product takes
 
@@ -51,14 +58,16 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-LAYOUTS: tuple[Layout, ...] = (*STORAGES, "onednn", "gemv") if onednn_available() else (*STORAGES, "gemv")
+LAYOUTS: tuple[Layout, ...] = (*STORAGES, *(("onednn",) if onednn_available() else ()), "gemv") + (
+    ("packed",) if onednn_available() and packed.packing_available() else ()
+)
 _CHOSEN: dict[tuple[int, int, torch.dtype], Layout] = {}
 STREAM_BYTES = 256 * 2**20  # more than any CPU cache: the weights stream from memory, as a decode step's do
 
 
 def laid_out(weight: torch.Tensor, layout: Layout) -> torch.Tensor:
     """``weight`` (out, in) with its numbers stored row by row, or column by column."""
-    if layout in ("rows", "onednn", "gemv"):
+    if layout in ("rows", "onednn", "gemv", "packed"):
         return weight.contiguous()
     return weight.t().contiguous().t()  # (out, in), strides (1, out)
 
@@ -139,12 +148,39 @@ class GemvLinear(nn.Linear):
         return gemv_linear(input, self.weight, self.bias)
 
 
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` by oneDNN's inner product over the weight's packed copy
+    (:mod:`attnlab.nn.packed`) where oneDNN serves it (:func:`onednn_applies`; under torch.compile on the CPU
+    without a gradient, the op ``attnlab::packed_linear`` in the graph), by ``F.linear`` elsewhere. Under a
+    tracer, the weight itself, so that what is recorded reads the parameter and never a copy of it."""
+    flat = x.reshape(-1, x.shape[-1])  # (B, T, in) -> (N, in)
+    same = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype) and x.dtype in ONEDNN_DTYPES
+    if torch.compiler.is_compiling():
+        fits = same and weight.dim() == 2 and x.shape[-1] == weight.shape[-1] > 0 and x.device.type == "cpu"
+        if fits and not torch.is_grad_enabled() and not _autocast() and not _exporting():
+            out = torch.ops.attnlab.packed_linear(flat, weight, bias)  # (N, out)
+            return out.reshape(*x.shape[:-1], weight.shape[0])  # (N, out) -> (B, T, out)
+        return F.linear(x, weight, bias)
+    if traced() or not packed.packing_available() or not onednn_applies(x, weight, bias):
+        return onednn_linear(x, weight, bias)
+    out = packed.product(flat, weight, bias)  # (N, out)
+    return out.reshape(*x.shape[:-1], weight.shape[0])  # (N, out) -> (B, T, out)
+
+
+class PackedLinear(nn.Linear):
+    """An ``nn.Linear`` in the "packed" layout: the same parameters, its product by :func:`packed_linear`."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return packed_linear(input, self.weight, self.bias)
+
+
 CLASSES: dict[Layout, type[nn.Linear]] = {"rows": nn.Linear, "columns": nn.Linear, "onednn": OneDNNLinear}
-CLASSES["gemv"] = GemvLinear
+CLASSES["gemv"], CLASSES["packed"] = GemvLinear, PackedLinear
+OWN_PRODUCTS: tuple[Layout, ...] = ("onednn", "gemv", "packed")  # a product of their own, for ONEDNN_DTYPES only
 
 
 def _product(layout: Layout) -> Callable[..., torch.Tensor]:
-    return {"onednn": onednn_linear, "gemv": gemv_linear}.get(layout, F.linear)
+    return {"onednn": onednn_linear, "gemv": gemv_linear, "packed": packed_linear}.get(layout, F.linear)
 
 
 def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict[Layout, float]:
@@ -157,7 +193,8 @@ def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, r
     rates: dict[Layout, float] = {}
     with torch.no_grad():
         for layout in LAYOUTS:
-            if layout == "gemv" and (why_no_gemv() or dtype not in ONEDNN_DTYPES):
+            takes = dtype in ONEDNN_DTYPES and not (layout == "gemv" and why_no_gemv())
+            if layout in ("gemv", "packed") and not takes:
                 continue  # its rate would be oneDNN's or F.linear's, measured under its name
             weights = [laid_out(torch.randn(d_out, d_in, dtype=dtype), layout) for _ in range(copies)]
             calls = [partial(_product(layout), x, w) for w in weights]
@@ -181,13 +218,13 @@ def pass_seconds(calls: Sequence[Callable[[], object]], repeats: int) -> float:
 
 def fastest_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32) -> Layout:
     """The layout in which the product of one vector streams a (d_out, d_in) weight fastest here (kept per
-    shape); "onednn" and "gemv" only for the dtypes they take, "gemv" only where its loop can be built."""
+    shape); "onednn", "gemv" and "packed" only for the dtypes they take, "gemv" only where its loop can be built."""
     key = (d_in, d_out, dtype)
     if key not in _CHOSEN:
         rates = stream_rates(d_in, d_out, dtype=dtype)
         if dtype not in ONEDNN_DTYPES:
-            rates.pop("onednn", None)
-            rates.pop("gemv", None)
+            for layout in OWN_PRODUCTS:
+                rates.pop(layout, None)
         _CHOSEN[key] = max(rates, key=rates.__getitem__)
     return _CHOSEN[key]
 
@@ -199,7 +236,7 @@ def set_layout(module: nn.Module, layout: Layout | Literal["auto"]) -> dict[str,
     if layout not in (*LAYOUTS, "auto"):
         raise ValueError(f"layout must be one of {(*LAYOUTS, 'auto')}, got {layout!r}")
     linears = [(name, sub) for name, sub in module.named_modules() if isinstance(sub, nn.Linear)]
-    if layout in ("onednn", "gemv"):
+    if layout in OWN_PRODUCTS:
         dtypes = sorted({str(sub.weight.dtype) for _, sub in linears} - {str(d) for d in ONEDNN_DTYPES})
         if dtypes:
             raise TypeError(f"the {layout} layout takes float32 or bfloat16 weights, this module holds {dtypes}")
@@ -213,7 +250,11 @@ def set_layout(module: nn.Module, layout: Layout | Literal["auto"]) -> dict[str,
             sub.weight.data = laid_out(sub.weight.data, pick)  # a new storage; the Parameter object stays
             if type(sub) in set(CLASSES.values()):  # another class's forward is its own: rows, as it was
                 sub.__class__ = CLASSES[pick]
-            elif pick in ("onednn", "gemv"):
+            elif pick in OWN_PRODUCTS:
                 pick = "rows"
+            if pick == "packed":
+                packed.packed_copy(sub.weight)  # now, so that a decode step never waits for it
+            else:
+                packed.forget(sub.weight)  # a copy kept for an earlier "packed" layout is freed
             chosen[f"{name}.weight"] = pick
     return chosen
