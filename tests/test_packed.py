@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import packed
+from attnlab.nn import layout, packed
 from attnlab.nn.layout import LAYOUTS, PackedLinear
 
 if "packed" not in LAYOUTS and os.environ.get("CI") != "true":  # under CI=true the tests run, and fail
@@ -96,6 +96,81 @@ def test_any_change_to_a_weight_is_followed() -> None:
         torch.testing.assert_close(model(IDX), plain(IDX), rtol=1e-5, atol=1e-5)
 
 
+def test_a_write_no_version_sees_is_read_after_set_layout_again() -> None:
+    """A write through .data has a version counter of its own, so the copy cannot see it (the documented limit):
+    set_layout("packed") again packs every weight anew, and the products follow the write."""
+    model, plain = small(), small()
+    model.set_layout("packed")
+    with torch.no_grad():
+        for m in (model, plain):
+            m.out_head.weight.data.mul_(2)
+        model.set_layout("packed")
+        torch.testing.assert_close(model(IDX), plain(IDX), rtol=1e-5, atol=1e-5)
+
+
+def test_converting_or_quantizing_frees_the_copies() -> None:
+    """.to() frees each copy before it converts (the next product packs the converted weight), and quantize frees
+    the copies of the float weights it replaces: none is held beside what took its place."""
+    model = small()
+    model.set_layout("packed")
+    model.to(torch.bfloat16)
+    assert all(packed._PACKED.get(m.weight) is None for m in linears(model))
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDX), small(torch.bfloat16)(IDX), rtol=2e-2, atol=2e-2)
+    assert all(packed._PACKED.get(m.weight) is not None for m in linears(model))
+    model = small()
+    model.set_layout("packed")
+    weights = [m.weight for m in linears(model)]  # kept alive here, as a tied weight would be
+    model.quantize("int8", kernel="dequantize")
+    assert all(packed._PACKED.get(w) is None for w in weights)
+
+
+def test_the_ops_refuse_a_call_that_needs_a_gradient() -> None:
+    """attnlab::packed_linear and attnlab::gemv have no backward: called on a weight that needs a gradient, they
+    say so (autograd's fallback would only warn, and the gradient would be missing)."""
+    weight = torch.randn(8, 16, requires_grad=True)
+    x = torch.randn(1, 16)
+    with pytest.raises(RuntimeError, match=r"attnlab::packed_linear has no backward.*F\.linear"):
+        torch.ops.attnlab.packed_linear(x, weight, None)
+    with pytest.raises(RuntimeError, match=r"attnlab::gemv has no backward.*F\.linear"):
+        torch.ops.attnlab.gemv(x, weight, None, None)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.ops.attnlab.packed_linear(x, weight, None), F.linear(x, weight))
+
+
+def test_where_onednn_cannot_reorder_a_dtype_it_is_refused_and_never_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU without AVX-512: oneDNN refuses to reorder bfloat16. set_layout("packed") says so with the way out;
+    "auto" never times packed for bfloat16, and still lays the weights out."""
+    monkeypatch.setattr(packed, "packing_available", lambda dtype=torch.float32: dtype == torch.float32)
+    monkeypatch.setattr(layout, "_CHOSEN", {})
+    model = small(torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"oneDNN cannot reorder \['torch.bfloat16'\] weights here.*'auto'"):
+        model.set_layout("packed")
+    assert "packed" not in layout.stream_rates(32, 96, dtype=torch.bfloat16, repeats=1)
+    assert "packed" in layout.stream_rates(32, 96, dtype=torch.float32, repeats=1)
+
+
+def test_auto_takes_packed_only_when_it_streams_clearly_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its copy doubles the weights' memory: "packed" is chosen at more than PACKED_GAIN times the best other
+    layout's rate, not at a little more."""
+    gain = {96: 1.05, 128: 1.5}  # by d_out
+
+    def rates(d_in: int, d_out: int, *, dtype: torch.dtype) -> dict[str, float]:
+        return {"rows": 10.0, "columns": 9.0, "packed": 10.0 * gain[d_out]}
+
+    monkeypatch.setattr(layout, "stream_rates", rates)
+    monkeypatch.setattr(layout, "_CHOSEN", {})
+    assert layout.fastest_layout(32, 96) == "rows" and layout.fastest_layout(32, 128) == "packed"
+
+
+def test_the_probe_interleaves_the_layouts_pass_by_pass() -> None:
+    """Each layout's passes take turns with the others', so a machine that slows midway favours none."""
+    order: list[str] = []
+    calls = {name: [lambda name=name: order.append(name)] for name in ("rows", "columns", "packed")}
+    layout.interleaved_seconds(calls, 3)  # type: ignore[arg-type]
+    assert order == ["rows", "columns", "packed"] * 4  # a pass that warms up, then 3
+
+
 def test_a_weight_made_under_inference_mode_is_multiplied_as_it_is() -> None:
     """An inference tensor keeps no version, so an edit to it cannot be seen: it gets no copy, and an edit made
     under inference_mode shows in the next product."""
@@ -140,13 +215,21 @@ def test_a_dtype_oneDNN_does_not_take_is_refused_by_name() -> None:
 
 
 @pytest.mark.slow  # compiles the decode step
-def test_a_compiled_step_calls_one_op_per_product_and_follows_an_edit() -> None:
+def test_a_compiled_step_calls_one_op_per_product_and_follows_an_edit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under generate(compile=True) each of a step's 9 products is the op attnlab::packed_linear, which finds
     the copy when it runs: the eager tokens, and after an edit in place the edited model's tokens, with no
     copy from the time the step was traced (against the readable product's tokens)."""
     from torch.profiler import ProfilerActivity, profile
 
     model, plain = small(), small()
+    packs: list[tuple[int, ...]] = []
+    reorder = packed.reorder
+
+    def counted(weight: torch.Tensor) -> torch.Tensor:
+        packs.append(tuple(weight.shape))
+        return reorder(weight)
+
+    monkeypatch.setattr(packed, "reorder", counted)
     model.set_layout("packed")
     eager = model.generate(IDX, 6)
     model.generate(IDX, 6, compile=True)  # compiles the step
@@ -155,11 +238,13 @@ def test_a_compiled_step_calls_one_op_per_product_and_follows_an_edit() -> None:
     count = {e.key: e.count for e in prof.key_averages()}
     assert count.get("attnlab::packed_linear", 0) == 9 * 5  # 5 decode steps: the prompt's pass draws the first
     assert torch.equal(compiled, eager)
+    assert len(packs) == 9  # set_layout's: the compiled steps read those copies
     with torch.no_grad():
         for m, p in zip(linears(model), linears(plain), strict=True):
             m.weight.mul_(-1)
             p.weight.mul_(-1)
     assert torch.equal(model.generate(IDX, 6, compile=True), plain.generate(IDX, 6))
+    assert len(packs) == 18  # each edited weight packed once again
 
 
 @pytest.mark.slow  # torch.library.opcheck runs the op many ways

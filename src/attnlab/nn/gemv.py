@@ -161,10 +161,28 @@ def define_cpu_op(
     ``kernel`` on the CPU, planned for by ``fake``. It is registered at the dispatcher's CPU key alone: a call
     cost about 2 µs over its kernel, against about 40 through ``torch.library.custom_op``'s autograd and
     wrappers (timed on the machine of docs/benchmarks.md; a decode step makes 49). So it has no backward: its
-    callers put it in a graph only when no gradient is wanted."""
+    callers put it in a graph only when no gradient is wanted, and ``kernel`` refuses a call that needs one
+    (:func:`refuse_gradient`)."""
     _LIBRARY.define(name + schema)
     _LIBRARY.impl(name, kernel, "CPU")
     torch.library.register_fake(f"attnlab::{name}", fake, lib=_LIBRARY)
+
+
+def refuse_gradient(op: str, *tensors: torch.Tensor | None) -> None:
+    """Refuse, by name, a call of an op without a backward on tensors that need a gradient: autograd's fallback
+    would only warn, and the gradient would be missing."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise RuntimeError(
+            f"attnlab::{op} has no backward, and was called on tensors that need a gradient; multiply with "
+            "F.linear to train (the layouts and Int8Linear do so by themselves)"
+        )
+
+
+def _gemv_op(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    refuse_gradient("gemv", x, weight, scale, bias)
+    return _compiled(x, weight, scale, bias)
 
 
 def _gemv_op_shape(
@@ -174,7 +192,7 @@ def _gemv_op_shape(
 
 
 # :func:`gemv` as an op of a torch.compile graph (inference only), run by the loop compiled for its tensors
-define_cpu_op("gemv", "(Tensor x, Tensor weight, Tensor? scale, Tensor? bias) -> Tensor", _compiled, _gemv_op_shape)
+define_cpu_op("gemv", "(Tensor x, Tensor weight, Tensor? scale, Tensor? bias) -> Tensor", _gemv_op, _gemv_op_shape)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> None:

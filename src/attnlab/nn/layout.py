@@ -27,9 +27,9 @@ blocked format (:mod:`attnlab.nn.packed`), which the CPU's bfloat16
 dot-product instructions read directly; it costs a second copy of the
 weights' memory.
 
-:func:`fastest_layout` times both on weights that together exceed the
-caches (256 MB, cycled), as decoding meets them, and keeps the answer for
-the process. :func:`set_layout` re-stores a module's ``nn.Linear`` weights
+:func:`fastest_layout` times every layout on weights that together exceed
+the caches (256 MB, cycled), as decoding meets them, the layouts taking
+turns, and keeps the answer for the process. :func:`set_layout` re-stores a module's ``nn.Linear`` weights
 in place.
 """
 
@@ -156,12 +156,13 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     flat = x.reshape(-1, x.shape[-1])  # (B, T, in) -> (N, in)
     same = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype) and x.dtype in ONEDNN_DTYPES
     if torch.compiler.is_compiling():
-        fits = same and weight.dim() == 2 and x.shape[-1] == weight.shape[-1] > 0 and x.device.type == "cpu"
+        fits = same and weight.dim() == 2 and x.shape[-1] == weight.shape[-1] > 0 and packed.packing_available(x.dtype)
+        fits = fits and x.device.type == "cpu" and weight.device.type == "cpu"
         if fits and not torch.is_grad_enabled() and not _autocast() and not _exporting():
             out = torch.ops.attnlab.packed_linear(flat, weight, bias)  # (N, out)
             return out.reshape(*x.shape[:-1], weight.shape[0])  # (N, out) -> (B, T, out)
         return F.linear(x, weight, bias)
-    if traced() or not packed.packing_available() or not onednn_applies(x, weight, bias):
+    if traced() or not packed.packing_available(x.dtype) or not onednn_applies(x, weight, bias):
         return onednn_linear(x, weight, bias)
     out = packed.product(flat, weight, bias)  # (N, out)
     return out.reshape(*x.shape[:-1], weight.shape[0])  # (N, out) -> (B, T, out)
@@ -173,6 +174,12 @@ class PackedLinear(nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return packed_linear(input, self.weight, self.bias)
 
+    def _apply(self, fn: Callable[..., object], recurse: bool = True) -> PackedLinear:
+        """``.to()``, ``.half()``, ``.cpu()``...: the copy of the weight as it was is freed first (the weight's
+        next product packs it anew), not held beside the converted weight until then."""
+        packed.forget(self.weight)
+        return super()._apply(fn, recurse)
+
 
 CLASSES: dict[Layout, type[nn.Linear]] = {"rows": nn.Linear, "columns": nn.Linear, "onednn": OneDNNLinear}
 CLASSES["gemv"], CLASSES["packed"] = GemvLinear, PackedLinear
@@ -183,49 +190,75 @@ def _product(layout: Layout) -> Callable[..., torch.Tensor]:
     return {"onednn": onednn_linear, "gemv": gemv_linear, "packed": packed_linear}.get(layout, F.linear)
 
 
+def offered(layout: Layout, dtype: torch.dtype) -> bool:
+    """Whether ``layout`` can serve ``dtype`` weights here: "onednn", "gemv" and "packed" float32 and bfloat16
+    only, "gemv" where its loop builds, "packed" where oneDNN reorders that dtype."""
+    if layout in OWN_PRODUCTS and dtype not in ONEDNN_DTYPES:
+        return False
+    if layout == "gemv":
+        return not why_no_gemv()
+    return layout != "packed" or packed.packing_available(dtype)
+
+
 def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict[Layout, float]:
-    """GB/s at which the product of one vector streams (d_out, d_in) weights here, per layout: median of
-    ``repeats`` passes over copies that together exceed the caches (at most 64 copies: a small weight stays in
-    cache, as it does decoding)."""
+    """GB/s at which the product of one vector streams (d_out, d_in) weights here, per layout offered for
+    ``dtype``: the median of ``repeats`` passes over copies that together exceed the caches (at most 64 copies: a
+    small weight stays in cache, as it does decoding), the layouts' passes interleaved, so that a machine that
+    slows down or speeds up midway favours none. The layouts that keep rows share one set of copies; the
+    columns and the packed copies are a set each (three sets at most)."""
     size = d_in * d_out * torch.finfo(dtype).bits // 8
     copies = min(64, max(1, -(-STREAM_BYTES // size)))
     x = torch.randn(1, d_in, dtype=dtype)
-    rates: dict[Layout, float] = {}
+    layouts = [layout for layout in LAYOUTS if offered(layout, dtype)]
     with torch.no_grad():
-        for layout in LAYOUTS:
-            takes = dtype in ONEDNN_DTYPES and not (layout == "gemv" and why_no_gemv())
-            if layout in ("gemv", "packed") and not takes:
-                continue  # its rate would be oneDNN's or F.linear's, measured under its name
-            weights = [laid_out(torch.randn(d_out, d_in, dtype=dtype), layout) for _ in range(copies)]
-            calls = [partial(_product(layout), x, w) for w in weights]
-            rates[layout] = copies * size / pass_seconds(calls, repeats) / 1e9
-            del weights
-    return rates
+        rows = [torch.randn(d_out, d_in, dtype=dtype) for _ in range(copies)]
+        columns = [laid_out(w, "columns") for w in rows] if "columns" in layouts else []
+        calls: dict[Layout, list[Callable[[], object]]] = {
+            layout: [partial(_product(layout), x, w) for w in (columns if layout == "columns" else rows)]
+            for layout in layouts
+        }
+        seconds = interleaved_seconds(calls, repeats)
+        for w in rows:
+            packed.forget(w)
+    return {layout: copies * size / seconds[layout] / 1e9 for layout in layouts}
+
+
+def interleaved_seconds(calls: dict[Layout, list[Callable[[], object]]], repeats: int) -> dict[Layout, float]:
+    """Each name's median seconds of ``repeats`` passes through its calls, the names taking turns pass by pass,
+    after one pass each that warms up (and packs the "packed" layout's copies)."""
+    times: dict[Layout, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats + 1):
+        for name, each in calls.items():
+            times[name].append(pass_seconds(each, 0))
+    return {name: statistics.median(spent[1:]) for name, spent in times.items()}
 
 
 def pass_seconds(calls: Sequence[Callable[[], object]], repeats: int) -> float:
     """The median seconds of ``repeats`` passes through ``calls``, after one pass that warms up: how fast a
     list of weights that together exceed the caches streams, one product each (the probes here and in
-    ``attnlab.nn.quantized``)."""
+    ``attnlab.nn.quantized``). With ``repeats=0``, the seconds of one pass."""
     times = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
         for call in calls:
             call()
         times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+    return times[0] if repeats == 0 else statistics.median(times[1:])
+
+
+PACKED_GAIN = 1.1  # "packed" doubles the weights' memory: chosen only where it streams 10% faster than the rest
 
 
 def fastest_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32) -> Layout:
     """The layout in which the product of one vector streams a (d_out, d_in) weight fastest here (kept per
-    shape); "onednn", "gemv" and "packed" only for the dtypes they take, "gemv" only where its loop can be built."""
+    shape), among those :func:`offered` for ``dtype``; "packed", whose copy doubles the weights' memory, only
+    where it streams more than :data:`PACKED_GAIN` times faster than every other layout."""
     key = (d_in, d_out, dtype)
     if key not in _CHOSEN:
         rates = stream_rates(d_in, d_out, dtype=dtype)
-        if dtype not in ONEDNN_DTYPES:
-            for layout in OWN_PRODUCTS:
-                rates.pop(layout, None)
-        _CHOSEN[key] = max(rates, key=rates.__getitem__)
+        others = {layout: rate for layout, rate in rates.items() if layout != "packed"}
+        best = max(others, key=others.__getitem__)
+        _CHOSEN[key] = "packed" if rates.get("packed", 0.0) > PACKED_GAIN * others[best] else best
     return _CHOSEN[key]
 
 
@@ -239,7 +272,17 @@ def set_layout(module: nn.Module, layout: Layout | Literal["auto"]) -> dict[str,
     if layout in OWN_PRODUCTS:
         dtypes = sorted({str(sub.weight.dtype) for _, sub in linears} - {str(d) for d in ONEDNN_DTYPES})
         if dtypes:
-            raise TypeError(f"the {layout} layout takes float32 or bfloat16 weights, this module holds {dtypes}")
+            raise TypeError(
+                f"the {layout} layout takes float32 or bfloat16 weights, this module holds {dtypes}: convert it "
+                "first (module.float() or module.to(torch.bfloat16)), or use layout='rows' or 'auto'"
+            )
+    if layout == "packed":
+        refused = sorted({str(s.weight.dtype) for _, s in linears if not packed.packing_available(s.weight.dtype)})
+        if refused:
+            raise RuntimeError(
+                f"oneDNN cannot reorder {refused} weights here (bfloat16 needs a CPU with AVX-512 BW, VL and DQ, "
+                "and oneDNN built in); use layout='onednn' or 'auto'"
+            )
     if layout == "gemv" and why_no_gemv():
         raise RuntimeError(f"the gemv layout cannot run here: {why_no_gemv()}; use layout='onednn' or 'auto'")
     chosen: dict[str, Layout] = {}
@@ -252,9 +295,8 @@ def set_layout(module: nn.Module, layout: Layout | Literal["auto"]) -> dict[str,
                 sub.__class__ = CLASSES[pick]
             elif pick in OWN_PRODUCTS:
                 pick = "rows"
+            packed.forget(sub.weight)  # a copy kept before is never kept on: even a write no version saw is read
             if pick == "packed":
                 packed.packed_copy(sub.weight)  # now, so that a decode step never waits for it
-            else:
-                packed.forget(sub.weight)  # a copy kept for an earlier "packed" layout is freed
             chosen[f"{name}.weight"] = pick
     return chosen

@@ -7,19 +7,25 @@ neighbouring inputs side by side, in blocks of outputs. A decode step then
 streams each weight at a float32 weight's rate, half the bytes for nothing.
 ``torch.ops.mkldnn._reorder_linear_weight`` makes that order once (what
 torch.compile's CPU backend does for frozen weights); the product reads it
-directly. On the machine of ``docs/benchmarks.md`` one token's product then
-streams bfloat16 weights at 21-24 GB/s against 11-15 unpacked, and a
-prompt's 128 rows through a weight take 0.6 of the time.
+directly: one token's product then streams bfloat16 weights faster
+(``benchmarks/stream_rates.py`` measures each layout; its run is in
+``docs/benchmarks.md``), and a prompt's rows through them too. oneDNN
+reorders bfloat16 only on CPUs with AVX-512 (BW, VL, DQ): elsewhere the
+layout is not offered for bfloat16.
 
 The packed copy is kept beside the weight, not in its place: the parameter
 stays a plain tensor that every other path reads (a gradient, a checkpoint,
 the readable product, another device), at the cost of a second copy of the
 weights' memory, as the dynamic int8 kernel keeps its packed weight. The
-copy is derived from the weight and never trusted past it: each call checks
-the weight's version counter and storage, and packs again after an in-place
-edit, a ``load_state_dict`` or a new storage. A weight made under
+copy is derived from the weight: each call checks the weight's version
+counter and storage, and packs again after an in-place edit, a
+``load_state_dict``, a ``.to()`` or a new storage. A weight made under
 ``torch.inference_mode`` keeps no version, so its edits cannot be seen: it
-is multiplied unpacked, never from a copy that may be stale.
+is multiplied unpacked, never from a copy that may be stale. What no version
+counter sees, neither does the copy: a write through ``weight.data`` (a
+tensor with a counter of its own), numpy or DLPack. After such a write, call
+``set_layout("packed")`` again, which packs every weight anew (as for the
+dynamic int8 kernel, and the KV cache's vouch in ``attnlab.functional.finite``).
 
 Under ``torch.compile`` the product is one opaque op, ``attnlab::packed_linear``,
 which finds the copy when it runs, so a compiled step never holds a copy
@@ -33,19 +39,25 @@ from __future__ import annotations
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from attnlab.nn.gemv import define_cpu_op
+from attnlab.nn.gemv import define_cpu_op, refuse_gradient
 
 # weight -> (what it was packed from: version, address, shape, strides, dtype; the packed copy; the storage it
 # was packed from, held so that no new storage can take its address while the copy is kept)
 _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
-def packing_available() -> bool:
-    """Whether this PyTorch build can reorder a weight for oneDNN's inner product (the "packed" layout)."""
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this PyTorch build and CPU can reorder a ``dtype`` weight for oneDNN's inner product (the "packed"
+    layout): float32 wherever oneDNN is built in, bfloat16 only where oneDNN has its AVX-512 path."""
     mkldnn = torch.ops.mkldnn
-    return torch.backends.mkldnn.is_available() and all(
-        hasattr(mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise")
-    )
+    if dtype not in PACKED_DTYPES or not torch.backends.mkldnn.is_available():
+        return False
+    if not all(hasattr(mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise")):
+        return False
+    return dtype != torch.bfloat16 or bool(mkldnn._is_mkldnn_bf16_supported())
 
 
 def _source(weight: torch.Tensor) -> tuple[object, ...]:
@@ -83,7 +95,9 @@ def forget(weight: torch.Tensor) -> None:
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """(N, in) x (out, in) -> (N, out) by oneDNN's inner product over the packed copy (unpacked where there is
-    none). The caller has checked that oneDNN serves it: the CPU, inference, one float dtype throughout."""
+    none). The caller has checked that oneDNN serves it: the CPU, inference, one float dtype throughout. It has
+    no backward: a call that would need a gradient is refused (the op of a graph too)."""
+    refuse_gradient("packed_linear", x, weight, bias)
     packed = packed_copy(weight)
     dense = None if bias is None else bias.contiguous()  # the op reads a bias as dense: a strided one reads wrong
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(

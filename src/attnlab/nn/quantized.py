@@ -49,6 +49,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attnlab.nn import packed
 from attnlab.nn.gemv import INT8_ROWS, compiled, gemv, gemv_applies, kernel_spec, traced, why_no_gemv
 from attnlab.nn.layout import _transformed, onednn_linear, pass_seconds
 
@@ -234,6 +235,7 @@ class Int8Linear(nn.Module):
                 f"int8 quantization starts from float32 weights, got {linear.weight.dtype}; call .float() first"
             )
         _check_kernel(kernel)
+        packed.forget(linear.weight)  # a copy kept for the "packed" layout goes with the float layer it served
         self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
         q, scale = quantize_rows(linear.weight)
         self.register_buffer("weight_int8", q)  # (out, in)
