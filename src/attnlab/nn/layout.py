@@ -35,6 +35,7 @@ in place.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +54,7 @@ STORAGES: tuple[Layout, ...] = ("rows", "columns")  # F.linear, the weight store
 ONEDNN_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's CPU inner product takes
 
 
+@functools.cache  # a fact of the build: asked at every product
 def onednn_available() -> bool:
     """Whether this PyTorch build has oneDNN's inner product as an op (the "onednn" layout)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -164,6 +166,8 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return F.linear(x, weight, bias)
     if traced() or not packed.packing_available(x.dtype) or not onednn_applies(x, weight, bias):
         return onednn_linear(x, weight, bias)
+    if x.dim() == 2:
+        return packed.product(x, weight, bias)
     out = packed.product(flat, weight, bias)  # (N, out)
     return out.reshape(*x.shape[:-1], weight.shape[0])  # (N, out) -> (B, T, out)
 

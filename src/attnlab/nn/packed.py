@@ -1,17 +1,17 @@
 """A weight reordered once into oneDNN's own blocked format and kept beside it: the "packed" layout (issue 37).
 
-oneDNN's inner product (the "onednn" layout) takes a plain (out, in) weight
-and, for bfloat16, rearranges its numbers on every call into the order the
-CPU's bfloat16 dot-product instructions (AVX-512 BF16, AMX) read: pairs of
-neighbouring inputs side by side, in blocks of outputs. A decode step then
-streams each weight at a float32 weight's rate, half the bytes for nothing.
+oneDNN's inner product (the "onednn" layout) takes a plain (out, in) weight,
+but its bfloat16 kernels read weights in a blocked order of their own: pairs
+of neighbouring inputs side by side, as the CPU's bfloat16 dot-product
+instructions (AVX-512 BF16, AMX) take them, in blocks of outputs.
 ``torch.ops.mkldnn._reorder_linear_weight`` makes that order once (what
-torch.compile's CPU backend does for frozen weights); the product reads it
-directly: one token's product then streams bfloat16 weights faster
-(``benchmarks/stream_rates.py`` measures each layout; its run is in
-``docs/benchmarks.md``), and a prompt's rows through them too. oneDNN
-reorders bfloat16 only on CPUs with AVX-512 (BW, VL, DQ): elsewhere the
-layout is not offered for bfloat16.
+torch.compile's CPU backend does for frozen weights), and the product reads
+it as it is. Given the plain weight, the same product streamed bfloat16
+weights at little more than half the rate on the machine of
+``docs/benchmarks.md``, no faster a byte than float32, so half the bytes
+bought nothing (``benchmarks/stream_rates.py`` times every layout; its run
+is there). oneDNN reorders bfloat16 only on CPUs with AVX-512 (BW, VL, DQ):
+elsewhere the layout is not offered for bfloat16.
 
 The packed copy is kept beside the weight, not in its place: the parameter
 stays a plain tensor that every other path reads (a gradient, a checkpoint,
@@ -36,6 +36,8 @@ Shapes: N = rows (tokens), in / out = the weight's features.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -49,6 +51,7 @@ _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
+@functools.cache  # a fact of the build and the CPU: asked at every product
 def packing_available(dtype: torch.dtype = torch.float32) -> bool:
     """Whether this PyTorch build and CPU can reorder a ``dtype`` weight for oneDNN's inner product (the "packed"
     layout): float32 wherever oneDNN is built in, bfloat16 only where oneDNN has its AVX-512 path."""
