@@ -35,7 +35,6 @@ in place.
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -54,10 +53,12 @@ STORAGES: tuple[Layout, ...] = ("rows", "columns")  # F.linear, the weight store
 ONEDNN_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's CPU inner product takes
 
 
-@functools.cache  # a fact of the build: asked at every product
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")  # asked often
+
+
 def onednn_available() -> bool:
     """Whether this PyTorch build has oneDNN's inner product as an op (the "onednn" layout)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return _ONEDNN
 
 
 LAYOUTS: tuple[Layout, ...] = (*STORAGES, *(("onednn",) if onednn_available() else ()), "gemv") + (

@@ -36,8 +36,6 @@ Shapes: N = rows (tokens), in / out = the weight's features.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -51,16 +49,23 @@ _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
-@functools.cache  # a fact of the build and the CPU: asked at every product
-def packing_available(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether this PyTorch build and CPU can reorder a ``dtype`` weight for oneDNN's inner product (the "packed"
-    layout): float32 wherever oneDNN is built in, bfloat16 only where oneDNN has its AVX-512 path."""
+def _can_reorder(dtype: torch.dtype) -> bool:
     mkldnn = torch.ops.mkldnn
-    if dtype not in PACKED_DTYPES or not torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available():
         return False
     if not all(hasattr(mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise")):
         return False
     return dtype != torch.bfloat16 or bool(mkldnn._is_mkldnn_bf16_supported())
+
+
+# facts of the build and the CPU, asked at every product: found once, at import (a dict torch.compile reads)
+_REORDERS = {dtype: _can_reorder(dtype) for dtype in PACKED_DTYPES}
+
+
+def packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this PyTorch build and CPU can reorder a ``dtype`` weight for oneDNN's inner product (the "packed"
+    layout): float32 wherever oneDNN is built in, bfloat16 only where oneDNN has its AVX-512 path."""
+    return _REORDERS.get(dtype, False)
 
 
 def _source(weight: torch.Tensor) -> tuple[object, ...]:
