@@ -109,7 +109,8 @@ def _activation_qparams(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     lo, hi = torch.aminmax(flat, dim=1)  # (N,) each
     lo, hi = lo.clamp(max=0).double(), hi.clamp(min=0).double()
     scale = (hi - lo) / 127  # in double, as PyTorch does, then kept as float32
-    plain = (scale >= _SMALL_SCALE) & torch.isfinite(scale.float()) & torch.isfinite(flat).all(dim=1)
+    # aminmax carries a NaN or an inf of the row into lo or hi, and so into the scale: a finite scale is a finite row
+    plain = (scale >= _SMALL_SCALE) & torch.isfinite(scale.float())
     scale = torch.where(plain, scale, torch.ones_like(scale))  # the special rows: any harmless value
     from_min, from_max = -lo / scale, 127 - hi / scale  # (N,): the zero point each end asks for
     zero = torch.where(-(lo / scale).abs() < 127 - (hi / scale).abs(), from_min, from_max)
