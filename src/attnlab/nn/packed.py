@@ -6,11 +6,11 @@ of neighbouring inputs side by side, as the CPU's bfloat16 dot-product
 instructions (AVX-512 BF16, AMX) take them, in blocks of outputs.
 ``torch.ops.mkldnn._reorder_linear_weight`` makes that order once (what
 torch.compile's CPU backend does for frozen weights), and the product reads
-it as it is. Given the plain weight, the same product streamed bfloat16
-weights at little more than half the rate on the machine of
-``docs/benchmarks.md``, no faster a byte than float32, so half the bytes
-bought nothing (``benchmarks/stream_rates.py`` times every layout; its run
-is there). oneDNN reorders bfloat16 only on CPUs with AVX-512 (BW, VL, DQ):
+it as it is. Given the plain weight, the same product reads a bfloat16
+weight well short of twice as fast as a float32 one, which half the bytes
+would allow; over the packed copy, faster (``benchmarks/stream_rates.py``
+times every layout; its run on the machine of ``docs/benchmarks.md`` is
+there). oneDNN reorders bfloat16 only on CPUs with AVX-512 (BW, VL, DQ):
 elsewhere the layout is not offered for bfloat16.
 
 The packed copy is kept beside the weight, not in its place: the parameter
