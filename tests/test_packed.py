@@ -50,20 +50,26 @@ def test_the_packed_layout_keeps_the_readable_products_values_and_tokens(dtype: 
         assert torch.equal(a, b)  # the parameters are the plain weights, as they were
 
 
-def test_a_decode_step_reads_the_copies_set_layout_made(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def packs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The shape of every weight packed from here on, in order."""
+    made: list[tuple[int, ...]] = []
+    reorder = packed.reorder
+
+    def counted(weight: torch.Tensor) -> torch.Tensor:
+        made.append(tuple(weight.shape))
+        return reorder(weight)
+
+    monkeypatch.setattr(packed, "reorder", counted)
+    return made
+
+
+def test_a_decode_step_reads_the_copies_set_layout_made(packs: list[tuple[int, ...]]) -> None:
     """Every weight is packed once, by set_layout, and never during generate. Then the plain weights are zeroed
     through numpy, a write no version counter sees: the products still read the copies, so the logits stay.
     With the copies unused (F.linear on the weights) they would be the bias alone; with a pack per call they
     would follow the zeros."""
     model = small(torch.bfloat16)
-    packs: list[tuple[int, ...]] = []
-    reorder = packed.reorder
-
-    def counted(weight: torch.Tensor) -> torch.Tensor:
-        packs.append(tuple(weight.shape))
-        return reorder(weight)
-
-    monkeypatch.setattr(packed, "reorder", counted)
     model.set_layout("packed")
     assert len(packs) == 9
     with torch.no_grad():
@@ -215,21 +221,13 @@ def test_a_dtype_oneDNN_does_not_take_is_refused_by_name() -> None:
 
 
 @pytest.mark.slow  # compiles the decode step
-def test_a_compiled_step_calls_one_op_per_product_and_follows_an_edit(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_compiled_step_calls_one_op_per_product_and_follows_an_edit(packs: list[tuple[int, ...]]) -> None:
     """Under generate(compile=True) each of a step's 9 products is the op attnlab::packed_linear, which finds
     the copy when it runs: the eager tokens, and after an edit in place the edited model's tokens, with no
     copy from the time the step was traced (against the readable product's tokens)."""
     from torch.profiler import ProfilerActivity, profile
 
     model, plain = small(), small()
-    packs: list[tuple[int, ...]] = []
-    reorder = packed.reorder
-
-    def counted(weight: torch.Tensor) -> torch.Tensor:
-        packs.append(tuple(weight.shape))
-        return reorder(weight)
-
-    monkeypatch.setattr(packed, "reorder", counted)
     model.set_layout("packed")
     eager = model.generate(IDX, 6)
     model.generate(IDX, 6, compile=True)  # compiles the step
