@@ -29,8 +29,8 @@ weights' memory.
 
 :func:`fastest_layout` times every layout on weights that together exceed
 the caches (256 MB, cycled), as decoding meets them, the layouts taking
-turns, and keeps the answer for the process. :func:`set_layout` re-stores a module's ``nn.Linear`` weights
-in place.
+turns, and keeps the answer for the process. :func:`set_layout` re-stores a
+module's ``nn.Linear`` weights in place.
 """
 
 from __future__ import annotations
