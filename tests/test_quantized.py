@@ -211,6 +211,7 @@ def tiny_lm(seed: int, *, layers: int = 2, dim: int = 32) -> GPT:
     return model
 
 
+@pytest.mark.slow  # compiles the int8 rounding for each count of rows the paths use: about 20 s cold
 @pytest.mark.usefixtures("one_thread")
 def test_every_exact_decoding_path_gives_plain_greedys_tokens_on_the_dynamic_kernel() -> None:
     """Lookup and a draft check several tokens in one pass, a batch and generate_many run rows together, and
