@@ -181,6 +181,37 @@ def test_many_rows_are_rounded_by_one_compiled_kernel_with_the_readable_numbers(
     assert torch.equal(fast, readable)
 
 
+def test_the_rounding_reads_every_value_once_for_its_row_range() -> None:
+    """The effect: a row's scale, zero point and whether it is plain come from one reduction over its values
+    (aminmax), which carries a NaN or an inf into the scale; no second reduction over the (N, in) values asks
+    whether they are finite. Rows with a NaN or an inf anywhere are still found not plain."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reductions(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if (
+                args
+                and isinstance(args[0], torch.Tensor)
+                and args[0].dim() == 2
+                and func.__name__.split(".")[0]
+                in ("aminmax", "isfinite", "all", "any", "isnan", "isinf", "amax", "amin")
+            ):
+                self.seen.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(6, 40, generator=torch.Generator().manual_seed(0))
+    x[1, 17], x[2, 39], x[3, 0], x[4, 5] = float("nan"), float("inf"), -float("inf"), float("nan")
+    x[4, 30] = float("inf")
+    with Reductions() as mode:
+        _, _, plain = quantized._activation_qparams(x)
+    assert mode.seen == ["aminmax"]
+    assert plain.tolist() == [True, False, False, False, False, True]
+
+
 def test_a_compiled_rounding_that_disagrees_is_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each compiled rounding is checked against the readable one on rows of every kind before its first use: one
     that differs (here a kernel made to move the codes by one) is set aside, and the readable numbers stay."""

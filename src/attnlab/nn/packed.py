@@ -103,9 +103,7 @@ def forget(weight: torch.Tensor) -> None:
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """(N, in) x (out, in) -> (N, out) by oneDNN's inner product over the packed copy (unpacked where there is
-    none). The caller has checked that oneDNN serves it: the CPU, inference, one float dtype throughout. It has
-    no backward: a call that would need a gradient is refused (the op of a graph too)."""
-    refuse_gradient("packed_linear", x, weight, bias)
+    none). The caller has checked that oneDNN serves it: the CPU, inference, one float dtype throughout."""
     packed = packed_copy(weight)
     dense = None if bias is None else bias.contiguous()  # the op reads a bias as dense: a strided one reads wrong
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
@@ -118,5 +116,10 @@ def _packed_op_shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return x.new_empty(x.shape[0], weight.shape[0])  # (N, out)
 
 
+def _packed_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    refuse_gradient("packed_linear", x, weight, bias)
+    return product(x, weight, bias)
+
+
 # :func:`product` as an op of a torch.compile graph (inference only), which finds the packed copy when it runs
-define_cpu_op("packed_linear", "(Tensor x, Tensor weight, Tensor? bias) -> Tensor", product, _packed_op_shape)
+define_cpu_op("packed_linear", "(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _packed_op, _packed_op_shape)

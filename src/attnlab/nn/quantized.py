@@ -236,7 +236,6 @@ class Int8Linear(nn.Module):
                 f"int8 quantization starts from float32 weights, got {linear.weight.dtype}; call .float() first"
             )
         _check_kernel(kernel)
-        packed.forget(linear.weight)  # a copy kept for the "packed" layout goes with the float layer it served
         self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
         q, scale = quantize_rows(linear.weight)
         self.register_buffer("weight_int8", q)  # (out, in)
@@ -373,5 +372,6 @@ def quantize_linears(module: nn.Module, kernel: Int8Kernel | Literal["auto"] = "
             if isinstance(child, nn.Linear):
                 pick = fastest_int8_kernel(child.in_features, child.out_features) if kernel == "auto" else kernel
                 setattr(sub, child_name, Int8Linear(linear=child, kernel=pick))
+                packed.forget(child.weight)  # a copy kept for the "packed" layout goes with the layer it served
                 chosen[f"{name}.{child_name}" if name else child_name] = pick
     return chosen
