@@ -49,8 +49,36 @@ def test_cache_appends_in_place_and_stores_only_kv_heads() -> None:
     new = torch.randn(1, 2, 1, 8)
     k, _, positions = cache.update(new, new)
     assert k.data_ptr() == buffer and cache.k_cache.data_ptr() == buffer  # the buffer itself: no copy
-    assert positions.tolist() == [0, 1, 2, 3] + [-1] * 12  # every slot, the unfilled ones marked -1
+    assert k._base is cache.k_cache  # a view of it, no copy
+    assert positions.tolist() == [0, 1, 2, 3]  # eager: the filled slots only, never the 12 empty ones
     assert torch.equal(k[:, :, 3:4], new)  # written at slot 3, in place
+
+
+def test_a_decode_step_attends_over_the_filled_slots_alone_with_no_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache of 4096 slots holding 6 tokens: each decode step hands SDPA its 6 (then 7) keys and no mask, not
+    4096 keys with a mask that hides 4090 of them; and the tokens are the uncached model's."""
+    torch.manual_seed(0)
+    m = GPT(small(context_length=4096, backend="sdpa")).eval()
+    seen: list[tuple[int, bool]] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        seen.append((k.shape[2], kwargs.get("attn_mask") is not None))
+        return sdpa(q, k, v, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    prompt = torch.randint(0, 50, (1, 5))
+    caches = m.make_caches(batch_size=1, max_len=4096)
+    with torch.no_grad():
+        m(prompt, caches=caches)
+        seen.clear()
+        logits = [m(torch.tensor([[t]]), caches=caches)[0, -1] for t in (7, 8)]
+    layers = len(caches)
+    assert seen == [(6, False)] * layers + [(7, False)] * layers
+    monkeypatch.undo()
+    with torch.no_grad():
+        whole = m(torch.cat([prompt, torch.tensor([[7, 8]])], dim=1))[0, -2:]
+    torch.testing.assert_close(torch.stack(logits), whole, **TOL)
 
 
 def test_sliding_window_cache_ring_positions() -> None:

@@ -12,11 +12,13 @@ all ``attnlab.Attention`` knows of them:
 :class:`KVCache` preallocates (B, Hkv, max_len, D) buffers and writes each
 step in place. :class:`SlidingWindowCache` keeps the last ``window`` positions
 in a ring buffer, written in place at slot ``position % window``. The number
-of tokens held lives in a tensor and ``update`` returns whole buffers, so the
-shapes of a decode step never change: ``torch.compile`` of a decode loop
-makes one graph for the prefill and one for the steps, not one per step. The
-price: a decode step attends over all ``max_len`` slots (the empty ones
-masked), as Hugging Face's static cache does; size ``max_len`` to the job.
+of tokens held lives in a tensor. Under ``torch.compile``, ``update`` returns
+whole buffers, so the shapes of a decode step never change: a compiled decode
+loop makes one graph for the prefill and one for the steps, not one per step,
+at the price of attending over all ``max_len`` slots (the empty ones masked),
+as Hugging Face's static cache does. Eager, :class:`KVCache` returns only its
+filled slots (views, no copy): a decode step reads what it holds, and no mask
+is built for its one query.
 
 ``update`` checks everything before it writes, so a call that raises leaves
 the cache exactly as it was. Caches are for inference: keys that require
@@ -27,11 +29,26 @@ Shapes: B = batch, Hkv = kv heads, D = head_dim, T = new tokens, S = slots retur
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from attnlab._checks import check_positive_int
 from attnlab.cache.base import Capabilities, LayerCache
 from attnlab.functional.finite import vouch, vouched
+
+_POSITIONS: dict[torch.device, torch.Tensor] = {}  # 0, 1, 2, ... per device, grown as asked; read-only
+
+
+def _first_positions(n: int, device: torch.device) -> torch.Tensor:
+    """Positions 0..n-1, (n,): a view of one tensor per device, shared by every cache and never written. It is
+    an inference tensor, so a write to it outside inference mode is refused instead of changing every cache's
+    answer; and it is no cache's buffer, so no cache's bytes count it."""
+    held = _POSITIONS.get(device)
+    if held is None or held.numel() < n:
+        with torch.inference_mode():
+            held = _POSITIONS[device] = torch.arange(max(n, 4096), device=device)
+    return held.narrow(0, 0, n)
 
 
 class _CacheBase(LayerCache):
@@ -61,6 +78,9 @@ class _CacheBase(LayerCache):
         self.k_cache: torch.Tensor
         self.v_cache: torch.Tensor
         self._length: torch.Tensor
+
+    def _held(self) -> torch.Tensor:
+        return self.k_cache
 
     @property
     def length(self) -> int:
@@ -111,29 +131,39 @@ class KVCache(_CacheBase):
         vouch(self.v_cache)
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Append k, v (B, Hkv, T, D); return the buffers (B, Hkv, max_len, D) and positions (max_len,), -1 unfilled."""
+        """Append k, v (B, Hkv, T, D); return the keys and values held, with their positions.
+
+        Eager: the filled slots, (B, Hkv, L, D) views of the buffers, at positions 0..L-1 (L = length), so a
+        decode step attends over what it holds and nothing hides a key from its one query. Compiled: the whole
+        buffers (B, Hkv, max_len, D) and positions (max_len,), -1 unfilled, so every step has one shape.
+        """
         self.check(k, v)
         t = k.shape[2]
-        if not torch.compiler.is_compiling():  # compiled code meets the same limit as an index error
-            start = self.length
-            if start + t > self.max_len:
-                raise ValueError(
-                    f"the cache is full: it holds {start} of max_len={self.max_len} positions and cannot take {t} "
-                    f"more; build it with max_len >= {start + t}, or crop()/reset() it"
-                )
-        new = self.next_positions(t)
+        if torch.compiler.is_compiling():  # compiled code meets the same limit as an index error
+            new = self.next_positions(t)
+            self.k_cache.index_copy_(2, new, k)  # in place: O(T) per step, no copy of the past
+            self.v_cache.index_copy_(2, new, v)
+            self._length.add_(t)
+            slots = torch.arange(self.max_len, device=self.k_cache.device)
+            return self.k_cache, self.v_cache, torch.where(slots < self._length, slots, -1)
+        start = self.length
+        end = start + t
+        if end > self.max_len:
+            raise ValueError(
+                f"the cache is full: it holds {start} of max_len={self.max_len} positions and cannot take {t} "
+                f"more; build it with max_len >= {end}, or crop()/reset() it"
+            )
+        keys, values = self.k_cache, self.v_cache  # each buffer read once: a module's attribute lookup is slow
         # on the CPU, where the check's sync costs microseconds (on an accelerator clean() keeps its one sync a
-        # layer), and never in a compiled graph, which has no data-dependent branch
-        eager_cpu = k.device.type == "cpu" and not torch.compiler.is_compiling()
-        checked = eager_cpu and vouched(self.k_cache) and vouched(self.v_cache)
-        self.k_cache.index_copy_(2, new, k)  # in place: O(T) per step, no copy of the past
-        self.v_cache.index_copy_(2, new, v)
-        self._length.add_(t)
-        if checked and bool(torch.isfinite(k.sum(dtype=torch.float32) + v.sum(dtype=torch.float32))):
-            vouch(self.k_cache)  # finite before and in what was written: attention need not sum them again
-            vouch(self.v_cache)
-        slots = torch.arange(self.max_len, device=self.k_cache.device)
-        return self.k_cache, self.v_cache, torch.where(slots < self._length, slots, -1)
+        # layer); a view of a vouched buffer is vouched for with it (attnlab.functional.finite)
+        checked = k.device.type == "cpu" and vouched(keys) and vouched(values)
+        keys.narrow(2, start, t).copy_(k)  # in place: O(T) per step, no copy of the past
+        values.narrow(2, start, t).copy_(v)
+        self._length.fill_(end)
+        if checked and math.isfinite(float(k.sum(dtype=torch.float32) + v.sum(dtype=torch.float32))):
+            vouch(keys)  # finite before and in what was written: attention need not sum them again
+            vouch(values)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end), _first_positions(end, keys.device)
 
     def crop(self, n: int) -> None:
         """Keep only the first ``n`` positions (e.g. to reject speculative tokens)."""

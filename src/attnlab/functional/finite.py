@@ -25,6 +25,7 @@ Shapes: B = batch, H = query heads, Hkv = kv heads, Tq / Tk = lengths, D = head_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -58,9 +59,15 @@ def vouch(t: torch.Tensor) -> None:
 
 
 def vouched(t: torch.Tensor) -> bool:
-    """Whether ``t`` itself was vouched for (:func:`vouch`) and not written in place since."""
-    at = _VOUCHED.get(t)
-    return at is not None and not t.is_inference() and at == t._version
+    """Whether ``t``, or the tensor it is a view of (a cache's filled slots, a slice of its buffer), was vouched
+    for (:func:`vouch`) and not written in place since: a view shares its base's version counter, and a part of
+    a tensor that holds only finite numbers holds only finite numbers."""
+    if t.is_inference():
+        return False
+    base = t._base
+    if base is not None and _VOUCHED.get(base, -1) == base._version:
+        return True
+    return _VOUCHED.get(t, -1) == t._version
 
 
 def clean(
@@ -77,7 +84,7 @@ def clean(
     for t in (k, v):
         if not vouched(t):
             total = total + t.sum(dtype=acc)
-    if bool(torch.isfinite(total)):
+    if math.isfinite(float(total.detach())):  # one read of the sum: fewer ops than isfinite's compare-and-abs
         return q, k, v, None
     fin_q, fin_k, fin_v = torch.isfinite(q), torch.isfinite(k), torch.isfinite(v)
     if bool(fin_q.all() & fin_k.all() & fin_v.all()):

@@ -186,10 +186,8 @@ class Attention(nn.Module):
         """Project x (B, T, d_in) into q (B, H, T, D), k and v (B, Hkv, T, D); QK-normed if the module has it."""
         b, t, _ = x.shape
         h, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        queries, keys, values = self.qkv(x).split([h * d, h_kv * d, h_kv * d], dim=-1)
-        queries = queries.view(b, t, h, d).transpose(1, 2)  # (B, H, T, D)
-        keys = keys.view(b, t, h_kv, d).transpose(1, 2)  # (B, Hkv, T, D)
-        values = values.view(b, t, h_kv, d).transpose(1, 2)  # (B, Hkv, T, D)
+        heads = self.qkv(x).view(b, t, h + 2 * h_kv, d).transpose(1, 2)  # (B, H + 2 Hkv, T, D): three ops, not nine
+        queries, keys, values = heads.split([h, h_kv, h_kv], dim=1)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
         if self.q_norm is not None and self.k_norm is not None:
             queries, keys = self.q_norm(queries), self.k_norm(keys)  # over D, per head and token
         return queries, keys, values
