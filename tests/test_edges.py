@@ -304,3 +304,23 @@ def test_a_tiny_temperature_samples_the_greedy_token(model: GPT) -> None:
     greedy = model.generate(idx, 6)
     cold = model.generate(idx, 6, temperature=1e-30, generator=torch.Generator().manual_seed(0))
     assert torch.equal(cold, greedy)  # no NaN from logits / 1e-30, and the limit of sampling is the argmax
+
+
+def test_a_view_of_a_vouched_buffer_is_vouched_only_in_its_own_dtype() -> None:
+    """A slice of a buffer vouched finite is finite; the same bits read as float16 are not: 0x7C007C00 is a finite
+    float32 and two float16 infs. Such a view (which PyTorch 2.13 does not tie to its base; vouched() also checks
+    the dtype, should one be) is summed again, and the NaN rule meets its infs."""
+    from attnlab.functional.finite import clean, vouch, vouched
+
+    buffer = torch.zeros(1, 1, 4, 2)
+    buffer.view(torch.int32)[0, 0, 1, 0] = 0x7C007C00
+    assert bool(torch.isfinite(buffer).all())
+    vouch(buffer)
+    assert vouched(buffer.narrow(2, 0, 3))  # a slice: finite with it
+    halves = buffer.view(torch.float16)  # (1, 1, 4, 4)
+    assert bool(torch.isinf(halves).any()) and not vouched(halves)
+    q = torch.zeros(1, 1, 1, 4, dtype=torch.float16)
+    *_, bad = clean(q, halves, torch.zeros_like(halves))
+    assert bad is not None and bad.bad_kv[0, 0].tolist() == [False, True, False, False]
+    buffer.add_(0)  # a write in place: the vouch is gone for the buffer and its slices
+    assert not vouched(buffer) and not vouched(buffer.narrow(2, 0, 3))

@@ -191,3 +191,13 @@ def test_bad_positions_and_sizes() -> None:
         model(torch.tensor([[0, 1]]), attention_mask=torch.ones(1, 3))
     with pytest.raises(ValueError, match=r"temperature must be a finite number >= 0"):
         model.generate(torch.tensor([[0, 1]]), 2, temperature=-1.0)
+
+
+def test_flex_pads_a_growing_cache_to_few_key_counts() -> None:
+    """Eager, a cache returns one more key each step; flex pads the keys to a power of two of its 128 blocks, so a
+    long generation compiles a handful of shapes, not one per 128 tokens."""
+    from attnlab.functional.flex import _round_keys
+
+    counts = {_round_keys(n) for n in range(1, 4097)}
+    assert counts == {128, 256, 512, 1024, 2048, 4096}
+    assert [_round_keys(n) for n in (1, 128, 129, 257, 513)] == [128, 128, 256, 512, 1024]

@@ -353,3 +353,16 @@ def test_compile_refuses_what_its_one_graph_cannot_hold() -> None:
         model.generate(prompt, 3, compile="nope")
     with pytest.raises(ValueError, match=r"compile must be True, False or a torch\.compile backend, got 1"):
         model.generate(prompt, 3, compile=1)  # type: ignore[arg-type]
+
+
+def test_a_blocks_residual_dropout_follows_its_own_training_flag() -> None:
+    """In evaluation the residual dropout is not called; Monte-Carlo dropout (the model in eval, the dropouts
+    alone switched to training) still drops."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=64, context_length=16, emb_dim=32, n_heads=2, n_layers=1, drop_rate=0.5)).eval()
+    idx = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        plain = m(idx)
+        assert torch.equal(m(idx), plain)
+        m.trf_blocks[0].drop_resid.train()
+        assert not torch.equal(m(idx), plain)

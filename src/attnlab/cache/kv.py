@@ -47,7 +47,7 @@ def _first_positions(n: int, device: torch.device) -> torch.Tensor:
     held = _POSITIONS.get(device)
     if held is None or held.numel() < n:
         with torch.inference_mode():
-            held = _POSITIONS[device] = torch.arange(max(n, 4096), device=device)
+            held = _POSITIONS[device] = torch.arange(max(2 * n, 4096), device=device)
     return held.narrow(0, 0, n)
 
 
@@ -134,7 +134,8 @@ class KVCache(_CacheBase):
         """Append k, v (B, Hkv, T, D); return the keys and values held, with their positions.
 
         Eager: the filled slots, (B, Hkv, L, D) views of the buffers, at positions 0..L-1 (L = length), so a
-        decode step attends over what it holds and nothing hides a key from its one query. Compiled: the whole
+        decode step attends over what it holds and nothing hides a key from its one query; the positions are
+        shared by every cache and read-only (an inference tensor: copy them to change them). Compiled: the whole
         buffers (B, Hkv, max_len, D) and positions (max_len,), -1 unfilled, so every step has one shape.
         """
         self.check(k, v)

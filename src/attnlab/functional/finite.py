@@ -59,13 +59,13 @@ def vouch(t: torch.Tensor) -> None:
 
 
 def vouched(t: torch.Tensor) -> bool:
-    """Whether ``t``, or the tensor it is a view of (a cache's filled slots, a slice of its buffer), was vouched
-    for (:func:`vouch`) and not written in place since: a view shares its base's version counter, and a part of
-    a tensor that holds only finite numbers holds only finite numbers."""
+    """Whether ``t``, or the tensor it is a view of in the same dtype (a cache's filled slots, a slice of its
+    buffer), was vouched for (:func:`vouch`) and not written in place since: a view shares its base's version
+    counter, and a part of a tensor that holds only finite numbers holds only finite numbers."""
     if t.is_inference():
         return False
-    base = t._base
-    if base is not None and _VOUCHED.get(base, -1) == base._version:
+    base = t._base  # read as another dtype (view(torch.float16)), finite bits may be inf: never taken from a base
+    if base is not None and base.dtype == t.dtype and _VOUCHED.get(base, -1) == base._version:
         return True
     return _VOUCHED.get(t, -1) == t._version
 

@@ -71,13 +71,20 @@ def _round_up(n: int) -> int:
     return -(-n // BLOCK) * BLOCK
 
 
+def _round_keys(n: int) -> int:
+    """A key count padded to a power of two of blocks: a cache's filled slots grow by one a step, and this keeps
+    the compiled kernel's shapes to a handful (128, 256, 512, ...) instead of a new one every 128 tokens."""
+    blocks = -(-n // BLOCK)
+    return BLOCK * (1 << (blocks - 1).bit_length()) if blocks else 0
+
+
 def block_mask(vis: Visibility, batch: int, heads: int) -> tuple[Any, Callable[..., torch.Tensor] | None]:
     """(FlexAttention's BlockMask, the score_mod) for ``vis``, built once and kept on it."""
 
     def build() -> tuple[Any, Callable[..., torch.Tensor] | None]:
         from torch.nn.attention.flex_attention import create_block_mask
 
-        tq, tk = _round_up(vis.tq), _round_up(vis.tk)
+        tq, tk = _round_up(vis.tq), _round_keys(vis.tk)
         mask_mod, modded = vis.flex_mods(tq, tk)
         score_mod = None if modded is None else _in_scores_dtype(modded)
         by_batch, by_head = vis.depends_on_batch_and_head()  # a mask shared by every head is built once
@@ -114,8 +121,9 @@ def flex_attention_kernel(
     """The kernel contract: (out (B, H, Tq, Dv), None): compiled FlexAttention on CPU cannot return its lse."""
     check_flex(q, k, v, vis, dropout_p)
     # Compiled on CPU, flex_attention gave NaN or wrong rows for lengths that are not a multiple of its
-    # 128 block (PyTorch 2.13, seen here): pad queries and keys up to one, hide the padded keys, drop the rows.
-    tq, tk = _round_up(vis.tq), _round_up(vis.tk)
+    # 128 block (PyTorch 2.13, seen here): pad queries up to one and keys up to a power of two of them
+    # (_round_keys), hide the padded keys, drop the rows.
+    tq, tk = _round_up(vis.tq), _round_keys(vis.tk)
     q, k, v = _pad(q, tq), _pad(k, tk), _pad(v, tk)  # (B, H, Tq', D), (B, Hkv, Tk', D)
     mask, score_mod = block_mask(vis, q.shape[0], q.shape[1])
     out = _flex(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])

@@ -257,6 +257,7 @@ class TransformerBlock(nn.Module):
         return x + self._resid(self.ff(self.norm2(x)))
 
     def _resid(self, x: torch.Tensor) -> torch.Tensor:
-        """``drop_resid`` while training; in evaluation, where dropout is the identity, not called at all (a
-        module call costs a decode step microseconds per layer)."""
-        return self.drop_resid(x) if self.training else x
+        """``drop_resid`` while it trains (its own flag: Monte-Carlo dropout turns on the dropouts alone); in
+        evaluation, where it is the identity, not called at all (a module call costs a decode step microseconds
+        per layer)."""
+        return self.drop_resid(x) if self.drop_resid.training else x
