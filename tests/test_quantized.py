@@ -175,7 +175,7 @@ def test_many_rows_are_rounded_by_one_compiled_kernel_with_the_readable_numbers(
 
     fast, ops = rounding_ops()
     assert ops == 0
-    monkeypatch.setattr(quantized, "_round", quantized._rounded_rows)
+    monkeypatch.setattr(quantized, "_round_padded", quantized._rounded_rows)
     readable, ops = rounding_ops()
     assert ops == 1 + 2  # aminmax once; round for the zero points and for the codes
     assert torch.equal(fast, readable)
@@ -218,7 +218,11 @@ def test_a_compiled_rounding_that_disagrees_is_never_used(monkeypatch: pytest.Mo
     needs_dynamic()
     monkeypatch.setattr(quantized, "_ROUNDING_SAME", {})
 
-    def off_by_one(key: object, fn: object, inputs: list[torch.Tensor]) -> object:
+    real = quantized.compiled
+
+    def off_by_one(key: object, fn: object, inputs: list[torch.Tensor], *, contract: bool = False) -> object:
+        if key[0] != "int8 rows":  # type: ignore[index]  # the epilogue's kernel is the real one
+            return real(key, fn, inputs, contract=contract)  # type: ignore[arg-type]
         return lambda flat: (lambda c, s, p: (c // 2, s, p))(*quantized._rounded_rows(flat))
 
     monkeypatch.setattr(quantized, "compiled", off_by_one)
@@ -229,6 +233,59 @@ def test_a_compiled_rounding_that_disagrees_is_never_used(monkeypatch: pytest.Mo
     assert list(quantized._ROUNDING_SAME.values()) == [False]
     with torch.no_grad():
         assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
+
+
+def test_many_rows_are_finished_by_one_compiled_fma_kernel_with_the_readable_numbers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The effect: the int32 products of several rows become floats by one kernel Inductor compiled, fma(float(acc),
+    x_scale * scale, bias), with no cast, product or addcmul over (N, out) among the call's ops (the readable
+    epilogue's three passes), and the readable numbers bitwise, rows of every kind and a count of rows padded."""
+    from torch.profiler import ProfilerActivity, profile
+
+    needs_dynamic()
+    if quantized.why_no_gemv() and os.environ.get("CI") != "true":
+        pytest.skip(f"no compiler here: {quantized.why_no_gemv()}")
+    torch.manual_seed(0)
+    layer = Int8Linear(linear=nn.Linear(100, 37), kernel="dynamic")
+    x = rows_of_every_kind(100)[:5]  # padded to the kernels of 8 rows
+
+    def epilogue_ops() -> tuple[torch.Tensor, int]:
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            out = layer(x)
+        wide = [e.name for e in prof.events() if e.input_shapes and list(e.input_shapes[0])[-1:] == [37]]
+        return out, sum(wide.count(op) for op in ("aten::addcmul", "aten::mul", "aten::_to_copy"))
+
+    fast, ops = epilogue_ops()
+    assert ops == 0
+    monkeypatch.setattr(quantized, "_finish", quantized._finished)
+    readable, ops = epilogue_ops()
+    assert ops >= 2  # the product and the addcmul (the cast's shape is the int32 products')
+    assert torch.equal(fast, readable)
+    assert torch.equal(fast, torch.cat([layer(row[None]) for row in x]))  # linear_dynamic's, row by row
+
+
+def test_a_compiled_epilogue_without_fma_is_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An epilogue compiled without contraction (a product rounded before its sum: what Inductor's C++ makes by
+    default) differs from fbgemm's fma in the last bit; the probe's ties catch it before first use, and the
+    readable numbers stay."""
+    needs_dynamic()
+    if quantized.why_no_gemv() and os.environ.get("CI") != "true":
+        pytest.skip(f"no compiler here: {quantized.why_no_gemv()}")
+    monkeypatch.setattr(quantized, "_FINISH_SAME", {})
+    monkeypatch.setattr(quantized, "_ROWS_MATCH", {torch.backends.quantized.engine: True})  # the rows' own path
+    real = quantized.compiled
+
+    def uncontracted(key: object, fn: object, inputs: list[torch.Tensor], *, contract: bool = False) -> object:
+        return real(("without fma", key), fn, inputs, contract=False)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(quantized, "compiled", uncontracted)
+    torch.manual_seed(0)
+    layer = Int8Linear(linear=nn.Linear(100, 37), kernel="dynamic")
+    x = rows_of_every_kind(100)
+    with torch.no_grad():
+        assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
+    assert list(quantized._FINISH_SAME.values()) == [False]
 
 
 def tiny_lm(seed: int, *, layers: int = 2, dim: int = 32) -> GPT:

@@ -89,16 +89,22 @@ def kernel_spec(tensors: tuple[torch.Tensor | None, ...]) -> Spec:
     return (*laid, torch.get_num_threads())
 
 
-def compiled(key: object, fn: Callable[..., Any], inputs: list[torch.Tensor]) -> Callable[..., Any]:
+def compiled(
+    key: object, fn: Callable[..., Any], inputs: list[torch.Tensor], *, contract: bool = False
+) -> Callable[..., Any]:
     """``fn`` traced with make_fx on fake tensors like ``inputs`` and compiled by Inductor (no Dynamo, so a call
     costs microseconds, not a guard check), made once per ``key``, which names everything it is specialized to
-    (a :func:`kernel_spec`): the caller hands it tensors of that spec only."""
+    (a :func:`kernel_spec`): the caller hands it tensors of that spec only. ``contract``: the C++ compiler may
+    fuse a product and a sum into one fma (-ffp-contract=fast), as eager's addcmul and fbgemm round them."""
     if key not in _KERNELS:
+        import torch._inductor.config as inductor_config
         from torch._inductor import compile as inductor_compile
         from torch.fx.experimental.proxy_tensor import make_fx
 
         graph = make_fx(fn, tracing_mode="fake")(*inputs)  # on fake tensors: gemv's (N, out, in) is never formed
-        _KERNELS[key] = inductor_compile(graph, list(inputs))
+        flag = "fast" if contract else inductor_config.cpp.enable_floating_point_contract_flag
+        with inductor_config.patch({"cpp.enable_floating_point_contract_flag": flag}):
+            _KERNELS[key] = inductor_compile(graph, list(inputs))
     return _KERNELS[key]
 
 

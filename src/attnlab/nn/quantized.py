@@ -28,8 +28,9 @@ machine and picks one per weight shape:
   the scale and zero point it would choose for each row alone (by one kernel
   Inductor compiles per width and power of two of rows, on first use, checked
   bitwise against the readable ops before it is used), multiplied
-  with ``torch._int_mm`` and finished with its float epilogue, bitwise what
-  it gives row by row (checked once per process; where it is not, the rows
+  with ``torch._int_mm`` and finished with its float epilogue (one kernel
+  Inductor compiles with its product and sum contracted into fbgemm's fma,
+  checked bitwise the same way), bitwise what it gives row by row (checked once per process; where it is not, the rows
   run one by one). Its int8 x int8 products are the fastest here, at a small
   cost in accuracy that ``benchmarks/precision.py`` measures. Its packed
   weight is derived from ``weight_int8``, ``scale`` and ``bias``: it is
@@ -135,8 +136,16 @@ def _round(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     """:func:`_rounded_rows` of ``flat`` (N, in), by one kernel Inductor compiled (the readable rounding is about 25
     small ops a product, most of a batched step's time outside its products) where that kernel gives the readable
     numbers bitwise, checked once per shape on rows of every kind (:func:`_probe_rows`); by the readable ops
-    elsewhere, under a tracer and without a compiler. The rows are padded with zeros to a power of two (each row is
-    rounded on its own), so that one kernel serves every count of rows up to it."""
+    elsewhere, under a tracer and without a compiler."""
+    n = flat.shape[0]
+    codes, x_scale, plain = _round_padded(flat)
+    return codes[:n], x_scale[:n], plain[:n]
+
+
+def _round_padded(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_round`, its rows left padded: (codes (R, in), x_scale (R,), plain (R,)), R >= N. By the compiled kernel
+    the rows are padded with zeros to a power of two (each row is rounded on its own), so that one kernel serves
+    every count of rows up to it, and R is that power; by the readable ops R = N."""
     if why_no_gemv() or traced() or type(flat) is not torch.Tensor or flat.device.type != "cpu":
         return _rounded_rows(flat)
     n, d_in = flat.shape
@@ -149,7 +158,53 @@ def _round(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     if not _ROUNDING_SAME[key]:
         return _rounded_rows(flat)
     codes, x_scale, plain = kernel(padded)
-    return codes[:n], x_scale[:n], plain[:n]
+    return codes, x_scale, plain
+
+
+def _finished(acc: torch.Tensor, x_scale: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """(R, out) float32 from the int32 products ``acc`` (R, out): fbgemm's epilogue, float(acc) times the
+    multiplier x_scale * scale rounded to float32 first, plus the bias in one fma. The readable path of
+    :func:`_finish`."""
+    multiplier = x_scale[:, None] * scale[None, :]  # (R, out), rounded to float32 first, as fbgemm does
+    if bias is None:
+        return acc.float() * multiplier
+    return torch.addcmul(bias, acc.float(), multiplier)  # fbgemm's fma(float(acc), multiplier, bias)
+
+
+_FINISH_SAME: dict[object, bool] = {}  # per spec: whether the compiled epilogue gives _finished's numbers
+
+
+def _finish(acc: torch.Tensor, x_scale: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """:func:`_finished`, by one kernel Inductor compiled for a power of two of rows (R, out) (the readable
+    epilogue is three passes over (R, out): a cast, a product and the addcmul), where it gives the readable
+    numbers bitwise, checked once per shape on values whose fma and separate product and sum differ in every
+    element (:func:`_probe_products`); by the readable ops elsewhere."""
+    rows = acc.shape[0]
+    if why_no_gemv() or traced() or type(acc) is not torch.Tensor or acc.device.type != "cpu" or rows & (rows - 1):
+        return _finished(acc, x_scale, scale, bias)
+    given = [t for t in (acc, x_scale, scale, bias) if t is not None]
+    key = ("int8 epilogue", kernel_spec((acc, x_scale, scale, bias)))
+    fn = _finished if bias is not None else lambda a, s, w: _finished(a, s, w, None)
+    kernel = compiled(key, fn, given, contract=True)  # its a * b + c one fma, as addcmul's and fbgemm's
+    if key not in _FINISH_SAME:
+        probes = _probe_products(rows, acc.shape[1], bias is not None)
+        _FINISH_SAME[key] = all(torch.equal(kernel(*p), fn(*p)) for p in probes)
+    if not _FINISH_SAME[key]:
+        return _finished(acc, x_scale, scale, bias)
+    out: torch.Tensor = kernel(*given)
+    return out
+
+
+def _probe_products(rows: int, out: int, bias: bool) -> list[list[torch.Tensor]]:
+    """Inputs of :func:`_finished` for (rows, out): seeded ones over wide ranges, and ones whose every element is
+    4097 x (4097 / 2^24) - (1 + 2^-11): 2^-24 by one fma, 0 by a product rounded before the sum."""
+    generator = torch.Generator().manual_seed(0)
+    acc = torch.randint(-(2**31), 2**31 - 1, (rows, out), dtype=torch.int32, generator=generator)
+    x_scale = torch.rand(rows, generator=generator) * 10.0 ** torch.randint(-8, 2, (rows,), generator=generator)
+    scale, shift = torch.rand(out, generator=generator) * 1e-2, torch.randn(out, generator=generator) * 1e3
+    tie_acc, tie_x = torch.full((rows, out), 4097, dtype=torch.int32), torch.full((rows,), 4097 * 2.0**-24)
+    probes = [[acc, x_scale, scale, shift], [tie_acc, tie_x, torch.ones(out), torch.full((out,), -(1 + 2.0**-11))]]
+    return [p if bias else p[:3] for p in probes]
 
 
 def _same_rounding(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> bool:
@@ -180,12 +235,11 @@ def _per_row(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (N, out), plain (N,)): every row rounded with its own scale and zero point, fbgemm's arithmetic
     step by step; the rows ``plain`` is False for are to be run alone."""
-    centered, x_scale, plain = _round(flat)
-    acc = torch._int_mm(centered, weight_int8.t())  # (N, in) @ (in, out) -> (N, out) int32, exact
-    multiplier = x_scale[:, None] * scale[None, :]  # (N, out), rounded to float32 first, as fbgemm does
-    if bias is None:
-        return acc.float() * multiplier, plain
-    return torch.addcmul(bias, acc.float(), multiplier), plain  # fbgemm's fma(float(acc), multiplier, bias)
+    n = flat.shape[0]
+    centered, x_scale, plain = _round_padded(flat)  # (R, in), (R,), (R,): R >= N rows, the padding after N
+    acc = centered.new_empty(centered.shape[0], weight_int8.shape[0], dtype=torch.int32)  # (R, out)
+    torch._int_mm(centered[:n], weight_int8.t(), out=acc[:n])  # (N, in) @ (in, out) -> int32, exact; the padded
+    return _finish(acc, x_scale, scale, bias)[:n], plain[:n]  # rows are never written, and their outputs dropped
 
 
 def _rows_match_alone() -> bool:
