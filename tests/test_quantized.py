@@ -235,6 +235,25 @@ def test_a_compiled_rounding_that_disagrees_is_never_used(monkeypatch: pytest.Mo
         assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
 
 
+def test_a_compiled_rounding_without_fma_is_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled rounding computes fbgemm's fma(x, 1 / scale, zero) in float32, one fma only where the C++
+    compiler contracts it. Compiled without contraction, the probe's ties tell it from the readable (float64)
+    numbers before its first use, and it is set aside."""
+    needs_dynamic()
+    if quantized.why_no_gemv() and os.environ.get("CI") != "true":
+        pytest.skip(f"no compiler here: {quantized.why_no_gemv()}")
+    monkeypatch.setattr(quantized, "_ROUNDING_SAME", {})
+    real = quantized.compiled
+
+    def uncontracted(key: object, fn: object, inputs: list[torch.Tensor], *, contract: bool = False) -> object:
+        return real(("without fma", key), fn, inputs, contract=False)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(quantized, "compiled", uncontracted)
+    x = rows_of_every_kind(100)
+    assert quantized._same_rounding(quantized._round(x), quantized._rounded_rows(x))
+    assert list(quantized._ROUNDING_SAME.values()) == [False]
+
+
 def test_many_rows_are_finished_by_one_compiled_fma_kernel_with_the_readable_numbers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

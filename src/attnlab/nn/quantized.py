@@ -129,14 +129,27 @@ def _rounded_rows(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     return (codes - zero[:, None]).to(torch.int8), x_scale, plain  # (N, in): x / x_scale, in -127..127
 
 
+def _fma_rows(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_rounded_rows` as fbgemm computes it, in float32: the codes round x * (1 / scale) + zero, which the
+    compiled kernel's C++ contracts into fbgemm's one fma (``compiled(contract=True)``), so no float64 is needed.
+    What :func:`_round` compiles; eager, only :func:`_rounded_rows` is used."""
+    x_scale, zero, plain = _activation_qparams(flat)
+    inverse = 1.0 / x_scale  # float32, as fbgemm multiplies by it
+    # fma(x, 1/scale, zero) as addcmul: contracted, Inductor's C++ makes it one fma (written x * inverse + zero, it
+    # did not, and the probe's _fma_row set that kernel aside)
+    codes = torch.round(torch.addcmul(zero[:, None].float(), flat, inverse[:, None])).clamp_(0, 255)
+    return (codes - zero[:, None]).to(torch.int8), x_scale, plain  # (N, in): x / x_scale, in -127..127
+
+
 _ROUNDING_SAME: dict[object, bool] = {}  # per spec: whether the compiled rounding gives _rounded_rows' numbers
 
 
 def _round(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_rounded_rows` of ``flat`` (N, in), by one kernel Inductor compiled (the readable rounding is about 25
-    small ops a product, most of a batched step's time outside its products) where that kernel gives the readable
-    numbers bitwise, checked once per shape on rows of every kind (:func:`_probe_rows`); by the readable ops
-    elsewhere, under a tracer and without a compiler."""
+    """:func:`_rounded_rows` of ``flat`` (N, in), by one kernel Inductor compiled from :func:`_fma_rows` (the
+    readable rounding is about 25 small ops a product, in float64, most of a batched step's time outside its
+    products) where that kernel gives the readable numbers bitwise, checked once per shape on rows of every kind,
+    fma's ties among them (:func:`_probe_rows`); by the readable ops elsewhere, under a tracer and without a
+    compiler."""
     n = flat.shape[0]
     codes, x_scale, plain = _round_padded(flat)
     return codes[:n], x_scale[:n], plain[:n]
@@ -152,7 +165,7 @@ def _round_padded(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     rows = max(2, 1 << (n - 1).bit_length())
     padded = torch.cat([flat, flat.new_zeros(rows - n, d_in)]) if rows > n else flat.contiguous()  # (rows, in)
     key = ("int8 rows", kernel_spec((padded,)))
-    kernel = compiled(key, _rounded_rows, [padded])
+    kernel = compiled(key, _fma_rows, [padded], contract=True)
     if key not in _ROUNDING_SAME:
         _ROUNDING_SAME[key] = all(_same_rounding(kernel(p), _rounded_rows(p)) for p in _probe_rows(rows, d_in))
     if not _ROUNDING_SAME[key]:
@@ -226,8 +239,27 @@ def _probe_rows(n: int, d_in: int) -> list[torch.Tensor]:
     base[6], base[7] = 0.25, 0.0
     nan, inf = base[1].clone(), base[2].clone()
     nan[0], inf[-1] = float("nan"), float("inf")
-    kinds = torch.cat([base, nan[None], inf[None]])  # (10, d_in)
+    kinds = torch.cat([base, nan[None], inf[None], _fma_row(d_in)[None]])  # (11, d_in)
     return [kinds[(torch.arange(n) + j) % len(kinds)] for j in range(len(kinds))]  # each (n, d_in)
+
+
+def _fma_row(d_in: int) -> torch.Tensor:
+    """A row (d_in,) whose values, but for the two that set its range, round to another code by fbgemm's one fma
+    fma(x, 1 / scale, zero) than with x / scale rounded to float32 before the zero point is added: found by
+    searching the floats around each of the row's ties (a compiled rounding whose C++ did not contract differs
+    from the readable numbers on them)."""
+    lo, hi = -50.0, 77.3
+    x_scale, zero, _ = _activation_qparams(torch.tensor([[lo, hi]]))
+    inverse, z = float((1.0 / x_scale)[0]), float(zero[0])
+    ties = torch.arange(-40, 70, dtype=torch.float64) + 0.5 - z  # (K,): where x * inverse + zero = k + 0.5
+    bits = (ties / inverse).float().view(torch.int32)[:, None] + torch.arange(-64, 65, dtype=torch.int32)  # (K, 129)
+    x = bits.view(torch.float32).flatten()  # the floats around each tie, by their last bits
+    x = x[(x > lo) & (x < hi)]
+    by_fma = torch.round((x.double() * inverse + z).float())
+    rounded_first = torch.round(x * torch.tensor(inverse) + torch.tensor(z))
+    found = x[by_fma != rounded_first]
+    fill = found.repeat(-(-d_in // max(1, len(found)))) if len(found) else torch.zeros(d_in)
+    return torch.cat([torch.tensor([lo, hi]), fill])[:d_in]
 
 
 def _per_row(
@@ -257,6 +289,7 @@ def _rows_match_alone() -> bool:
         x = torch.randn(24, 100, generator=generator) * torch.rand(24, 1, generator=generator) * 4  # (N, in)
         x[1], x[2] = x[1].abs(), -x[2].abs()
         x[3, 0::2], x[3, 1::2], x[3, :2] = 0.5 + 2**-20, -1.5 - 2**-20, torch.tensor([-64.0, 63.0])  # fma's ties
+        x[4] = _fma_row(100)  # values only one fma rounds as fbgemm does
         got, plain = _per_row(x, layer.weight_int8, layer.scale, layer.bias)
         _ROWS_MATCH[engine] = bool(plain.all()) and torch.equal(got, layer._alone(x))
     return _ROWS_MATCH[engine]
