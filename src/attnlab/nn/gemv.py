@@ -66,7 +66,9 @@ def _loop(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bia
 
 
 Spec = tuple[object, ...]
-_KERNELS: dict[object, Callable[..., Any]] = {}  # one compiled kernel per key (a spec), made on first use
+_KERNELS: dict[
+    object, Callable[..., Any]
+] = {}  # one compiled kernel per key (a spec) and contraction, made on first use
 
 
 def _canonical(t: torch.Tensor) -> torch.Tensor:
@@ -96,16 +98,20 @@ def compiled(
     costs microseconds, not a guard check), made once per ``key``, which names everything it is specialized to
     (a :func:`kernel_spec`): the caller hands it tensors of that spec only. ``contract``: the C++ compiler may
     fuse a product and a sum into one fma (-ffp-contract=fast), as eager's addcmul and fbgemm round them."""
-    if key not in _KERNELS:
+    made = (key, contract)  # a kernel compiled with contraction is never handed out for one without, or back
+    if made not in _KERNELS:
         import torch._inductor.config as inductor_config
         from torch._inductor import compile as inductor_compile
         from torch.fx.experimental.proxy_tensor import make_fx
 
         graph = make_fx(fn, tracing_mode="fake")(*inputs)  # on fake tensors: gemv's (N, out, in) is never formed
-        flag = "fast" if contract else inductor_config.cpp.enable_floating_point_contract_flag
-        with inductor_config.patch({"cpp.enable_floating_point_contract_flag": flag}):
-            _KERNELS[key] = inductor_compile(graph, list(inputs))
-    return _KERNELS[key]
+        flags: dict[str, object] = {}
+        if contract and hasattr(inductor_config.cpp, "enable_floating_point_contract_flag"):  # not in older torch:
+            # there the kernel is compiled as it comes, and the callers' bitwise probes set it aside
+            flags = {"cpp.enable_floating_point_contract_flag": "fast", "cpp.enable_unsafe_math_opt_flag": False}
+        with inductor_config.patch(flags):
+            _KERNELS[made] = inductor_compile(graph, list(inputs))
+    return _KERNELS[made]
 
 
 def _kernel(spec: Spec, tensors: tuple[torch.Tensor | None, ...]) -> Callable[..., torch.Tensor]:

@@ -131,8 +131,9 @@ def _rounded_rows(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
 
 def _fma_rows(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`_rounded_rows` as fbgemm computes it, in float32: the codes round x * (1 / scale) + zero, which the
-    compiled kernel's C++ contracts into fbgemm's one fma (``compiled(contract=True)``), so no float64 is needed.
-    What :func:`_round` compiles; eager, only :func:`_rounded_rows` is used."""
+    compiled kernel's C++ may contract into fbgemm's one fma (``compiled(contract=True)``), so that no float64 is
+    needed; whether it did, the probe's :func:`_fma_row` tells. What :func:`_round` compiles; eager, only
+    :func:`_rounded_rows` is used."""
     x_scale, zero, plain = _activation_qparams(flat)
     inverse = 1.0 / x_scale  # float32, as fbgemm multiplies by it
     # fma(x, 1/scale, zero) as addcmul: contracted, Inductor's C++ makes it one fma (written x * inverse + zero, it
@@ -159,9 +160,9 @@ def _round_padded(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     """:func:`_round`, its rows left padded: (codes (R, in), x_scale (R,), plain (R,)), R >= N. By the compiled kernel
     the rows are padded with zeros to a power of two (each row is rounded on its own), so that one kernel serves
     every count of rows up to it, and R is that power; by the readable ops R = N."""
-    if why_no_gemv() or traced() or type(flat) is not torch.Tensor or flat.device.type != "cpu":
-        return _rounded_rows(flat)
     n, d_in = flat.shape
+    if why_no_gemv() or traced() or type(flat) is not torch.Tensor or flat.device.type != "cpu" or d_in < 3:
+        return _rounded_rows(flat)  # under 3 values a row holds only its range's ends, and no probe of an fma
     rows = max(2, 1 << (n - 1).bit_length())
     padded = torch.cat([flat, flat.new_zeros(rows - n, d_in)]) if rows > n else flat.contiguous()  # (rows, in)
     key = ("int8 rows", kernel_spec((padded,)))
@@ -193,7 +194,8 @@ def _finish(acc: torch.Tensor, x_scale: torch.Tensor, scale: torch.Tensor, bias:
     numbers bitwise, checked once per shape on values whose fma and separate product and sum differ in every
     element (:func:`_probe_products`); by the readable ops elsewhere."""
     rows = acc.shape[0]
-    if why_no_gemv() or traced() or type(acc) is not torch.Tensor or acc.device.type != "cpu" or rows & (rows - 1):
+    exotic = why_no_gemv() or traced() or type(acc) is not torch.Tensor or acc.device.type != "cpu"
+    if exotic or rows < 2 or rows & (rows - 1):
         return _finished(acc, x_scale, scale, bias)
     given = [t for t in (acc, x_scale, scale, bias) if t is not None]
     key = ("int8 epilogue", kernel_spec((acc, x_scale, scale, bias)))
@@ -245,7 +247,7 @@ def _probe_rows(n: int, d_in: int) -> list[torch.Tensor]:
 
 def _fma_row(d_in: int) -> torch.Tensor:
     """A row (d_in,) whose values, but for the two that set its range, round to another code by fbgemm's one fma
-    fma(x, 1 / scale, zero) than with x / scale rounded to float32 before the zero point is added: found by
+    fma(x, 1 / scale, zero) than with x * (1 / scale) rounded to float32 before the zero point is added: found by
     searching the floats around each of the row's ties (a compiled rounding whose C++ did not contract differs
     from the readable numbers on them)."""
     lo, hi = -50.0, 77.3
