@@ -66,9 +66,7 @@ def _loop(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bia
 
 
 Spec = tuple[object, ...]
-_KERNELS: dict[
-    object, Callable[..., Any]
-] = {}  # one compiled kernel per key (a spec) and contraction, made on first use
+_KERNELS: dict[object, Callable[..., Any]] = {}  # one compiled kernel per (key, contraction), made on first use
 
 
 def _canonical(t: torch.Tensor) -> torch.Tensor:

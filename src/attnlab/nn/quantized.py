@@ -26,12 +26,12 @@ machine and picks one per weight shape:
   step give each token the same numbers. One row (a decode step) goes to
   ``quantized.linear_dynamic`` itself; several rows are rounded here with
   the scale and zero point it would choose for each row alone (by one kernel
-  Inductor compiles per width and power of two of rows, on first use, checked
-  bitwise against the readable ops before it is used), multiplied
-  with ``torch._int_mm`` and finished with its float epilogue (one kernel
-  Inductor compiles with its product and sum contracted into fbgemm's fma,
-  checked bitwise the same way), bitwise what it gives row by row (checked once per process; where it is not, the rows
-  run one by one). Its int8 x int8 products are the fastest here, at a small
+  Inductor compiles per width and power of two of rows, on first use, in
+  float32 with its product and sum contracted into fbgemm's fma, checked
+  bitwise against the readable ops before it is used), multiplied with
+  ``torch._int_mm`` and finished with its float epilogue (one more such
+  kernel, checked the same way), bitwise what it gives row by row (checked
+  once per process; where it is not, the rows run one by one). Its int8 x int8 products are the fastest here, at a small
   cost in accuracy that ``benchmarks/precision.py`` measures. Its packed
   weight is derived from ``weight_int8``, ``scale`` and ``bias``: it is
   packed again when any of them changes (``load_state_dict``, an in-place
@@ -246,8 +246,8 @@ def _probe_rows(n: int, d_in: int) -> list[torch.Tensor]:
 
 
 def _fma_row(d_in: int) -> torch.Tensor:
-    """A row (d_in,) whose values, but for the two that set its range, round to another code by fbgemm's one fma
-    fma(x, 1 / scale, zero) than with x * (1 / scale) rounded to float32 before the zero point is added: found by
+    """A row (d_in,) whose values, but for the two that set its range, round to another code by fbgemm's one fma,
+    fma(x, 1 / scale, zero), than with x * (1 / scale) rounded to float32 before the zero point is added: found by
     searching the floats around each of the row's ties (a compiled rounding whose C++ did not contract differs
     from the readable numbers on them)."""
     lo, hi = -50.0, 77.3
@@ -272,8 +272,9 @@ def _per_row(
     n = flat.shape[0]
     centered, x_scale, plain = _round_padded(flat)  # (R, in), (R,), (R,): R >= N rows, the padding after N
     acc = centered.new_empty(centered.shape[0], weight_int8.shape[0], dtype=torch.int32)  # (R, out)
-    torch._int_mm(centered[:n], weight_int8.t(), out=acc[:n])  # (N, in) @ (in, out) -> int32, exact; the padded
-    return _finish(acc, x_scale, scale, bias)[:n], plain[:n]  # rows are never written, and their outputs dropped
+    # (N, in) @ (in, out) -> int32, exact; the padded rows are never written, and their outputs are dropped
+    torch._int_mm(centered[:n], weight_int8.t(), out=acc[:n])
+    return _finish(acc, x_scale, scale, bias)[:n], plain[:n]
 
 
 def _rows_match_alone() -> bool:
