@@ -235,6 +235,21 @@ def test_a_compiled_rounding_that_disagrees_is_never_used(monkeypatch: pytest.Mo
         assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
 
 
+def without_fma(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """The kernels of ``kind`` ("int8 rows", "int8 epilogue") compiled for real but without contraction from now on,
+    the others as they are; both kinds' verdicts forgotten, so each kernel is probed afresh."""
+    monkeypatch.setattr(quantized, "_ROUNDING_SAME", {})
+    monkeypatch.setattr(quantized, "_FINISH_SAME", {})
+    real = quantized.compiled
+
+    def uncontracted(key: object, fn: object, inputs: list[torch.Tensor], *, contract: bool = False) -> object:
+        if key[0] != kind:  # type: ignore[index]
+            return real(key, fn, inputs, contract=contract)  # type: ignore[arg-type]
+        return real(("without fma", key), fn, inputs, contract=False)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(quantized, "compiled", uncontracted)
+
+
 def test_a_compiled_rounding_without_fma_is_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """The compiled rounding computes fbgemm's fma(x, 1 / scale, zero) in float32, one fma only where the C++
     compiler contracts it. Compiled without contraction, the probe's ties tell it from the readable (float64)
@@ -242,16 +257,7 @@ def test_a_compiled_rounding_without_fma_is_never_used(monkeypatch: pytest.Monke
     needs_dynamic()
     if quantized.why_no_gemv() and os.environ.get("CI") != "true":
         pytest.skip(f"no compiler here: {quantized.why_no_gemv()}")
-    monkeypatch.setattr(quantized, "_ROUNDING_SAME", {})
-    monkeypatch.setattr(quantized, "_FINISH_SAME", {})
-    real = quantized.compiled
-
-    def uncontracted(key: object, fn: object, inputs: list[torch.Tensor], *, contract: bool = False) -> object:
-        if key[0] != "int8 rows":  # type: ignore[index]  # the rounding's kernel alone is made without fma
-            return real(key, fn, inputs, contract=contract)  # type: ignore[arg-type]
-        return real(("without fma", key), fn, inputs, contract=False)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(quantized, "compiled", uncontracted)
+    without_fma(monkeypatch, "int8 rows")
     x = rows_of_every_kind(100)
     assert quantized._same_rounding(quantized._round(x), quantized._rounded_rows(x))
     assert list(quantized._ROUNDING_SAME.values()) == [False]
@@ -294,17 +300,8 @@ def test_a_compiled_epilogue_without_fma_is_never_used(monkeypatch: pytest.Monke
     needs_dynamic()
     if quantized.why_no_gemv() and os.environ.get("CI") != "true":
         pytest.skip(f"no compiler here: {quantized.why_no_gemv()}")
-    monkeypatch.setattr(quantized, "_FINISH_SAME", {})
-    monkeypatch.setattr(quantized, "_ROUNDING_SAME", {})
     monkeypatch.setattr(quantized, "_ROWS_MATCH", {torch.backends.quantized.engine: True})  # the rows' own path
-    real = quantized.compiled
-
-    def uncontracted(key: object, fn: object, inputs: list[torch.Tensor], *, contract: bool = False) -> object:
-        if key[0] != "int8 epilogue":  # type: ignore[index]  # the epilogue's kernel alone is made without fma
-            return real(key, fn, inputs, contract=contract)  # type: ignore[arg-type]
-        return real(("without fma", key), fn, inputs, contract=False)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(quantized, "compiled", uncontracted)
+    without_fma(monkeypatch, "int8 epilogue")
     torch.manual_seed(0)
     layer = Int8Linear(linear=nn.Linear(100, 37), kernel="dynamic")
     x = rows_of_every_kind(100)
