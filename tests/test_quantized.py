@@ -165,7 +165,7 @@ def test_many_rows_are_rounded_by_one_compiled_kernel_with_the_readable_numbers(
     layer = Int8Linear(linear=nn.Linear(100, 37), kernel="dynamic")
     x = rows_of_every_kind(100)
     for rows in (x, x[:5], x[:1]):  # 8 rows, and 5 and 1 padded to the kernels of 8 and 2 rows
-        assert quantized._same_rounding(quantized._round(rows), quantized._rounded_rows(rows))
+        assert quantized._same_rounding(rounded(rows), quantized._rounded_rows(rows))
 
     def rounding_ops() -> int:
         with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -175,7 +175,7 @@ def test_many_rows_are_rounded_by_one_compiled_kernel_with_the_readable_numbers(
 
     fast, ops = rounding_ops()
     assert ops == 0
-    monkeypatch.setattr(quantized, "_round_padded", quantized._rounded_rows)
+    monkeypatch.setattr(quantized, "_round", quantized._rounded_rows)
     readable, ops = rounding_ops()
     assert ops == 1 + 2  # aminmax once; round for the zero points and for the codes
     assert torch.equal(fast, readable)
@@ -229,10 +229,15 @@ def test_a_compiled_rounding_that_disagrees_is_never_used(monkeypatch: pytest.Mo
     torch.manual_seed(0)
     layer = Int8Linear(linear=nn.Linear(100, 37), kernel="dynamic")
     x = rows_of_every_kind(100)
-    assert quantized._same_rounding(quantized._round(x), quantized._rounded_rows(x))
+    assert quantized._same_rounding(rounded(x), quantized._rounded_rows(x))
     assert list(quantized._ROUNDING_SAME.values()) == [False]
     with torch.no_grad():
         assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
+
+
+def rounded(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The rounding of x's rows, its padded rows dropped."""
+    return tuple(t[: len(x)] for t in quantized._round(x))
 
 
 def without_fma(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
@@ -259,7 +264,7 @@ def test_a_compiled_rounding_without_fma_is_never_used(monkeypatch: pytest.Monke
         pytest.skip(f"no compiler here: {quantized.why_no_gemv()}")
     without_fma(monkeypatch, "int8 rows")
     x = rows_of_every_kind(100)
-    assert quantized._same_rounding(quantized._round(x), quantized._rounded_rows(x))
+    assert quantized._same_rounding(rounded(x), quantized._rounded_rows(x))
     assert list(quantized._ROUNDING_SAME.values()) == [False]
 
 
@@ -431,6 +436,6 @@ def test_rows_of_fewer_than_3_values_take_the_readable_rounding() -> None:
     if quantized.why_no_gemv() and os.environ.get("CI") != "true":
         pytest.skip(f"no compiler here: {quantized.why_no_gemv()}")
     two, three = torch.randn(5, 2), torch.randn(5, 3)
-    assert quantized._round_padded(two)[0].shape == (5, 2)
-    assert quantized._round_padded(three)[0].shape == (8, 3)  # padded to the kernel of 8 rows
-    assert quantized._same_rounding(quantized._round(three), quantized._rounded_rows(three))
+    assert quantized._round(two)[0].shape == (5, 2)
+    assert quantized._round(three)[0].shape == (8, 3)  # padded to the kernel of 8 rows
+    assert quantized._same_rounding(rounded(three), quantized._rounded_rows(three))

@@ -146,20 +146,13 @@ _ROUNDING_SAME: dict[object, bool] = {}  # per spec: whether the compiled roundi
 
 
 def _round(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_rounded_rows` of ``flat`` (N, in), by one kernel Inductor compiled from :func:`_fma_rows` (the
-    readable rounding is about 25 small ops a product, in float64, most of a batched step's time outside its
-    products) where that kernel gives the readable numbers bitwise, checked once per shape on rows of every kind,
-    fma's ties among them (:func:`_probe_rows`); by the readable ops elsewhere, under a tracer and without a
-    compiler."""
-    n = flat.shape[0]
-    codes, x_scale, plain = _round_padded(flat)
-    return codes[:n], x_scale[:n], plain[:n]
-
-
-def _round_padded(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_round`, its rows left padded: (codes (R, in), x_scale (R,), plain (R,)), R >= N. By the compiled kernel
-    the rows are padded with zeros to a power of two (each row is rounded on its own), so that one kernel serves
-    every count of rows up to it, and R is that power; by the readable ops R = N."""
+    """:func:`_rounded_rows` of ``flat`` (N, in), its rows left padded: (codes (R, in), x_scale (R,), plain (R,)),
+    R >= N, the first N rows ``flat``'s. By one kernel Inductor compiled from :func:`_fma_rows` (the readable
+    rounding is about 25 small ops a product, in float64, most of a batched step's time outside its products)
+    where that kernel gives the readable numbers bitwise, checked once per shape on rows of every kind, fma's ties
+    among them (:func:`_probe_rows`); the rows are then padded with zeros to a power of two (each row is rounded
+    on its own), so that one kernel serves every count of rows up to it, and R is that power. By the readable ops
+    elsewhere (under a tracer, without a compiler, rows of fewer than 3 values), and R = N."""
     n, d_in = flat.shape
     if why_no_gemv() or traced() or type(flat) is not torch.Tensor or flat.device.type != "cpu" or d_in < 3:
         return _rounded_rows(flat)  # under 3 values a row holds only its range's ends, and no probe of an fma
@@ -270,7 +263,7 @@ def _per_row(
     """(out (N, out), plain (N,)): every row rounded with its own scale and zero point, fbgemm's arithmetic
     step by step; the rows ``plain`` is False for are to be run alone."""
     n = flat.shape[0]
-    centered, x_scale, plain = _round_padded(flat)  # (R, in), (R,), (R,): R >= N rows, the padding after N
+    centered, x_scale, plain = _round(flat)  # (R, in), (R,), (R,): R >= N rows, the padding after N
     acc = centered.new_empty(centered.shape[0], weight_int8.shape[0], dtype=torch.int32)  # (R, out)
     # (N, in) @ (in, out) -> int32, exact; the padded rows are never written, and their outputs are dropped
     torch._int_mm(centered[:n], weight_int8.t(), out=acc[:n])
