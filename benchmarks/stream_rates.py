@@ -11,7 +11,10 @@ as a decode step meets them:
   what ``GPT.set_layout("auto")`` chooses by);
 - int8 through each kernel this PyTorch build has
   (``attnlab.nn.quantized.int8_stream_rates``, what ``GPT.quantize("int8")``
-  chooses by).
+  chooses by);
+- the "prefetch" layout's loop asking for nothing ahead (``ahead=0``) beside
+  the same loop as the layout runs it, their passes taking turns: what the
+  prefetch itself gains, the loop's numbers being the same.
 
 GB/s counts the weight's own bytes (2 a number in half precision, 1 in int8).
 Each probe is the median of ``--repeats`` passes; the probes run ``--rounds``
@@ -23,26 +26,49 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
 from _timing import NOISY
-from attnlab.nn.layout import stream_rates
+from attnlab.nn import prefetch
+from attnlab.nn.layout import STREAM_BYTES, interleaved_seconds, stream_rates
 from attnlab.nn.quantized import int8_stream_rates
 
 GPT2_SMALL = ((768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50257))  # (d_in, d_out)
 FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def prefetch_effect(d_in: int, d_out: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
+    """GB/s of the prefetch loop with ``ahead`` blocks asked for ahead and with none, on the same copies of the
+    weight (as many as ``stream_rates`` cycles through), the two taking turns; {} where the loop cannot run."""
+    if prefetch.why_no_prefetch():
+        return {}
+    size = d_in * d_out * torch.finfo(dtype).bits // 8
+    copies = min(64, max(1, -(-STREAM_BYTES // size)))
+    x = torch.randn(1, d_in, dtype=dtype)
+    weights = [torch.randn(d_out, d_in, dtype=dtype) for _ in range(copies)]
+    calls: dict[str, list[Callable[[], object]]] = {
+        f"prefetch, {ahead} ahead": [partial(prefetch.gemv, x, w, ahead=ahead) for w in weights]
+        for ahead in (prefetch.AHEAD, 0)
+    }
+    with torch.no_grad():
+        seconds = interleaved_seconds(calls, repeats)
+    return {name: copies * size / spent / 1e9 for name, spent in seconds.items()}
+
+
 def probe(d_in: int, d_out: int, repeats: int) -> dict[str, float]:
-    """One round for one shape: GB/s by "dtype layout" and "int8 kernel"."""
+    """One round for one shape: GB/s by "dtype layout", "int8 kernel" and "dtype prefetch, N ahead"."""
     rates = {}
     for name, dtype in FLOATS.items():
         for layout, rate in stream_rates(d_in, d_out, dtype=dtype, repeats=repeats).items():
             rates[f"{name} {layout}"] = rate
     for kernel, rate in int8_stream_rates(d_in, d_out, repeats=repeats).items():
         rates[f"int8 {kernel}"] = rate
+    for name in ("float32", "bfloat16"):
+        for which, rate in prefetch_effect(d_in, d_out, FLOATS[name], repeats).items():
+            rates[f"{name} {which}"] = rate
     return rates
 
 
@@ -71,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             median = statistics.median(values)
             spread = (max(values) - min(values)) / median
             flag = "" if spread <= NOISY else "  (too noisy to trust)"
-            print(f"  {name:<20} {median:7.2f} GB/s  spread {spread:4.0%}{flag}")
+            print(f"  {name:<28} {median:7.2f} GB/s  spread {spread:4.0%}{flag}")
     return 0
 
 

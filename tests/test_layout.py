@@ -53,7 +53,7 @@ def test_auto_measures_each_shape_and_a_wrong_layout_is_refused() -> None:
     assert len(got) == 2 * 4 + 1 and set(got.values()) <= set(LAYOUTS)  # qkv, out_proj, two ff per block; out_head
     with pytest.raises(
         ValueError,
-        match="layout must be one of \\('rows', 'columns', 'onednn', 'gemv', 'packed', 'auto'\\), got 'diagonal'",
+        match="layout must be one of \\('rows', 'columns', 'onednn', 'gemv', 'packed', 'prefetch', 'auto'\\), got 'diagonal'",
     ):
         model.set_layout("diagonal")
 

@@ -70,4 +70,5 @@ def probe_rates(d_in: int, d_out: int) -> dict[str, float]:
     names = {"rows": "(out, in) rows", "columns": "(in, out) columns", "onednn": "(out, in) rows, oneDNN"}
     names["gemv"] = "(out, in) rows, a compiled loop"
     names["packed"] = "(out, in) rows, oneDNN's packed copy"
+    names["prefetch"] = "(out, in) rows, a loop that prefetches"
     return {names[layout]: rate for layout, rate in stream_rates(d_in, d_out).items()}

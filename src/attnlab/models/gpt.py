@@ -432,7 +432,9 @@ class GPT(nn.Module):
         layout of Hugging Face GPT-2's Conv1D), row by row with oneDNN's product in place of the BLAS's
         ("onednn": inference on the CPU, float32 or bfloat16), row by row with a decode step's product by a
         loop torch.compile writes ("gemv", :mod:`attnlab.nn.gemv`; a prompt's by oneDNN), row by row with a copy
-        oneDNN reorders once and reads ("packed", :mod:`attnlab.nn.packed`: twice the weights' memory), or in
+        oneDNN reorders once and reads ("packed", :mod:`attnlab.nn.packed`: twice the weights' memory), row by
+        row with a decode step's product by attnlab's C++ loop that asks memory for the next rows ahead
+        ("prefetch", :mod:`attnlab.nn.prefetch`; a prompt's by oneDNN), or in
         whichever this machine streams fastest for its shape ("auto", measured once per process): the same
         values, shapes and checkpoints, a faster decode where the measurement says so
         (:mod:`attnlab.nn.layout`). Returns the layout each weight got."""

@@ -27,6 +27,12 @@ blocked format (:mod:`attnlab.nn.packed`), which the CPU's bfloat16
 dot-product instructions read directly; it costs a second copy of the
 weights' memory.
 
+A sixth keeps the rows and changes the routine again: "prefetch" multiplies a
+decode step's few rows by a loop of attnlab's own in C++
+(:mod:`attnlab.nn.prefetch`) that asks memory for the next rows of the
+weight before it reads them, and more rows, a prompt's, by oneDNN. It
+needs torch.compile's C++ toolchain here.
+
 :func:`fastest_layout` times every layout on weights that together exceed
 the caches (256 MB, cycled), as decoding meets them, the layouts taking
 turns, and keeps the answer for the process. :func:`set_layout` re-stores a
@@ -39,16 +45,17 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnlab.nn import packed
+from attnlab.nn import packed, prefetch
 from attnlab.nn.gemv import FLOAT_ROWS, _exporting, gemv, gemv_applies, traced, why_no_gemv
+from attnlab.nn.prefetch import prefetch_applies, why_no_prefetch
 
-Layout = Literal["rows", "columns", "onednn", "gemv", "packed"]
+Layout = Literal["rows", "columns", "onednn", "gemv", "packed", "prefetch"]
 STORAGES: tuple[Layout, ...] = ("rows", "columns")  # F.linear, the weight stored either way
 ONEDNN_DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN's CPU inner product takes
 
@@ -61,16 +68,19 @@ def onednn_available() -> bool:
     return _ONEDNN
 
 
-LAYOUTS: tuple[Layout, ...] = (*STORAGES, *(("onednn",) if onednn_available() else ()), "gemv") + (
-    ("packed",) if onednn_available() and packed.packing_available() else ()
+LAYOUTS: tuple[Layout, ...] = (
+    (*STORAGES, *(("onednn",) if onednn_available() else ()), "gemv")
+    + (("packed",) if onednn_available() and packed.packing_available() else ())
+    + ("prefetch",)
 )
 _CHOSEN: dict[tuple[int, int, torch.dtype], Layout] = {}
+Name = TypeVar("Name", bound=str)  # what interleaved_seconds' callers name their calls by: a layout, a kernel
 STREAM_BYTES = 256 * 2**20  # more than any CPU cache: the weights stream from memory, as a decode step's do
 
 
 def laid_out(weight: torch.Tensor, layout: Layout) -> torch.Tensor:
     """``weight`` (out, in) with its numbers stored row by row, or column by column."""
-    if layout in ("rows", "onednn", "gemv", "packed"):
+    if layout in ("rows", "onednn", "gemv", "packed", "prefetch"):
         return weight.contiguous()
     return weight.t().contiguous().t()  # (out, in), strides (1, out)
 
@@ -186,22 +196,52 @@ class PackedLinear(nn.Linear):
         return super()._apply(fn, recurse)
 
 
+def prefetch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``: up to :data:`attnlab.nn.prefetch.ROWS` rows (a decode step) by the loop of
+    :func:`attnlab.nn.prefetch.gemv` where it applies (inference on the CPU, one dtype throughout, a row-major
+    weight; under torch.compile, the op ``attnlab::prefetch_gemv`` in the graph), other calls by
+    :func:`onednn_linear`."""
+    flat = x.reshape(-1, x.shape[-1])  # (B, T, in) -> (N, in)
+    same = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype) and x.dtype in ONEDNN_DTYPES
+    if torch.compiler.is_compiling():
+        fits = same and weight.dim() == 2 and x.shape[-1] == weight.shape[-1] > 0 and weight.is_contiguous()
+        fits = fits and 1 <= flat.shape[0] <= prefetch.ROWS and x.device.type == weight.device.type == "cpu"
+        if fits and not torch.is_grad_enabled() and not _autocast() and not _exporting():
+            out = torch.ops.attnlab.prefetch_gemv(flat, weight, bias)  # (N, out)
+            return out.reshape(*x.shape[:-1], weight.shape[0])  # (N, out) -> (B, T, out)
+        return F.linear(x, weight, bias)
+    if same and onednn_applies(x, weight, bias) and prefetch_applies(flat, weight, bias):
+        out = prefetch.product(flat, weight, bias)  # (N, out)
+        return out.reshape(*x.shape[:-1], weight.shape[0])  # (N, out) -> (B, T, out)
+    return onednn_linear(x, weight, bias)
+
+
+class PrefetchLinear(nn.Linear):
+    """An ``nn.Linear`` in the "prefetch" layout: the same parameters, its product by :func:`prefetch_linear`."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return prefetch_linear(input, self.weight, self.bias)
+
+
 CLASSES: dict[Layout, type[nn.Linear]] = {"rows": nn.Linear, "columns": nn.Linear, "onednn": OneDNNLinear}
-CLASSES["gemv"], CLASSES["packed"] = GemvLinear, PackedLinear
-OWN_PRODUCTS: tuple[Layout, ...] = ("onednn", "gemv", "packed")  # a product of their own, for ONEDNN_DTYPES only
+CLASSES["gemv"], CLASSES["packed"], CLASSES["prefetch"] = GemvLinear, PackedLinear, PrefetchLinear
+OWN_PRODUCTS: tuple[Layout, ...] = ("onednn", "gemv", "packed", "prefetch")  # their own product: ONEDNN_DTYPES only
 
 
 def _product(layout: Layout) -> Callable[..., torch.Tensor]:
-    return {"onednn": onednn_linear, "gemv": gemv_linear, "packed": packed_linear}.get(layout, F.linear)
+    products = {"onednn": onednn_linear, "gemv": gemv_linear, "packed": packed_linear, "prefetch": prefetch_linear}
+    return products.get(layout, F.linear)
 
 
 def offered(layout: Layout, dtype: torch.dtype) -> bool:
-    """Whether ``layout`` can serve ``dtype`` weights here: "onednn", "gemv" and "packed" float32 and bfloat16
-    only, "gemv" where its loop builds, "packed" where oneDNN reorders that dtype."""
+    """Whether ``layout`` can serve ``dtype`` weights here: "onednn", "gemv", "packed" and "prefetch" float32 and
+    bfloat16 only, "gemv" and "prefetch" where their loops build, "packed" where oneDNN reorders that dtype."""
     if layout in OWN_PRODUCTS and dtype not in ONEDNN_DTYPES:
         return False
     if layout == "gemv":
         return not why_no_gemv()
+    if layout == "prefetch":
+        return not why_no_prefetch()
     return layout != "packed" or packed.packing_available(dtype)
 
 
@@ -228,10 +268,10 @@ def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, r
     return {layout: copies * size / seconds[layout] / 1e9 for layout in layouts}
 
 
-def interleaved_seconds(calls: dict[Layout, list[Callable[[], object]]], repeats: int) -> dict[Layout, float]:
+def interleaved_seconds(calls: dict[Name, list[Callable[[], object]]], repeats: int) -> dict[Name, float]:
     """Each name's median seconds of ``repeats`` passes through its calls, the names taking turns pass by pass,
     after one pass each that warms up (and packs the "packed" layout's copies)."""
-    times: dict[Layout, list[float]] = {name: [] for name in calls}
+    times: dict[Name, list[float]] = {name: [] for name in calls}
     for _ in range(repeats + 1):
         for name, each in calls.items():
             times[name].append(pass_seconds(each, 0))
@@ -290,6 +330,8 @@ def set_layout(module: nn.Module, layout: Layout | Literal["auto"]) -> dict[str,
             )
     if layout == "gemv" and why_no_gemv():
         raise RuntimeError(f"the gemv layout cannot run here: {why_no_gemv()}; use layout='onednn' or 'auto'")
+    if layout == "prefetch" and why_no_prefetch():
+        raise RuntimeError(f"the prefetch layout cannot run here: {why_no_prefetch()}; use layout='onednn' or 'auto'")
     chosen: dict[str, Layout] = {}
     with torch.no_grad():
         for name, sub in linears:

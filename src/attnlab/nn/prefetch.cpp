@@ -1,0 +1,108 @@
+// One or two tokens' product with a weight, read row block by row block, each block's next one asked for
+// ahead of time (issue 37; attnlab/nn/prefetch.py builds this file with torch.compile's C++ toolchain and
+// calls it).
+//
+//     out[n, o] = sum_i float(x[n, i]) * float(w[o, i])  (+ float(bias[o])), in float32, then x's dtype
+//
+// Shapes: N = rows of x (1 or 2), d_in, d_out = the weight's features; w (d_out, d_in) row-major.
+//
+// Why it exists: a decode step streams every weight once, and on the machine of docs/benchmarks.md the
+// library kernels (PyTorch's BLAS, oneDNN, the loop Inductor writes) read a bfloat16 weight at 60-70% of
+// memory's rate, while they read a float32 one at nearly all of it. Widening bfloat16 costs instructions per
+// cache line, so fewer of the weight's lines are in flight at once, and the hardware's prefetchers do not
+// make up for it on rows this short. Here each block of rows, while it is summed, asks for the matching
+// line of the next block (`ahead` blocks on), so the memory system works on the next lines whatever the
+// arithmetic costs. The sums are the same as without it: a prefetch changes no value.
+//
+// A row of x is summed the same way whether it comes alone or with another: its numbers never depend on
+// the other row of the call. Vectors are ATen's own (at::vec, what Inductor's loops use), so the file builds
+// for whichever vector instructions torch.compile picks on this CPU.
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kRows = 4;   // weight rows summed together: four streams, one x vector loaded for all
+constexpr int64_t kLine = 64;  // bytes in a cache line, the unit a prefetch asks for
+
+template <typename T>
+inline Vec widen(const T* p, int64_t count) {  // count values of T, as float32
+  if constexpr (std::is_same_v<T, float>) {
+    return Vec::loadu(p, count);
+  } else {
+    return at::vec::convert<float>(at::vec::Vectorized<T>::loadu(p, count));
+  }
+}
+
+template <typename T, int N>
+void product(const T* x, const T* w, const T* bias, T* out, int64_t d_out, int64_t d_in, int64_t ahead,
+             int threads) {
+  constexpr int64_t width = Vec::size();
+  const int64_t per_line = kLine / static_cast<int64_t>(sizeof(T));
+  std::vector<float> xf(static_cast<size_t>(N * d_in));  // x widened once: (N, d_in)
+  for (int64_t k = 0; k < N * d_in; ++k) xf[k] = static_cast<float>(x[k]);
+  const int64_t blocks = (d_out + kRows - 1) / kRows;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t first = b * kRows;
+    const int64_t rows = std::min(kRows, d_out - first);
+    // the block `ahead` blocks on, when it is whole; none past the weight's end (the block's own rows instead)
+    const bool has_next = ahead > 0 && first + (ahead + 1) * kRows <= d_out;
+    const T* next = w + (has_next ? first + ahead * kRows : first) * d_in;
+    Vec acc[N][kRows];
+    for (int n = 0; n < N; ++n)
+      for (int64_t r = 0; r < kRows; ++r) acc[n][r] = Vec(0.f);
+    for (int64_t i = 0; i < d_in; i += width) {
+      const int64_t count = std::min(width, d_in - i);
+      if (has_next && i % per_line == 0)
+        for (int64_t r = 0; r < kRows; ++r) __builtin_prefetch(next + r * d_in + i, 0, 3);
+      for (int64_t r = 0; r < rows; ++r) {
+        const Vec wv = widen(w + (first + r) * d_in + i, count);
+        for (int n = 0; n < N; ++n) acc[n][r] = at::vec::fmadd(wv, Vec::loadu(xf.data() + n * d_in + i, count), acc[n][r]);
+      }
+    }
+    for (int n = 0; n < N; ++n) {
+      for (int64_t r = 0; r < rows; ++r) {
+        float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& c) { return a + c; }, acc[n][r]);
+        if (bias != nullptr) sum += static_cast<float>(bias[first + r]);
+        out[n * d_out + first + r] = static_cast<T>(sum);
+      }
+    }
+  }
+}
+
+template <typename T>
+int dispatch_rows(const void* x, const void* w, const void* bias, void* out, int64_t n, int64_t d_out,
+                  int64_t d_in, int64_t ahead, int threads) {
+  const T* xs = static_cast<const T*>(x);
+  const T* ws = static_cast<const T*>(w);
+  const T* bs = static_cast<const T*>(bias);
+  T* os = static_cast<T*>(out);
+  if (n == 1) {
+    product<T, 1>(xs, ws, bs, os, d_out, d_in, ahead, threads);
+  } else if (n == 2) {
+    product<T, 2>(xs, ws, bs, os, d_out, d_in, ahead, threads);
+  } else {
+    return 2;  // rows the file was not built for: the caller sends them elsewhere
+  }
+  return 0;
+}
+
+}  // namespace
+
+// dtype: 0 float32, 1 bfloat16. Returns 0, or 1 for a dtype and 2 for a row count it does not serve.
+extern "C" int attnlab_prefetch_gemv(int dtype, const void* x, const void* w, const void* bias, void* out,
+                                     int64_t n, int64_t d_out, int64_t d_in, int64_t ahead, int threads) {
+  if (dtype == 0) return dispatch_rows<float>(x, w, bias, out, n, d_out, d_in, ahead, threads);
+  if (dtype == 1) return dispatch_rows<c10::BFloat16>(x, w, bias, out, n, d_out, d_in, ahead, threads);
+  return 1;
+}

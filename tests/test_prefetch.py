@@ -1,0 +1,228 @@
+"""The "prefetch" layout (issue 37, attnlab.nn.prefetch): a decode step's product by attnlab's C++ loop that asks
+memory for the next rows of the weight before it reads them. It agrees with the readable product in both dtypes
+it reads; a prefetch changes no number (ahead=0 is bitwise the same); a row's numbers never depend on the other
+row; what the C++ would read wrongly is refused by name; set_layout("prefetch") sends a decode step's products
+through the C++ (counted), a prompt's to oneDNN and a gradient to F.linear; a compiled step calls it as one op;
+a machine that cannot build it is told why and never given it. What the prefetch gains is speed, which only a
+benchmark measures: benchmarks/stream_rates.py times the loop with and without it, side by side."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlab.models import GPT, GPTConfig
+from attnlab.nn import layout, prefetch
+from attnlab.nn.gemv import readable_gemv
+from attnlab.nn.layout import PrefetchLinear
+from attnlab.nn.prefetch import ROWS, why_no_prefetch
+
+if why_no_prefetch() and os.environ.get("CI") != "true":  # under CI=true the tests run, and fail
+    pytest.skip(f"no prefetch loop here: {why_no_prefetch()}", allow_module_level=True)
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def tolerance(dtype: torch.dtype) -> dict[str, float]:
+    """float32: the order of a float32 sum; bfloat16: that, then one rounding to bfloat16 (2^-8 relative)."""
+    return {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-2}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_loop_agrees_with_the_readable_product(dtype: torch.dtype, with_bias: bool) -> None:
+    """Widths that leave tails everywhere: 100 inputs (a vector's tail), 37 and 13 outputs (a block of 4 rows cut
+    short, and a weight too small to ask ahead); one row and two; rows cut at an odd offset, and a strided x."""
+    generator = torch.Generator().manual_seed(0)
+    for d_out in (37, 13, 2):
+        weight = torch.randn(d_out, 100, generator=generator).to(dtype)
+        bias = torch.randn(d_out, generator=generator).to(dtype) if with_bias else None
+        for n in range(1, ROWS + 1):
+            x = torch.randn(n * 100 + 3, generator=generator).to(dtype)[3:].view(n, 100)
+            got = prefetch.gemv(x, weight, bias)
+            assert got.shape == (n, d_out) and got.dtype == dtype
+            torch.testing.assert_close(got, readable_gemv(x, weight, None, bias), **tolerance(dtype))
+    strided = torch.randn(100, 2, generator=generator).to(dtype).t()  # (2, 100), not contiguous
+    torch.testing.assert_close(prefetch.gemv(strided, weight), readable_gemv(strided, weight), **tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_prefetch_changes_no_number_and_a_row_never_depends_on_the_other(dtype: torch.dtype) -> None:
+    """Bitwise: asking 0, 1 or 3 blocks ahead gives the same numbers (a prefetch only asks memory early), and each
+    row of a 2-row call is what that row gives alone (a prompt lookup's check and a decode step agree)."""
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(203, 96, generator=generator).to(dtype)
+    bias = torch.randn(203, generator=generator).to(dtype)
+    x = torch.randn(2, 96, generator=generator).to(dtype)
+    want = prefetch.gemv(x, weight, bias)
+    for ahead in (0, 3):
+        assert torch.equal(prefetch.gemv(x, weight, bias, ahead=ahead), want)
+    assert torch.equal(torch.cat([prefetch.gemv(x[:1], weight, bias), prefetch.gemv(x[1:], weight, bias)]), want)
+
+
+def test_what_the_c_plus_plus_would_read_wrongly_is_refused_by_name() -> None:
+    """The C++ trusts shapes, dtypes, strides and devices: each mismatch is a clear error before it runs."""
+    w, x = torch.randn(8, 16), torch.randn(1, 16)
+    cases: list[tuple[Callable[[], object], type[Exception], str]] = [
+        (lambda: prefetch.gemv(torch.randn(1, 15), w), ValueError, r"got x \(1, 15\) and weight \(8, 16\): reshape"),
+        (lambda: prefetch.gemv(torch.randn(3, 16), w), ValueError, r"serves 1 to 2 rows \(a decode step\), got 3"),
+        (lambda: prefetch.gemv(torch.randn(0, 16), w), ValueError, r"serves 1 to 2 rows \(a decode step\), got 0"),
+        (lambda: prefetch.gemv(x.bfloat16(), w), TypeError, r"all float32 or all bfloat16, got \{'x': torch\.bf"),
+        (lambda: prefetch.gemv(x.half(), w.half()), TypeError, r"got \{'x': torch\.float16, 'weight': torch\.f"),
+        (lambda: prefetch.gemv(x, w, torch.zeros(8).double()), TypeError, r"'bias': torch\.float64\}: convert"),
+        (lambda: prefetch.gemv(x, w, torch.zeros(16)), ValueError, r"bias must be \(8,\), got \(16,\)"),
+        (lambda: prefetch.gemv(x, torch.randn(16, 8).t()), ValueError, r"row-major weight, got strides \(1, 8\)"),
+        (lambda: prefetch.gemv(x.to("meta"), w), ValueError, r"runs on the CPU, got \{'x': 'meta', 'weight': 'cpu'"),
+        (lambda: prefetch.gemv(x, w, ahead=-1), ValueError, r"ahead counts blocks of rows .* got -1"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+    with pytest.raises(RuntimeError, match=r"attnlab::prefetch_gemv has no backward"):
+        prefetch.gemv(x.requires_grad_(), w)
+
+
+def small(dtype: torch.dtype = torch.float32) -> GPT:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=96, context_length=32, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0)
+    return GPT(config).eval().to(dtype)
+
+
+IDX = torch.randint(0, 96, (1, 10), generator=torch.Generator().manual_seed(1))
+
+
+def products(model: GPT, idx: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many products of one forward pass (its logits at the last position, as generation asks) ran through the
+    C++ loop (its calls counted) and how many through a BLAS or oneDNN (torch.profiler, real kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    calls = []
+    run = prefetch.product
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return run(*args, **kwargs)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(prefetch, "product", counted)
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(idx, last_only=True)
+    count = {e.key: e.count for e in prof.key_averages()}
+    other = sum(count.get(k, 0) for k in ("mkldnn::_linear_pointwise", "aten::linear"))  # F.linear or oneDNN
+    return {"loop": len(calls), "other": other}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_layout_sends_a_decode_steps_products_through_the_loop(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The effect: after set_layout("prefetch") a one-token forward runs all 9 products (qkv, out_proj, two ff a
+    block, out_head) in the C++ loop and none elsewhere; a 10-token prompt's blocks go to oneDNN, its last
+    position's logits through the loop. The readable model's logits (and, in float32, its greedy tokens); the
+    parameters untouched; "rows" puts F.linear back."""
+    readable, model = small(dtype), small(dtype)
+    assert products(model, IDX[:, :1], monkeypatch) == {"loop": 0, "other": 9}
+    got = model.set_layout("prefetch")
+    assert set(got.values()) == {"prefetch"} and len(got) == 9
+    assert all(type(m) is PrefetchLinear for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert products(model, IDX[:, :1], monkeypatch) == {"loop": 9, "other": 0}
+    assert products(model, IDX, monkeypatch) == {"loop": 1, "other": 8}
+    with torch.no_grad():
+        for idx in (IDX[:, :1], IDX[:, :2], IDX):
+            torch.testing.assert_close(model(idx), readable(idx), **tolerance(dtype))
+    if dtype == torch.float32:
+        assert torch.equal(model.generate(IDX, 12), readable.generate(IDX, 12))
+    for a, b in zip(readable.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    model.set_layout("rows")
+    assert products(model, IDX[:, :1], monkeypatch) == {"loop": 0, "other": 9}
+
+
+def test_a_gradient_goes_through_f_linear_and_stays_exact() -> None:
+    """The loop has no backward: a training step after set_layout("prefetch") gives a plain model's gradients,
+    bit for bit."""
+    plain, fast = small(), small()
+    fast.set_layout("prefetch")
+    idx = IDX[:, :1]
+    for model in (plain, fast):
+        model.train()
+        F.cross_entropy(model(idx).flatten(0, 1), idx.flatten()).backward()
+    for (name, a), b in zip(plain.named_parameters(), fast.parameters(), strict=True):
+        assert a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad), name
+
+
+def test_a_tracer_records_the_plain_product() -> None:
+    """Under make_fx (a dispatch mode, as torch.export's is) the C++ would run unseen and its output be baked in
+    as a constant: the layout hands the tracer plain ops, so the graph follows new inputs."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    layer = PrefetchLinear(16, 8).eval()
+    layer.requires_grad_(False)
+    with torch.no_grad():
+        graph = make_fx(layer)(torch.randn(1, 16))
+        x = torch.randn(1, 16)
+        torch.testing.assert_close(graph(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_the_op_a_graph_calls_passes_torchs_own_checks() -> None:
+    """attnlab::prefetch_gemv under torch.library.opcheck: its schema, its fake against what the loop returns, and
+    how it dispatches; both dtypes, with a bias and without."""
+    for dtype in DTYPES:
+        weight = torch.randn(24, 40).to(dtype)
+        x = torch.randn(2, 40).to(dtype)
+        torch.library.opcheck(torch.ops.attnlab.prefetch_gemv, (x, weight, torch.randn(24).to(dtype)))
+        torch.library.opcheck(torch.ops.attnlab.prefetch_gemv, (x[:1], weight, None))
+
+
+@pytest.mark.slow  # compiles the decode step
+def test_a_compiled_step_calls_the_loop_as_one_op_for_each_product() -> None:
+    """Under generate(compile=True) each of a step's 9 products is the op attnlab::prefetch_gemv, which the graph
+    calls without looking inside; the compiled step keeps the eager tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = small()
+    model.set_layout("prefetch")
+    eager = model.generate(IDX, 6)
+    model.generate(IDX, 6, compile=True)  # compiles the step
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        compiled = model.generate(IDX, 6, compile=True)
+    count = {e.key: e.count for e in prof.key_averages()}
+    assert count.get("attnlab::prefetch_gemv", 0) == 9 * 5  # 5 decode steps: the prompt's pass draws the first token
+    assert torch.equal(compiled, eager)
+
+
+def test_without_a_compiler_the_layout_is_refused_by_name_and_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fails() -> object:
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nsecond line")
+
+    monkeypatch.setattr(prefetch, "_library", fails)
+    reason = why_no_prefetch.__wrapped__()
+    assert reason == (
+        "the prefetch loop cannot be built here (RuntimeError: InvalidCxxCompiler: No working C++ compiler found)"
+    )
+    for module in (prefetch, layout):
+        monkeypatch.setattr(module, "why_no_prefetch", lambda: reason)
+    model = small()
+    with pytest.raises(RuntimeError, match=r"the prefetch layout cannot run here: the prefetch loop cannot be built"):
+        model.set_layout("prefetch")
+    assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert "prefetch" not in layout.stream_rates(16, 32, repeats=1)
+    monkeypatch.setattr(layout, "_CHOSEN", {})
+    assert layout.fastest_layout(16, 32) != "prefetch"
+    layer = PrefetchLinear(16, 8).eval()  # a layer made before: F.linear's numbers, by oneDNN
+    with torch.no_grad():
+        x = torch.randn(1, 16)
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_a_loop_that_disagrees_is_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build whose numbers are off (a wrong flag, a broken compiler) is caught by the probe, in one line."""
+    run = prefetch.product
+    monkeypatch.setattr(prefetch, "product", lambda x, w, b=None, **k: run(x, w, b, **k) * 1.5)
+    assert why_no_prefetch.__wrapped__() == (
+        "the prefetch loop built here disagrees with the readable product (torch.float32, rows: 1)"
+    )
