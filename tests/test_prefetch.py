@@ -77,7 +77,16 @@ def test_what_the_c_plus_plus_would_read_wrongly_is_refused_by_name() -> None:
         (lambda: prefetch.gemv(x, w, torch.zeros(16)), ValueError, r"bias must be \(8,\), got \(16,\)"),
         (lambda: prefetch.gemv(x, torch.randn(16, 8).t()), ValueError, r"row-major weight, got strides \(1, 8\)"),
         (lambda: prefetch.gemv(x.to("meta"), w), ValueError, r"runs on the CPU, got \{'x': 'meta', 'weight': 'cpu'"),
-        (lambda: prefetch.gemv(x, w, ahead=-1), ValueError, r"ahead counts blocks of rows .* got -1"),
+        (
+            lambda: prefetch.gemv(x, w, ahead=-1),
+            ValueError,
+            r"blocks of 4 rows .* from 0 to the weight's 8 rows, got -1",
+        ),
+        (
+            lambda: prefetch.gemv(x, w, ahead=2**62),
+            ValueError,
+            r"from 0 to the weight's 8 rows, got 4611686018427387904",
+        ),
     ]
     for call, error, message in cases:
         with pytest.raises(error, match=message):
@@ -224,5 +233,46 @@ def test_a_loop_that_disagrees_is_never_used(monkeypatch: pytest.MonkeyPatch) ->
     run = prefetch.product
     monkeypatch.setattr(prefetch, "product", lambda x, w, b=None, **k: run(x, w, b, **k) * 1.5)
     assert why_no_prefetch.__wrapped__() == (
-        "the prefetch loop built here disagrees with the readable product (torch.float32, rows: 1)"
+        "the prefetch loop built here disagrees with the readable product (torch.float32, rows: 1, no bias)"
     )
+
+
+def test_a_probe_under_a_fake_mode_still_judges_the_loop_itself() -> None:
+    """The verdict is made on real CPU tensors whatever the caller's context: under a fake-tensor mode and
+    autocast it is the same one line ("" here), not an error raised on every call."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert why_no_prefetch.__wrapped__() == ""
+
+
+def test_a_compiled_graph_never_runs_a_loop_the_probe_set_aside(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer given the layout before the verdict (or unpickled) and then compiled: the graph's op finds the
+    verdict when it runs and multiplies by F.linear, never by the loop."""
+    layer = PrefetchLinear(16, 8).eval()
+    compiled = torch.compile(layer, backend="eager")
+    x = torch.randn(1, 16)
+
+    def refused(*args: object, **kwargs: object) -> torch.Tensor:
+        raise AssertionError("the loop ran")
+
+    monkeypatch.setattr(prefetch, "why_no_prefetch", lambda: "the prefetch loop built here disagrees (a test)")
+    monkeypatch.setattr(prefetch, "gemv", refused)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), F.linear(x, layer.weight, layer.bias), rtol=0, atol=0)
+
+
+def test_the_layouts_product_reads_views_as_their_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unchecked path the layout takes (counted): a weight that starts inside a larger storage, a strided
+    bias, and a negative view (memory that holds the values unnegated) give F.linear's numbers."""
+    calls = []
+    run = prefetch.product
+    monkeypatch.setattr(prefetch, "product", lambda *a, **k: calls.append(1) or run(*a, **k))
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(20, 16, generator=generator)[3:11]  # (8, 16), storage offset 48
+    bias = torch.randn(16, generator=generator)[::2]  # (8,), stride 2
+    x = torch.randn(1, 16, generator=generator)
+    with torch.no_grad():
+        for a, w in ((x, weight), (torch._neg_view(x), weight), (x, torch._neg_view(weight))):
+            torch.testing.assert_close(layout.prefetch_linear(a, w, bias), F.linear(a, w, bias), rtol=1e-5, atol=1e-5)
+    assert len(calls) == 3

@@ -148,8 +148,10 @@ def gemv(
 
 
 def _exporting() -> bool:
+    """Whether torch.export traces this call. A torch that cannot say (before 2.6) counts as exporting: its
+    compiled graphs get plain ops, never an attnlab op an exported program would need attnlab to run."""
     is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch 2.6 and later
-    return bool(is_exporting()) if is_exporting is not None else False
+    return bool(is_exporting()) if is_exporting is not None else True
 
 
 def _compiled(

@@ -86,14 +86,21 @@ def laid_out(weight: torch.Tensor, layout: Layout) -> torch.Tensor:
 
 
 def onednn_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether oneDNN's product may serve ``F.linear(x, weight, bias)``: plain inference on the CPU, float32 or
-    bfloat16 throughout. Anything that needs more than the forward values goes through ``F.linear``: a gradient
-    to any of the three (the op has no backward), forward-mode AD and torch.func transforms (their tensors are
-    wrapped or carry tangents), autocast (which would cast the inputs first), torch.compile (whose CPU backend
-    lowers the op only for frozen weights), tensor subclasses, and an empty inner dimension."""
+    """Whether oneDNN's product may serve ``F.linear(x, weight, bias)``: this build has it, and the call is
+    :func:`plain_inference`."""
+    return onednn_available() and plain_inference(x, weight, bias)
+
+
+def plain_inference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether ``F.linear(x, weight, bias)`` is plain inference on the CPU, float32 or bfloat16 throughout, which
+    a product without a backward (oneDNN's, the loops') may serve. Anything that needs more than the forward
+    values goes through ``F.linear``: a gradient to any of the three, forward-mode AD and torch.func transforms
+    (their tensors are wrapped or carry tangents), autocast (which would cast the inputs first), torch.compile
+    (whose CPU backend lowers oneDNN's op only for frozen weights; the layouts put their own ops in its graphs),
+    tensor subclasses, and an empty inner dimension."""
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor or x.device.type != "cpu":
         return False
-    if not onednn_available() or weight.dim() != 2 or x.shape[-1] != weight.shape[-1]:
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[-1]:
         return False  # F.linear's own error names mismatched shapes; oneDNN's does not
     if x.dtype not in ONEDNN_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return False
@@ -210,7 +217,7 @@ def prefetch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
             out = torch.ops.attnlab.prefetch_gemv(flat, weight, bias)  # (N, out)
             return out.reshape(*x.shape[:-1], weight.shape[0])  # (N, out) -> (B, T, out)
         return F.linear(x, weight, bias)
-    if same and onednn_applies(x, weight, bias) and prefetch_applies(flat, weight, bias):
+    if same and plain_inference(x, weight, bias) and prefetch_applies(flat, weight, bias):
         out = prefetch.product(flat, weight, bias)  # (N, out)
         return out.reshape(*x.shape[:-1], weight.shape[0])  # (N, out) -> (B, T, out)
     return onednn_linear(x, weight, bias)

@@ -21,7 +21,6 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -39,7 +38,12 @@ inline Vec widen(const T* p, int64_t count) {  // count values of T, as float32
   if constexpr (std::is_same_v<T, float>) {
     return Vec::loadu(p, count);
   } else {
-    return at::vec::convert<float>(at::vec::Vectorized<T>::loadu(p, count));
+    if (count == Vec::size()) {  // a whole vector: one load of exactly its values, widened
+      Vec out;
+      at::vec::load_fp32_from_bf16(p, out);
+      return out;
+    }
+    return at::vec::convert<float>(at::vec::Vectorized<T>::loadu(p, count));  // a tail, zero-filled past count
   }
 }
 
@@ -55,8 +59,9 @@ void product(const T* x, const T* w, const T* bias, T* out, int64_t d_out, int64
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t first = b * kRows;
     const int64_t rows = std::min(kRows, d_out - first);
-    // the block `ahead` blocks on, when it is whole; none past the weight's end (the block's own rows instead)
-    const bool has_next = ahead > 0 && first + (ahead + 1) * kRows <= d_out;
+    // the block `ahead` blocks on, when it is whole: ahead + 1 whole blocks from `first` (no product that
+    // could overflow); none past the weight's end
+    const bool has_next = ahead > 0 && ahead < (d_out - first) / kRows;
     const T* next = w + (has_next ? first + ahead * kRows : first) * d_in;
     Vec acc[N][kRows];
     for (int n = 0; n < N; ++n)

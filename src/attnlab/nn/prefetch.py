@@ -40,11 +40,13 @@ import functools
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from attnlab.nn.gemv import define_cpu_op, readable_gemv, refuse_gradient, traced
 
 ROWS = 2  # the most rows one call serves (the file's kernels are built for 1 and 2): a decode step's
-AHEAD = 1  # blocks of 4 rows ahead that a block asks for: the fastest of 1, 2 and 3 in docs/benchmarks.md
+AHEAD = 1  # blocks of 4 rows ahead that a block asks for: on the machine of docs/benchmarks.md, 1 streamed every
+# gpt2-small shape at least as fast as 2 and 3 did (a sweep run once while writing the loop, not kept)
 PREFETCH_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the weights it reads, by the code the file takes
 SOURCE = Path(__file__).with_name("prefetch.cpp")
 
@@ -77,6 +79,9 @@ def product(
 ) -> torch.Tensor:
     """:func:`gemv` without its checks, for a caller that has made them (:func:`prefetch_applies` and one dtype
     throughout): the C++ trusts shapes, dtypes, strides and devices, and reads memory by them."""
+    if x.is_neg() or weight.is_neg() or (bias is not None and bias.is_neg()):  # a negative view's memory holds
+        x, weight = x.resolve_neg(), weight.resolve_neg()  # its values unnegated: the values, copied (rare)
+        bias = None if bias is None else bias.resolve_neg()
     x = x.contiguous()
     dense = None if bias is None else bias.contiguous()
     out = x.new_empty(x.shape[0], weight.shape[0])  # (N, out)
@@ -122,8 +127,11 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ahe
             f"prefetch gemv reads a row-major weight, got strides {weight.stride()} for {tuple(weight.shape)}: "
             "set_layout('prefetch') stores it so (or pass weight.contiguous())"
         )
-    if ahead < 0:
-        raise ValueError(f"ahead counts blocks of rows to ask for ahead, 0 or more, got {ahead}")
+    if not 0 <= ahead <= weight.shape[0]:
+        raise ValueError(
+            f"ahead counts blocks of 4 rows to ask for ahead, from 0 to the weight's {weight.shape[0]} rows, got "
+            f"{ahead}"
+        )
 
 
 def prefetch_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -150,28 +158,46 @@ def prefetch_applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 @functools.cache
 def why_no_prefetch() -> str:
-    """Why prefetch.cpp cannot serve here, in one line; "" where it builds and agrees, on tiny products of
-    both dtypes, 1 and 2 rows, with and without a bias, with :func:`readable_gemv`. Tried once a process."""
-    generator = torch.Generator().manual_seed(0)
+    """Why prefetch.cpp cannot serve here, in one line; "" where it builds and agrees with :func:`readable_gemv`
+    on tiny products of both dtypes, 1 and 2 rows, with a bias and without. Tried once a process, on the CPU,
+    outside the caller's autocast and dispatch modes (a fake-tensor mode, a profiler of ops)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
     try:
         _library()
     except Exception as error:  # no C++ compiler, a torch without Inductor's code cache: the reason, in one line
-        first = (str(error).splitlines() or [""])[0][:200]
-        return f"the prefetch loop cannot be built here ({type(error).__name__}: {first})"
+        return f"the prefetch loop cannot be built here ({_one_line(error)})"
+    try:
+        with _disable_current_modes(), torch.autocast("cpu", enabled=False), torch.no_grad():
+            return _disagreement()
+    except Exception as error:  # a build that loads but cannot run
+        return f"the prefetch loop built here fails on a tiny product ({_one_line(error)})"
+
+
+def _one_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"
+
+
+def _disagreement() -> str:
+    """The first tiny product on which :func:`gemv` and :func:`readable_gemv` disagree, in words; "" for none."""
+    generator = torch.Generator().manual_seed(0)
     for dtype in PREFETCH_DTYPES:
-        weight = torch.randn(13, 37, generator=generator).to(dtype)  # odd widths: the vector and block tails
-        bias = torch.randn(13, generator=generator).to(dtype)
+        weight = torch.randn(13, 37, generator=generator, device="cpu").to(dtype)  # the vector and block tails
+        bias = torch.randn(13, generator=generator, device="cpu").to(dtype)
         for rows in range(1, ROWS + 1):
-            x = torch.randn(rows, 37, generator=generator).to(dtype)
-            with torch.no_grad():
-                got, want = gemv(x, weight, bias), readable_gemv(x, weight, None, bias)
-            if not torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2):
-                return f"the prefetch loop built here disagrees with the readable product ({dtype}, rows: {rows})"
+            x = torch.randn(rows, 37, generator=generator, device="cpu").to(dtype)
+            for given in (None, bias):
+                got, want = gemv(x, weight, given), readable_gemv(x, weight, None, given)
+                if not torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2):
+                    with_bias = "with a bias" if given is not None else "no bias"
+                    return f"the prefetch loop built here disagrees with the readable product ({dtype}, rows: {rows}, {with_bias})"
     return ""
 
 
 def _prefetch_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return gemv(x, weight, bias)  # checked: a graph's call is rare next to an eager step's, and a bad one reads memory
+    if why_no_prefetch():  # a layer given the layout before the verdict, or unpickled: never the loop set aside
+        return F.linear(x, weight, bias)
+    return gemv(x, weight, bias)  # checked: a bad call would read memory wrongly
 
 
 def _prefetch_op_shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
