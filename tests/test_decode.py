@@ -146,6 +146,21 @@ def test_sampling_is_checked_once_and_names_the_value() -> None:
     assert Sampling(temperature=1e-46).greedy and not Sampling(temperature=0.5).greedy
 
 
+def test_a_greedy_draw_is_argmaxs_first_index_of_a_tie_and_of_a_nan() -> None:
+    """Greedy draws by max's kernel: every row's token is what argmax gives, on rows full of ties (the first of
+    them), with a NaN (argmax takes it), all -inf, and in float32, bfloat16 and float16, vocabularies up to
+    gpt2's."""
+    generator = torch.Generator().manual_seed(0)
+    for trial, dtype in enumerate([torch.float32, torch.bfloat16, torch.float16] * 4):
+        width = [5, 999, 50257][trial % 3]
+        logits = torch.randint(-2, 2, (4, width), generator=generator).to(dtype)  # many tied maxima a row
+        logits[1, width // 2] = float("nan")
+        logits[2].fill_(float("-inf"))
+        got = Sampling().draw(logits)
+        assert got.shape == (4, 1) and torch.equal(got[:, 0], logits.argmax(dim=-1)), (dtype, width)
+        assert got[0, 0] == (logits[0] == logits[0].max()).nonzero()[0, 0]  # the first of the ties, counted
+
+
 def test_sampled_generation_draws_through_sampling_with_its_generator() -> None:
     """The same generator seed gives the same tokens; another seed other tokens (the draw is Sampling's)."""
     m, ids = model(), torch.tensor([prompt(8)])

@@ -111,14 +111,15 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ahe
         )
     if not 1 <= x.shape[0] <= ROWS:
         raise ValueError(f"prefetch gemv serves 1 to {ROWS} rows (a decode step), got {x.shape[0]}: use F.linear")
-    given = [("x", x), ("weight", weight), *([("bias", bias)] if bias is not None else [])]
-    dtypes = {name: t.dtype for name, t in given}
-    if weight.dtype not in PREFETCH_DTYPES or len(set(dtypes.values())) != 1:
+    given = (x, weight) if bias is None else (x, weight, bias)  # named only in a message (x, weight, bias)
+    dtype = weight.dtype
+    if dtype not in PREFETCH_DTYPES or x.dtype != dtype or (bias is not None and bias.dtype != dtype):
+        dtypes = {name: t.dtype for name, t in zip(("x", "weight", "bias"), given, strict=False)}
         raise TypeError(
             f"prefetch gemv takes x, weight and bias all float32 or all bfloat16, got {dtypes}: convert them"
         )
-    devices = {name: t.device.type for name, t in given}
-    if set(devices.values()) != {"cpu"}:
+    if any(t.device.type != "cpu" for t in given):
+        devices = {name: t.device.type for name, t in zip(("x", "weight", "bias"), given, strict=False)}
         raise ValueError(f"prefetch gemv runs on the CPU, got {devices}: call .cpu() first, or use F.linear")
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ValueError(f"prefetch gemv's bias must be ({weight.shape[0]},), got {tuple(bias.shape)}")

@@ -67,8 +67,8 @@ class Sampling:
 
     def draw(self, logits: torch.Tensor) -> torch.Tensor:
         """The next token (B, 1) of each row, from the last position's logits (B, V)."""
-        if self.greedy:
-            return logits.argmax(dim=-1, keepdim=True)
+        if self.greedy:  # the argmax, the first index of a tie as argmax gives it, by max's faster CPU kernel
+            return logits.max(dim=-1, keepdim=True).indices
         return torch.multinomial(self.probabilities(logits), 1, generator=self.generator)
 
     def guess(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
