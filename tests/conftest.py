@@ -58,3 +58,17 @@ def small(**overrides: object) -> object:
     values: dict = dict(vocab_size=256, context_length=64, emb_dim=64, n_heads=4, n_kv_heads=2, n_layers=2)
     values |= dict(rope=True, drop_rate=0.0)
     return GPTConfig(**{**values, **overrides})
+
+
+def compiled_op_calls(model: object, op: str, idx: object) -> tuple[int, object, object]:
+    """How many times a compiled decode step called ``op`` over 6 new tokens (the step compiled first, then a
+    second call profiled: 5 decode steps, the prompt's pass drawing the first token), with its tokens and the
+    eager tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    eager = model.generate(idx, 6)  # type: ignore[attr-defined]
+    model.generate(idx, 6, compile=True)  # type: ignore[attr-defined]  # compiles the step
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        compiled = model.generate(idx, 6, compile=True)  # type: ignore[attr-defined]
+    count = {e.key: e.count for e in prof.key_averages()}
+    return count.get(op, 0), compiled, eager

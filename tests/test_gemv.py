@@ -104,19 +104,6 @@ def test_a_gradient_through_gemv_itself_is_kept() -> None:
     torch.testing.assert_close(x.grad, weight.sum(0, keepdim=True))
 
 
-def test_a_tracer_records_the_plain_product() -> None:
-    """Under a tracer (make_fx here, a dispatch mode as torch.export's is) the compiled kernel would run unseen and
-    its output be baked in as a constant: the layout hands the tracer plain ops, so the graph follows new inputs."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    layer = GemvLinear(16, 8).eval()
-    layer.requires_grad_(False)
-    with torch.no_grad():
-        graph = make_fx(layer)(torch.randn(1, 16))
-        x = torch.randn(1, 16)
-        torch.testing.assert_close(graph(x), F.linear(x, layer.weight, layer.bias))
-
-
 def small() -> GPT:
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=96, context_length=32, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0)

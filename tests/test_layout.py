@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnlab.models import GPT, GPTConfig
 from attnlab.nn import layout
-from attnlab.nn.layout import LAYOUTS, OneDNNLinear, onednn_available
+from attnlab.nn.layout import LAYOUTS, GemvLinear, OneDNNLinear, PrefetchLinear, onednn_available
 
 needs_onednn = pytest.mark.skipif(
     not onednn_available() and __import__("os").environ.get("CI") != "true",
@@ -137,7 +138,7 @@ def test_onednn_leaves_training_to_f_linear_and_its_gradients_exact() -> None:
     idx = torch.randint(0, 96, (2, 10), generator=torch.Generator().manual_seed(2))
     for model in (plain, fast):
         model.train()
-        torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten()).backward()
+        F.cross_entropy(model(idx).flatten(0, 1), idx.flatten()).backward()
     for (name, a), b in zip(plain.named_parameters(), fast.parameters(), strict=True):
         assert a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad), name
 
@@ -164,7 +165,6 @@ def test_onednn_hands_anything_beyond_plain_inference_to_f_linear() -> None:
     """Each case where oneDNN's op would be wrong or lose a gradient, against F.linear: a bias that alone trains,
     a strided bias, autocast, forward-mode AD, an empty inner dimension."""
     import torch.autograd.forward_ad as fwAD
-    import torch.nn.functional as F
 
     from attnlab.nn.layout import onednn_linear
 
@@ -182,3 +182,18 @@ def test_onednn_hands_anything_beyond_plain_inference_to_f_linear() -> None:
     assert tangent is not None
     torch.testing.assert_close(tangent, ones @ w.T)
     assert onednn_linear(torch.randn(3, 0), torch.randn(5, 0)).shape == (3, 5)
+
+
+@pytest.mark.parametrize("linear", [GemvLinear, PrefetchLinear])
+def test_a_tracer_records_the_plain_product_of_a_loop_layout(linear: type[torch.nn.Linear]) -> None:
+    """Under make_fx (a dispatch mode, as torch.export's is) a loop compiled apart from the graph (gemv's kernel,
+    prefetch's C++) would run unseen and its output be baked in as a constant: the layout hands the tracer plain
+    ops, so the graph follows new inputs."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    layer = linear(16, 8).eval()
+    layer.requires_grad_(False)
+    with torch.no_grad():
+        graph = make_fx(layer)(torch.randn(1, 16))
+        x = torch.randn(1, 16)
+        torch.testing.assert_close(graph(x), F.linear(x, layer.weight, layer.bias))

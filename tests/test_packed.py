@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from attnlab.models import GPT, GPTConfig
 from attnlab.nn import layout, packed
 from attnlab.nn.layout import LAYOUTS, PackedLinear
+from conftest import compiled_op_calls
 
 if "packed" not in LAYOUTS and os.environ.get("CI") != "true":  # under CI=true the tests run, and fail
     pytest.skip("this PyTorch build cannot reorder weights for oneDNN", allow_module_level=True)
@@ -225,16 +226,10 @@ def test_a_compiled_step_calls_one_op_per_product_and_follows_an_edit(packs: lis
     """Under generate(compile=True) each of a step's 9 products is the op attnlab::packed_linear, which finds
     the copy when it runs: the eager tokens, and after an edit in place the edited model's tokens, with no
     copy from the time the step was traced (against the readable product's tokens)."""
-    from torch.profiler import ProfilerActivity, profile
-
     model, plain = small(), small()
     model.set_layout("packed")
-    eager = model.generate(IDX, 6)
-    model.generate(IDX, 6, compile=True)  # compiles the step
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        compiled = model.generate(IDX, 6, compile=True)
-    count = {e.key: e.count for e in prof.key_averages()}
-    assert count.get("attnlab::packed_linear", 0) == 9 * 5  # 5 decode steps: the prompt's pass draws the first
+    calls, compiled, eager = compiled_op_calls(model, "attnlab::packed_linear", IDX)
+    assert calls == 9 * 5  # 5 decode steps: the prompt's pass draws the first token
     assert torch.equal(compiled, eager)
     assert len(packs) == 9  # set_layout's: the compiled steps read those copies
     with torch.no_grad():

@@ -20,6 +20,7 @@ from attnlab.nn import layout, prefetch
 from attnlab.nn.gemv import readable_gemv
 from attnlab.nn.layout import PrefetchLinear
 from attnlab.nn.prefetch import ROWS, why_no_prefetch
+from conftest import compiled_op_calls
 
 if why_no_prefetch() and os.environ.get("CI") != "true":  # under CI=true the tests run, and fail
     pytest.skip(f"no prefetch loop here: {why_no_prefetch()}", allow_module_level=True)
@@ -164,19 +165,6 @@ def test_a_gradient_goes_through_f_linear_and_stays_exact() -> None:
         assert a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad), name
 
 
-def test_a_tracer_records_the_plain_product() -> None:
-    """Under make_fx (a dispatch mode, as torch.export's is) the C++ would run unseen and its output be baked in
-    as a constant: the layout hands the tracer plain ops, so the graph follows new inputs."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    layer = PrefetchLinear(16, 8).eval()
-    layer.requires_grad_(False)
-    with torch.no_grad():
-        graph = make_fx(layer)(torch.randn(1, 16))
-        x = torch.randn(1, 16)
-        torch.testing.assert_close(graph(x), F.linear(x, layer.weight, layer.bias))
-
-
 def test_the_op_a_graph_calls_passes_torchs_own_checks() -> None:
     """attnlab::prefetch_gemv under torch.library.opcheck: its schema, its fake against what the loop returns, and
     how it dispatches; both dtypes, with a bias and without."""
@@ -191,16 +179,10 @@ def test_the_op_a_graph_calls_passes_torchs_own_checks() -> None:
 def test_a_compiled_step_calls_the_loop_as_one_op_for_each_product() -> None:
     """Under generate(compile=True) each of a step's 9 products is the op attnlab::prefetch_gemv, which the graph
     calls without looking inside; the compiled step keeps the eager tokens."""
-    from torch.profiler import ProfilerActivity, profile
-
     model = small()
     model.set_layout("prefetch")
-    eager = model.generate(IDX, 6)
-    model.generate(IDX, 6, compile=True)  # compiles the step
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        compiled = model.generate(IDX, 6, compile=True)
-    count = {e.key: e.count for e in prof.key_averages()}
-    assert count.get("attnlab::prefetch_gemv", 0) == 9 * 5  # 5 decode steps: the prompt's pass draws the first token
+    calls, compiled, eager = compiled_op_calls(model, "attnlab::prefetch_gemv", IDX)
+    assert calls == 9 * 5  # 5 decode steps: the prompt's pass draws the first token
     assert torch.equal(compiled, eager)
 
 
