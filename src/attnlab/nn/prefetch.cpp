@@ -7,8 +7,8 @@
 // Shapes: N = rows of x (1 or 2), d_in, d_out = the weight's features; w (d_out, d_in) row-major.
 //
 // Why it exists: a decode step streams every weight once, and on the machine of docs/benchmarks.md the
-// library kernels (PyTorch's BLAS, oneDNN, the loop Inductor writes) read a bfloat16 weight at 60-70% of
-// memory's rate, while they read a float32 one at nearly all of it. Widening bfloat16 costs instructions per
+// library kernels (PyTorch's BLAS, oneDNN, the loop Inductor writes) read a bfloat16 weight well below
+// memory's rate (benchmarks/stream_rates.py), while they read a float32 one at nearly all of it. Widening bfloat16 costs instructions per
 // cache line, so fewer of the weight's lines are in flight at once, and the hardware's prefetchers do not
 // make up for it on rows this short. Here each block of rows, while it is summed, asks for the matching
 // line of the next block (`ahead` blocks on), so the memory system works on the next lines whatever the
