@@ -34,7 +34,7 @@ weight before it reads them, and more rows, a prompt's, by oneDNN. It
 needs torch.compile's C++ toolchain here.
 
 :func:`fastest_layout` times every layout on weights that together exceed
-the caches (256 MB, cycled), as decoding meets them, the layouts taking
+most CPUs' caches (256 MB, cycled), as decoding meets them, the layouts taking
 turns, and keeps the answer for the process. :func:`set_layout` re-stores a
 module's ``nn.Linear`` weights in place.
 """
@@ -75,7 +75,7 @@ LAYOUTS: tuple[Layout, ...] = (
 )
 _CHOSEN: dict[tuple[int, int, torch.dtype], Layout] = {}
 Name = TypeVar("Name", bound=str)  # what interleaved_seconds' callers name their calls by: a layout, a kernel
-STREAM_BYTES = 256 * 2**20  # more than any CPU cache: the weights stream from memory, as a decode step's do
+STREAM_BYTES = 256 * 2**20  # more than most CPUs' caches (not all: docs/benchmarks.md's has 480 MiB of L3, shared)
 
 
 def laid_out(weight: torch.Tensor, layout: Layout) -> torch.Tensor:
