@@ -65,6 +65,24 @@ def test_a_prefetch_changes_no_number_and_a_row_never_depends_on_the_other(dtype
     assert torch.equal(torch.cat([prefetch.gemv(x[:1], weight, bias), prefetch.gemv(x[1:], weight, bias)]), want)
 
 
+def test_the_built_loop_asks_memory_ahead() -> None:
+    """The technique itself, which no number shows (a prefetch changes none) and only a benchmark times: the
+    library built from prefetch.cpp holds prefetch instructions (x86's prefetch*, Arm's prfm), read off its
+    disassembly by binutils' objdump. Without the C++'s __builtin_prefetch, it holds none."""
+    import shutil
+    import subprocess
+
+    objdump = shutil.which("objdump")
+    if objdump is None and os.environ.get("CI") != "true":  # under CI=true the test runs, and fails
+        pytest.skip("no objdump (binutils) to read the built loop")
+    assert objdump is not None, "objdump (binutils) is missing: install binutils, which gcc brings"
+    listing = subprocess.run(
+        [objdump, "-d", "--no-show-raw-insn", prefetch._library()._name], capture_output=True, text=True, check=True
+    ).stdout
+    asks = [line for line in listing.splitlines() if line.split("\t")[-1].startswith(("prefetch", "prfm"))]
+    assert asks, "the built loop holds no prefetch instruction"
+
+
 def test_what_the_c_plus_plus_would_read_wrongly_is_refused_by_name() -> None:
     """The C++ trusts shapes, dtypes, strides and devices: each mismatch is a clear error before it runs."""
     w, x = torch.randn(8, 16), torch.randn(1, 16)
