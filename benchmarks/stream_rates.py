@@ -33,7 +33,7 @@ import torch
 
 from _timing import NOISY
 from attnlab.nn import prefetch
-from attnlab.nn.layout import STREAM_BYTES, interleaved_seconds, stream_rates
+from attnlab.nn.layout import interleaved_seconds, stream_copies, stream_rates
 from attnlab.nn.quantized import int8_stream_rates
 
 GPT2_SMALL = ((768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50257))  # (d_in, d_out)
@@ -42,11 +42,11 @@ FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def prefetch_effect(d_in: int, d_out: int, dtype: torch.dtype, repeats: int) -> dict[str, float]:
     """GB/s of the prefetch loop with ``ahead`` blocks asked for ahead and with none, on the same copies of the
-    weight (as many as ``stream_rates`` cycles through), the two taking turns; {} where the loop cannot run."""
+    weight (as many as ``stream_rates`` cycles through: ``stream_copies``), the two taking turns; {} where the
+    loop cannot run."""
     if prefetch.why_no_prefetch():
         return {}
-    size = d_in * d_out * torch.finfo(dtype).bits // 8
-    copies = min(64, max(1, -(-STREAM_BYTES // size)))
+    size, copies = stream_copies(d_in, d_out, dtype)
     x = torch.randn(1, d_in, dtype=dtype)
     weights = [torch.randn(d_out, d_in, dtype=dtype) for _ in range(copies)]
     calls: dict[str, list[Callable[[], object]]] = {

@@ -258,8 +258,7 @@ def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, r
     small weight stays in cache, as it does decoding), the layouts' passes interleaved, so that a machine that
     slows down or speeds up midway favours none. The layouts that keep rows share one set of copies; the
     columns and the packed copies are a set each (three sets at most)."""
-    size = d_in * d_out * torch.finfo(dtype).bits // 8
-    copies = min(64, max(1, -(-STREAM_BYTES // size)))
+    size, copies = stream_copies(d_in, d_out, dtype)
     x = torch.randn(1, d_in, dtype=dtype)
     layouts = [layout for layout in LAYOUTS if offered(layout, dtype)]
     with torch.no_grad():
@@ -273,6 +272,13 @@ def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, r
         for w in rows:
             packed.forget(w)
     return {layout: copies * size / seconds[layout] / 1e9 for layout in layouts}
+
+
+def stream_copies(d_in: int, d_out: int, dtype: torch.dtype) -> tuple[int, int]:
+    """A (d_out, d_in) ``dtype`` weight's bytes, and how many copies of it a stream probe cycles through: enough
+    to exceed :data:`STREAM_BYTES`, at most 64 (a small weight stays in cache, as it does decoding)."""
+    size = d_in * d_out * torch.finfo(dtype).bits // 8
+    return size, min(64, max(1, -(-STREAM_BYTES // size)))
 
 
 def interleaved_seconds(calls: dict[Name, list[Callable[[], object]]], repeats: int) -> dict[Name, float]:
