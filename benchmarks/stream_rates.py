@@ -31,6 +31,7 @@ from functools import partial
 
 import torch
 
+from _runs import exit_with
 from _timing import NOISY
 from attnlab.nn import prefetch
 from attnlab.nn.layout import interleaved_seconds, stream_copies, stream_rates
@@ -102,4 +103,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_with(main)  # Ctrl-C: one line and 130 (the figures print only when every round has run)
