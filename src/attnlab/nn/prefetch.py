@@ -13,8 +13,9 @@ it reads half the bytes.
 
 ``prefetch.cpp`` is the product written with the cure: it sums the weight
 four rows at a time, and while it sums a block it asks for the matching
-cache line of the next block (``__builtin_prefetch``), so memory works on
-the next lines whatever the arithmetic costs. It widens to float32 and sums
+cache line of the next block into the first-level cache and of a block
+further on into the second-level one (``__builtin_prefetch``), so memory
+works on the next lines whatever the arithmetic costs. It widens to float32 and sums
 in float32 as :func:`attnlab.nn.gemv.readable_gemv`, the readable path it is
 tested against, does; the two differ by float rounding, the order of the
 sum. A row's numbers never depend on the other row of the call (tested
