@@ -68,7 +68,8 @@ def test_a_prefetch_changes_no_number_and_a_row_never_depends_on_the_other(dtype
 def test_the_built_loop_asks_memory_ahead() -> None:
     """The technique itself, which no number shows (a prefetch changes none) and only a benchmark times: the
     library built from prefetch.cpp holds prefetch instructions (x86's prefetch*, Arm's prfm), read off its
-    disassembly by binutils' objdump. Without the C++'s __builtin_prefetch, it holds none."""
+    disassembly by binutils' objdump, at both cache levels it asks for. Without the C++'s __builtin_prefetch, it
+    holds none."""
     import shutil
     import subprocess
 
@@ -79,8 +80,14 @@ def test_the_built_loop_asks_memory_ahead() -> None:
     listing = subprocess.run(
         [objdump, "-d", "--no-show-raw-insn", prefetch._library()._name], capture_output=True, text=True, check=True
     ).stdout
-    asks = [line for line in listing.splitlines() if line.split("\t")[-1].startswith(("prefetch", "prfm"))]
+    asks = [line.split("\t")[-1] for line in listing.splitlines()]
+    asks = [ask for ask in asks if ask.startswith(("prefetch", "prfm"))]
     assert asks, "the built loop holds no prefetch instruction"
+    # the two levels: the next block into the first-level cache, the one further on into the second (x86's
+    # prefetcht0 and prefetcht1 or t2 (GCC's locality 1), Arm's pldl1 and pldl2 or pldl3)
+    assert any(ask.startswith("prefetcht0") or "pldl1" in ask for ask in asks), f"no first-level ask: {asks}"
+    far = ("prefetcht1", "prefetcht2", "pldl2", "pldl3")
+    assert any(level in ask for ask in asks for level in far), f"no second-level ask: {asks}"
 
 
 def test_what_the_c_plus_plus_would_read_wrongly_is_refused_by_name() -> None:
