@@ -516,9 +516,9 @@ def verdicts(result: dict[str, Any]) -> list[str]:
             margin, wide = abs(ratio / target - 1), max(a[spread], b[spread])
             if margin < wide:
                 verdict += f" (by {margin:.0%}, inside the rows' {wide:.0%} spread: another run may say otherwise)"
-            if ratio < target and not prefill and "floor_fraction" in a:  # how far: the target in floor terms
-                needed = a["floor_fraction"] * target / ratio
-                verdict += f"; it asks {ours} for {needed:.0%} of the floor, where it runs at {a['floor_fraction']:.0%}"
+            if 0 < ratio < target and not prefill and "floor_fraction" in a:  # how far: the target in floor terms
+                needed = a["floor_fraction"] * target / ratio  # of the row's own floor (its own bytes a step)
+                verdict += f"; it asks {ours} for {needed:.0%} of its floor, where it runs at {a['floor_fraction']:.0%}"
         return f"{what} ({ours} against {theirs}): {ratio:.2f}x, target {target:g}x: {verdict}"
 
     eager = best("attnlab float32", "attnlab float32 layout-auto")

@@ -130,7 +130,7 @@ def test_the_targets_are_judged_from_the_rows_and_the_noise_rule() -> None:
     result["rows"].append(row("attnlab float32 compiled", 30.0) | {"floor_fraction": 0.6})
     assert engines.verdicts(result)[4] == (  # 1.3x the peer's 40 tok/s is 52, 0.6 * 52 / 30 of the floor
         "float32 compiled decode (attnlab float32 compiled against ctranslate2 float32): 0.75x, target 1.3x: not "
-        "met; it asks attnlab float32 compiled for 104% of the floor, where it runs at 60%"
+        "met; it asks attnlab float32 compiled for 104% of its floor, where it runs at 60%"
     )
     names = ("int8", "int8 batch 8", "float32 layout-auto", "int8 static batch 32")
     assert [engines.batch_of(p) for p in names] == [1, 8, 1, 32]

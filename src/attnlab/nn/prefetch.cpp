@@ -1,5 +1,5 @@
-// One or two tokens' product with a weight, read row block by row block, each block's next one asked for
-// ahead of time (issue 37; attnlab/nn/prefetch.py builds this file with torch.compile's C++ toolchain and
+// One or two tokens' product with a weight, read row block by row block, the blocks ahead asked for while
+// one is summed (issue 37; attnlab/nn/prefetch.py builds this file with torch.compile's C++ toolchain and
 // calls it).
 //
 //     out[n, o] = sum_i float(x[n, i]) * float(w[o, i])  (+ float(bias[o])), in float32, then x's dtype
@@ -12,7 +12,8 @@
 // cache line, so fewer of the weight's lines are in flight at once, and the hardware's prefetchers do not
 // make up for it on rows this short. Here each block of rows, while it is summed, asks for the matching
 // line of the next block (`ahead` blocks on) into the first-level cache, and for the line of the block
-// kFar blocks further on into the second-level cache, so the memory system works on the next lines
+// kFar blocks further on into the outer caches (locality 1: x86's prefetcht2, which recent Intel
+// cores fill into the second level; Arm's pldl3keep), so the memory system works on the next lines
 // whatever the arithmetic costs. The sums are the same as without it: a prefetch changes no value.
 //
 // A row of x is summed the same way whether it comes alone or with another: its numbers never depend on
@@ -33,9 +34,9 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kRows = 4;   // weight rows summed together: four streams, one x vector loaded for all
 constexpr int64_t kLine = 64;  // bytes in a cache line, the unit a prefetch asks for
-// blocks beyond `ahead` whose lines go to the second-level cache: on the machine of docs/benchmarks.md, asking
-// for the next block into the first level and the one after kFar more into the second read bfloat16 about
-// 10% faster than the first level alone, and float32 at the same rate (a sweep of 1, 2, 4 and 8, not kept)
+// blocks beyond `ahead` whose lines go to the outer caches: on the machine of docs/benchmarks.md, asking for
+// the next block into the first level and the one kFar further into the outer levels read bfloat16 about 10%
+// faster than the first level alone, and float32 at the same rate (kFar of 1, 2, 4 and 8 swept; not kept)
 constexpr int64_t kFar = 2;
 
 template <typename T>
@@ -79,7 +80,7 @@ void product(const T* x, const T* w, const T* bias, T* out, int64_t d_out, int64
       if (has_next && i % per_line == 0)
         for (int64_t r = 0; r < kRows; ++r) __builtin_prefetch(next + r * d_in + i, 0, 3);  // first level
       if (has_far && i % per_line == 0)
-        for (int64_t r = 0; r < kRows; ++r) __builtin_prefetch(far + r * d_in + i, 0, 1);  // second level
+        for (int64_t r = 0; r < kRows; ++r) __builtin_prefetch(far + r * d_in + i, 0, 1);  // outer levels
       for (int64_t r = 0; r < rows; ++r) {
         const Vec wv = widen(w + (first + r) * d_in + i, count);
         for (int n = 0; n < N; ++n) acc[n][r] = at::vec::fmadd(wv, Vec::loadu(xf.data() + n * d_in + i, count), acc[n][r]);

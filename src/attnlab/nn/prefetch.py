@@ -5,7 +5,7 @@ A decode step reads every weight once, so it runs at the rate the weights
 stream from memory. On the machine of ``docs/benchmarks.md`` the library
 kernels read a float32 weight at nearly memory's rate, but a bfloat16 one well
 below it (``benchmarks/stream_rates.py``; in the run quoted there, the best of
-them per shape at 0.49x to 0.68x float32's rate): widening bfloat16 to float32
+them per shape at 0.49x to 0.67x float32's rate): widening bfloat16 to float32
 costs instructions for every cache line, fewer of the weight's lines are in
 flight at a time, and on rows of 768 numbers the CPU's own prefetchers do
 not make up for it. bfloat16 then decodes little faster than float32 though
@@ -14,9 +14,9 @@ it reads half the bytes.
 ``prefetch.cpp`` is the product written with the cure: it sums the weight
 four rows at a time, and while it sums a block it asks for the matching
 cache line of the next block into the first-level cache and of a block
-further on into the second-level one (``__builtin_prefetch``), so memory
-works on the next lines whatever the arithmetic costs. It widens to float32 and sums
-in float32 as :func:`attnlab.nn.gemv.readable_gemv`, the readable path it is
+further on into the outer ones (``__builtin_prefetch``), so memory works
+on the next lines whatever the arithmetic costs. It widens to float32 and
+sums in float32 as :func:`attnlab.nn.gemv.readable_gemv`, the readable path it is
 tested against, does; the two differ by float rounding, the order of the
 sum. A row's numbers never depend on the other row of the call (tested
 bitwise). ``ahead=0`` asks for nothing ahead: the same numbers, for the
@@ -48,7 +48,8 @@ from attnlab.nn.gemv import define_cpu_op, readable_gemv, refuse_gradient, trace
 
 ROWS = 2  # the most rows one call serves (the file's kernels are built for 1 and 2): a decode step's
 AHEAD = 1  # blocks of 4 rows ahead that a block asks for: on the machine of docs/benchmarks.md, 1 streamed every
-# gpt2-small shape at least as fast as 2 and 3 did (a sweep run once while writing the loop, not kept)
+# gpt2-small shape at least as fast as 2 and 3 did (a sweep run once while writing the loop, not kept; 1, 2 and 4
+# again once the loop also asked kFar blocks further into the outer caches)
 PREFETCH_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the weights it reads, by the code the file takes
 SOURCE = Path(__file__).with_name("prefetch.cpp")
 
