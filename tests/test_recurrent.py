@@ -131,6 +131,57 @@ def test_the_delta_rule_equals_transformers_qwen3_next_reference() -> None:
         torch.testing.assert_close(end.double(), state, rtol=0, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers' own deprecations, if any, on import
+@pytest.mark.parametrize("form", ["chunked", "recurrent"])
+def test_gated_deltanet_is_qwen3_next_parts_fed_from_its_own_weights(form: str) -> None:
+    """The layer against transformers' Qwen3-Next parts, fed from the layer's own projection weights: its gates
+    written out here as Qwen3NextGatedDeltaNet computes them, the core by transformers' gated delta rule (which
+    L2-norms q and k and scales q by 1/sqrt(Dk) itself), the output by Qwen3NextRMSNormGated, then out_proj.
+    Qwen3-Next's short convolution is the one part this layer leaves out, so it is left out here too. The core is
+    also read where it enters the norm: the norm would hide a query scaled wrongly (RMSNorm undoes any scale)."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as ref
+
+    b, t, e, h, d = 2, 9, 16, 2, 8
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(d_in=e, num_heads=h, head_dim=d, form=form, chunk_size=4).double()
+    x = torch.randn(b, t, e, dtype=torch.float64)
+    w_query, w_key, w_value = layer.qkv.weight.chunk(3)  # (H * D, E) each
+    q, k, v = ((x @ w.T).view(b, t, h, d) for w in (w_query, w_key, w_value))  # (B, T, H, D), as Qwen3-Next
+    g = -layer.A_log.exp() * F.softplus(x @ layer.a_proj.weight.T + layer.dt_bias)  # (B, T, H)
+    beta = torch.sigmoid(x @ layer.b_proj.weight.T)  # (B, T, H)
+    core, _ = ref.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, chunk_size=4, use_qk_l2norm_in_kernel=True)
+    z = (x @ layer.z_proj.weight.T).view(b, t, h, d)  # (B, T, H, D)
+    gated_norm = ref.Qwen3NextRMSNormGated(d, eps=1e-6).double()  # the layer's norm_eps
+    expected = layer.out_proj(gated_norm(core.double(), z).reshape(b, t, h * d))  # (B, T, E)
+    seen: list[torch.Tensor] = []
+    hook = layer.norm.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    with torch.no_grad():
+        out = layer(x)
+    hook.remove()
+    torch.testing.assert_close(seen[0], core.transpose(1, 2).double(), rtol=0, atol=1e-5)  # (B, H, T, D)
+    torch.testing.assert_close(out, expected.detach(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["recurrent", "parallel", "chunked"])
+def test_the_linear_attention_layer_is_the_formula_fed_from_its_own_weights(form: str) -> None:
+    """The layer against Katharopoulos et al.'s formula written out here from its own weights, phi = elu + 1:
+    out_t = sum_{s<=t} (phi(q_t) . phi(k_s)) v_s / sum_{s<=t} phi(q_t) . phi(k_s) per head, heads joined, out_proj."""
+    b, t, e, h, d = 2, 7, 12, 3, 4
+    torch.manual_seed(1)
+    layer = LinearAttention(d_in=e, num_heads=h, form=form, chunk_size=3).double()
+    x = torch.randn(b, t, e, dtype=torch.float64)
+    w_query, w_key, w_value = layer.qkv.weight.chunk(3)  # (H * D, E) each
+    q, k, v = ((x @ w.T).view(b, t, h, d) for w in (w_query, w_key, w_value))  # (B, T, H, D)
+    q, k = F.elu(q) + 1, F.elu(k) + 1
+    heads = torch.empty(b, t, h, d, dtype=torch.float64)
+    for i in range(t):
+        w = (q[:, i : i + 1] * k[:, : i + 1]).sum(-1)  # (B, i + 1, H): phi(q_i) . phi(k_s)
+        heads[:, i] = (w[..., None] * v[:, : i + 1]).sum(1) / w.sum(1)[..., None]
+    expected = heads.reshape(b, t, h * d) @ layer.out_proj.weight.T + layer.out_proj.bias  # (B, T, E)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), expected, rtol=0, atol=1e-12)
+
+
 def test_the_delta_rule_overwrites_what_a_key_held_where_linear_attention_adds() -> None:
     """Write v1 then v2 under one key, beta = 1 and no decay: the delta rule reads back v2 (the error is written,
     so v1 is replaced), linear attention the mean of the two. Without the delta term it would read v1 + v2."""

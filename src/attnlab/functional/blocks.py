@@ -52,8 +52,11 @@ class Running:
         """(out (B, H, Tq, Dv) = acc / l, lse (B, H, Tq) = m + log(l)), in the state's dtype; a row that saw
         nothing: out 0, lse +inf."""
         dead = self.row_sum == 0
-        out = self.acc / torch.where(dead, torch.ones_like(self.row_sum), self.row_sum)[..., None]
-        lse = torch.where(dead, torch.full_like(self.row_sum, float("inf")), _finite(self.row_max) + self.row_sum.log())
+        # l's 0s become 1 before dividing and before the log, not after: under autograd a where() after them
+        # would still send its zero gradient through 1 / l and d log(l) = 1 / l, and 0 * inf is NaN
+        row_sum = torch.where(dead, torch.ones_like(self.row_sum), self.row_sum)
+        out = self.acc / row_sum[..., None]
+        lse = torch.where(dead, torch.full_like(row_sum, float("inf")), _finite(self.row_max) + row_sum.log())
         return out, lse
 
 

@@ -6,7 +6,7 @@ can be kept as one matrix per head, however long the text:
 
     S_t = S_{t-1} + phi(k_t) v_t^T          (Dk, Dv): the state
     z_t = z_{t-1} + phi(k_t)                (Dk,):    the normalizer
-    o_t = S_t^T phi(q_t) / (z_t . phi(q_t))
+    o_t = S_t^T phi(q_t) / (z_t . phi(q_t))    (0 while z_t = 0: nothing written yet)
 
 The gated delta rule (Gated DeltaNet, Yang et al., 2024; Qwen3-Next's linear layers) writes to the state
 like a learner: it decays the state by a_t = exp(g_t), reads what the state already predicts for k_t, and
@@ -44,8 +44,17 @@ Forms = ("recurrent", "parallel", "chunked")
 
 
 def feature_map(x: torch.Tensor) -> torch.Tensor:
-    """phi(x) = elu(x) + 1: positive, so the normalizer z_t . phi(q_t) is never 0 (Katharopoulos et al.)."""
+    """phi(x) = elu(x) + 1: positive, so the normalizer z_t . phi(q_t) is 0 only where nothing has been written
+    yet (left padding, whose phi(k) is zeroed; :func:`linear_attention` gives such a row 0)."""
     return F.elu(x) + 1
+
+
+def _normalized(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num / den, and 0 on a row whose den is 0 (nothing written before it). The 0s are replaced by 1 before the
+    division, not the quotient after it: a NaN row set to 0 afterwards still sends its zero gradient through
+    d(num / den) = 1 / den = inf, and 0 * inf is NaN in every weight it reaches."""
+    empty = den == 0
+    return (num / den.masked_fill(empty, 1.0)).masked_fill(empty, 0.0)
 
 
 def _check(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -88,7 +97,8 @@ def linear_attention(
         q, k: (B, H, T, Dk), already positive (phi applied); v: (B, H, T, Dv).
         state: (S, z) after earlier tokens, (B, H, Dk, Dv) and (B, H, Dk); None starts from zero.
         form: "recurrent", "parallel" or "chunked" (the same numbers).
-    Returns: the output (B, H, T, Dv) and the state (S, z) after the last token.
+    Returns: the output (B, H, T, Dv) and the state (S, z) after the last token. A row whose normalizer is 0
+        (nothing written yet, as under left padding) outputs 0, with gradient 0.
     """
     _check("linear_attention", q, k, v)
     s_shape, z_shape = _state_shapes(q, v)
@@ -121,7 +131,7 @@ def _linear_recurrent(
         z = z + k[:, :, t]  # (B, H, Dk)
         num = (q[:, :, t, :, None] * s).sum(dim=2)  # (B, H, Dv): S_t^T phi(q_t)
         den = (q[:, :, t] * z).sum(dim=-1, keepdim=True)  # (B, H, 1)
-        outs.append(num / den)
+        outs.append(_normalized(num, den))
     out = torch.stack(outs, dim=2) if outs else v.new_zeros(v.shape)  # (B, H, T, Dv)
     return out, (s, z)
 
@@ -138,7 +148,7 @@ def _linear_chunk(
     den = weights.sum(dim=-1, keepdim=True) + (q @ z[..., None])  # (B, H, T, 1)
     s = s + k.transpose(-1, -2) @ v  # (B, H, Dk, Dv)
     z = z + k.sum(dim=2)  # (B, H, Dk)
-    return num / den, (s, z)
+    return _normalized(num, den), (s, z)
 
 
 def linear_attention_weights(q: torch.Tensor, k: torch.Tensor, *, real: torch.Tensor | None = None) -> torch.Tensor:

@@ -246,8 +246,7 @@ class LinearAttention(RecurrentLayer):
         real = self._real(visibility, x.shape[0], x.shape[1])
         if real is not None:
             keep = real[:, None, :, None]  # (B, 1, T, 1)
-            keys, values = keys.where(keep, 0.0), values.where(keep, 0.0)
-            queries = queries.where(keep, 1.0)  # its output is set to 0 below; 1 keeps the division finite
+            keys, values = keys.where(keep, 0.0), values.where(keep, 0.0)  # its normalizer stays 0: output 0
         return queries, keys, values
 
     def forward(
