@@ -19,6 +19,7 @@ Shapes: B = batch, H = heads, T = tokens, D = head_dim, R = rotary_dim.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,15 +28,17 @@ import torch
 import torch.nn as nn
 
 SCALINGS = ("llama3", "linear", "yarn")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RopeScaling:
     """How a checkpoint stretches RoPE past the length it was first trained on (Hugging Face's ``rope_scaling``).
 
-    kind: "llama3" (Llama 3.1's wavelength-dependent scaling) or "linear" (positions divided by ``factor``).
-    factor: how many times longer; low_freq_factor, high_freq_factor, original_context_length: Llama 3's
-    band edges, as its config.json names them (8192 positions, factors 1 and 4 in Llama 3.1).
+    kind: "llama3" (Llama 3.1's wavelength-dependent scaling), "linear" (positions divided by ``factor``) or
+    "yarn". factor: how many times longer; low_freq_factor, high_freq_factor, original_context_length: Llama 3's
+    band edges, as its config.json names them (8192 positions, factors 1 and 4 in Llama 3.1; equal factors
+    leave no band to blend, which is logged as transformers does).
     """
 
     kind: Literal["llama3", "linear", "yarn"]
@@ -57,10 +60,16 @@ class RopeScaling:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"rope scaling {name} must be a number > 0, got {value!r}")
-        if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor:
+        if self.kind == "llama3" and self.high_freq_factor < self.low_freq_factor:
             raise ValueError(
-                f"rope scaling high_freq_factor ({self.high_freq_factor}) must be above low_freq_factor "
+                f"rope scaling high_freq_factor ({self.high_freq_factor}) must not be below low_freq_factor "
                 f"({self.low_freq_factor}): they bound the band of wavelengths that is blended"
+            )
+        if self.kind == "llama3" and self.high_freq_factor == self.low_freq_factor:  # transformers warns, loads it
+            logger.warning(
+                "rope scaling high_freq_factor equals low_freq_factor (%s): Llama 3's blended band is empty, so "
+                "every wavelength is either kept or divided by factor",
+                self.low_freq_factor,
             )
         o = self.original_context_length
         if isinstance(o, bool) or not isinstance(o, int) or o < 1:
@@ -92,6 +101,9 @@ class RopeScaling:
         wavelen = 2 * math.pi / inv_freq
         low_wavelen = self.original_context_length / self.low_freq_factor  # longer than this: divided by factor
         high_wavelen = self.original_context_length / self.high_freq_factor  # shorter than this: kept
+        if high_wavelen == low_wavelen:  # no band: one on the edge is divided, as at low_wavelen (smooth 0) when
+            # there is a band; transformers computes 0 / 0 there (NaN)
+            return torch.where(wavelen >= low_wavelen, inv_freq / self.factor, inv_freq)
         smooth = (self.original_context_length / wavelen - self.low_freq_factor) / (
             self.high_freq_factor - self.low_freq_factor
         )  # 0 at low_wavelen, 1 at high_wavelen

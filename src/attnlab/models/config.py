@@ -119,12 +119,13 @@ class GPTConfig:
     layer_types: tuple[Literal["full", "sliding", "linear", "delta"], ...] | None = None
     family: str | None = None
     # Gemma 3: "sandwich" norms (before and after each sublayer), GeGLU, embeddings times emb_scale (sqrt(emb_dim)),
-    # the softmax scale (query_pre_attn_scalar ** -0.5), RoPE's theta on sliding layers (no scaling there), and
+    # the softmax scale (query_pre_attn_scalar ** -0.5), RoPE's theta and scaling on sliding layers, and
     # Gemma 2's softcapped logits. Mixtures of experts (Qwen3-MoE; the book's Qwen3 names): num_experts experts
     # of moe_intermediate_size, num_experts_per_tok run per token, on every layer but dense_layers.
     emb_scale: float | None = None
     attn_scale: float | None = None
     rope_local_base: float | None = None
+    rope_local_scaling: RopeScaling | None = None
     final_softcap: float | None = None
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -225,6 +226,13 @@ class GPTConfig:
                 raise ValueError(f"{name} must be None or a number > 0, got {value!r}")
         if self.rope_local_base is not None and not self.rope:
             raise ValueError("rope_local_base is RoPE's theta on sliding layers: set rope=True with it")
+        if self.rope_local_scaling is not None and (
+            not isinstance(self.rope_local_scaling, RopeScaling) or self.rope_local_base is None
+        ):
+            raise ValueError(
+                f"rope_local_scaling must be a RopeScaling beside a rope_local_base, got {self.rope_local_scaling!r} "
+                f"with rope_local_base={self.rope_local_base!r}"
+            )
         if self.num_experts:
             check_positive_int("num_experts", self.num_experts, limit=4096)
             if isinstance(self.num_experts_per_tok, bool) or not 1 <= self.num_experts_per_tok <= self.num_experts:
@@ -279,9 +287,9 @@ class GPTConfig:
         return self.hidden_dim if self.hidden_dim is not None else 4 * self.emb_dim
 
     def layer_rope(self, layer: int) -> tuple[float, RopeScaling | None]:
-        """RoPE's theta and scaling on layer ``layer``: a sliding layer's own theta (unscaled) if the config has one."""
+        """RoPE's theta and scaling on layer ``layer``: a sliding layer's own if the config has them."""
         if self.rope_local_base is not None and self.layer_window(layer) is not None:
-            return float(self.rope_local_base), None
+            return float(self.rope_local_base), self.rope_local_scaling
         return float(self.rope_base), self.rope_scaling
 
     def layer_window(self, layer: int) -> int | None:
@@ -345,8 +353,9 @@ class GPTConfig:
         if unknown:
             raise ValueError(f"unknown GPTConfig fields {unknown}; known: {sorted(known)}")
         values = dict(values)
-        if isinstance(values.get("rope_scaling"), dict):
-            values["rope_scaling"] = RopeScaling.from_dict(values["rope_scaling"])
+        for key in ("rope_scaling", "rope_local_scaling"):
+            if isinstance(values.get(key), dict):
+                values[key] = RopeScaling.from_dict(values[key])
         for key in ("layer_types", "dense_layers"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(values[key])

@@ -3,8 +3,10 @@
 GPT-2 and the book's chapter 4 GPTModel are read in ``attnlab.models.checkpoints``; here are the families that
 name their tensors as Llama does (``llama.py``: Llama 3; ``mistral.py``; ``qwen.py``: Qwen2, Qwen3, Qwen3-MoE;
 ``gemma.py``: Gemma 3; ``gpt_oss.py``, whose experts are fused), DeepSeek-V3 with its latent attention
-(``deepseek.py``), and the book's own from-scratch Llama 3 and Qwen3 (``book.py``). A new family is one new
-file, its entry in ``READERS`` and its parity test (``tests/test_families.py``).
+(``deepseek.py``), and the book's own from-scratch Llama 3 and Qwen3 (``book.py``). Every family reads RoPE's
+settings, per layer type where the config has them so, through ``rope.py``: each key read as transformers reads
+it, or refused by name (``tests/test_rope_settings.py``). A new family is one new file, its entry in ``READERS``
+and its parity test (``tests/test_families.py``).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from attnlab.functional.rotary import RopeScaling
 from attnlab.models.config import GPTConfig
 from attnlab.models.families.rows import Rows
 
+ROPE_FREQ = ("factor", "low_freq_factor", "high_freq_factor", "original_context_length")  # Llama 3's scaling
 LLAMA3_KEYS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "hidden_dim", "n_kv_groups")
 
 
@@ -59,6 +60,12 @@ def config_from_book(cfg: Mapping[str, Any], **overrides: Any) -> GPTConfig:
     )
     if kind == "llama3":  # nn.RMSNorm(eps=1e-5); scaling from rope_freq, or none
         freq = cfg["rope_freq"]
+        unread = sorted(set(freq) - set(ROPE_FREQ)) if isinstance(freq, Mapping) else []
+        if unread or not isinstance(freq, (Mapping, type(None))):
+            raise ValueError(
+                f"the book's rope_freq must be None or a dict of {list(ROPE_FREQ)}, got {freq!r:.120}"
+                + (f": {unread} not read" if unread else "")
+            )
         scaling = None if freq is None else RopeScaling(kind="llama3", **{k: freq[k] for k in freq})
         values |= dict(layer_norm_eps=1e-5, rope_scaling=scaling)
     else:  # the book's own RMSNorm, eps 1e-6; head_dim None means emb_dim // n_heads

@@ -21,40 +21,26 @@ from typing import Any
 from attnlab.functional.rotary import RopeScaling
 from attnlab.models.config import GPTConfig
 from attnlab.models.families import llama
+from attnlab.models.families import rope as rope_settings
 
 MODEL_TYPES = ("deepseek_v3",)
 
 
-def _mscale(factor: float, m: float) -> float:
-    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
-
-
 def _rope(raw: dict[str, Any], where: Path, qk_head_dim: int) -> dict[str, Any]:
-    given = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    base = float(given.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    kind = given.get("rope_type", given.get("type", "default"))
-    if kind in ("default", None):
-        return {"rope_base": base, "attn_scale": qk_head_dim**-0.5}
-    if kind != "yarn":
-        raise ValueError(f"{str(where / 'config.json')!r}: rope_type {kind!r} is not supported for DeepSeek-V3")
-    factor = float(llama.need(given, "factor", where))
-    m, m_all = given.get("mscale"), given.get("mscale_all_dim")
-    attention_factor = _mscale(factor, m) / _mscale(factor, m_all) if m and m_all else _mscale(factor, 1.0)
-    scaling = RopeScaling(
-        kind="yarn",
-        factor=factor,
-        original_context_length=int(given.get("original_max_position_embeddings", 4096)),
-        beta_fast=float(given.get("beta_fast") or 32.0),
-        beta_slow=float(given.get("beta_slow") or 1.0),
-        truncate=bool(given.get("truncate", True)),
-        attention_factor=given.get("attention_factor") or attention_factor,
-    )
-    scale = qk_head_dim**-0.5 * (_mscale(factor, m_all) ** 2 if m_all else 1.0)
-    return {"rope_base": base, "rope_scaling": scaling, "attn_scale": scale}
+    """RoPE as every family reads it (``rope.py``), and the softmax scale: times mscale(factor, mscale_all_dim)^2
+    when a scaled RoPE sets mscale_all_dim (transformers' ``yarn_apply_mscale``)."""
+    values = rope_settings.flat(raw, where)
+    scaling: RopeScaling | None = values["rope_scaling"]
+    given = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    m_all = given.get("mscale_all_dim")  # only a YaRN entry may hold it (rope_settings.KEYS)
+    scale = qk_head_dim**-0.5
+    if scaling is not None and m_all:
+        scale *= rope_settings.mscale(scaling.factor, m_all) ** 2
+    return {**values, "attn_scale": scale}
 
 
 def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
-    common = llama.common({**raw, "rope_parameters": None, "rope_scaling": None}, where)
+    common = llama.common(raw, where, theta=None)
     nope, rope = llama.need(raw, "qk_nope_head_dim", where), llama.need(raw, "qk_rope_head_dim", where)
     dense = raw.get("first_k_dense_replace", 3)
     return GPTConfig(
@@ -118,20 +104,25 @@ def holds(config: GPTConfig) -> bool:
         and not config.bias
         and config.window is None
         and config.dense_layers == tuple(range(len(config.dense_layers)))
+        and config.rope_local_base is None
+        and _scale_written(config)
     )
+
+
+def _scale_written(config: GPTConfig) -> bool:
+    """Whether config.json can give the softmax scale back: the head's own, or YaRN's mscale_all_dim on it."""
+    s, qk = config.rope_scaling, config.qk_nope_head_dim + config.qk_rope_head_dim
+    return config.attn_scale in (None, qk**-0.5) or (s is not None and s.kind == "yarn" and s.factor > 1)
 
 
 def hf_config(config: GPTConfig) -> dict[str, Any]:
     values = llama.hf_common(config, "deepseek_v3", "DeepseekV3ForCausalLM")
-    parameters: dict[str, Any] = {"rope_theta": float(config.rope_base), "rope_type": "default"}
-    s = config.rope_scaling
-    if s is not None:  # written with attention_factor and mscale_all_dim that give back the same scales
-        qk = config.qk_nope_head_dim + config.qk_rope_head_dim
-        assert config.attn_scale is not None
-        m_all = math.sqrt(config.attn_scale / qk**-0.5)  # = mscale(factor, mscale_all_dim)
-        parameters |= {"rope_type": "yarn", "factor": s.factor, "beta_fast": s.beta_fast, "beta_slow": s.beta_slow}
-        parameters |= {"original_max_position_embeddings": s.original_context_length, "truncate": s.truncate}
-        parameters |= {"attention_factor": s.mscale, "mscale_all_dim": (m_all - 1) / (0.1 * math.log(s.factor))}
+    parameters = values["rope_parameters"]
+    s, qk = config.rope_scaling, config.qk_nope_head_dim + config.qk_rope_head_dim
+    if config.attn_scale is not None and config.attn_scale != qk**-0.5:  # _scale_written: YaRN stretches
+        assert s is not None and s.kind == "yarn"
+        m_all = math.sqrt(config.attn_scale / qk**-0.5)  # = mscale(factor, mscale_all_dim), given back as such
+        parameters = {**parameters, "mscale_all_dim": (m_all - 1) / (0.1 * math.log(s.factor))}
     return {
         **values,
         "rope_parameters": parameters,

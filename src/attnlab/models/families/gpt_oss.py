@@ -26,13 +26,17 @@ from attnlab.models.families import llama
 
 MODEL_TYPES = ("gpt_oss",)
 KINDS: dict[str, Any] = {"full_attention": "full", "sliding_attention": "sliding"}
+ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+ROPE |= {"original_max_position_embeddings": 4096}  # GptOssConfig's RoPE when its config.json names none
 
 
 def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
     llama.refuse(raw, where, attention_bias=(None, True), swiglu_limit=(None, 7.0), swiglu_alpha=(None, 1.702))
     if any(key.endswith(("_blocks", "_scales")) for key in raw.get("quantization_config", {}) or {}):
         raise ValueError(f"{str(where)!r} holds MXFP4 experts; dequantize them with transformers first")
-    common = llama.common({**raw, "hidden_act": "silu"}, where)
+    if raw.get("rope_parameters") is None and not raw.get("rope_scaling"):  # GptOssConfig's own RoPE
+        raw = {**raw, "rope_parameters": ROPE}
+    common = llama.common({**raw, "hidden_act": "silu"}, where, theta=150000.0)
     n = common["n_layers"]
     named = raw.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     if not isinstance(named, list) or len(named) != n or any(t not in KINDS for t in named):
@@ -119,6 +123,7 @@ def holds(config: GPTConfig) -> bool:
         and config.dense_layers == ()
         and not config.qk_norm
         and config.rotary_dim is None
+        and config.rope_local_base is None
     )
 
 

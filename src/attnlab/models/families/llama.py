@@ -23,8 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from attnlab.functional.rotary import RopeScaling
 from attnlab.models.config import GPTConfig
+from attnlab.models.families import rope as rope_settings
 
 # (names in the file, name in attnlab): several names are stacked as rows (q, k and v into the fused qkv)
 Names = list[tuple[tuple[str, ...], str]]
@@ -85,46 +85,14 @@ def refuse(raw: dict[str, Any], where: Path, **allowed: tuple[object, ...]) -> N
             )
 
 
-def rope(raw: dict[str, Any], where: Path) -> dict[str, Any]:
-    """RoPE's theta and scaling, from transformers v5's ``rope_parameters`` or v4's ``rope_theta``/``rope_scaling``."""
-    given = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    if not isinstance(given, dict):
-        raise ValueError(f"{str(where / 'config.json')!r}: rope_parameters must be an object, got {given!r:.60}")
-    base = float(given.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    kind = given.get("rope_type", given.get("type", "default"))
-    if kind in ("default", None):
-        return {"rope_base": base}
-    if kind not in ("llama3", "linear", "yarn"):
-        raise ValueError(
-            f"{str(where / 'config.json')!r}: rope_type {kind!r} is not supported (attnlab reads 'default', "
-            "'llama3', 'linear' and 'yarn')"
-        )
-    if kind == "yarn":
-        for key in ("mscale", "mscale_all_dim"):
-            if given.get(key):
-                raise ValueError(f"{str(where / 'config.json')!r}: YaRN's {key} (DeepSeek's) is not supported yet")
-        yarn = RopeScaling(
-            kind="yarn",
-            factor=float(need(given, "factor", where)),
-            original_context_length=int(given.get("original_max_position_embeddings", 4096)),
-            beta_fast=float(given.get("beta_fast") or 32.0),
-            beta_slow=float(given.get("beta_slow") or 1.0),
-            truncate=bool(given.get("truncate", True)),
-            attention_factor=given.get("attention_factor"),
-        )
-        return {"rope_base": base, "rope_scaling": yarn}
-    scaling = RopeScaling(
-        kind=kind,
-        factor=float(need(given, "factor", where)),
-        low_freq_factor=float(given.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(given.get("high_freq_factor", 4.0)),
-        original_context_length=int(given.get("original_max_position_embeddings", 8192)),
-    )
-    return {"rope_base": base, "rope_scaling": scaling}
+def rope(raw: dict[str, Any], where: Path, *, theta: float = 10000.0) -> dict[str, Any]:
+    """RoPE's theta and scaling, every key of the config read or refused by name (``rope.py``)."""
+    return rope_settings.flat(raw, where, theta=theta)
 
 
-def common(raw: dict[str, Any], where: Path) -> dict[str, Any]:
-    """The GPTConfig fields every Llama-layout family sets the same way."""
+def common(raw: dict[str, Any], where: Path, *, theta: float | None = 10000.0) -> dict[str, Any]:
+    """The GPTConfig fields every Llama-layout family sets the same way; RoPE's with ``theta`` the family's default
+    (None: the family reads RoPE itself, as Gemma 3 and DeepSeek-V3 do)."""
     refuse(raw, where, hidden_act=(None, "silu"), pretraining_tp=(None, 1))  # None: the default, silu
     heads = need(raw, "num_attention_heads", where)
     emb = need(raw, "hidden_size", where)
@@ -148,7 +116,7 @@ def common(raw: dict[str, Any], where: Path) -> dict[str, Any]:
         mlp="swiglu",
         bias=False,
         rope=True,
-        **rope(raw, where),
+        **(rope(raw, where, theta=theta) if theta is not None else {}),
     )
 
 
@@ -159,24 +127,7 @@ def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
 
 def hf_common(config: GPTConfig, model_type: str, architecture: str) -> dict[str, Any]:
     """config.json for a Llama-layout family (what :func:`common` reads back), attnlab's config alongside."""
-    parameters: dict[str, Any] = {"rope_theta": float(config.rope_base), "rope_type": "default"}
-    if config.rope_scaling is not None:
-        s = config.rope_scaling
-        parameters |= {"rope_type": s.kind, "factor": s.factor}
-        if s.kind == "yarn":
-            parameters |= {
-                "beta_fast": s.beta_fast,
-                "beta_slow": s.beta_slow,
-                "truncate": s.truncate,
-                "original_max_position_embeddings": s.original_context_length,
-                **({"attention_factor": s.attention_factor} if s.attention_factor is not None else {}),
-            }
-        if s.kind == "llama3":
-            parameters |= {
-                "low_freq_factor": s.low_freq_factor,
-                "high_freq_factor": s.high_freq_factor,
-                "original_max_position_embeddings": s.original_context_length,
-            }
+    parameters = rope_settings.written(config.rope_base, config.rope_scaling)
     return {
         "architectures": [architecture],
         "model_type": model_type,
@@ -210,8 +161,8 @@ def lays_out(config: GPTConfig) -> bool:
         and config.rope
         and not config.bias
         and config.score_mod is None
-        and (config.rope_scaling is None or config.rotary_dim is None)
         and config.rotary_dim is None
+        and config.rope_local_base is None  # one RoPE on every layer: the families' config.json has one
     )
 
 
