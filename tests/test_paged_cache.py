@@ -144,9 +144,11 @@ def test_the_cache_is_named_and_its_misuses_are_refused() -> None:
     windowed = GPT(GPTConfig(vocab_size=64, context_length=32, emb_dim=32, n_heads=4, n_layers=1, rope=True, window=4))
     with pytest.raises(ValueError, match=r"a layer with window=4 needs the 'plain' cache"):
         windowed.generate(idx, 2, cache="paged")
-    caches = m.make_caches(batch_size=1, max_len=16, cache="paged")
-    with pytest.raises(ValueError, match=r"this cache keeps each sequence's own length \(a paged cache\)"):
-        m(idx, caches=caches, attention_mask=torch.ones(1, 4))
+    caches = m.make_caches(batch_size=2, max_len=16, cache="paged")
+    with torch.no_grad():
+        m(idx, caches=caches.views([0]))  # sequence 0 holds 4 tokens, sequence 1 none: padding cannot line them up
+    with pytest.raises(ValueError, match=r"this cache's sequences hold different lengths \(\[4, 0\]\) \(a paged"):
+        m(torch.randint(0, 64, (2, 1)), caches=caches, attention_mask=torch.ones(2, 5))
     with pytest.raises(ValueError, match=r"fork needs two different sequences, got src = dst = 0"):
         PagedKVCache(batch_size=2, num_kv_heads=1, head_dim=2, num_blocks=2, max_len=8).fork(0, 0)
 

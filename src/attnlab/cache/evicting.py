@@ -151,6 +151,9 @@ class EvictingCache(LayerCache):
         s, w = self.keys.shape[2], min(self.observe_window, weights.shape[2])
         votes = weights[:, :, -w:, : s - w].float().sum(dim=(1, 2))  # (B, S - w): the window's attention
         smooth = F.avg_pool1d(votes[:, None], self.pool, stride=1, padding=self.pool // 2)[:, 0]  # (B, S - w)
+        # a key no query of the call may see (a row's left padding) goes first: smoothing lends it its neighbours'
+        hidden = weights[:, :, :, : s - w].sum(dim=(1, 2)) == 0  # (B, S - w)
+        smooth = smooth.masked_fill(hidden, -torch.inf)
         top = smooth.topk(self.budget - w, dim=1).indices
         window = torch.arange(s - w, s, device=top.device).expand(self.batch_size, -1)
         return torch.cat([top, window], dim=1)

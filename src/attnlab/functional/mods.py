@@ -50,6 +50,7 @@ class _Mod(nn.Module):
 
     NAME = "mod"
     is_bias = False  # score + something that does not depend on the score: sdpa can take it as a float mask
+    sees_future = False  # a mask_mod meant to show a query keys after it: it takes the causal rule's place
 
     def __init__(self, **shown: object) -> None:
         super().__init__()
@@ -92,6 +93,7 @@ class _SlidingWindow(_Mod):
 
 class _PrefixLM(_Mod):
     NAME = "prefix_lm"
+    sees_future = True  # the prefix is seen whole, its later keys too
 
     def __init__(self, prefix_len: int | torch.Tensor) -> None:
         if isinstance(prefix_len, torch.Tensor):
@@ -143,6 +145,7 @@ class _And(_Mod):
         super().__init__()
         self.mods = mods
         self.held = nn.ModuleList([m for m in mods if isinstance(m, nn.Module)])  # their parameters are ours
+        self.sees_future = any(sees_future(m) for m in mods)  # the others restrict it, as they restrict causal
 
     def forward(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         out = self.mods[0](b, h, q_idx, kv_idx)
@@ -163,6 +166,31 @@ class _Or(_And):
 
     def __repr__(self) -> str:
         return "or_masks(" + ", ".join(mod_name(m) for m in self.mods) + ")"
+
+
+class _Lookback(_Mod):
+    NAME = "lookback"
+
+    def __init__(self, window: int) -> None:
+        check_window(window)
+        super().__init__(window=window)
+        self.window = window
+
+    def forward(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        return q_idx - kv_idx < self.window  # a sliding layer's reach into the past; the future is not its to hide
+
+
+def sees_future(mod: object) -> bool:
+    """Whether a mask_mod declares that it shows a query keys after it (``prefix_lm``, and ``and_masks`` /
+    ``or_masks`` holding one; a function of one's own by ``fn.sees_future = True``). Such a mod takes the place
+    of a causal model's causal rule on a forward without a cache; every other mod restricts the model's own
+    rule (AND). See docs/mods.md, "A model's own mask and yours"."""
+    return getattr(mod, "sees_future", False) is True
+
+
+def lookback(window: int) -> MaskMod:
+    """Keys less than ``window`` positions back, the future included: a sliding layer's window without causal."""
+    return _Lookback(window)
 
 
 def causal() -> MaskMod:

@@ -56,6 +56,7 @@ EMPTY, PARTIAL, FULL = 0, 1, 2  # what a tile of the score matrix is: nothing ma
 CLASSIFY_TILES = 16  # tile_kinds evaluates masks over at most this many key tiles at a time
 _BIG = 2**62  # a bound no position reaches
 KEEP_TILE_BYTES = 64 * 2**20  # tile masks kept per Visibility; past it they are evaluated again when asked
+CHECK_ELEMENTS = 2**22  # check_mods evaluates the mods on at most this many (b, h, q, kv) cells at a time
 
 
 def _positions(name: str, pos: object) -> torch.Tensor:
@@ -94,6 +95,23 @@ def _slice(m: torch.Tensor, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
     rows = slice(i0, i1) if m.shape[-2] != 1 else slice(None)
     cols = slice(j0, j1) if m.shape[-1] != 1 else slice(None)
     return m[..., rows, cols]
+
+
+def at_slots(mask: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """A mask over key positions (.., Tq|1, P) read at each slot's position: (S,) positions, or (B, S) per sequence
+    (a paged or evicting cache), gathered row by row. An empty slot (-1) reads position 0; its position hides it."""
+    if mask.shape[-1] == 1:
+        return mask
+    slots = k_pos.clamp(min=0)
+    if slots.dim() == 1:
+        return mask[..., slots]  # (.., Tq|1, S)
+    full = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B|1, H|1, Tq|1, P)
+    b, s = slots.shape
+    if full.shape[0] not in (1, b):
+        raise ValueError(f"a mask for a batch of {full.shape[0]} cannot follow the key positions of {b} sequences")
+    _, h, tq, p = full.shape
+    index = slots[:, None, None, :].expand(b, h, tq, s)  # (B, H|1, Tq|1, S)
+    return full.expand(b, h, tq, p).gather(3, index)
 
 
 class Visibility:
@@ -209,16 +227,40 @@ class Visibility:
         if kept is not None and kept.k_pos is not None and not torch.compiler.is_compiling():
             if kept.k_pos is k_pos or (kept.k_pos.shape == k_pos.shape and bool(torch.equal(kept.k_pos, k_pos))):
                 return kept
-        slots = k_pos.clamp(min=0)
-        if k_pos.dim() == 2 and any(m is not None and m.shape[-1] != 1 for m in (self.allowed, self.bias)):
-            raise ValueError(
-                "a mask over key positions cannot follow per-sequence key positions (a paged cache): "
-                "hide keys with a mask_mod, which sees each sequence's positions"
-            )
-        move = lambda m: m if m is None or m.shape[-1] == 1 else m[..., slots]  # (.., Tq|1, positions) -> (.., S)
+        move = lambda m: m if m is None else at_slots(m, k_pos)  # (.., Tq|1, positions) -> (.., Tq|1, S)
         bound = self._copy(k_pos=k_pos, k_start=None, allowed=move(self.allowed), bias=move(self.bias))
         self._kept["keys"] = bound
         return bound
+
+    def check_mods(self) -> None:
+        """Evaluate the mask_mod and score_mod on every (query, key position) pair this call may ask, once,
+        raising what a backend would raise: what ``Attention`` does before a cache is written, whose keys'
+        positions are not known yet (every key a query may see lies at a position from 0 to the last query's)."""
+        if not self.has_mods or torch.compiler.is_compiling():
+            return
+        self.keep("mods_checked", self._check_mods)
+
+    def _check_mods(self) -> bool:
+        q_pos = self.q_pos.clamp(min=0)  # an empty query reads 0, as the backends read it
+        batch, heads = self.batch or 1, self.heads or 1
+        if self.k_pos is not None:
+            keys = self.k_pos.clamp(min=0)
+        else:
+            keys = torch.arange(int(q_pos.max()) + 1 if q_pos.numel() else 1, device=q_pos.device)
+        width = keys.shape[-1]
+        rows = max(1, CHECK_ELEMENTS // max(1, batch * heads * width))  # queries a pass: bounded memory
+        grid = lambda p: p if p.dim() == 1 else p[:, None, :, None]  # (T,), or (B, T) -> (B, 1, T, 1)
+        kv = keys if keys.dim() == 1 else keys[:, None, None, :]  # (S,), or (B, S) -> (B, 1, 1, S)
+        with torch.no_grad():  # a check: no graph through a learnable mod
+            for i in range(0, max(self.tq, 1), rows):
+                q = grid(q_pos[..., i : i + rows])
+                if self.mask_mod is not None:
+                    evaluate_mask(self.mask_mod, batch=batch, heads=heads, q_idx=q, kv_idx=kv)
+                if self.score_mod is not None:
+                    n = q.shape[2] if q.dim() == 4 else q.shape[0]
+                    scores = torch.zeros(batch, heads, n, width, device=q.device)  # (B, H, rows, S)
+                    apply_score_mod(self.score_mod, scores, q_idx=q, kv_idx=kv, scratch=True)
+        return True
 
     def bound_to(self, batch: int, heads: int, device: torch.device) -> Visibility:
         """This object for a call of ``batch`` x ``heads`` on ``device``: itself when it was built for it (then it

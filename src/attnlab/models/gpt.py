@@ -56,11 +56,14 @@ def positions_and_padding(
     if attention_mask is None:  # the cache's own positions: (T,), or (B, T) for a cache whose sequences differ
         return caches[0].next_positions(t) if caches else torch.arange(t, device=idx.device), None
     ahead = caches[0].next_positions(1) if caches else None
-    if ahead is not None and ahead.dim() == 2:
-        raise ValueError(
-            "attention_mask pads sequences to one length; this cache keeps each sequence's own length "
-            "(a paged cache): give it the sequences as they are, without padding or attention_mask"
-        )
+    if ahead is not None and ahead.dim() == 2:  # per sequence (a paged cache): padded, they hold one length
+        if bool((ahead != ahead[:1]).any()):
+            raise ValueError(
+                "attention_mask pads sequences to one length; this cache's sequences hold different lengths "
+                f"({ahead[:, 0].tolist()}) (a paged cache): give it the sequences as they are, without padding or "
+                "attention_mask"
+            )
+        ahead = ahead[0]
     start = int(ahead[0]) if ahead is not None else 0
     if tuple(attention_mask.shape) != (b, start + t):
         raise ValueError(
@@ -489,16 +492,10 @@ class GPT(nn.Module):
                 f"backend {self.config.backend!r} never forms the attention weights; "
                 "load the model with backend='auto' (or 'eager') to see them"
             )
-        with Recorder(names=["attn_weights", "sink_weight"]) as rec:
+        with Recorder(names=["attn_weights"]) as rec:
             self(idx, attention_mask=attention_mask)
-        layers = []
-        for n in range(len(self.blocks)):
-            weights = rec.get("attn_weights", module=f"trf_blocks.{n}.att")  # (B, H, T, T), rows summing to 1
-            if self.config.sinks and self.config.layer_type(n) not in ("linear", "delta"):  # a recurrent layer has none
-                # what a row gives its learned sink is given to no key: (B, H, T, 1)
-                weights = weights * (1 - rec.get("sink_weight", module=f"trf_blocks.{n}.att")[..., None])
-            layers.append(weights)
-        return torch.stack(layers)
+        # each (B, H, T, T): what the softmax gave the keys, a row summing to 1 minus its sink's share
+        return torch.stack([rec.get("attn_weights", module=f"trf_blocks.{n}.att") for n in range(len(self.blocks))])
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **overrides: object) -> GPT:

@@ -19,10 +19,22 @@ import torch.nn as nn
 from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_positive_int, check_scale, check_window
 from attnlab.cache import Cache, CacheFactory, FactoryArgs, cache_factory
 from attnlab.functional.attention import attention, check_mask
-from attnlab.functional.mods import MaskMod, ScoreMod, and_masks, check_document_ids, document, document_positions
-from attnlab.functional.registry import Backend, check_backend
+from attnlab.functional.mods import (
+    MaskMod,
+    ScoreMod,
+    and_masks,
+    check_document_ids,
+    document,
+    document_positions,
+    lookback,
+    mod_name,
+    sees_future,
+)
+from attnlab.functional.registry import KERNELS, Backend, check_backend, resolve
 from attnlab.functional.rotary import RopeScaling, RotaryEmbedding, apply_rotary
+from attnlab.functional.sdpa import check_sdpa
 from attnlab.functional.visibility import Visibility
+from attnlab.observe import is_recording
 
 _CACHE_CLASSES: set[type] = set()  # classes that passed the Cache protocol check
 
@@ -302,6 +314,8 @@ class Attention(nn.Module):
             positions = document_positions(given.document_ids)  # (B, T): each document starts at 0
         if positions is not None:
             self._check_positions(positions, b, t)
+        if given.cache is not None and given.visibility is not None:  # one visibility_for built is checked there
+            self.check_before_write(visibility)
         return visibility, visibility.q_pos if positions is None else positions  # default: 0..T-1, or after the cache
 
     def visibility_for(
@@ -321,6 +335,17 @@ class Attention(nn.Module):
         positions. Checked here, before anything is written.
         """
         b, t = x.shape[0], x.shape[1]
+        causal, window = self.is_causal, self.window
+        if mask_mod is not None and sees_future(mask_mod) and self.is_causal:
+            if cache is not None:
+                raise ValueError(
+                    f"mask_mod {mod_name(mask_mod)} shows queries keys after them, which a causal model's cache "
+                    "never holds when they ask (its keys arrive one call at a time): such a mod takes the causal "
+                    "rule's place on a forward over the whole prompt without a cache; run that one without caches"
+                )
+            # it takes the causal rule's place; a sliding layer still reaches only `window` positions back
+            causal, window = False, None
+            mask_mod = mask_mod if self.window is None else and_masks(mask_mod, lookback(self.window))
         if document_ids is not None:
             if cache is not None:
                 raise ValueError(
@@ -334,8 +359,8 @@ class Attention(nn.Module):
             check_mask(mask, (b, self.num_heads, t, keys), x.device)
             mask = mask if mask.dtype == torch.bool else mask.to(x.dtype)
         restrictions: dict[str, Any] = dict(
-            causal=self.is_causal,
-            window=self.window,
+            causal=causal,
+            window=window,
             mask=mask,
             mask_mod=mask_mod,
             score_mod=score_mod,
@@ -345,7 +370,38 @@ class Attention(nn.Module):
         if cache is None:
             return Visibility.from_lengths(t, t, device=x.device, **restrictions)
         # queries at the cache's next positions; the keys are bound to the positions update() returns
-        return Visibility(q_pos=cache.next_positions(t), **restrictions)
+        made = Visibility(q_pos=cache.next_positions(t), **restrictions)
+        self.check_before_write(made)
+        return made
+
+    def check_before_write(self, visibility: Visibility) -> None:
+        """What attention would refuse once the cache holds this call's keys, refused before it is written: the
+        mods evaluated on every pair the call may ask (kept: once per Visibility, however many layers share it),
+        and what the backend cannot take."""
+        if visibility.k_pos is not None:
+            raise ValueError(
+                "this Visibility already has its key positions, and a cache returns them: build it with "
+                "visibility_for(x, cache=cache)"
+            )
+        visibility.check_mods()
+        if self.sinks is not None:  # as attention() resolves a call with learned sinks
+            name, _ = resolve("flash" if self.backend == "auto" and not is_recording() else self.backend)
+            if not KERNELS[name].has_lse:
+                raise ValueError(
+                    f"learned sinks are read off each row's log-sum-exp, which the {name} backend does not return: "
+                    "use backend='flash' or 'eager' (or 'auto')"
+                )
+        else:
+            name, _ = resolve(self.backend, vis=visibility)
+        if name == "sdpa":
+            check_sdpa(visibility)
+        if name == "flex" and self.training and self.dropout > 0:
+            raise ValueError("backend='flex' has no dropout (FlexAttention has none): call model.eval() or use 'flash'")
+        if visibility.bias is not None and visibility.bias.requires_grad and not KERNELS[name].float_mask_grad:
+            raise ValueError(
+                f"the {name} backend treats float masks as constants; for a mask that needs gradients "
+                "use backend='eager' or 'sdpa'"
+            )
 
     @staticmethod
     def _keys_seen(query_pos: torch.Tensor, mask: object) -> int:
