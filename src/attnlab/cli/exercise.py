@@ -18,8 +18,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "exercise",
         help="the chapter's exercises (3.1-3.3) and attnlab's (3.A-3.C): your answer checked against the book",
         description="Without an ID, list the exercises. With one, show its task; --template writes a file to start "
-        "from, --check runs your file in a separate process (with a time limit) and says what differs from the "
-        "book, with a hint for the mistake; --solution prints a reference solution.",
+        "from, --check runs your file in a separate process (with a time limit), on the book's input and on inputs "
+        "drawn afresh, and says what differs from the book, with a hint for the mistake (a file that imports the "
+        "reference solution, the book's printed numbers or the book's own function for the exercise is refused); "
+        "--solution prints a reference solution.",
     )
     ex.add_argument("id", nargs="?", help="an exercise: 3.1, 3.2, 3.3, 3.A, 3.B or 3.C")
     what = ex.add_mutually_exclusive_group()

@@ -6,20 +6,29 @@ then judges what it did against the book's printed numbers and the book's own cl
 (:mod:`attnlab.exercises.judge`). A wrong answer gets the hint written for its mistake, in English or Chinese
 (:mod:`attnlab.exercises.text`), not only "wrong". Each exercise has a reference solution beside it
 (``solutions/``) that the test suite runs through the same checker.
+
+Shortcuts fail (issue 54): an answer that imports the reference solution, the book's printed numbers or the
+book's own function for the exercise is refused before it runs (:mod:`attnlab.exercises.refuse`); each answer
+is judged on the book's input and on inputs drawn afresh for every check (:mod:`attnlab.exercises.given`), so
+numbers typed in fail; and the record the answer's process sends back must carry a nonce that only reached the
+collector, so a record the answer writes itself is not trusted.
+
+This package's top level imports nothing but the standard library and the texts: the collector's process
+imports it, and must hold neither the book, its numbers, the judge nor the solutions.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import torch
-
-from attnlab.exercises.judge import Finding, judge
 from attnlab.exercises.text import HINTS, TASKS
 
 SOLUTIONS = Path(__file__).parent / "solutions"
@@ -77,6 +86,13 @@ EXERCISES: dict[str, Exercise] = {
 
 
 @dataclass(frozen=True)
+class Finding:
+    ok: bool
+    key: str  # into text.HINTS
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Result:
     exercise: str
     path: Path
@@ -111,16 +127,45 @@ def check(id: str, path: str | Path, *, timeout: float = TIMEOUT) -> Result:
 
 
 def check_many(answers: list[tuple[str, str | Path]], *, timeout: float = TIMEOUT) -> list[Result]:
-    """Several answers run in one subprocess (each file a module of its own), then judged here, in order."""
+    """Several answers run in one subprocess (each file a module of its own), then judged here, in order.
+
+    An answer the refusal names (the reference solution, the book's numbers or own function) is not run."""
+    import torch  # here, not above: see the module's docstring
+
+    from attnlab.exercises.given import given
+    from attnlab.exercises.judge import judge
+    from attnlab.exercises.refuse import refusal
+
     items = []
-    for id, given in answers:
+    for id, path_given in answers:
         exercise(id)
-        path = Path(given)
+        path = Path(path_given)
         if path.suffix != ".py" or not path.is_file():
-            raise ValueError(f"the answer must be a Python file (.py) that exists, got {str(given)!r}")
+            raise ValueError(f"the answer must be a Python file (.py) that exists, got {str(path_given)!r}")
         items.append((id, path.resolve()))
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= 3600:
         raise ValueError(f"timeout must be a number of seconds in (0, 3600], got {timeout!r}")
+    findings: list[list[Finding] | None] = [None] * len(items)
+    for n, (id, path) in enumerate(items):
+        if (refused := refusal(id, path.read_text(encoding="utf-8", errors="replace"))) is not None:
+            findings[n] = [refused]
+    run = [n for n, f in enumerate(findings) if f is None]
+    generator = torch.Generator().manual_seed(secrets.randbits(62))  # a fresh draw each check: nothing to type in
+    inputs = {id: given(id, generator) for id in {items[n][0] for n in run}}
+    observed = _observe([items[n] for n in run], inputs, timeout) if run else []
+    for n, seen in zip(run, observed, strict=True):
+        findings[n] = seen if isinstance(seen, list) else judge(items[n][0], seen, inputs[items[n][0]])
+    return [Result(id, path, f or []) for (id, path), f in zip(items, findings, strict=True)]
+
+
+def _observe(items: list[tuple[str, Path]], inputs: dict[str, Any], timeout: float) -> list[Any]:
+    """What each answer did, as the collector's process recorded it; or, for a run without a trusted record, the
+    same finding for every answer (stopped at its time limit, crashed, or its record forged)."""
+    import torch
+
+    nonce = secrets.token_hex(16)  # reaches the collector on its stdin, never its arguments, files or globals
+    payload = io.BytesIO()
+    torch.save({"nonce": nonce, "given": inputs}, payload)
     with tempfile.TemporaryDirectory(prefix="attnlab-exercise-") as tmp:
         out = Path(tmp) / "observed.pt"
         command = [sys.executable, "-m", "attnlab.exercises.collect", str(out), *(f"{i}={p}" for i, p in items)]
@@ -130,28 +175,29 @@ def check_many(answers: list[tuple[str, str | Path]], *, timeout: float = TIMEOU
                 command,
                 cwd=tmp,
                 env=env,
-                stdin=subprocess.DEVNULL,  # an input() in the answer ends at once, never waits for the limit
+                input=payload.getvalue(),  # read to its end before any answer runs: an input() there ends at once
                 capture_output=True,
-                text=True,
-                errors="replace",  # whatever the answer prints
                 timeout=timeout,
             )
         except subprocess.TimeoutExpired:
             return _every(items, Finding(False, "timeout", {"seconds": f"{timeout:g}"}))
         if done.returncode != 0 or not out.is_file():
-            detail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1][:300]
+            stderr = done.stderr.decode("utf-8", errors="replace")  # whatever the answer printed
+            detail = (stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1][:300]
             return _every(items, Finding(False, "crashed", {"detail": detail}))
         try:
-            observed = torch.load(out, weights_only=True)  # data only: tensors, numbers, strings
+            record = torch.load(out, weights_only=True)  # data only: tensors, numbers, strings
         except Exception as err:  # a file the answer's process wrote otherwise: never trusted, never run
             detail = f"its result could not be read as data ({type(err).__name__})"
             return _every(items, Finding(False, "crashed", {"detail": detail}))
-    return [Result(i, p, judge(i, seen)) for (i, p), seen in zip(items, observed, strict=True)]
+    if not isinstance(record, dict) or record.get("nonce") != nonce or len(record.get("results", ())) != len(items):
+        return _every(items, Finding(False, "forged", {}))
+    return list(record["results"])
 
 
-def _every(items: list[tuple[str, Path]], finding: Finding) -> list[Result]:
-    """The same finding for every answer of a run that gave no result (stopped at its time limit, or crashed)."""
-    return [Result(i, p, [finding]) for i, p in items]
+def _every(items: list[tuple[str, Path]], finding: Finding) -> list[Any]:
+    """The same finding for every answer of a run without a trusted record."""
+    return [[finding] for _ in items]
 
 
 __all__ = ["EXERCISES", "Exercise", "Finding", "Result", "check", "check_many", "exercise"]

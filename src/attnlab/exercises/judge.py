@@ -1,9 +1,11 @@
 """The checker's side: what an answer did (``collect``'s data), judged against the book, in findings with hints.
 
 Every expected value is the book's: the numbers chapter 3 prints (``attnlab.book.golden``), or what the
-chapter's own classes compute with the book's seeds (``attnlab.book``, tested equal to the book's package,
-``llms-from-scratch``). None comes from a reference solution. A finding is a key into ``text.HINTS`` with the
-values its sentence needs; ``ok`` findings say what holds, the others what differs and how to fix it.
+chapter's own classes and functions compute with the book's seeds (``attnlab.book``, tested equal to the book's
+package, ``llms-from-scratch``), on the book's inputs and on those ``given`` drew for this check. None comes
+from a reference solution. An answer right on the book's input is judged on the drawn one too: the book's
+numbers typed in pass only the first (issue 54). A finding is a key into ``text.HINTS`` with the values its
+sentence needs; ``ok`` findings say what holds, the others what differs and how to fix it.
 
 Shapes: T = 6 tokens.
 """
@@ -12,22 +14,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from attnlab import book
 from attnlab.book import golden
+from attnlab.exercises import Finding
 
 ATOL = golden.ATOL  # the book prints 4 decimals: half a unit of the last one
-
-
-@dataclass(frozen=True)
-class Finding:
-    ok: bool
-    key: str
-    values: dict[str, Any] = field(default_factory=dict)
+DRAWN_ATOL = 1e-5  # float32 answers against float64 references on the drawn inputs
 
 
 def _t(rows: object) -> torch.Tensor:
@@ -43,15 +39,35 @@ def _shape(x: object) -> str:
 
 
 def _common(seen: dict[str, Any]) -> list[Finding] | None:
-    """An answer that did not run: its function missing, or its code raising."""
+    """An answer that did not run (its function missing, its code raising), or that is judged on nothing it
+    computed (its function attnlab's own, or the collector's code changed under it)."""
     if "missing" in seen:
         return [Finding(False, "missing", {"name": seen["missing"]})]
     if "error" in seen:
         return [Finding(False, "error", seen["error"])]
+    if "borrowed" in seen:
+        return [Finding(False, "refused.borrowed", seen["borrowed"])]
+    if "tampered" in seen:
+        return [Finding(False, "tampered", {"names": ", ".join(seen["tampered"])})]
     return None
 
 
-def judge_3_1(seen: dict[str, Any]) -> list[Finding]:
+def _on_drawn(findings: list[Finding], got: object, want: torch.Tensor) -> list[Finding]:
+    """``findings`` on the book's input; if they pass, the answer must also be right on the drawn input."""
+    if not all(f.ok for f in findings) or _close(got, want, DRAWN_ATOL):
+        return findings
+    if isinstance(got, torch.Tensor) and got.shape == want.shape:
+        return [Finding(False, "drawn", {"got": _row(got, 1), "want": _row(want, 1)})]
+    return [Finding(False, "shape", {"got": _shape(got), "want": _shape(want)})]
+
+
+def _nan(got: torch.Tensor) -> list[Finding]:
+    """NaN rows named, 1-based as the book counts tokens; none: no finding."""
+    rows = [str(i + 1) for i in range(got.shape[0]) if bool(got[i].isnan().any())]
+    return [Finding(False, "nan", {"rows": ", ".join(rows)})] if rows else []
+
+
+def judge_3_1(seen: dict[str, Any], given: dict[str, Any]) -> list[Finding]:
     names = ("W_query", "W_key", "W_value")
     before, v1, v2 = seen["v2_before"], seen["v1"], seen["v2"]
     out: list[Finding] = []
@@ -83,17 +99,46 @@ def judge_3_1(seen: dict[str, Any]) -> list[Finding]:
         out.append(Finding(True, "3.1.same", {}))
     elif not out:
         out.append(Finding(False, "3.1.output", {"got": _shape(seen["out_v1"])}))
+    drawn = seen["drawn"]["out_v1"]  # the pair built with the drawn seeds
+    if all(f.ok for f in out) and isinstance(drawn, dict):
+        return [Finding(False, "3.1.runs", drawn)]
+    if all(f.ok for f in out) and not _close(drawn, _v2_output(**given["drawn"]), DRAWN_ATOL):
+        return [Finding(False, "3.1.drawn", {"seeds": ", ".join(map(str, given["drawn"]["seeds"]))})]
     return out
 
 
-def _wrapper_output() -> torch.Tensor:
-    """The book's MultiHeadAttentionWrapper(3, 1, 6, 0.0, num_heads=2) on its batch, seed 123: (2, 6, 2)."""
-    with torch.random.fork_rng(devices=[]), torch.no_grad():  # the book seeds the global generator: ours is given back
+def _v2_output(seeds: tuple[int, int], inputs: torch.Tensor) -> torch.Tensor:
+    """The book's SelfAttention_v2 built with ``seeds[1]``, on ``inputs``: what V1 gives once it holds V2's weights."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seeds[1])
+        return book.SelfAttentionV2(3, 2)(inputs).double()
+
+
+def _wrapper() -> book.MultiHeadAttentionWrapper:
+    """The book's MultiHeadAttentionWrapper(3, 1, 6, 0.0, num_heads=2), seed 123."""
+    with torch.random.fork_rng(devices=[]):  # the book seeds the global generator: ours is given back
         torch.manual_seed(123)
-        return book.MultiHeadAttentionWrapper(3, 1, 6, 0.0, num_heads=2)(book.batched_inputs()).double()
+        return book.MultiHeadAttentionWrapper(3, 1, 6, 0.0, num_heads=2)
 
 
-def judge_3_2(seen: dict[str, Any]) -> list[Finding]:
+def _wrapper_output(batch: torch.Tensor | None = None) -> torch.Tensor:
+    """The book's wrapper, seed 123, on ``batch`` (the book's by default): (2, 6, 2)."""
+    with torch.no_grad():
+        return _wrapper()(book.batched_inputs() if batch is None else batch).double()
+
+
+def _other_seed(weights: object) -> bool:
+    """The book's wrapper's parameters, same names and shapes, other values: made after another seed or draw."""
+    want = {name: p.detach().double() for name, p in _wrapper().named_parameters()}
+    if not isinstance(weights, dict) or weights.keys() != want.keys():
+        return False
+    got = [weights[n] for n in want]
+    if not all(isinstance(g, torch.Tensor) and g.shape == want[n].shape for g, n in zip(got, want, strict=True)):
+        return False
+    return not all(torch.equal(g, want[n]) for g, n in zip(got, want, strict=True))
+
+
+def judge_3_2(seen: dict[str, Any], given: dict[str, Any]) -> list[Finding]:
     if seen.get("class") != "MultiHeadAttentionWrapper":
         return [Finding(False, "3.2.class", {"got": seen.get("class")})]
     out: list[Finding] = []
@@ -108,13 +153,19 @@ def judge_3_2(seen: dict[str, Any]) -> list[Finding]:
     if isinstance(got, dict):
         out.append(Finding(False, "error", got))
     elif not out and _close(got, _wrapper_output(), 1e-6):
+        if isinstance(drawn := seen.get("drawn"), dict):
+            return [Finding(False, "error", drawn)]
+        if not _close(drawn, _wrapper_output(given["drawn"]["batch"]), DRAWN_ATOL):
+            return [Finding(False, "3.2.drawn", {})]
         out.append(Finding(True, "3.2.same", {"shape": _shape(got)}))
+    elif not out and _other_seed(seen.get("weights")):
+        out.append(Finding(False, "3.2.seed", {}))
     elif not out:
         out.append(Finding(False, "3.2.output", {"shape": _shape(got)}))
     return out
 
 
-def judge_3_3(seen: dict[str, Any]) -> list[Finding]:
+def judge_3_3(seen: dict[str, Any], given: dict[str, Any]) -> list[Finding]:
     if seen.get("class") != "MultiHeadAttention":
         return [Finding(False, "3.3.class", {"got": seen.get("class")})]
     out: list[Finding] = []
@@ -137,8 +188,13 @@ def judge_3_3(seen: dict[str, Any]) -> list[Finding]:
     return out
 
 
-def judge_3_a(seen: dict[str, Any]) -> list[Finding]:
-    got, want, scores = seen["out"], _t(golden.ATTN_WEIGHTS), _t(golden.ATTN_SCORES)
+def judge_3_a(seen: dict[str, Any], given: dict[str, Any]) -> list[Finding]:
+    drawn = book.all_context_vectors(given["drawn"]["inputs"].double())[1]  # the chapter's attn_weights line
+    return _on_drawn(_book_3_a(seen["out"]), seen["drawn"], drawn)
+
+
+def _book_3_a(got: object) -> list[Finding]:
+    want, scores = _t(golden.ATTN_WEIGHTS), _t(golden.ATTN_SCORES)
     if _close(got, want):
         return [Finding(True, "3.A.same", {})]
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
@@ -149,19 +205,28 @@ def judge_3_a(seen: dict[str, Any]) -> list[Finding]:
         return [Finding(False, "3.A.sum_norm", {})]
     if _close(got, torch.softmax(scores, dim=0)):
         return [Finding(False, "3.A.dim0", {})]
-    return [Finding(False, "values", {"got": _row(got, 1), "want": _row(want, 1)})]
+    return _nan(got) or [Finding(False, "values", {"got": _row(got, 1), "want": _row(want, 1)})]
 
 
-def judge_3_b(seen: dict[str, Any]) -> list[Finding]:
-    got, want_2 = seen["out"], _t(golden.ATTN_WEIGHTS_2_SCALED)
+def _scaled(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Every query's row, as the book computes query 2's: softmax(q @ k.T / sqrt(d_k)), in float64."""
+    queries, keys = queries.double(), keys.double()
+    return torch.softmax(queries @ keys.T / keys.shape[-1] ** 0.5, dim=-1)
+
+
+def judge_3_b(seen: dict[str, Any], given: dict[str, Any]) -> list[Finding]:
+    return _on_drawn(_book_3_b(seen["out"]), seen["drawn"], _scaled(**given["drawn"]))
+
+
+def _book_3_b(got: object) -> list[Finding]:
+    want_2 = _t(golden.ATTN_WEIGHTS_2_SCALED)
     scores_2 = _t(golden.ATTN_SCORES_2_TRAINABLE)  # query 2's scores, the book's printed row
     if not isinstance(got, torch.Tensor) or got.shape != (6, 6):
         return [Finding(False, "shape", {"got": _shape(got), "want": "(6, 6)"})]
     row = got[1]
     inputs = book.embedded_inputs().double()
-    queries, keys = inputs @ _t(golden.W_QUERY), inputs @ _t(golden.W_KEY)  # the book's W, seed 123, as printed
-    every = torch.softmax(queries @ keys.T / 2**0.5, dim=-1)  # every query's row, as the book computes query 2's
-    if _close(row, want_2) and _close(got, every, 1e-6):
+    every = _scaled(inputs @ _t(golden.W_QUERY), inputs @ _t(golden.W_KEY))  # the book's W, seed 123, as printed
+    if _close(row, want_2) and _close(got, every):
         return [Finding(True, "3.B.same", {})]
     if _close(row, want_2):  # query 2's row right, the others not: the answer computed one query for all
         return [Finding(False, "3.B.one_query", {})]
@@ -171,15 +236,27 @@ def judge_3_b(seen: dict[str, Any]) -> list[Finding]:
         return [Finding(False, "3.B.scale_d_k", {"d_k": 2, "root": f"{math.sqrt(2):.4f}"})]
     if _close(got.sum(dim=0), torch.ones(6, dtype=torch.float64), 1e-5):
         return [Finding(False, "3.B.dim0", {})]
-    return [Finding(False, "values", {"got": _row(got, 1), "want": _row(want_2.unsqueeze(0), 0)})]
+    return _nan(got) or [Finding(False, "values", {"got": _row(got, 1), "want": _row(want_2.unsqueeze(0), 0)})]
 
 
-def judge_3_c(seen: dict[str, Any]) -> list[Finding]:
-    got, want = seen["out"], _t(golden.CAUSAL_WEIGHTS)
+def judge_3_c(seen: dict[str, Any], given: dict[str, Any]) -> list[Finding]:
+    drawn = book.causal_weights_masked(given["drawn"]["attn_scores"].double(), d_k=2)  # section 3.5's method (2)
+    return _on_drawn(_book_3_c(seen["out"]), seen["drawn"], drawn)
+
+
+def _book_3_c(got: object) -> list[Finding]:
+    want = _t(golden.CAUSAL_WEIGHTS)
     if _close(got, want):
         return [Finding(True, "3.C.same", {})]
     if not isinstance(got, torch.Tensor) or got.shape != want.shape:
         return [Finding(False, "shape", {"got": _shape(got), "want": _shape(want)})]
+    # no token but the first attends to itself: the diagonal was hidden with the future (row 1, all hidden,
+    # is NaN after -inf, or uniform after a large finite fill); not a missing renormalization
+    diagonal = got.diagonal()[1:]
+    if bool(((diagonal.abs() < 1e-6) | diagonal.isnan()).all()):
+        return [Finding(False, "3.C.diagonal", {})]
+    if nan := _nan(got):
+        return nan
     upper, lower = got.triu(1), got.tril(-1)
     if bool((upper.abs() > 1e-6).any()) and bool((lower.abs() < 1e-9).all()):
         return [Finding(False, "3.C.wrong_side", {})]
@@ -203,7 +280,7 @@ def _row(x: torch.Tensor, i: int) -> str:
     return "[" + ", ".join(f"{float(v):.4f}" for v in x[i]) + "]"
 
 
-JUDGES: dict[str, Callable[[dict[str, Any]], list[Finding]]] = {
+JUDGES: dict[str, Callable[[dict[str, Any], dict[str, Any]], list[Finding]]] = {
     "3.1": judge_3_1,
     "3.2": judge_3_2,
     "3.3": judge_3_3,
@@ -213,5 +290,6 @@ JUDGES: dict[str, Callable[[dict[str, Any]], list[Finding]]] = {
 }
 
 
-def judge(exercise: str, seen: dict[str, Any]) -> list[Finding]:
-    return _common(seen) or JUDGES[exercise](seen)
+def judge(exercise: str, seen: dict[str, Any], given: dict[str, Any]) -> list[Finding]:
+    """What the answer did (``seen``), judged; ``given`` is what it was handed (the book's and drawn inputs)."""
+    return _common(seen) or JUDGES[exercise](seen, given)

@@ -76,6 +76,18 @@ HINTS: dict[str, dict[str, str]] = {
         "error": "the answer raised {type}: {message}",
         "shape": "the result has shape {got}; the book's is {want}",
         "values": "the numbers differ from the book's: row 2 is {got}, the book prints {want}",
+        "refused.solution": "the answer imports the reference solution ({module}): write the function yourself",
+        "refused.book": "the answer uses the book's own {name}, the very function this exercise asks for: "
+        "write it yourself",
+        "refused.golden": "the answer imports the book's printed numbers ({module}): compute them yourself",
+        "refused.borrowed": "{function} is attnlab's own {name}, not a function written in your file: write it "
+        "yourself",
+        "drawn": "right on the book's input, but on an input the checker drew, row 2 is {got}, not {want}: compute "
+        "from the arguments (numbers typed in from the book fit the book's input only)",
+        "nan": "row(s) {rows} hold NaN: a row of scores all -inf has no softmax (0 / 0)",
+        "forged": "the record the checker reads was not the one its collector wrote (the answer's own process wrote "
+        "it: torch.save, an atexit hook, ...): only what your function returns is judged",
+        "tampered": "the answer changed the checker's own code ({names}): only what your function returns is judged",
         "3.1.direction": "sa_v2's {names} changed: the exercise moves V2's weights into V1, so assign to sa_v1",
         "3.1.transpose": "sa_v1.{name} has shape {shape}, nn.Linear's (d_out, d_in) layout; V1 multiplies x @ W "
         "and needs (d_in, d_out) = {want}: transpose it with .T",
@@ -87,6 +99,8 @@ HINTS: dict[str, dict[str, str]] = {
         "3.1.runs": "sa_v1(inputs) raised {type}: {message}",
         "3.1.output": "sa_v1's context vectors (shape {got}) differ from the book's sa_v2 output",
         "3.1.same": "sa_v1 now gives the book's sa_v2 context vectors, to 4 decimals",
+        "3.1.drawn": "sa_v1 gives the book's output for the book's seeds, but not for a pair the checker built "
+        "with seeds {seeds}: copy sa_v2's own weights, not numbers from the book",
         "3.2.class": "build() returned a {got}: the exercise changes the arguments of MultiHeadAttentionWrapper",
         "3.2.heads": "the wrapper has {heads} head(s); the exercise keeps num_heads=2 and changes d_out",
         "3.2.concat": "{heads} heads of d_out={d_out} are concatenated into {width} dimensions: each head adds "
@@ -94,6 +108,11 @@ HINTS: dict[str, dict[str, str]] = {
         "3.2.dropout": "dropout={p}: the book's call uses dropout=0.0, so the context vectors are not random",
         "3.2.output": "the context vectors (shape {shape}) differ from the book's wrapper with d_out=1",
         "3.2.same": "two heads of d_out=1: context vectors of shape {shape}, equal to the book's code",
+        "3.2.drawn": "the context vectors are the book's on its batch but not on a batch the checker drew: return "
+        "the wrapper itself, whose output follows its input",
+        "3.2.seed": "two heads of d_out=1, but the weights are not those torch.manual_seed(123) gives: build() set "
+        "another seed, or drew random numbers before creating the wrapper; the checker seeds 123 just before "
+        "calling build(), so create the wrapper first and set no other seed",
         "3.3.class": "build() returned a {got}: the exercise builds a MultiHeadAttention",
         "3.3.d_out": "d_out={d_out}: d_out is the whole output, 768, which the heads share (768 / 12 = 64 each)",
         "3.3.heads": "{heads} heads of {head_dim}: GPT-2 small has 12 heads of 64",
@@ -120,6 +139,9 @@ HINTS: dict[str, dict[str, str]] = {
         "3.C.renormalize": "the rows sum to {sums}: weights zeroed after softmax must be normalized again, or "
         "mask the scores with -inf before softmax",
         "3.C.no_scale": "the scores were not scaled: divide by the square root of d_k = 2 before softmax",
+        "3.C.diagonal": "the diagonal is masked too: each token attends to itself, so hide only what lies above "
+        "it, torch.triu(..., diagonal=1) (with the diagonal hidden the first row has nothing left, and a softmax "
+        "over all -inf is NaN)",
         "3.C.same": "the causal weights equal the book's, nothing above the diagonal",
         "timeout": "the answer ran past {seconds} s and was stopped (an endless loop?)",
         "crashed": "the answer's process ended without a result: {detail}",
@@ -129,6 +151,16 @@ HINTS: dict[str, dict[str, str]] = {
         "error": "答案抛出了 {type}：{message}",
         "shape": "结果的形状是 {got}，书中是 {want}",
         "values": "数值与书中不同：第 2 行是 {got}，书中打印的是 {want}",
+        "refused.solution": "答案导入了参考答案 ({module})：请自己写这个函数",
+        "refused.book": "答案用了书中自己的 {name}，这正是本练习要你写的函数：请自己写",
+        "refused.golden": "答案导入了书中打印的数值 ({module})：请自己算出来",
+        "refused.borrowed": "{function} 是 attnlab 自己的 {name}，不是你在文件里写的函数：请自己写",
+        "drawn": "在书中的输入上结果正确，但在检查器随机抽取的输入上，第 2 行是 {got}，应为 {want}："
+        "要根据参数计算(照抄书中的数值只对书中的输入成立)",
+        "nan": "第 {rows} 行含有 NaN：全是 -inf 的一行分数没有 softmax (0 / 0)",
+        "forged": "检查器读到的记录不是它的收集程序写的(是答案自己的进程写的：torch.save、atexit 钩子……)："
+        "只评判你的函数返回的结果",
+        "tampered": "答案改动了检查器自己的代码 ({names})：只评判你的函数返回的结果",
         "3.1.direction": "sa_v2 的 {names} 被改了：练习是把 V2 的权重放进 V1，应该给 sa_v1 赋值",
         "3.1.transpose": "sa_v1.{name} 的形状是 {shape}，这是 nn.Linear 的 (d_out, d_in) 存法；V1 计算 x @ W，"
         "需要 (d_in, d_out) = {want}：用 .T 转置",
@@ -139,12 +171,18 @@ HINTS: dict[str, dict[str, str]] = {
         "3.1.runs": "sa_v1(inputs) 抛出了 {type}：{message}",
         "3.1.output": "sa_v1 的上下文向量 (形状 {got}) 与书中 sa_v2 的输出不同",
         "3.1.same": "sa_v1 现在算出书中 sa_v2 的上下文向量，4 位小数一致",
+        "3.1.drawn": "用书中的种子时 sa_v1 的输出与书中一致，但在检查器用种子 {seeds} 构建的一对模块上不一致："
+        "要复制 sa_v2 自己的权重，而不是书中的数值",
         "3.2.class": "build() 返回的是 {got}：练习要修改的是 MultiHeadAttentionWrapper 的参数",
         "3.2.heads": "有 {heads} 个头；练习保持 num_heads=2，改的是 d_out",
         "3.2.concat": "{heads} 个 d_out={d_out} 的头拼接成 {width} 维：每个头贡献自己的 d_out，所以设 d_out=1",
         "3.2.dropout": "dropout={p}：书中的调用用 dropout=0.0，上下文向量不是随机的",
         "3.2.output": "上下文向量 (形状 {shape}) 与书中代码 d_out=1 时的结果不同",
         "3.2.same": "两个 d_out=1 的头：上下文向量形状 {shape}，与书中代码的结果一致",
+        "3.2.drawn": "在书中的批次上上下文向量与书中一致，但在检查器随机抽取的批次上不一致：要返回包装器本身，"
+        "它的输出随输入而变",
+        "3.2.seed": "两个 d_out=1 的头，但权重不是 torch.manual_seed(123) 给出的：build() 设了别的种子，"
+        "或在创建包装器之前抽取了随机数；检查器在调用 build() 之前刚设好种子 123，所以要先创建包装器，不要再设别的种子",
         "3.3.class": "build() 返回的是 {got}：练习构建的是 MultiHeadAttention",
         "3.3.d_out": "d_out={d_out}：d_out 是整个输出的维度 768，由各个头平分(每个 768 / 12 = 64)",
         "3.3.heads": "{heads} 个 {head_dim} 维的头：GPT-2 small 有 12 个 64 维的头",
@@ -166,6 +204,8 @@ HINTS: dict[str, dict[str, str]] = {
         "3.C.future": "后面的 Token 仍有权重(最大 {most})：用 0 做掩码，softmax 里还有 exp(0) = 1；softmax 之前填 -inf",
         "3.C.renormalize": "每行之和是 {sums}：softmax 之后置 0 的权重要重新归一化，或者在 softmax 之前用 -inf 做掩码",
         "3.C.no_scale": "注意力分数没有缩放：softmax 之前要除以 d_k = 2 的平方根",
+        "3.C.diagonal": "对角线也被遮住了：每个 Token 都要关注它自己，只遮住对角线以上的部分，"
+        "torch.triu(..., diagonal=1)(对角线也遮住时第一行什么都不剩，全是 -inf 的 softmax 是 NaN)",
         "3.C.same": "因果注意力权重与书中一致，对角线以上全为 0",
         "timeout": "答案运行超过 {seconds} 秒，已被停止(死循环？)",
         "crashed": "答案的进程没有给出结果就结束了：{detail}",
