@@ -84,6 +84,21 @@ def test_tokenize_words_and_punctuation() -> None:
     assert tokenize("Hi, you! 你好。") == ["Hi", ",", "you", "!", "你好", "。"]
 
 
+def test_tokenize_keeps_what_a_reader_sees_as_one_character_whole() -> None:
+    """A decomposed accent stays on its word; a flag, a ZWJ family and a keycap are one token each; kana with a
+    combining voicing mark and conjoining Hangul jamo stay one word (issue 54: each was cut into pieces)."""
+    text = "cafe\u0301 \U0001f1e8\U0001f1f3 \U0001f468\u200d\U0001f469 1\ufe0f\u20e3 \u304b\u3099\u304d \u1100\u1161\u11a8!"
+    assert tokenize(text) == [
+        "cafe\u0301",
+        "\U0001f1e8\U0001f1f3",
+        "\U0001f468\u200d\U0001f469",
+        "1\ufe0f\u20e3",
+        "\u304b\u3099\u304d",
+        "\u1100\u1161\u11a8",
+        "!",
+    ]
+
+
 def _assert_self_contained(html: str) -> None:
     srcs = re.findall(r'src="([^"]*)"', html)
     assert srcs and all(re.fullmatch(r"data:image/png;base64,[A-Za-z0-9+/=]+", s) for s in srcs)

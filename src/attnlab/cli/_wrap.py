@@ -4,7 +4,9 @@ rich wraps at spaces, so a Chinese sentence with one English word in it broke
 at that word's space and left half a line empty. Here each Chinese character
 is a place to break, Latin words stay whole (a word wider than the line is
 folded), and a line never starts with closing punctuation (，。：；！？）”).
-Widths are terminal cells: a Chinese character takes two.
+Widths are terminal cells: a Chinese character takes two. A character is what a
+reader sees as one (a grapheme cluster): か and U+3099, e and U+0301 are never
+split between lines.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import re
 
 from rich.cells import cell_len
 
-_CJK = r"\u2e80-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef\u201c\u201d"
-_TOKEN = re.compile(rf"[{_CJK}]|[^\s{_CJK}]+|\s+")
+from attnlab.models.graphemes import graphemes
+
+_CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef\u201c\u201d]")
 _NO_LINE_START = set("，。、：；！？）》」』”,.;:!?)")
 
 
@@ -35,7 +38,7 @@ def _wrap_paragraph(paragraph: str, width: int) -> list[str]:
     def used() -> int:
         return cell_len("".join(line))
 
-    for token in _TOKEN.findall(paragraph):
+    for token in _tokens(paragraph):
         if token.isspace():
             if line and line[-1] != " ":
                 line.append(" ")
@@ -58,8 +61,27 @@ def _wrap_paragraph(paragraph: str, width: int) -> list[str]:
     return lines
 
 
+def _tokens(paragraph: str) -> list[str]:
+    """The places a line may break around: each Chinese character, each word whole, each run of spaces; a
+    character with its marks (か and U+3099) is one."""
+    tokens: list[str] = []
+    kinds: list[str] = []
+    for cluster in graphemes(paragraph):
+        kind = "space" if cluster.isspace() else "cjk" if _CJK.match(cluster) else "word"
+        if kinds and kind != "cjk" and kinds[-1] == kind:
+            tokens[-1] += cluster
+        else:
+            tokens.append(cluster)
+            kinds.append(kind)
+    return tokens
+
+
 def _fit(token: str, width: int) -> int:
+    """How much of ``token`` (in code points, whole characters) fits ``width`` cells: at least one character."""
+    clusters = graphemes(token)
     n = 0
-    while n < len(token) and cell_len(token[: n + 1]) <= width:
-        n += 1
-    return max(n, 1)
+    for cluster in clusters:
+        if cell_len(token[: n + len(cluster)]) > width:
+            break
+        n += len(cluster)
+    return max(n, len(clusters[0]))

@@ -30,7 +30,7 @@ from attnlab.explain.render.html import Section
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.models.generation import Sampling, Stop, decode, prefill
 from attnlab.models.gpt import GPT
-from attnlab.models.tokenizer import TextTokenizer
+from attnlab.models.tokenizer import TextTokenizer, character_groups, part_labels
 
 NEW_TOKENS = 8
 MAX_PROMPT = 48  # a grid of steps x tokens stays readable
@@ -70,7 +70,7 @@ def cache_sections(
         grid, rows, value = _prefix(model, ids, txt)
     else:
         grid, rows, value, ids = _watch(model, ids, cache, txt)
-    labels = [_short(tokenizer.decode([i])) for i in ids]
+    labels = cache_labels(tokenizer, ids)
     title = txt["cache_title"].format(cache=cache)
     drawn = []
     if figures:
@@ -97,6 +97,12 @@ def cache_sections(
             wide=True,  # steps x tokens, wrapped into panels as wide as the section
         )
     ]
+
+
+def cache_labels(tokenizer: TextTokenizer, ids: list[int]) -> list[str]:
+    """A column label per token: a token that is a part of a character (as a reader sees it) labelled by the
+    character and its place (字 1/3, 🇨🇳 5/8), never by a byte's U+FFFD."""
+    return part_labels([(members, _short(text)) for members, text in character_groups(tokenizer, ids)])
 
 
 def _short(label: str) -> str:

@@ -14,6 +14,7 @@ from attnlab.explain.report import MAX_TOKENS
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.explain.tour import fmt
 from attnlab.models.gpt import GPT
+from attnlab.models.graphemes import visible
 from attnlab.models.tokenizer import TextTokenizer, character_groups, part_labels
 from attnlab.models.train import TrainLog
 
@@ -46,8 +47,8 @@ def model_weights(
     if len(labels) != len(ids):  # a tokenizer of one's own whose labels do not match its ids: from the ids
         labels = part_labels(groups)
     weights = model.attention_weights(torch.tensor([ids]))[:, 0]  # (L, H, T, T) of the one sequence
-    if characters:
-        merged = [labels[members[0]] if len(members) == 1 else text for members, text in groups]
+    if characters:  # one label per character as a reader sees it (a grapheme cluster): 🇨🇳, é, 1️⃣
+        merged = [labels[members[0]] if len(members) == 1 else visible(text) for members, text in groups]
         return merged, by_character(weights, [members for members, _ in groups])
     return labels, weights
 

@@ -7,8 +7,8 @@ book's classes; attnlab.Attention on the eager backend) and never copy them.
 from __future__ import annotations
 
 import hashlib
-import re
 
+import regex
 import torch
 
 from attnlab import book
@@ -24,7 +24,9 @@ from attnlab.observe import Recorder
 
 MAX_TOKENS = 64  # a heatmap with more rows is unreadable: the HTML report stops here
 MAX_TOKENS_TEXT = 2048  # without a report, the terminal summary goes further (weights are T x T per head)
-_TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+# a word is a run of clusters that start with a word character (an accent, a skin tone or a joiner stays with
+# what it marks); any other visible cluster (a punctuation mark, a flag, an emoji) is a token of its own
+_TOKEN = regex.compile(r"(?:(?=\w)\X)+|(?!\s)\X")
 
 
 def tokenize(sentence: str) -> list[str]:

@@ -122,8 +122,9 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "attention through every layer, with the residual stream counted as half of each step.",
         "model_intro": "A real checkpoint ({layers} layers, {heads} heads, {emb} dimensions) on {tokens} tokens, "
         "labelled as its tokenizer cuts the text. One forward pass, recorded layer by layer.",
-        "characters_note": "Shown by character: the text's {tokens} tokens are {chars} characters (a Chinese "
-        "character is 3 byte tokens, an emoji 4). A character's weight as a key is the sum over its tokens; its "
+        "characters_note": "Shown by character: the text's {tokens} tokens are {chars} characters as a reader sees "
+        "them (a Chinese character is 3 byte tokens, an emoji 4; a flag, a family of emoji joined by U+200D, or é "
+        "written as e and an accent is one character). A character's weight as a key is the sum over its tokens; its "
         "row as a query is the mean of its tokens' rows, so each row still sums to what a token's does.",
         "parts_note": "A token that is a part of a character is labelled by the character and its place in it "
         "(字 1/3: the first of 字's 3 byte tokens); --characters shows one row and column per character.",
@@ -261,7 +262,8 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "model_intro": "一个真实的模型检查点 ({layers} 层，{heads} 个头，{emb} 维)，输入 {tokens} 个 Token，"
         "标签是分词器切出的 Token。一次前向传播，逐层记录。",
         "characters_note": "按字显示：这段文字的 {tokens} 个 Token 是 {chars} 个字 (一个汉字是 3 个字节 Token，"
-        "一个 emoji 是 4 个)。一个字作为键的权重是它各个 Token 的权重之和；作为查询的一行是它各个 Token 那几行的平均，"
+        "一个 emoji 是 4 个；按读者看到的算：一面旗帜、用 U+200D 连起来的一组 emoji、写成 e 加重音符的 é，"
+        "都算一个字)。一个字作为键的权重是它各个 Token 的权重之和；作为查询的一行是它各个 Token 那几行的平均，"
         "所以每行之和仍与一个 Token 的一行相同。",
         "parts_note": "一个 Token 只是某个字的一部分时，标签写出这个字和它在字里的位置 (字 1/3：“字”的 3 个字节 "
         "Token 中的第 1 个)；加 --characters 则每个字一行一列。",

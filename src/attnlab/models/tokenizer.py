@@ -8,21 +8,25 @@ character (``Decoder``).
 
 Characters, not bytes: a Chinese character is 3 UTF-8 bytes, an emoji 4, so a
 byte-level tokenizer gives it 3 or 4 tokens, and BPE may give it 2. ``character_groups``
-gathers the tokens of each character (by decoding: any tokenizer, any ids,
-generated ones too); ``tokens`` labels a token that is a part of a character
-by the character and its place, "字 1/3", "字 2/3", "字 3/3", never by a byte;
-a view can merge each group into one label (``attnlab.explain``).
+gathers the tokens of each character as a reader sees it (by decoding: any
+tokenizer, any ids, generated ones too; then whole grapheme clusters,
+``models.graphemes``: a flag, e and U+0301, a family joined by U+200D are one
+character each); ``tokens`` labels a token that is a part of a character by the
+character and its place, "字 1/3", "字 2/3", "字 3/3", never by a byte; a view can
+merge each group into one label (``attnlab.explain``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
+
+from attnlab.models.graphemes import graphemes, visible, whole_graphemes
 
 
 class TextTokenizer(Protocol):
@@ -36,11 +40,18 @@ class TextTokenizer(Protocol):
 
 
 def character_groups(tokenizer: TextTokenizer, ids: list[int]) -> list[tuple[list[int], str]]:
-    """The positions of ``ids`` gathered into whole characters, each group with its text: a token that decodes
-    alone is a group of one; tokens that decode only together (the bytes of one character, or a BPE token
+    """The positions of ``ids`` gathered into whole characters as a reader sees them (extended grapheme
+    clusters), each group with its text: a token that is whole characters alone is a group of one; tokens that
+    make them only together (the bytes of one character, e and U+0301, the halves of a flag, or a BPE token
     holding the end of one character and the start of the next) form one group. A token that does not combine
     with the run before it (a stray byte, a character left unfinished) ends that run, which stays a group as it
     decodes (with U+FFFD), and never swallows the text after it."""
+    return whole_graphemes(_code_point_groups(tokenizer, ids))
+
+
+def _code_point_groups(tokenizer: TextTokenizer, ids: list[int]) -> list[tuple[list[int], str]]:
+    """The positions of ``ids`` gathered by decoding into runs that make whole code points (or a stray byte's
+    U+FFFD)."""
     groups: list[tuple[list[int], str]] = []
     run: list[int] = []
     for n, token in enumerate(ids):
@@ -65,13 +76,14 @@ def character_groups(tokenizer: TextTokenizer, ids: list[int]) -> list[tuple[lis
     return groups
 
 
-def part_labels(groups: list[tuple[list[int], str]]) -> list[str]:
+def part_labels(groups: list[tuple[list[int], str]], *, unknown: Collection[int] = ()) -> list[str]:
     """A label per token from its group: its own text, or the character(s) it is a part of and its place among
-    their tokens ("字 2/3")."""
+    their tokens ("字 2/3"); a token in ``unknown`` (one the vocabulary lacks) marked "字?", "é? 2/2". A group
+    that draws nothing alone (a text that starts with U+0301) is shown visibly, "◌́" (``graphemes.visible``)."""
     return [
-        text if len(members) == 1 else f"{text} {k}/{len(members)}"
+        f"{visible(text)}{'?' if n in unknown else ''}" + ("" if len(members) == 1 else f" {k}/{len(members)}")
         for members, text in groups
-        for k in range(1, len(members) + 1)
+        for k, n in enumerate(members, 1)
     ]
 
 
@@ -190,8 +202,14 @@ class CharTokenizer:
         return "".join(self.chars[i] for i in ids)
 
     def tokens(self, text: str) -> list[str]:
-        """A label per character: itself, or itself marked 字? when the vocabulary lacks it (the model reads □)."""
-        return [c if c in self.index else f"{c}?" for c in text]
+        """A label per character: itself, or itself marked 字? when the vocabulary lacks it (the model reads □);
+        a character a reader sees as one with the next (e and U+0301) labelled as a part of it, "é 1/2"."""
+        groups: list[tuple[list[int], str]] = []
+        at = 0
+        for cluster in graphemes(text):
+            groups.append((list(range(at, at + len(cluster))), cluster))
+            at += len(cluster)
+        return part_labels(groups, unknown={n for n, c in enumerate(text) if c not in self.index})
 
     def to_json(self) -> str:
         """What ``chars.json`` holds (``save_gpt`` writes it beside the weights, whole or not at all)."""

@@ -36,6 +36,7 @@ from matplotlib.layout_engine import PlaceHolderLayoutEngine
 from attnlab.explain.render import html
 from attnlab.explain.render.fonts import drawable, fonts
 from attnlab.explain.render.html import text_width
+from attnlab.models.graphemes import visible
 
 CMAP = "viridis"
 ANNOTATE_MAX = 12
@@ -53,8 +54,9 @@ COLORBAR = 0.8  # inches for a heatmap's colour bar
 
 
 def safe_label(text: str) -> str:
-    """Labels are plain text: '$' would start matplotlib mathtext, so escape it; a glyph no font has gets its name."""
-    return drawable(text).replace("$", r"\$")
+    """Labels are plain text: '$' would start matplotlib mathtext, so escape it; a glyph no font has gets its name;
+    a mark that draws nothing alone (U+0301 with nothing before it, U+200D) is made visible (``visible``)."""
+    return drawable(visible(text)).replace("$", r"\$")
 
 
 def _label_pt(size: float, longest: int) -> float:

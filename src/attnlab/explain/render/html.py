@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.explain.checks import Check
+from attnlab.models.graphemes import graphemes
 
 _CSS = """
 :root { --ink: #1d1d1f; --muted: #5f6368; --line: #dadce0; --ok: #137333; --bad: #a50e0e; --bg: #fafafa; }
@@ -112,8 +113,9 @@ VALUE_COLUMNS = 80  # the characters of a value line that fit half a section (pr
 
 
 def text_width(line: str) -> int:
-    """A line's width in characters of a monospace font: a wide (CJK) character takes two."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in line)
+    """A line's width in characters of a monospace font, a character as a reader sees it (e and U+0301 one): a
+    wide (CJK) character takes two."""
+    return sum(2 if any(unicodedata.east_asian_width(c) in "WF" for c in g) else 1 for g in graphemes(line))
 
 
 @dataclass

@@ -41,6 +41,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from attnlab.models.graphemes import visible
+
 MAX_VIEW_TOKENS = 1024  # the head view scrolls; past this the page grows past what a browser draws at ease
 MAX_VIEW_BYTES = 32 * 2**20  # bytes of weights in one page, before base64; past it a browser takes seconds to open it
 THUMB = 128  # the model view draws each head in at most this many pixels a side (max over each block of weights)
@@ -600,7 +602,7 @@ class AttentionView:
             raise ValueError(f"windows must be positive ints or None (full attention), got {self.windows}")
         if self.sinks and built.rows_past_one:
             raise ValueError("with sinks, each row of weights sums to at most 1 (the rest is the sinks' share)")
-        shown = [str(token).translate(_SHOWN) for token in self.tokens]
+        shown = [visible(str(token)).translate(_SHOWN) for token in self.tokens]  # never a lone U+0301 or U+200D
         self.tokens = [s if s.strip() else "\u2423" * len(s) or "\u00b7" for s in shown]  # a space shows as ␣
         self.rollout = built._rolled.float()
         self.causal = built.causal
