@@ -71,6 +71,11 @@ class Recorder:
     While a recorder is active, ``attnlab.attention(backend="auto")`` runs the
     eager backend, the one that forms the weights. A fused backend asked for
     by name records nothing; the recorder notes it, and :meth:`get` says so.
+
+    With learned sinks (gpt-oss) every path records one truth: "attn_weights"
+    are what the softmax gave the keys (a row sums to 1 minus the sink's
+    share), and "sink_weight" (B, H, Tq) is that share, recorded just before
+    its layer's weights (``attnlab.functional.sinks``).
     """
 
     def __init__(
@@ -179,8 +184,9 @@ class Recorder:
         """The (B, Tq, Tk) weights of one head chosen with ``heads=``, from its layer's last call.
 
         Tk counts the keys the layer attended over: through an attnlab cache (``attnlab.hf.cache``) its slots, in
-        the cache's order (an empty one weighs 0). With learned sinks (gpt-oss) a row sums to 1 over the keys and
-        the sink's share is recorded beside, as "sink_weight" (B, H, Tq): key j's true weight is w_j * (1 - sink).
+        the cache's order (an empty one weighs 0). With learned sinks (gpt-oss) each weight is what the softmax
+        gave the key, as transformers' eager attention returns it: a row sums to 1 minus the sink's share, which is
+        recorded beside, as "sink_weight" (B, H, Tq) (``attnlab.functional.sinks``).
 
         Raises:
             KeyError: naming the heads that were recorded, when this one was not.

@@ -15,8 +15,8 @@ Measured for each variant:
   the model's cache objects hold after it (what was allocated, read off the caches);
 - the heads it grew, on the seeded probe of ``attnlab.explain.heads`` (random tokens, repeated): the best
   previous-token and induction scores, the in-context gain (loss on the repeat below loss on the first copy),
-  the mean weight on the first token, and for learned sinks what the rows give to nothing. Recurrent layers
-  are read by their implicit weights (``attnlab.nn.recurrent``).
+  the mean weight on the first token, and for learned sinks the mean share of a row they take (recorded as
+  "sink_weight"). Recurrent layers are read by their implicit weights (``attnlab.nn.recurrent``).
 
 Everything lands in a :class:`ZooResult`, written as JSON; the table and the plot are drawn from that file.
 
@@ -244,10 +244,14 @@ def measure_heads(model: Any) -> dict[str, float]:
         "in_context_gain": scores.loss_first_half - scores.loss_second_half,
         "first_token": statistics.fmean(first),
     }
-    if model.config.sinks:  # what each row gives its learned sink: 1 - the row's sum
-        with torch.no_grad():
-            weights = model.attention_weights(probe(model.config.vocab_size, half=default_half(model)))
-        result["sink"] = float(1 - weights.sum(-1).mean())
+    if model.config.sinks:  # what each row gives its learned sink, as recorded beside the weights
+        from attnlab.observe import Recorder
+
+        # read, not inferred from the rows' sums: a recurrent layer's implicit weights do not sum to 1
+        with torch.no_grad(), Recorder(names=["sink_weight"]) as rec:
+            model(probe(model.config.vocab_size, half=default_half(model)))
+        shares = torch.stack(list(rec.all("sink_weight").values()))  # (L with sinks, B, H, T)
+        result["sink"] = float(shares.mean())
     return result
 
 

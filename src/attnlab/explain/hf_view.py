@@ -50,12 +50,12 @@ def transformers_view(model: Any, tokenizer: Any, text: str, *, lang: str = "en"
         )
     n_layers, n_heads = int(config.num_hidden_layers), int(config.num_attention_heads)
     builder = ViewBuilder(tokens=[tokenizer.decode([i]) for i in ids], layers=n_layers, heads=n_heads)
-    shares: dict[str, torch.Tensor] = {}  # module -> what its sinks took of each row (B, H, T), gpt-oss
-    sunk: list[bool] = []  # per layer added, whether its sinks' share was taken off
+    sunk_modules: set[str] = set()  # the modules that recorded a sink's share (gpt-oss)
+    sunk: list[bool] = []  # per layer added, whether it has sinks
 
     def take(step: TraceStep) -> None:  # each layer's weights as the forward forms them, one layer held at a time
         if step.name == "sink_weight":  # recorded just before its layer's weights
-            shares[step.module] = step.tensor
+            sunk_modules.add(step.module)
             return
         if step.name != "attn_weights" or step.layer is None:
             return
@@ -64,12 +64,8 @@ def transformers_view(model: Any, tokenizer: Any, text: str, *, lang: str = "en"
                 f"layer {builder.added} ran no attention through attnlab.hf (layer {step.layer}'s came next): the view "
                 "shows models whose every layer is attention, not hybrids of attention and other layers"
             )
-        w = step.tensor[0]  # (H, T, T), rows summing to 1
-        share = shares.pop(step.module, None)
-        if share is not None:  # what a row gives its sink is given to no key
-            w = w * (1 - share[0, :, :, None])
-        sunk.append(share is not None)
-        builder.add(w)
+        sunk.append(step.module in sunk_modules)
+        builder.add(step.tensor[0])  # (H, T, T): what the softmax gave the keys, each row 1 minus its sink's share
 
     every = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
     with attnlab.hf.use(model, backend="flash"), Recorder(heads=every, on_step=take), torch.no_grad():

@@ -18,10 +18,12 @@ from typing import Any, Literal, overload
 import torch
 
 from attnlab._checks import check_dropout, check_scale
+from attnlab.functional.eager import eager_attention
 from attnlab.functional.finite import apply_rule, clean
 from attnlab.functional.flash import DEFAULT_BLOCK, Flash
 from attnlab.functional.mods import MaskMod, ScoreMod
 from attnlab.functional.registry import KERNELS, Backend, Kernel, check_backend, resolve
+from attnlab.functional.sinks import check_sinks, kept_share, sink_share
 from attnlab.functional.visibility import Visibility
 from attnlab.observe import Recorder, is_recording, note_unobserved, record
 
@@ -196,7 +198,7 @@ def attention(
     dropout_p: float = ...,
     backend: Backend = ...,
     return_weights: Literal[True],
-    sinks: None = ...,
+    sinks: torch.Tensor | None = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 def attention(
     q: torch.Tensor,
@@ -251,11 +253,11 @@ def attention(
         return_weights: also return the (B, H, Tq, Tk) weights, detached, as a
             :class:`attnlab.observe.Recorder` takes them; eager (or auto) only.
         sinks: (H,) learned sink logits (gpt-oss): each row's softmax also counts exp(sink), a column with no
-            value, so a row can give part of its attention to nothing. Computed from the row log-sum-exp:
-            out * sigmoid(lse - sink), on the backends that return it (eager, flash; "auto" picks one), with
-            gradients for q, k, v and the sinks. A Recorder gets the weights as the kernel forms them (rows
-            summing to 1) and the sink's share as "sink_weight" (B, H, Tq): key j's true weight is
-            weight_j * (1 - sink_weight).
+            value, so a row can give part of its attention to nothing (:mod:`attnlab.functional.sinks`). Read
+            off the row log-sum-exp, on the backends that return it (eager, flash; "auto" picks one), with
+            gradients for q, k, v and the sinks. The weights (``return_weights``, a Recorder's
+            "attn_weights") are what the softmax gave the keys, as transformers' eager gpt-oss returns them:
+            a row sums to 1 minus the sink's share, which a Recorder gets beside as "sink_weight" (B, H, Tq).
 
     Returns:
         The context (B, H, Tq, Dv), and the weights if ``return_weights``.
@@ -270,48 +272,16 @@ def attention(
     sugar = {"mask": mask, "is_causal": is_causal, "window": window, "mask_mod": mask_mod, "score_mod": score_mod}
     check_backend(backend)
     vis, scale_ = _prepare(q, k, v, visibility, sugar, dropout_p, scale)
-    if sinks is not None:
-        return _with_sinks(q, k, v, vis, sinks, scale=scale_, dropout_p=dropout_p, backend=backend)
+    if sinks is not None and backend == "auto" and not (return_weights or is_recording()):
+        backend = "flash"  # sinks are read off the row log-sum-exp, which sdpa does not return
     name, kernel = resolve(backend, need_weights=return_weights, vis=vis)
     if not return_weights:
-        return run_kernel(name, kernel, q, k, v, vis, scale=scale_, dropout_p=dropout_p)[0]
+        return run_kernel(name, kernel, q, k, v, vis, scale=scale_, dropout_p=dropout_p, sinks=sinks)[0]
     with Recorder(names=["attn_weights"]) as rec:  # the shortcut takes the weights the way any Recorder does
-        out, _ = run_kernel(name, kernel, q, k, v, vis, scale=scale_, dropout_p=dropout_p)
+        out, _ = run_kernel(name, kernel, q, k, v, vis, scale=scale_, dropout_p=dropout_p, sinks=sinks)
     # no step when run_kernel answered an empty input without a kernel: its weights are all 0 too
     weights = rec.get("attn_weights") if rec.steps else q.new_zeros(*q.shape[:3], k.shape[2])
     return out, weights.to(q.dtype)
-
-
-def _with_sinks(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    vis: Visibility,
-    sinks: torch.Tensor,
-    *,
-    scale: float,
-    dropout_p: float,
-    backend: Backend,
-) -> torch.Tensor:
-    """Attention whose every row also counts a learned sink logit: softmax over [scores, sink], the sink's
-    column dropped. Its share of row i is exp(sink) / (exp(lse_i) + exp(sink)), so the rest is sigmoid(lse_i -
-    sink), which scales the context the kernel computed without it."""
-    if not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (q.shape[1],):
-        raise ValueError(
-            f"sinks must be one logit per query head, shape ({q.shape[1]},), got {getattr(sinks, 'shape', sinks)}"
-        )
-    name, kernel = resolve("flash" if backend == "auto" and not is_recording() else backend)
-    if not KERNELS[name].has_lse:
-        raise ValueError(
-            f"learned sinks are read off each row's log-sum-exp, which the {name} backend does not return: "
-            "use backend='flash' or 'eager' (or 'auto')"
-        )
-    out, lse = run_kernel(name, kernel, q, k, v, vis, scale=scale, dropout_p=dropout_p)
-    assert lse is not None  # has_lse
-    kept = torch.sigmoid(lse - sinks.to(lse.dtype)[None, :, None])  # (B, H, Tq); a row that sees nothing: 1
-    if is_recording():
-        record("sink_weight", (1 - kept).detach())
-    return out * kept[..., None].to(out.dtype)
 
 
 def run_kernel(
@@ -324,14 +294,27 @@ def run_kernel(
     *,
     scale: float,
     dropout_p: float,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``kernel`` (registered as ``name``) on checked arguments, with the rules every backend shares.
 
     Empty inputs (no batch, no query, no key) give zeros without a kernel call;
     non-finite inputs follow ``attnlab.functional.finite``; a float mask that
     requires grad is refused by a kernel that treats it as a constant.
+
+    ``sinks`` (H,): learned sinks (gpt-oss), on a kernel that returns the row log-sum-exp. The eager backend
+    counts them in its own softmax; a fused one's context is scaled by the share its keys kept. Either way the
+    Recorder gets the sink's share as "sink_weight" (B, H, Tq) and weights that sum to the rest
+    (:mod:`attnlab.functional.sinks`). The lse returned is the scores' own, without the sinks.
     """
     info = KERNELS[name]
+    if sinks is not None:
+        check_sinks(sinks, q.shape[1])
+    if sinks is not None and not info.has_lse:
+        raise ValueError(
+            f"learned sinks are read off each row's log-sum-exp, which the {name} backend does not return: "
+            "use backend='flash' or 'eager' (or 'auto')"
+        )
     if vis.bias is not None and vis.bias.requires_grad and not info.float_mask_grad:
         raise ValueError(
             f"the {name} backend treats float masks as constants; for a mask that needs gradients "
@@ -342,9 +325,20 @@ def run_kernel(
     b, h, tq, _ = q.shape
     if b == 0 or tq == 0 or vis.tk == 0:  # nothing to attend to (or nobody asking): zeros, as for a dead row
         empty_lse = torch.full((b, h, tq), float("inf"), dtype=torch.float32, device=q.device)
+        if sinks is not None and is_recording():  # a row that sees no key gives its sink all of it
+            record("sink_weight", sink_share(empty_lse, sinks).detach(), source="attention")
         return q.new_zeros(b, h, tq, v.shape[-1]), empty_lse if info.has_lse else None
     q, k, v, bad = clean(q, k, v)
-    out, lse = kernel(q, k, v, vis, scale=scale, dropout_p=dropout_p)
+    lse: torch.Tensor | None
+    if sinks is not None and name == "eager":  # the readable path counts the sink in its softmax
+        out, lse = eager_attention(q, k, v, vis, scale=scale, dropout_p=dropout_p, sinks=sinks)
+    else:
+        out, lse = kernel(q, k, v, vis, scale=scale, dropout_p=dropout_p)
+        if sinks is not None:
+            assert lse is not None  # has_lse, checked above
+            if is_recording():
+                record("sink_weight", sink_share(lse, sinks).detach(), source="attention")
+            out = out * kept_share(lse, sinks)[..., None].to(out.dtype)  # (B, H, Tq, Dv): the keys' share
     if bad is not None:
         out = apply_rule(out, vis, bad)
     return out, lse

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from attnlab.functional.sinks import kept_share, logsumexp_with_sinks, sink_share
 from attnlab.functional.visibility import Visibility
 from attnlab.observe import record
 
@@ -59,6 +60,7 @@ def eager_attention(
     *,
     scale: float,
     dropout_p: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel contract: (context (B, H, Tq, Dv) in q's dtype, lse (B, H, Tq)).
 
@@ -68,12 +70,20 @@ def eager_attention(
     scaled and masked in place, as the book masks them, so the path holds two
     score-sized tensors, not five. A row left with nothing, by the masks or by
     a score_mod that made its every score -inf, gets weights of 0.
+
+    ``sinks`` (H,): learned sinks (gpt-oss, :mod:`attnlab.functional.sinks`), counted in this softmax: the
+    weights, the context and the Recorder's "attn_weights" are what the softmax gave the keys (rows summing to 1
+    minus the sink's share), and the share goes to the Recorder as "sink_weight" (B, H, Tq), first. lse stays
+    the scores' own.
     """
     groups = q.shape[1] // k.shape[1]
     v = repeat_kv(v, groups)  # (B, H, Tk, Dv)
     compute = accumulation_dtype(q.dtype)
     attn_scores = _masked_scores(q, k, vis, scale=scale, note=record)
     attn_weights, lse = _softmax_rows(attn_scores, vis)
+    if sinks is not None:  # the softmax over [scores, sink]: the keys keep sigmoid(lse - sink) of each row
+        record("sink_weight", sink_share(lse, sinks), source="attention")
+        attn_weights = attn_weights * kept_share(lse, sinks)[..., None]  # (B, H, Tq, Tk)
     record("attn_weights", attn_weights, source="attention")
     if dropout_p > 0.0:
         attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)
@@ -108,19 +118,25 @@ def _masked_scores(
 
 
 def _softmax_rows(attn_scores: torch.Tensor, vis: Visibility) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weights and lse (B, H, Tq) of masked scores; a row with nothing to see gets weights 0 and lse +inf."""
+    """Weights and lse (B, H, Tq) of masked scores; a row with nothing to see gets weights 0 and lse +inf.
+
+    Such a row is set to 0 before the logsumexp and the softmax, not after: their backward on a row of -inf
+    multiplies the upstream gradient by exp(-inf - -inf) = NaN, which a 0 upstream does not cancel (0 * NaN),
+    and an added float mask (unlike masked_fill) passes that NaN on to q, k and the mask.
+    """
     allowed, bias = vis.dense()
-    # logsumexp keeps the scores for its backward (a learned sink differentiates lse): then not in place
-    in_place = vis.score_mod is None and not attn_scores.requires_grad
-    fill = torch.Tensor.masked_fill_ if in_place else torch.Tensor.masked_fill
-    lse = torch.logsumexp(attn_scores, dim=-1)  # (B, H, Tq); -inf on a row with nothing to see
     dead = None
     if allowed is not None or bias is not None or vis.score_mod is not None:
-        dead = torch.isneginf(lse)[..., None]  # (B, H, Tq, 1): by mask or by a score_mod's -inf alike
-        lse = lse.masked_fill(dead[..., 0], float("inf"))
-        attn_scores = fill(attn_scores, dead, 0.0)  # softmax of zeros, then weights of zero: no NaN
+        # (B, H, Tq, 1): by mask or by a score_mod's -inf alike; read off the scores, no gradient through it
+        dead = torch.isneginf(attn_scores.detach().amax(dim=-1, keepdim=True))
+        # in place where nothing keeps the scores for its backward (no gradient, no score_mod)
+        in_place = vis.score_mod is None and not attn_scores.requires_grad
+        fill = torch.Tensor.masked_fill_ if in_place else torch.Tensor.masked_fill
+        attn_scores = fill(attn_scores, dead, 0.0)  # softmax of zeros, then weights of zero: no NaN either way
+    lse = torch.logsumexp(attn_scores, dim=-1)  # (B, H, Tq)
     attn_weights = torch.softmax(attn_scores, dim=-1)
     if dead is not None:
+        lse = lse.masked_fill(dead[..., 0], float("inf"))
         attn_weights = attn_weights.masked_fill(dead, 0.0)
     return attn_weights, lse
 
@@ -140,14 +156,17 @@ def head_weights(
     scale: float,
     heads: Sequence[int],
     lse: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The weights (B, len(heads), Tq, Tk) of the chosen query heads alone, exactly as this backend forms them,
     while the layer itself ran a fused kernel: only these heads' scores are formed.
 
     With ``lse`` (B, H, Tq), the row log-sum-exp a fused kernel returned (flash), each weight is
-    exp(score - lse) and the rows need no second pass; without it, the chosen heads' softmax. A row that sees
-    nothing gets weights of 0, as here. ``vis`` is the call's bound Visibility (its masks and mods, applied to
-    each chosen head under its own index).
+    exp(score - lse) and the rows need no second pass; without it, the chosen heads' softmax. With ``sinks``
+    (H,), learned sinks (gpt-oss), the sink is counted in each row's softmax: the weights are what it gave the
+    keys, summing to 1 minus the sink's share (:mod:`attnlab.functional.sinks`). A row that sees nothing gets
+    weights of 0, as here. ``vis`` is the call's bound Visibility (its masks and mods, applied to each chosen
+    head under its own index).
     """
     ids = torch.tensor(list(heads), dtype=torch.long, device=q.device)
     compute = accumulation_dtype(q.dtype)
@@ -167,4 +186,7 @@ def head_weights(
         else:
             row = lse.index_select(1, ids).to(compute)[..., None]  # (B, h, Tq, 1); +inf on a dead row
         dead = ~torch.isfinite(row)
-        return scores.sub_(row.masked_fill(dead, 0.0)).exp_().masked_fill_(dead, 0.0)
+        row = row.masked_fill(dead, 0.0)
+        if sinks is not None:  # each row's softmax also counts exp(sink): exp(score - log(exp(lse) + exp(sink)))
+            row = logsumexp_with_sinks(row, sinks.index_select(0, ids))
+        return scores.sub_(row).exp_().masked_fill_(dead, 0.0)

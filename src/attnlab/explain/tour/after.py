@@ -160,7 +160,7 @@ def _sinks(add: Add, c: Checker, x: torch.Tensor) -> None:
     with Recorder() as rec:
         gpt_oss(x)
     share = rec.get("sink_weight")[0]  # (4, 6): what each row gave its sink
-    weights = rec.get("attn_weights")[0] * (1 - share[..., None])  # (4, 6, 6): the kernel's rows, scaled to the rest
+    weights = rec.get("attn_weights")[0]  # (4, 6, 6): what the softmax gave the keys, each row 1 - its share
     queries, keys, _ = gpt_oss.split_qkv(x)
     scores = (queries @ keys.transpose(-1, -2) / 2**0.5)[0]  # (4, 6, 6)
     upper = torch.ones(6, 6, dtype=torch.bool).triu(1)
@@ -172,7 +172,7 @@ def _sinks(add: Add, c: Checker, x: torch.Tensor) -> None:
         "sinks",
         "gpt_oss = Attention(d_in=3, d_out=8, num_heads=4, sinks=True)\n"
         "gpt_oss.sinks  # " + c.say("cm_sinks") + "\n"
-        "weights = attn_weights * (1 - sink_weight)  # " + c.say("cm_sink_weight"),
+        "attn_weights.sum(-1) == 1 - sink_weight  # " + c.say("cm_sink_weight"),
         c.say("sink_share", shares=", ".join(f"{float(s):.4f}" for s in share[:, 0])) + "\n" + fmt(share),
         c.holds("sinks_by_hand", torch.allclose(weights, by_hand, atol=1e-6)),
         c.holds("sinks_less", bool(((share > 0) & (share < 1)).all())),

@@ -374,7 +374,7 @@ WORDS: dict[str, str] = {
     "cm_ring": "a ring of 3 slots",
     "ring_holds": "after 6 tokens the ring holds tokens {held}",
     "gemma_local": "Gemma 3 27B at 32k tokens (52 local layers of 1024, 10 global): {share:.0%} of an all-global cache",
-    "cm_sink_weight": "the recorder gives the sink's share apart",
+    "cm_sink_weight": "each row gives its keys what its sink did not take",
     "cm_sinks": "one logit per head",
     "sink_share": "what the first row of each head gives the sink: {shares}",
     "cm_loud": "100 times larger inputs",

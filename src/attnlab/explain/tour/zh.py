@@ -349,7 +349,7 @@ WORDS: dict[str, str] = {
     "cm_ring": "3 个槽位的环形缓存",
     "ring_holds": "6 个 Token 之后，环形缓存里是 Token {held}",
     "gemma_local": "Gemma 3 27B 在 32k 个 Token 时 (52 个窗口 1024 的局部层，10 个全局层)：缓存是全部全局层时的 {share:.0%}",
-    "cm_sink_weight": "Recorder 单独给出汇聚点分走的比例",
+    "cm_sink_weight": "每一行分给键的，是汇聚点没拿走的那部分",
     "cm_sinks": "每个头一个 logit",
     "sink_share": "每个头第一行分给汇聚点的比例：{shares}",
     "cm_loud": "输入放大 100 倍",
