@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from _verdicts import judged
 from attnlab.bench.timing import NOISY, interleaved, ratios, spread
 from attnlab.models import GPT, GPTConfig
 
@@ -265,8 +266,8 @@ def verdicts(
         same = {c["impl"]: c["same_tokens_as_hf"] for c in cases if c["dtype"] == dtype}
         trusted = {impl: f for impl, f in rows.items() if same[impl] and f["spread"] <= NOISY}
         best = max(trusted, key=lambda impl: trusted[impl]["vs_hf"], default=None)
-        if best is not None and trusted[best]["vs_hf"] >= want:
-            call = f"met by {best}"
+        if best is not None and trusted[best]["vs_hf"] >= want:  # "met", and a margin inside its spread said
+            call = f"met by {best}" + judged(trusted[best]["vs_hf"], want, trusted[best]["spread"])[len("met") :]
         elif len(trusted) == len(rows):
             call = "not met"
         else:  # a row that could not be judged might have met it

@@ -39,10 +39,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
+from _engines_quality import quality_verdicts, text_perplexities
 from _runs import add_run_arguments, check_run, exit_with, finish, render_saved
+from _verdicts import judged
 
 ROWS: list[tuple[str, str]] = [
     ("hf", "float32"),
@@ -294,35 +297,6 @@ def generator_vocabulary(folder: Path) -> list[str]:
     return names
 
 
-def text_perplexities(threads: int) -> dict[str, Any]:
-    """Held-out perplexity of attnlab's shipped text model (trained here: a byte-level rotary GPT) at each
-    precision the speed rows run: the quality half of the int8 and bfloat16 targets. The peers' converters
-    cannot read it (see the module docstring), so it is attnlab's alone."""
-    import math
-
-    import torch
-    import torch.nn.functional as F
-
-    from attnlab.models import GPT
-    from attnlab.models.checkpoints import locate
-    from attnlab.models.tasks import TextTask, stdlib_text
-
-    torch.set_num_threads(threads)
-    text = TextTask(stdlib_text(), seq_len=256).batch(8, torch.Generator().manual_seed(0), split="eval")[0]
-    out: dict[str, Any] = {"windows": int(text.shape[0]), "tokens": int(text.numel() - text.shape[0])}
-    for precision in ("float32", "bfloat16", "int8"):
-        model = GPT.from_pretrained(locate("text")).eval()
-        if precision == "bfloat16":
-            model = model.to(torch.bfloat16)
-        elif precision == "int8":
-            out["int8_kernel"] = _counted(model.quantize("int8"))
-        with torch.no_grad():
-            logits = model(text)[:, :-1].double()  # (B, T - 1, V): position p predicts token p + 1
-        nll = F.cross_entropy(logits.flatten(0, 1), text[:, 1:].flatten())
-        out[precision] = math.exp(float(nll))
-    return out
-
-
 # --- the run ------------------------------------------------------------------------------------------------------
 
 
@@ -338,16 +312,42 @@ def floor_seconds(smoke: bool, precision: str, position: int) -> tuple[float, fl
     return bytes_read / (rate * 1e9), rate
 
 
+ROW_SECONDS = 1800  # a row still running after this is stopped, and says so
+
+
 def spawn(spec: dict[str, Any]) -> dict[str, Any]:
-    """One row in a fresh process: its result, or {"error": the last line it wrote}."""
-    done = subprocess.run(
-        [sys.executable, __file__, "--row", json.dumps(spec)], capture_output=True, text=True, timeout=1800
-    )
-    if done.returncode != 0:
-        lines = [line for line in (done.stderr or done.stdout).strip().splitlines() if line.strip()]
-        return {"error": lines[-1] if lines else f"exit {done.returncode}"}
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    """One row in a fresh process: its result, or {"error": why}: the exception the row raised ("ValueError:
+    ..."), else how the process ended (a signal, an exit code, a timeout) with the last line it wrote."""
+    try:
+        done = subprocess.run(
+            [sys.executable, __file__, "--row", json.dumps(spec)], capture_output=True, text=True, timeout=ROW_SECONDS
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"TimeoutExpired: the row ran past {ROW_SECONDS} s"}
+    said = [line for line in done.stdout.splitlines() if line.strip()]
+    try:
+        result = json.loads(said[-1]) if said else None
+    except ValueError:
+        result = None
+    if isinstance(result, dict) and (done.returncode == 0 or "error" in result):
+        return result
+    how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+    lines = [line for line in done.stderr.splitlines() if line.strip()] or said
+    return {"error": f"{how}: {lines[-1].strip()[:300]}" if lines else how}
+
+
+def attempt(spec: dict[str, Any], r: int, rounds: int) -> dict[str, Any]:
+    """One row's round, in its own process, said on stderr as it ends: "round 1/5: attnlab bfloat16", and for a
+    row that failed, why ("...: failed: ValueError: ..."), so that a failure under load is never silent."""
+    result = spawn(spec)
+    failed = f": failed: {result['error']}" if "error" in result else ""
+    print(f"round {r + 1}/{rounds}: {spec['engine']} {spec['precision']}{failed}", file=sys.stderr, flush=True)
     return result
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
 
 
 def run(
@@ -355,6 +355,7 @@ def run(
 ) -> dict[str, Any]:
     import torch
 
+    started = time.perf_counter()
     vocab = shape(smoke)["vocab_size"]
     prompt = torch.randint(0, vocab - 1, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     others = torch.randint(0, vocab - 1, (max(BATCHES) - 1, prompt_len), generator=torch.Generator().manual_seed(1))
@@ -370,8 +371,7 @@ def run(
                 name = f"{engine} {precision}"
                 if results[name] and "error" in results[name][0]:
                     continue  # a row that failed once says so once
-                results[name].append(spawn({**base, "engine": engine, "precision": precision}))
-                print(f"round {r + 1}/{rounds}: {name}", file=sys.stderr, flush=True)
+                results[name].append(attempt({**base, "engine": engine, "precision": precision}, r, rounds))
     reference = results["hf float32"][0].get("tokens") if results["hf float32"] else None
     rows = []
     for engine, precision in ROWS:
@@ -406,9 +406,11 @@ def run(
     for row in rows:
         if hf and "error" not in row:
             row["vs_hf_float32"] = row["decode_tokens_per_s"] / hf["decode_tokens_per_s"]
+    quality = text_perplexities(threads)
     return {
         "schema": SCHEMA,
-        "quality": text_perplexities(threads),
+        "seconds": round(time.perf_counter() - started),  # the whole run, its model written to its perplexities
+        "quality": quality,
         "command": " ".join(["benchmarks/engines.py", *sys.argv[1:]]),
         "date": datetime.date.today().isoformat(),
         "machine": platform.processor() or platform.machine(),
@@ -461,9 +463,10 @@ def render(result: dict[str, Any]) -> str:
         for row in sorted(batched, key=lambda r: (batch_of(r["precision"]), r["engine"])):
             lines.append(_row_line(row, [row["engine"], row["precision"], str(batch_of(row["precision"]))], None))
     model = result["model"]
+    took = f", {result['seconds'] / 60:.0f} minutes in all" if "seconds" in result else ""  # runs since 2026-12-05
     lines.append(
         f"\n`{result['command']}` ({result['date']}, torch {result['torch']}, {result['threads']} threads, "
-        f"{result['rounds']} interleaved rounds): a seeded GPT-2 of {model['n_layers']} layers x {model['emb_dim']}, "
+        f"{result['rounds']} interleaved rounds{took}): a seeded GPT-2 of {model['n_layers']} layers x {model['emb_dim']}, "
         f"{model['vocab_size']} tokens; a {result['prompt_tokens']}-token prompt, {result['new_tokens']} "
         "greedy tokens. Decode tok/s is the median over the rounds; the floor is one step's bytes at the fastest "
         "streaming rate measured in the run."
@@ -509,14 +512,11 @@ def verdicts(result: dict[str, Any]) -> list[str]:
         ratio = b["prefill_ms"] / a["prefill_ms"] if prefill else a["decode_tokens_per_s"] / b["decode_tokens_per_s"]
         if spread not in a or spread not in b:
             verdict = "not established (the run recorded no spread for it)"
-        elif max(a[spread], b[spread]) > NOISY:
-            verdict = "not established (a spread too wide to trust)"
         else:
-            verdict = "met" if ratio >= target else "not met"
-            margin, wide = abs(ratio / target - 1), max(a[spread], b[spread])
-            if margin < wide:
-                verdict += f" (by {margin:.0%}, inside the rows' {wide:.0%} spread: another run may say otherwise)"
-            if 0 < ratio < target and not prefill and "floor_fraction" in a:  # how far: the target in floor terms
+            verdict = judged(ratio, target, max(a[spread], b[spread]))
+            if (
+                max(a[spread], b[spread]) <= NOISY and 0 < ratio < target and not prefill and "floor_fraction" in a
+            ):  # how far: the target in floor terms
                 needed = a["floor_fraction"] * target / ratio  # of the row's own floor (its own bytes a step)
                 verdict += f"; it asks {ours} for {needed:.0%} of its floor, where it runs at {a['floor_fraction']:.0%}"
         return f"{what} ({ours} against {theirs}): {ratio:.2f}x, target {target:g}x: {verdict}"
@@ -553,20 +553,7 @@ def verdicts(result: dict[str, Any]) -> list[str]:
     for name, (ours_rows, peers) in groups.items():
         low = {"key": "prefill_ms", "low": True}
         out.append(judge(f"{name} prefill", best(*ours_rows, **low), best(*peers, **low), 1.0, prefill=True))  # type: ignore[arg-type]
-    quality = result.get("quality")
-    for precision, most in (("int8", 0.01), ("bfloat16", 0.005)):
-        what = f"{precision} perplexity within {most:.1%} of float32"
-        if not quality:
-            out.append(f"{what}: not established (this run measured no trained model)")
-            continue
-        rise = quality[precision] / quality["float32"] - 1
-        if precision == "int8" and quality.get("int8_kernel"):
-            what += f", its weights through {quality['int8_kernel']}"
-        out.append(
-            f"{what} (the shipped text model, {quality['tokens']} held-out tokens): {quality[precision]:.4f} against "
-            f"{quality['float32']:.4f}, {rise:+.3%}: {'met' if rise <= most else 'not met'}"
-        )
-    return out
+    return out + quality_verdicts(result)
 
 
 def main() -> int:
@@ -577,7 +564,12 @@ def main() -> int:
     parser.add_argument("--row", help=argparse.SUPPRESS)  # one row, in this process (the run spawns it)
     args = parser.parse_args()
     if args.row:
-        print(json.dumps(run_row(json.loads(args.row))))
+        try:
+            print(json.dumps(run_row(json.loads(args.row))))
+        except Exception as error:  # the reason, as the run's output and its table say it; the traceback too
+            traceback.print_exc()
+            print(json.dumps({"error": one_line(error)}))
+            return 1
         return 0
     if args.render:
         render_saved(parser, args.render, SCHEMA, render)

@@ -214,13 +214,18 @@ def render(result: dict[str, Any]) -> str:
         "attnlab's model |",
         "|---|---|---|---|---|",
     ]
+    window = result["past_context"]["window"]
+    longest = result["prompt_len"] + max(result["new_tokens"], result["held_out"] // result["held_out_rows"])
     for row in result["rows"]:
         cells = []
         for side in ("transformers", "attnlab"):
             got = row[side]
             rise = got["perplexity"] / base - 1
             cells += [f"{got['agreement']:.1%}", f"{got['perplexity']:.4f} ({rise:+.2%})"]
-        lines.append(f"| {row['cache']} | " + " | ".join(cells) + " |")
+        name = row["cache"]
+        if name == "sink" and longest <= window:  # it drops nothing: the plain cache, by construction
+            name += f" (its window of {window} holds every token of a row here, at most {longest}: the plain cache)"
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append(
         f"\n`{result['command']}` ({result['date']}, torch {result['torch']}, {result['threads']} threads): "
         f"attnlab's text model as a transformers GPT-NeoX (logits within {result['logit_gap']:.1e} of attnlab's); "
@@ -230,7 +235,8 @@ def render(result: dict[str, Any]) -> str:
     )
     past = result["past_context"]
     lines.append(
-        f"\nPast its window: a held-out window of {past['tokens']} tokens, twice the sink cache's window of "
+        f"\nPast its window, where the sink cache drops tokens: a held-out window of {past['tokens']} tokens, "
+        f"{past['tokens'] / past['window']:g}x the sink cache's window of "
         f"{past['window']} (4 sinks and the latest {past['window'] - 4}; the model's context is "
         f"{result['context_length']}), fed one token at a time, has perplexity {past['transformers']:.4f} in "
         f"transformers and {past['attnlab']:.4f} on attnlab's model."

@@ -38,6 +38,7 @@ import sys
 from typing import Any
 
 from _runs import add_run_arguments, check_run, exit_with, finish, render_saved
+from _verdicts import judged
 
 SCHEMA = "attnlab.hf_view/1"
 WAYS = ("eager", "recover every head", "recover one layer", "view, eager", "view, recovered")
@@ -198,8 +199,7 @@ def render(result: dict[str, Any]) -> str:
     views = {r["way"]: r for r in result["rows"] if r["way"].startswith("view")}
     if len(views) == 2:  # the target, said from the figures
         share = views["view, recovered"]["peak_bytes"] / max(views["view, eager"]["peak_bytes"], 1)
-        noisy = max(views[w]["peak_spread"] for w in views) > NOISY
-        verdict = "not established (a spread too wide to trust)" if noisy else ("met" if share <= TARGET else "not met")
+        verdict = judged(share, TARGET, max(views[w]["peak_spread"] for w in views), at_most=True)
         lines.append(
             f"\nThe view of every head with recovery peaks at {share:.2f}x the view made by forcing eager; the "
             f"target, at most {TARGET}x: {verdict}."

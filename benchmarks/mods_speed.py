@@ -23,15 +23,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from _timing import interleaved, report
+from _verdicts import judged
 from attnlab import attention
+from attnlab.bench.timing import ratios, spread
 from attnlab.functional import PARTIAL, Flash, Visibility, mods
 from attnlab.functional.flash import DEFAULT_BLOCK, flash_forward
+
+FLASH_TARGET = 1.1  # issue 24, part 5: flash at most this multiple of SDPA's time, causal, T = 4096
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -52,17 +57,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     walked = Flash(fused=False)
     print(f"plain causal, T={long}, 12 heads x 64:")
     with torch.no_grad():
-        report(
-            interleaved(
-                {
-                    "sdpa": lambda: attention(q, k, v, is_causal=True, backend="sdpa"),
-                    "flash": lambda: attention(q, k, v, is_causal=True, backend="flash"),
-                    "flash, tiles walked here": lambda: attention(q, k, v, is_causal=True, backend=walked),
-                },
-                args.rounds,
-            ),
-            "sdpa",
+        times = interleaved(
+            {
+                "sdpa": lambda: attention(q, k, v, is_causal=True, backend="sdpa"),
+                "flash": lambda: attention(q, k, v, is_causal=True, backend="flash"),
+                "flash, tiles walked here": lambda: attention(q, k, v, is_causal=True, backend=walked),
+            },
+            args.rounds,
         )
+        report(times, "sdpa")
+    per_round = ratios(times, "flash", "sdpa")
+    flash = statistics.median(per_round)
+    verdict = judged(flash, FLASH_TARGET, spread(per_round), at_most=True, whose="the rounds")
+    print(f"  target: flash at most {FLASH_TARGET}x sdpa: {flash:.2f}x, {verdict}")
 
     q, k, v = (torch.randn(1, 12, t, 64, generator=g) for _ in range(3))
     ids = torch.arange(docs).repeat_interleave(t // docs)[None]  # (1, T)

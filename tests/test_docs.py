@@ -41,14 +41,12 @@ def test_architecture_doc_names_every_module() -> None:
 
 def test_the_decoders_section_is_what_the_script_renders_from_its_result_file() -> None:
     """docs/benchmarks.md's decode table and its verdicts come from the run's committed file, not typed by hand."""
-    import importlib.util
     import json
 
+    from benchmark_scripts import load
+
     root = DOCS.parent
-    spec = importlib.util.spec_from_file_location("decoders_benchmark", root / "benchmarks" / "decoders.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load("decoders")  # as run: its helpers beside it (_verdicts) importable
     text = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
     runs = sorted((root / "benchmarks" / "results").glob("decoders-*.json"))
     assert runs, "no result file of benchmarks/decoders.py in benchmarks/results/"
@@ -130,3 +128,22 @@ def test_every_built_in_mod_is_pictured_and_each_picture_is_what_the_code_draws(
     pictured = " ".join(expr for expr, _ in found)
     for name in (*BUILT_INS, "and_masks", "or_masks"):
         assert f"{name}(" in pictured, f"docs/mods.md has no picture of {name}"
+
+
+def test_the_readmes_latent_figures_are_what_the_memory_meter_counts_for_deepseek_v3() -> None:
+    """README's "576 for V3's shape, against N for the keys and values of its 128 full heads": both figures are
+    the meter's (attnlab.bench.kv_bytes, what `attnlab memory` reports), and the meter's are DeepSeek-V3's
+    published config worked by hand: a 512 latent and a 64 RoPE key; 128 heads each keeping a key of 128 + 64
+    and a value of 128."""
+    from attnlab.bench.kv_bytes import expanded_head_values
+    from attnlab.models.families.shapes import shape
+
+    text = " ".join((DOCS.parent / "README.md").read_text(encoding="utf-8").split())
+    found = re.search(
+        r"([\d,]+) for V3's shape, against ([\d,]+) for the keys and values of its (\d+) full heads", text
+    )
+    assert found, "README.md no longer states V3's latent against its full heads"
+    latent, full, heads = (int(g.replace(",", "")) for g in found.groups())
+    v3 = shape("deepseek-v3")
+    assert (latent, full, heads) == (v3.kv_lora_rank + v3.qk_rope_head_dim, expanded_head_values(v3), v3.n_heads)
+    assert (latent, full) == (512 + 64, 128 * (128 + 64) + 128 * 128)  # 40,960, not 2 x 128 x 128 = 32,768

@@ -173,3 +173,45 @@ def test_a_reader_that_stops_early_ends_the_script_quietly() -> None:
         f'{sys.executable} -c "{code}" | head -c 10', shell=True, capture_output=True, text=True, cwd=ROOT
     )
     assert done.stdout == "row row ro" and done.stderr == ""
+
+
+@pytest.mark.slow  # a real row process (imports torch)
+def test_a_row_that_fails_says_why_in_the_runs_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A row that fails on purpose (an engine the script does not know), in its own process as every row runs:
+    the run's progress line names the row and its reason, the exception's type and message in one line, and the
+    row's result keeps the same reason for the table (a smoke run that failed once under load said only
+    "round 1/1: attnlab bfloat16")."""
+    engines = script()
+    spec = {"folder": str(tmp_path), "prompt": [1, 2], "others": [], "new_tokens": 2, "threads": 1, "gguf": None}
+    result = engines.attempt({**spec, "engine": "nonesuch", "precision": "float32"}, 0, 1)
+    reason = "ValueError: unknown engine 'nonesuch'"
+    assert result == {"error": reason}
+    assert capsys.readouterr().err.splitlines() == [f"round 1/1: nonesuch float32: failed: {reason}"]
+
+
+def test_the_int8_perplexity_is_judged_through_the_kernels_the_timed_int8_rows_ran() -> None:
+    """int8's perplexity depends on its kernel ("dynamic" quantizes the activations too). A run that measured it
+    through other kernels than its timed int8 rows ran says "not established", never "met"; a run that measured
+    every kernel judges those the rows ran, the worst of them deciding."""
+    engines = script()
+    timing = {"decode_tokens_per_s": 50.0, "spread": 0.1, "prefill_ms": 100.0, "prefill_spread": 0.1}
+    rows = [
+        {"engine": "attnlab", "precision": "int8", "kernel": "dynamic x49"} | timing,
+        {"engine": "attnlab", "precision": "int8 compiled", "kernel": "gemv x49, torch.compile"} | timing,
+        {"engine": "attnlab", "precision": "int8 batch 8", "kernel": "dynamic x49, generate_many of 8"} | timing,
+        {"engine": "ctranslate2", "precision": "int8", "kernel": "ctranslate2 int8"} | timing,
+    ]
+    quality = {"tokens": 2040, "float32": 4.0, "bfloat16": 4.01, "int8": 4.001, "int8_kernel": "int8pack x9"}
+    said = [line for line in engines.verdicts({"rows": rows, "quality": quality}) if "perplexity" in line]
+    assert said[0] == (
+        "int8 perplexity within 1.0% of float32: not established for the kernels the timed int8 rows ran (dynamic, "
+        "gemv): this run measured it through int8pack x9 only (the shipped text model, 2040 held-out tokens: 4.0010 "
+        "against 4.0000, +0.025%)"
+    )
+    assert said[1].endswith("4.0100 against 4.0000, +0.250%: met")
+    quality["int8_by_kernel"] = {"dynamic": 4.06, "gemv": 4.002, "int8pack": 4.001, "dequantize": 4.001}
+    said = [line for line in engines.verdicts({"rows": rows, "quality": quality}) if "perplexity" in line]
+    assert said[0] == (
+        "int8 perplexity within 1.0% of float32, through the kernels the timed int8 rows ran (the shipped text "
+        "model, 2040 held-out tokens): dynamic 4.0600 (+1.500%), gemv 4.0020 (+0.050%), against 4.0000: not met"
+    )

@@ -197,3 +197,45 @@ def test_a_tracer_records_the_plain_product_of_a_loop_layout(linear: type[torch.
         graph = make_fx(layer)(torch.randn(1, 16))
         x = torch.randn(1, 16)
         torch.testing.assert_close(graph(x), F.linear(x, layer.weight, layer.bias))
+
+
+def lscpu_last_level_cache() -> int:
+    """The outermost cache's bytes, all instances together, as util-linux's lscpu reads them from the OS."""
+    import shutil
+    import subprocess
+
+    lscpu = shutil.which("lscpu")
+    if lscpu is None:
+        return 0
+    listing = subprocess.run([lscpu, "-B", "-C=LEVEL,ALL-SIZE"], capture_output=True, text=True, check=False)
+    rows = [line.split() for line in listing.stdout.splitlines()[1:] if len(line.split()) == 2]
+    levels = [(int(level), int(size)) for level, size in rows if level.isdigit() and size.isdigit()]
+    return max(levels, default=(0, 0))[1] if levels else 0
+
+
+def test_the_stream_probe_cycles_through_more_distinct_memory_than_the_last_level_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the probe streams, not only what it reports: every layout's calls read weights of their own memory
+    (distinct storages), as many bytes as the rate is computed from, and more than the last-level cache the OS
+    reports (lscpu), so the rate is memory's and not a cached copy's. Timing is replaced by 1 s a pass."""
+    calls_seen: dict[str, list[object]] = {}
+
+    def one_second(calls: dict[str, list[object]], repeats: int) -> dict[str, float]:
+        calls_seen.update(calls)
+        return dict.fromkeys(calls, 1.0)
+
+    monkeypatch.setattr(layout, "interleaved_seconds", one_second)
+    cache = lscpu_last_level_cache()
+    if cache == 0 and __import__("os").environ.get("CI") != "true":
+        pytest.skip("the OS reports no cache sizes here (lscpu)")
+    d_in = 4096  # a float32 row of 16 KiB: enough rows that the copies reach the bytes wanted, at most 1,024 copies
+    d_out = max(16, -(-2 * max(cache, layout.STREAM_BYTES) // (d_in * 4 * layout.MAX_COPIES)))
+    rates = layout.stream_rates(d_in, d_out, repeats=1)
+    assert set(rates) == set(calls_seen) and {"rows", "columns"} <= set(rates)
+    for name, calls in calls_seen.items():
+        weights = [call.args[1] for call in calls]  # type: ignore[attr-defined]  # partial(product, x, weight)
+        storages = {w.untyped_storage().data_ptr(): w.untyped_storage().nbytes() for w in weights}
+        streamed = sum(storages.values())
+        assert streamed == rates[name] * 1e9, name  # the bytes the rate claims are the bytes read
+        assert len(storages) == len(weights) and streamed > cache, (name, len(storages), streamed, cache)

@@ -3,8 +3,9 @@ memory for the next rows of the weight before it reads them. It agrees with the 
 it reads; a prefetch changes no number (ahead=0 is bitwise the same); a row's numbers never depend on the other
 row; what the C++ would read wrongly is refused by name; set_layout("prefetch") sends a decode step's products
 through the C++ (counted), a prompt's to oneDNN and a gradient to F.linear; a compiled step calls it as one op;
-a machine that cannot build it is told why and never given it. What the prefetch gains is speed, which only a
-benchmark measures: benchmarks/stream_rates.py times the loop with and without it, side by side."""
+a machine that cannot build it is told why and never given it. Where each ask points is read off a build that
+records the asks (ATTNLAB_PREFETCH_PROBE). What the prefetch gains is speed, which only a benchmark measures:
+benchmarks/stream_rates.py times the loop with and without it, side by side."""
 
 from __future__ import annotations
 
@@ -89,6 +90,60 @@ def test_the_built_loop_asks_memory_ahead() -> None:
     assert any(ask.startswith("prefetcht0") or "pldl1" in ask for ask in asks), f"no first-level ask: {asks}"
     far = ("prefetcht1", "prefetcht2", "pldl2", "pldl3")
     assert any(level in ask for ask in asks for level in far), f"no outer-level ask: {asks}"
+
+
+@pytest.mark.slow  # builds prefetch.cpp a second time, as a probe
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_each_ask_points_at_the_block_ahead_and_the_one_further_on(dtype: torch.dtype) -> None:
+    """Where the asks point, which no number and no instruction count shows: prefetch.cpp built with
+    ATTNLAB_PREFETCH_PROBE records each ask's address and locality instead of asking. On one thread, block b
+    (rows 4b to 4b + 3) asks, at each cache line of a row, for the same line of the 4 rows `ahead` blocks on
+    (locality 3, the first level) and of the 4 rows kFar = 2 blocks further (locality 1), while whole blocks lie
+    there; never for the rows it sums. ahead=0 asks for nothing."""
+    import ctypes
+
+    from torch._inductor.codecache import CppCodeCache
+
+    library = CppCodeCache.load("#define ATTNLAB_PREFETCH_PROBE 1\n" + prefetch.SOURCE.read_text())
+    run = library.attnlab_prefetch_gemv
+    run.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 4, *[ctypes.c_int64] * 4, ctypes.c_int]
+    library.attnlab_prefetch_probe.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    library.attnlab_prefetch_probe_count.restype = ctypes.c_int64
+    d_out, d_in, line = 40, 96, 64  # 10 blocks of 4 rows; a cache line is 64 bytes
+    weight = torch.randn(d_out, d_in, generator=torch.Generator().manual_seed(4)).to(dtype)
+    x = torch.randn(1, d_in, generator=torch.Generator().manual_seed(5)).to(dtype)
+    size = weight.element_size()
+    for ahead in (0, 1, 3):
+        asks = torch.zeros(1000, 2, dtype=torch.int64)
+        out = torch.empty(1, d_out, dtype=dtype)
+        library.attnlab_prefetch_probe(asks.data_ptr(), asks.shape[0])
+        code = run(
+            prefetch.PREFETCH_DTYPES[dtype],
+            x.data_ptr(),
+            weight.data_ptr(),
+            None,
+            out.data_ptr(),
+            1,
+            d_out,
+            d_in,
+            ahead,
+            1,
+        )
+        count = library.attnlab_prefetch_probe_count()
+        assert code == 0 and torch.equal(out, prefetch.gemv(x, weight, ahead=ahead))  # the same numbers
+        got = []
+        for address, locality in asks[:count].tolist():
+            row, column = divmod((address - weight.data_ptr()) // size, d_in)
+            got.append((row, column, locality))
+        want = []
+        for block in range(d_out // 4):
+            whole = d_out // 4 - block  # whole blocks from this one to the weight's end
+            for column in range(0, d_in, line // size):  # each cache line of a row
+                for on, locality in ((ahead, 3), (ahead + 2, 1)):
+                    if 0 < ahead and on < whole:
+                        want += [(4 * (block + on) + r, column, locality) for r in range(4)]
+        assert got == want, (ahead, got[:8], want[:8])
+        assert (count > 0) == (ahead > 0)
 
 
 def test_what_the_c_plus_plus_would_read_wrongly_is_refused_by_name() -> None:

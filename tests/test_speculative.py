@@ -107,3 +107,50 @@ def test_speculation_refuses_what_it_cannot_do_before_running() -> None:
             model(rope=rope).generate(prompt, 128 - 48 + 2, lookup=4)
     with pytest.raises(ValueError, match="lookup must be"):
         m.generate(prompt, 4, lookup=0)
+
+
+def nudged(m: GPT, scale: float, seed: int) -> GPT:
+    """``m`` with noise added to every weight: a draft that agrees with the model on some tokens, not all."""
+    import copy
+
+    draft = copy.deepcopy(m)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator))
+    return draft
+
+
+@torch.no_grad()
+def spelled_out(m: GPT, draft: GPT, prompt: list[int], new: int, k: int) -> tuple[int, int, int]:
+    """Greedy speculation written out without a cache: per pass the draft guesses up to k tokens (each its argmax
+    over the whole text so far), the model keeps the guesses its own argmax agrees with, then adds one of its
+    own. The (passes, guessed, kept) counts that a draft whose cache holds only what the model kept must give."""
+    tokens, passes, guessed, kept = list(prompt), 0, 0, 0
+    while len(tokens) - len(prompt) < new:
+        want = min(k, new - (len(tokens) - len(prompt)) - 1)
+        guesses: list[int] = []
+        for _ in range(want):
+            guesses.append(int(draft(torch.tensor([tokens + guesses]))[0, -1].argmax()))
+        logits = m(torch.tensor([tokens + guesses]))[0, -(want + 1) :]  # (want + 1, V)
+        agree = 0
+        while agree < want and int(logits[agree].argmax()) == guesses[agree]:
+            agree += 1
+        tokens += [*guesses[:agree], int(logits[agree].argmax())]
+        passes, guessed, kept = passes + 1, guessed + want, kept + agree
+    return passes, guessed, kept
+
+
+def test_a_draft_that_is_refused_gives_the_passes_of_speculation_written_out() -> None:
+    """The passes a guess saves, with a draft that disagrees sometimes: its cache must keep only what the model
+    kept (a draft whose cache kept its refused guesses guesses from a text that is not the text, and runs past
+    its capacity). Counted against the loop written out without caches; both refusals and keeps happen."""
+    m = model()
+    draft_model = nudged(m, 0.05, seed=5)
+    prompt, new, k = repeated()[0].tolist(), 30, 4
+    want = spelled_out(m, draft_model, prompt, new, k)
+    draft = Draft(draft_model, k=k, capacity=len(prompt) + new)  # exactly the text's length: no room for refusals
+    cache = m.make_caches(batch_size=1, max_len=128)
+    passes = list(decode(m, [prompt], cache=cache, sampling=Sampling(), stop=Stop(max_new_tokens=new), proposer=draft))
+    assert (draft.passes, draft.guessed, draft.kept) == want and len(passes) == want[0]
+    assert 0 < draft.kept < draft.guessed  # the draft was refused, and kept, some of the time

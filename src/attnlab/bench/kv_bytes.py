@@ -161,13 +161,19 @@ def readable_bytes(n: float) -> str:
     return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
 
 
+def expanded_head_values(config: GPTConfig) -> int:
+    """Values one token adds to one latent layer's cache when its heads are kept expanded (as Hugging Face's cache
+    holds them): each head's key (its nope and RoPE parts) and its value."""
+    return config.n_heads * (config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim)
+
+
 def kv_report(config: GPTConfig, *, name: str, tokens: tuple[int, ...], dtype: str = "bfloat16") -> KVReport:
     """Bytes per token per layer kind, the whole cache at each of ``tokens``, and the parameter count."""
     kinds = layer_kinds(config, dtype=dtype)
     size = element_size(dtype)
     instead = None
-    if config.kv_lora_rank is not None:  # each head's key (nope + rope) and value, expanded from the latent
-        heads = config.n_heads * (config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim)
+    if config.kv_lora_rank is not None:
+        heads = expanded_head_values(config)
         instead = ("the expanded heads, as Hugging Face caches them", config.n_layers * heads * size)
     elif len(kinds) > 1 and kinds[0].kind == "full":  # a hybrid: sliding or recurrent layers beside full ones
         instead = ("every layer full", config.n_layers * kinds[0].bytes_per_token)

@@ -33,18 +33,21 @@ decode step's few rows by a loop of attnlab's own in C++
 weight before it reads them, and more rows, a prompt's, by oneDNN. It
 needs torch.compile's C++ toolchain here.
 
-:func:`fastest_layout` times every layout on weights that together exceed
-most CPUs' caches (256 MB, cycled), as decoding meets them, the layouts taking
-turns, and keeps the answer for the process. :func:`set_layout` re-stores a
+:func:`fastest_layout` times every layout on copies of a weight that together
+exceed this machine's caches (256 MiB, or twice the last-level cache the OS
+reports, cycled), as decoding meets them, the layouts taking turns, and keeps
+the answer for the process. :func:`set_layout` re-stores a
 module's ``nn.Linear`` weights in place.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Literal, TypeVar
 
 import torch
@@ -75,7 +78,9 @@ LAYOUTS: tuple[Layout, ...] = (
 )
 _CHOSEN: dict[tuple[int, int, torch.dtype], Layout] = {}
 Name = TypeVar("Name", bound=str)  # what interleaved_seconds' callers name their calls by: a layout, a kernel
-STREAM_BYTES = 256 * 2**20  # more than most CPUs' caches (not all: docs/benchmarks.md's has 480 MiB of L3, shared)
+STREAM_BYTES = 256 * 2**20  # the least a stream probe cycles through; twice the last-level cache where that is more
+MAX_COPIES = 1024  # of one weight in a probe: a weight smaller than stream_bytes() / 1024 is timed in cache,
+SMALL_COPIES = 64  # and then through this many copies (more would add calls, not bytes from memory)
 
 
 def laid_out(weight: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -254,15 +259,17 @@ def offered(layout: Layout, dtype: torch.dtype) -> bool:
 
 def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict[Layout, float]:
     """GB/s at which the product of one vector streams (d_out, d_in) weights here, per layout offered for
-    ``dtype``: the median of ``repeats`` passes over copies that together exceed the caches (at most 64 copies: a
-    small weight stays in cache, as it does decoding), the layouts' passes interleaved, so that a machine that
-    slows down or speeds up midway favours none. The layouts that keep rows share one set of copies; the
-    columns and the packed copies are a set each (three sets at most)."""
+    ``dtype``: the median of ``repeats`` passes over :func:`stream_copies` copies, each its own memory, that
+    together exceed the caches (a weight too small for :data:`MAX_COPIES` copies to do so stays in cache), the
+    layouts' passes interleaved, so that a machine that slows down or speeds up midway favours none. The layouts
+    that keep rows share one set of copies; the columns and the packed copies are a set each (three sets at
+    most)."""
     size, copies = stream_copies(d_in, d_out, dtype)
     x = torch.randn(1, d_in, dtype=dtype)
     layouts = [layout for layout in LAYOUTS if offered(layout, dtype)]
     with torch.no_grad():
-        rows = [torch.randn(d_out, d_in, dtype=dtype) for _ in range(copies)]
+        first = torch.randn(d_out, d_in, dtype=dtype)
+        rows = [first, *(first.clone() for _ in range(copies - 1))]  # each its own memory: none read from cache
         columns = [laid_out(w, "columns") for w in rows] if "columns" in layouts else []
         calls: dict[Layout, list[Callable[[], object]]] = {
             layout: [partial(_product(layout), x, w) for w in (columns if layout == "columns" else rows)]
@@ -276,9 +283,35 @@ def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, r
 
 def stream_copies(d_in: int, d_out: int, dtype: torch.dtype) -> tuple[int, int]:
     """A (d_out, d_in) ``dtype`` weight's bytes, and how many copies of it a stream probe cycles through: enough
-    to exceed :data:`STREAM_BYTES`, at most 64 (a small weight stays in cache, as it does decoding)."""
+    to reach :func:`stream_bytes`, where :data:`MAX_COPIES` do; a weight smaller than that stays in cache
+    however many copies there are (the calls, not memory, bound it), and is timed through :data:`SMALL_COPIES`."""
     size = d_in * d_out * torch.finfo(dtype).bits // 8
-    return size, min(64, max(1, -(-STREAM_BYTES // size)))
+    needed = max(1, -(-stream_bytes() // size))
+    return size, needed if needed <= MAX_COPIES else SMALL_COPIES
+
+
+@functools.cache
+def stream_bytes() -> int:
+    """The bytes a stream probe cycles through: :data:`STREAM_BYTES`, or twice this machine's last-level cache
+    where that is more (a machine of docs/benchmarks.md has 480 MiB of L3), so that no weight is read from it."""
+    return max(STREAM_BYTES, 2 * last_level_cache_bytes())
+
+
+def last_level_cache_bytes() -> int:
+    """The outermost CPU cache's bytes as Linux reports them (sysfs), summed over its instances (one per group
+    of cores that share it); 0 where the OS reports none."""
+    sizes: dict[tuple[int, str], int] = {}  # (level, the cores sharing it) -> bytes
+    for entry in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cache/index[0-9]*"):
+        try:
+            level, size, shared = (entry.joinpath(f).read_text().strip() for f in ("level", "size", "shared_cpu_list"))
+            kind = entry.joinpath("type").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        if kind != "Instruction" and size[:-1].isdigit() and size[-1] in units:
+            sizes[(int(level), shared)] = int(size[:-1]) * units[size[-1]]
+    top = max((level for level, _ in sizes), default=0)
+    return sum(size for (level, _), size in sizes.items() if level == top)
 
 
 def interleaved_seconds(calls: dict[Name, list[Callable[[], object]]], repeats: int) -> dict[Name, float]:

@@ -29,6 +29,29 @@
 #include <type_traits>
 #include <vector>
 
+#ifdef ATTNLAB_PREFETCH_PROBE
+// A build that records where each ask points instead of asking (tests/test_prefetch.py builds the file with this
+// defined): a prefetch changes no number, so only its addresses show that it asks for rows ahead of the sum.
+namespace probe {
+int64_t* asks = nullptr;  // (address, locality) pairs, in the order asked
+int64_t room = 0, count = 0;
+}  // namespace probe
+extern "C" void attnlab_prefetch_probe(int64_t* asks, int64_t room) {  // where the next asks go; count from 0
+  probe::asks = asks, probe::room = room, probe::count = 0;
+}
+extern "C" int64_t attnlab_prefetch_probe_count() { return probe::count; }
+#define ATTNLAB_ASK(address, locality)                                    \
+  do {                                                                    \
+    if (probe::count < probe::room) {                                     \
+      probe::asks[2 * probe::count] = reinterpret_cast<int64_t>(address); \
+      probe::asks[2 * probe::count + 1] = locality;                       \
+    }                                                                     \
+    ++probe::count;                                                       \
+  } while (0)
+#else
+#define ATTNLAB_ASK(address, locality) __builtin_prefetch(address, 0, locality)
+#endif
+
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
@@ -78,9 +101,9 @@ void product(const T* x, const T* w, const T* bias, T* out, int64_t d_out, int64
     for (int64_t i = 0; i < d_in; i += width) {
       const int64_t count = std::min(width, d_in - i);
       if (has_next && i % per_line == 0)
-        for (int64_t r = 0; r < kRows; ++r) __builtin_prefetch(next + r * d_in + i, 0, 3);  // first level
+        for (int64_t r = 0; r < kRows; ++r) ATTNLAB_ASK(next + r * d_in + i, 3);  // first level
       if (has_far && i % per_line == 0)
-        for (int64_t r = 0; r < kRows; ++r) __builtin_prefetch(far + r * d_in + i, 0, 1);  // outer levels
+        for (int64_t r = 0; r < kRows; ++r) ATTNLAB_ASK(far + r * d_in + i, 1);  // outer levels
       for (int64_t r = 0; r < rows; ++r) {
         const Vec wv = widen(w + (first + r) * d_in + i, count);
         for (int n = 0; n < N; ++n) acc[n][r] = at::vec::fmadd(wv, Vec::loadu(xf.data() + n * d_in + i, count), acc[n][r]);

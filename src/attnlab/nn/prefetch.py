@@ -4,8 +4,7 @@
 A decode step reads every weight once, so it runs at the rate the weights
 stream from memory. On the machine of ``docs/benchmarks.md`` the library
 kernels read a float32 weight at nearly memory's rate, but a bfloat16 one well
-below it (``benchmarks/stream_rates.py``; in the run quoted there, the best of
-them per shape at 0.49x to 0.67x float32's rate): widening bfloat16 to float32
+below it (``benchmarks/stream_rates.py``, the run pasted there): widening bfloat16 to float32
 costs instructions for every cache line, fewer of the weight's lines are in
 flight at a time, and on rows of 768 numbers the CPU's own prefetchers do
 not make up for it. bfloat16 then decodes little faster than float32 though
