@@ -24,10 +24,10 @@ def text_perplexities(threads: int) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
+    from attnlab.linear.quantized import INT8_KERNELS
     from attnlab.models import GPT
     from attnlab.models.checkpoints import locate
     from attnlab.models.tasks import TextTask, stdlib_text
-    from attnlab.nn.quantized import INT8_KERNELS
 
     torch.set_num_threads(threads)
     text = TextTask(stdlib_text(), seq_len=256).batch(8, torch.Generator().manual_seed(0), split="eval")[0]

@@ -143,7 +143,7 @@ def speed(new: int, rounds: int, overrides: dict[str, int], compiled: bool) -> N
 
 
 def _kernels(model: GPT) -> list[str]:
-    from attnlab.nn.quantized import Int8Linear
+    from attnlab.linear.quantized import Int8Linear
 
     return [f"{m.in_features}x{m.out_features} {m.kernel}" for m in model.modules() if isinstance(m, Int8Linear)]
 

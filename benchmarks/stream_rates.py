@@ -8,10 +8,10 @@ attention output, the two feed-forward layers, the vocabulary projection), a
 batch-1 product through copies of the weight that together exceed the caches,
 as a decode step meets them:
 
-- float32, bfloat16 and float16 in both layouts (``attnlab.nn.layout.stream_rates``,
+- float32, bfloat16 and float16 in both layouts (``attnlab.linear.layout.stream_rates``,
   what ``GPT.set_layout("auto")`` chooses by);
 - int8 through each kernel this PyTorch build has
-  (``attnlab.nn.quantized.int8_stream_rates``, what ``GPT.quantize("int8")``
+  (``attnlab.linear.quantized.int8_stream_rates``, what ``GPT.quantize("int8")``
   chooses by);
 - the "prefetch" layout's loop asking for nothing ahead (``ahead=0``) beside
   the same loop as the layout runs it, their passes taking turns: what the
@@ -39,9 +39,9 @@ import torch
 
 from _runs import exit_with, finish, render_saved
 from _timing import NOISY
-from attnlab.nn import prefetch
-from attnlab.nn.layout import interleaved_seconds, last_level_cache_bytes, stream_bytes, stream_copies, stream_rates
-from attnlab.nn.quantized import int8_stream_rates
+from attnlab.linear import prefetch
+from attnlab.linear.layout import interleaved_seconds, last_level_cache_bytes, stream_bytes, stream_copies, stream_rates
+from attnlab.linear.quantized import int8_stream_rates
 
 GPT2_SMALL = ((768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50257))  # (d_in, d_out)
 FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

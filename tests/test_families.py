@@ -39,8 +39,8 @@ from transformers import (
 from attnlab import Recorder
 from attnlab.cache import CACHES
 from attnlab.functional.registry import BACKENDS
+from attnlab.linear.layout import LAYOUTS
 from attnlab.models import GPT
-from attnlab.nn.layout import LAYOUTS
 
 VOCAB = 96
 COMMON = dict(

@@ -1,4 +1,4 @@
-"""The decode step's product by a loop torch.compile writes (issue 37, attnlab.nn.gemv): the loop agrees with
+"""The decode step's product by a loop torch.compile writes (issue 37, attnlab.linear.gemv): the loop agrees with
 the readable product for every weight it reads; a row's numbers never depend on the other rows; the "gemv"
 layout and int8 kernel send every product of a decode step through the loop (seen by the profiler) and a
 prompt's many rows elsewhere; a machine without torch.compile is refused by name and never chosen."""
@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.linear import gemv as gemv_module
+from attnlab.linear import layout, quantized
+from attnlab.linear.gemv import FLOAT_ROWS, INT8_ROWS, gemv, readable_gemv, why_no_gemv
+from attnlab.linear.layout import GemvLinear
+from attnlab.linear.quantized import Int8Linear
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import gemv as gemv_module
-from attnlab.nn import layout, quantized
-from attnlab.nn.gemv import FLOAT_ROWS, INT8_ROWS, gemv, readable_gemv, why_no_gemv
-from attnlab.nn.layout import GemvLinear
-from attnlab.nn.quantized import Int8Linear
 
 if why_no_gemv() and os.environ.get("CI") != "true":  # under CI=true the tests run, and fail
     pytest.skip(f"no gemv loop here: {why_no_gemv()}", allow_module_level=True)

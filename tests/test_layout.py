@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.linear import layout
+from attnlab.linear.layout import LAYOUTS, GemvLinear, OneDNNLinear, PrefetchLinear, onednn_available
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import layout
-from attnlab.nn.layout import LAYOUTS, GemvLinear, OneDNNLinear, PrefetchLinear, onednn_available
 
 needs_onednn = pytest.mark.skipif(
     not onednn_available() and __import__("os").environ.get("CI") != "true",
@@ -166,7 +166,7 @@ def test_onednn_hands_anything_beyond_plain_inference_to_f_linear() -> None:
     a strided bias, autocast, forward-mode AD, an empty inner dimension."""
     import torch.autograd.forward_ad as fwAD
 
-    from attnlab.nn.layout import onednn_linear
+    from attnlab.linear.layout import onednn_linear
 
     x, w = torch.randn(3, 4), torch.randn(6, 4)
     strided = torch.randn(12)[::2]

@@ -1,4 +1,4 @@
-"""The "packed" layout (issue 37, attnlab.nn.packed): oneDNN's product over a copy of each weight reordered once
+"""The "packed" layout (issue 37, attnlab.linear.packed): oneDNN's product over a copy of each weight reordered once
 into oneDNN's blocked format. It keeps the readable product's values and tokens; a decode step reads the copies
 made by set_layout and packs nothing (seen by a count of packs, and by a write the copy cannot see); any change
 to a weight is followed, eagerly and in a compiled step; a gradient, a tracer, an inference tensor and another
@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.linear import layout, packed
+from attnlab.linear.layout import LAYOUTS, PackedLinear
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import layout, packed
-from attnlab.nn.layout import LAYOUTS, PackedLinear
 from conftest import compiled_op_calls
 
 if "packed" not in LAYOUTS and os.environ.get("CI") != "true":  # under CI=true the tests run, and fail

@@ -1,4 +1,4 @@
-"""The "prefetch" layout (issue 37, attnlab.nn.prefetch): a decode step's product by attnlab's C++ loop that asks
+"""The "prefetch" layout (issue 37, attnlab.linear.prefetch): a decode step's product by attnlab's C++ loop that asks
 memory for the next rows of the weight before it reads them. It agrees with the readable product in both dtypes
 it reads; a prefetch changes no number (ahead=0 is bitwise the same); a row's numbers never depend on the other
 row; what the C++ would read wrongly is refused by name; set_layout("prefetch") sends a decode step's products
@@ -16,11 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.linear import layout, prefetch
+from attnlab.linear.gemv import readable_gemv
+from attnlab.linear.layout import PrefetchLinear
+from attnlab.linear.prefetch import ROWS, why_no_prefetch
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import layout, prefetch
-from attnlab.nn.gemv import readable_gemv
-from attnlab.nn.layout import PrefetchLinear
-from attnlab.nn.prefetch import ROWS, why_no_prefetch
 from conftest import compiled_op_calls
 
 if why_no_prefetch() and os.environ.get("CI") != "true":  # under CI=true the tests run, and fail

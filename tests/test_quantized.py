@@ -1,4 +1,4 @@
-"""Weight-only int8 (attnlab.nn.quantized, GPT.quantize): the kernels agree with the readable path; on the dynamic
+"""Weight-only int8 (attnlab.linear.quantized, GPT.quantize): the kernels agree with the readable path; on the dynamic
 kernel a token's numbers never depend on the other tokens of the call, and a packed weight follows its sources;
 "auto" picks what its own probe measured fastest (issue 30)."""
 
@@ -12,9 +12,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attnlab.linear import quantized
+from attnlab.linear.quantized import Int8Linear, available_kernels, quantize_linears, quantize_rows
 from attnlab.models import GPT, GPTConfig
-from attnlab.nn import quantized
-from attnlab.nn.quantized import Int8Linear, available_kernels, quantize_linears, quantize_rows
 from conftest import small
 
 

@@ -11,7 +11,7 @@ window, a latent layer's latent). :func:`probe_rates` measures, in this run, how
 machine streams weights from memory through the product in each layout:
 ``nn.Linear``'s (out, in) stored row by row, stored column by column,
 as Hugging Face GPT-2's Conv1D stores it, and row by row through oneDNN's
-product instead of the BLAS (``attnlab.nn.layout``). The floor of a
+product instead of the BLAS (``attnlab.linear.layout``). The floor of a
 step is its bytes at the fastest measured rate; a generator's step time as a
 fraction of that floor says how close it runs to this machine's limit.
 """
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnlab.linear.layout import stream_rates
 from attnlab.models.config import GPTConfig
-from attnlab.nn.layout import stream_rates
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def decode_bytes(config: GPTConfig, position: float, *, element: int = 4) -> Ste
 
 def probe_rates(d_in: int, d_out: int) -> dict[str, float]:
     """GB/s of a batch-1 product with a d_in x d_out weight, per layout, streamed from memory as decoding streams
-    it (``attnlab.nn.layout.stream_rates``, what ``GPT.set_layout("auto")`` chooses by)."""
+    it (``attnlab.linear.layout.stream_rates``, what ``GPT.set_layout("auto")`` chooses by)."""
     names = {"rows": "(out, in) rows", "columns": "(in, out) columns", "onednn": "(out, in) rows, oneDNN"}
     names["gemv"] = "(out, in) rows, a compiled loop"
     names["packed"] = "(out, in) rows, oneDNN's packed copy"

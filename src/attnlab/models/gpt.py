@@ -434,26 +434,26 @@ class GPT(nn.Module):
         """Store every linear weight row by row ("rows", nn.Linear's own), column by column ("columns", the
         layout of Hugging Face GPT-2's Conv1D), row by row with oneDNN's product in place of the BLAS's
         ("onednn": inference on the CPU, float32 or bfloat16), row by row with a decode step's product by a
-        loop torch.compile writes ("gemv", :mod:`attnlab.nn.gemv`; a prompt's by oneDNN), row by row with a copy
-        oneDNN reorders once and reads ("packed", :mod:`attnlab.nn.packed`: twice the weights' memory), row by
+        loop torch.compile writes ("gemv", :mod:`attnlab.linear.gemv`; a prompt's by oneDNN), row by row with a copy
+        oneDNN reorders once and reads ("packed", :mod:`attnlab.linear.packed`: twice the weights' memory), row by
         row with a decode step's product by attnlab's C++ loop that asks memory for the next rows ahead
-        ("prefetch", :mod:`attnlab.nn.prefetch`; a prompt's by oneDNN), or in
+        ("prefetch", :mod:`attnlab.linear.prefetch`; a prompt's by oneDNN), or in
         whichever this machine streams fastest for its shape ("auto", measured once per process): the same
         values, shapes and checkpoints, a faster decode where the measurement says so
-        (:mod:`attnlab.nn.layout`). Returns the layout each weight got."""
-        from attnlab.nn.layout import set_layout
+        (:mod:`attnlab.linear.layout`). Returns the layout each weight got."""
+        from attnlab.linear.layout import set_layout
 
         return dict(set_layout(self, layout))  # type: ignore[arg-type]
 
     def quantize(self, kind: str = "int8", *, kernel: str = "auto") -> dict[str, str]:
         """Store every linear weight, the vocabulary projection's too, as int8 with one scale per output channel
-        (:mod:`attnlab.nn.quantized`), in place; the embeddings and norms stay float32. ``kernel``: "auto"
+        (:mod:`attnlab.linear.quantized`), in place; the embeddings and norms stay float32. ``kernel``: "auto"
         (the fastest here for one row, a decode step, measured once per weight shape), "gemv", "dynamic",
         "int8pack" or "dequantize". "auto" serves one prompt; for many prompts at once (``generate_many``),
         "dynamic"'s int8 x int8 products run faster. For decoding on the CPU; a quantized model is not saved
         (save the float one and quantize after loading).
         Returns the kernel each weight got."""
-        from attnlab.nn.quantized import INT8_KERNELS, Int8Kernel, quantize_linears
+        from attnlab.linear.quantized import INT8_KERNELS, Int8Kernel, quantize_linears
 
         if kind != "int8":
             raise ValueError(f"kind must be 'int8' (weight-only, per output channel), got {kind!r}")
@@ -475,7 +475,7 @@ class GPT(nn.Module):
     @property
     def quantized(self) -> bool:
         """Whether :meth:`quantize` replaced the linear weights with int8 ones."""
-        from attnlab.nn.quantized import Int8Linear
+        from attnlab.linear.quantized import Int8Linear
 
         return isinstance(self.out_head, Int8Linear)
 

@@ -185,7 +185,7 @@ class Attention(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype of the activations: its weights', or float32 for int8 weights (``attnlab.nn.quantized``)."""
+        """The dtype of the activations: its weights', or float32 for int8 weights (``attnlab.linear.quantized``)."""
         dtype: torch.dtype = getattr(self.qkv, "dtype", None) or self.qkv.weight.dtype
         return dtype
 

@@ -14,7 +14,7 @@ machine and picks one per weight shape:
 * ``"int8pack"``: PyTorch's weight-only ``torch._weight_int8pack_mm``, the
   same numbers as dequantize up to float rounding;
 * ``"gemv"``: weight-only too: a decode step's few rows by a loop that
-  torch.compile writes (:mod:`attnlab.nn.gemv`: each int8 weight read once,
+  torch.compile writes (:mod:`attnlab.linear.gemv`: each int8 weight read once,
   widened and scaled in registers), more rows (a prompt) by dequantizing the
   weight and oneDNN's product; dequantize's numbers to float rounding, and
   within the loop's rows a row's numbers never depend on the other rows of
@@ -50,9 +50,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnlab.nn import packed
-from attnlab.nn.gemv import INT8_ROWS, compiled, gemv, gemv_applies, kernel_spec, traced, why_no_gemv
-from attnlab.nn.layout import _transformed, onednn_linear, pass_seconds
+from attnlab.linear import packed
+from attnlab.linear.gemv import INT8_ROWS, compiled, gemv, gemv_applies, kernel_spec, traced, why_no_gemv
+from attnlab.linear.layout import _transformed, onednn_linear, pass_seconds
 
 Int8Kernel = Literal["dynamic", "int8pack", "gemv", "dequantize"]
 INT8_KERNELS: tuple[Int8Kernel, ...] = ("dynamic", "int8pack", "gemv", "dequantize")

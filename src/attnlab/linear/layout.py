@@ -17,19 +17,19 @@ the CPU in float32 and bfloat16; a product that needs a gradient, runs under
 torch.compile or has another dtype or device goes through ``F.linear``.
 
 A fourth also keeps the rows: "gemv" multiplies a decode step's few rows by
-a loop that torch.compile writes for the product (:mod:`attnlab.nn.gemv`:
+a loop that torch.compile writes for the product (:mod:`attnlab.linear.gemv`:
 each weight read once, widened to float32 in registers), and more rows, a
 prompt's, by oneDNN. It needs torch.compile to work here (a C++ compiler).
 
 A fifth keeps the rows and a second copy: "packed" multiplies by oneDNN's
 inner product over a copy of the weight reordered once into oneDNN's own
-blocked format (:mod:`attnlab.nn.packed`), which the CPU's bfloat16
+blocked format (:mod:`attnlab.linear.packed`), which the CPU's bfloat16
 dot-product instructions read directly; it costs a second copy of the
 weights' memory.
 
 A sixth keeps the rows and changes the routine again: "prefetch" multiplies a
 decode step's few rows by a loop of attnlab's own in C++
-(:mod:`attnlab.nn.prefetch`) that asks memory for the next rows of the
+(:mod:`attnlab.linear.prefetch`) that asks memory for the next rows of the
 weight before it reads them, and more rows, a prompt's, by oneDNN. It
 needs torch.compile's C++ toolchain here.
 
@@ -54,9 +54,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnlab.nn import packed, prefetch
-from attnlab.nn.gemv import FLOAT_ROWS, _exporting, gemv, gemv_applies, traced, why_no_gemv
-from attnlab.nn.prefetch import prefetch_applies, why_no_prefetch
+from attnlab.linear import packed, prefetch
+from attnlab.linear.gemv import FLOAT_ROWS, _exporting, gemv, gemv_applies, traced, why_no_gemv
+from attnlab.linear.prefetch import prefetch_applies, why_no_prefetch
 
 Layout = Literal["rows", "columns", "onednn", "gemv", "packed", "prefetch"]
 STORAGES: tuple[Layout, ...] = ("rows", "columns")  # F.linear, the weight stored either way
@@ -150,8 +150,8 @@ class OneDNNLinear(nn.Linear):
 
 
 def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``: up to :data:`attnlab.nn.gemv.FLOAT_ROWS` rows (a decode step) by the
-    compiled loop of :func:`attnlab.nn.gemv.gemv` where it applies (inference on the CPU, one dtype throughout,
+    """``F.linear(x, weight, bias)``: up to :data:`attnlab.linear.gemv.FLOAT_ROWS` rows (a decode step) by the
+    compiled loop of :func:`attnlab.linear.gemv.gemv` where it applies (inference on the CPU, one dtype throughout,
     a row-major weight; under torch.compile, the op ``attnlab::gemv`` in the graph), other calls by
     :func:`onednn_linear`."""
     flat = x.reshape(-1, x.shape[-1])  # (B, T, in) -> (N, in)
@@ -175,7 +175,7 @@ class GemvLinear(nn.Linear):
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` by oneDNN's inner product over the weight's packed copy
-    (:mod:`attnlab.nn.packed`) where oneDNN serves it (:func:`onednn_applies`; under torch.compile on the CPU
+    (:mod:`attnlab.linear.packed`) where oneDNN serves it (:func:`onednn_applies`; under torch.compile on the CPU
     without a gradient, the op ``attnlab::packed_linear`` in the graph), by ``F.linear`` elsewhere. Under a
     tracer, the weight itself, so that what is recorded reads the parameter and never a copy of it."""
     flat = x.reshape(-1, x.shape[-1])  # (B, T, in) -> (N, in)
@@ -209,8 +209,8 @@ class PackedLinear(nn.Linear):
 
 
 def prefetch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``: up to :data:`attnlab.nn.prefetch.ROWS` rows (a decode step) by the loop of
-    :func:`attnlab.nn.prefetch.gemv` where it applies (inference on the CPU, one dtype throughout, a row-major
+    """``F.linear(x, weight, bias)``: up to :data:`attnlab.linear.prefetch.ROWS` rows (a decode step) by the loop of
+    :func:`attnlab.linear.prefetch.gemv` where it applies (inference on the CPU, one dtype throughout, a row-major
     weight; under torch.compile, the op ``attnlab::prefetch_gemv`` in the graph), other calls by
     :func:`onednn_linear`."""
     flat = x.reshape(-1, x.shape[-1])  # (B, T, in) -> (N, in)
@@ -327,7 +327,7 @@ def interleaved_seconds(calls: dict[Name, list[Callable[[], object]]], repeats: 
 def pass_seconds(calls: Sequence[Callable[[], object]], repeats: int) -> float:
     """The median seconds of ``repeats`` passes through ``calls``, after one pass that warms up: how fast a
     list of weights that together exceed the caches streams, one product each (the probes here and in
-    ``attnlab.nn.quantized``). With ``repeats=0``, the seconds of one pass."""
+    ``attnlab.linear.quantized``). With ``repeats=0``, the seconds of one pass."""
     times = []
     for _ in range(repeats + 1):
         start = time.perf_counter()

@@ -15,7 +15,7 @@ four rows at a time, and while it sums a block it asks for the matching
 cache line of the next block into the first-level cache and of a block
 further on into the outer ones (``__builtin_prefetch``), so memory works
 on the next lines whatever the arithmetic costs. It widens to float32 and
-sums in float32 as :func:`attnlab.nn.gemv.readable_gemv`, the readable path it is
+sums in float32 as :func:`attnlab.linear.gemv.readable_gemv`, the readable path it is
 tested against, does; the two differ by float rounding, the order of the
 sum. A row's numbers never depend on the other row of the call (tested
 bitwise). ``ahead=0`` asks for nothing ahead: the same numbers, for the
@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnlab.nn.gemv import define_cpu_op, readable_gemv, refuse_gradient, traced
+from attnlab.linear.gemv import define_cpu_op, readable_gemv, refuse_gradient, traced
 
 ROWS = 2  # the most rows one call serves (the file's kernels are built for 1 and 2): a decode step's
 AHEAD = 1  # blocks of 4 rows ahead that a block asks for: on the machine of docs/benchmarks.md, 1 streamed every
