@@ -26,7 +26,7 @@ def text_perplexities(threads: int) -> dict[str, Any]:
 
     from attnlab.linear.quantized import INT8_KERNELS
     from attnlab.models import GPT
-    from attnlab.models.checkpoints import locate
+    from attnlab.models.locate import locate
     from attnlab.models.tasks import TextTask, stdlib_text
 
     torch.set_num_threads(threads)

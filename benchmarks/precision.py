@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from attnlab.bench.timing import NOISY, interleaved
 from attnlab.models import GPT, GPTConfig
-from attnlab.models.checkpoints import locate
+from attnlab.models.locate import locate
 from attnlab.models.tasks import TextTask, stdlib_text
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from attnlab.models import GPT, load_tokenizer
-from attnlab.models.checkpoints import SHIPPED, locate
+from attnlab.models.locate import SHIPPED, locate
 from attnlab.models.train import read_log
 
 PROMPTS = {  # the README's prompts for the text model; the poems' demo lines

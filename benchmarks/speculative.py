@@ -35,8 +35,8 @@ import torch
 
 from _timing import interleaved, report
 from attnlab.models import GPT
-from attnlab.models.checkpoints import locate
-from attnlab.models.generation import Lookup, Sampling, Stop, decode
+from attnlab.models.generation import Lookup, Request, Stop, decode
+from attnlab.models.locate import locate
 from attnlab.models.tasks import TextTask, stdlib_text
 
 LISTING = """for i in range(10):
@@ -82,18 +82,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, (model, prompt) in chosen.items():
         new = min(asked, model.config.context_length - prompt.shape[1] - args.lookup)  # what its context holds
         plain = model.generate(prompt, new)
-        lookup = Lookup(k=args.lookup)
         cache = model.make_caches(batch_size=1, max_len=prompt.shape[1] + new + args.lookup)
-        passes = decode(
-            model, prompt.tolist(), cache=cache, sampling=Sampling(), stop=Stop(max_new_tokens=new), proposer=lookup
+        request = Request(
+            prompts=tuple(map(tuple, prompt.tolist())),
+            stop=Stop(max_new_tokens=new),
+            cache=cache,
+            proposer=Lookup(k=args.lookup),
         )
+        passes = decode(model, request)
         guessed = torch.cat([prompt, torch.tensor([[t for drawn in passes for _, t in drawn]])], dim=1)
         if not torch.equal(guessed, plain):
             raise SystemExit(f"{label}: lookup gave other tokens than plain greedy decoding")
-        kept = lookup.kept / max(lookup.guessed, 1)
+        counts = passes.counts
+        kept = counts.kept / max(counts.guessed, 1)
         print(
-            f"{label}: {new} tokens in {lookup.passes} passes with lookup={args.lookup} "
-            f"({lookup.kept} of {lookup.guessed} guesses kept, {kept:.0%}); tokens identical to plain"
+            f"{label}: {new} tokens in {counts.passes} passes with lookup={args.lookup} "
+            f"({counts.kept} of {counts.guessed} guesses kept, {kept:.0%}); tokens identical to plain"
         )
         started = time.perf_counter()
         model.generate(prompt, new)

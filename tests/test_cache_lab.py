@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab import Attention
-from attnlab.cache import CACHES, EvictingCache, PrefixCache, QuantizedKVCache, SinkCache
+from attnlab.cache import CACHES, EvictingCache, ModelCache, PrefixCache, QuantizedKVCache, SinkCache
 from attnlab.models import GPT, GPTConfig
 
 BACKENDS = ["eager", "sdpa", "flash"]
@@ -81,8 +81,9 @@ def test_the_prefix_cache_refuses_what_it_cannot_share() -> None:
         m.generate(ids(2, 5), 3, cache=store)
     with pytest.raises(ValueError, match="longer than this prefix cache's max_len=32"):
         m.generate(ids(1, 30), 8, cache=store)
-    with pytest.raises(ValueError, match="a layer's cache never sees"):
-        m.make_caches(batch_size=1, max_len=8, cache="prefix")
+    with pytest.raises(ValueError, match="a layer's cache never sees"):  # a layer alone cannot share by ids
+        CACHES["prefix"]()
+    assert isinstance(m.make_caches(batch_size=1, max_len=8, cache="prefix"), PrefixCache)  # a model can
     assert store.looked_up == 0  # nothing was attached by the refused calls
     windowed = GPT(GPTConfig(vocab_size=64, context_length=32, emb_dim=16, n_heads=2, n_layers=1, rope=True, window=8))
     with pytest.raises(ValueError, match="the prefix cache does not keep a sliding window's ring"):
@@ -101,7 +102,9 @@ def test_a_sink_cache_step_equals_attention_over_the_sinks_and_the_window_counte
     torch.manual_seed(0)
     attn = Attention(d_in=16, num_heads=4, num_kv_heads=2, rope=True).eval()
     x = torch.randn(1, 40, 16)
-    cache = attn.make_cache(batch_size=1, max_len=40, cache=functools.partial(CACHES["sink"], sinks=2, recent=6))
+    cache = ModelCache.build(
+        [attn.layer_state()], functools.partial(CACHES["sink"], sinks=2, recent=6), rows=1, capacity=40
+    )[0]
     assert isinstance(cache, SinkCache)
     with torch.no_grad():
         attn(x[:, :5], cache=cache)  # a prompt that fits
@@ -162,7 +165,9 @@ def test_a_quantized_decode_step_compiles_whole_and_matches_eager() -> None:
     attn = Attention(d_in=16, num_heads=2, rope=True).eval()
     x = torch.randn(1, 20, 16)
     made = [
-        attn.make_cache(batch_size=1, max_len=24, cache=functools.partial(CACHES["int8"], group_size=4, residual=4))
+        ModelCache.build(
+            [attn.layer_state()], functools.partial(CACHES["int8"], group_size=4, residual=4), rows=1, capacity=24
+        )[0]
         for _ in range(2)
     ]
 
@@ -239,7 +244,7 @@ def test_eviction_refuses_what_it_cannot_do() -> None:
     windowed = Attention(d_in=16, num_heads=2, window=4)  # a band keeps only positions it was trained to see
     for policy in ("h2o", "snapkv"):
         with pytest.raises(ValueError, match=rf"evicting from a band is refused: a layer with window=4 .* so {policy}"):
-            windowed.make_cache(batch_size=1, max_len=8, cache=policy)
+            ModelCache.build([windowed.layer_state()], policy, rows=1, capacity=8)[0]
 
 
 def test_a_prompt_longer_than_the_sink_window_goes_in_pieces_as_if_token_by_token() -> None:

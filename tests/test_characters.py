@@ -21,8 +21,8 @@ from attnlab.explain.render.heatmap import head_grid, safe_label
 from attnlab.explain.render.html import text_width
 from attnlab.explain.render.view import AttentionView
 from attnlab.models import GPT, ByteTokenizer, load_tokenizer
-from attnlab.models.checkpoints import locate
 from attnlab.models.graphemes import graphemes, visible
+from attnlab.models.locate import locate
 from attnlab.models.tokenizer import CharTokenizer, Tokenizer, character_groups, part_labels
 from test_report import _chromium
 

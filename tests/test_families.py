@@ -37,7 +37,7 @@ from transformers import (
 )
 
 from attnlab import Recorder
-from attnlab.cache import CACHES
+from attnlab.cache import CACHES, ModelCache
 from attnlab.functional.registry import BACKENDS
 from attnlab.linear.layout import LAYOUTS
 from attnlab.models import GPT
@@ -673,7 +673,7 @@ def test_latent_attention_decodes_in_the_absorbed_form_what_the_expanded_form_co
     visibility = att.visibility_for(x)
     expanded = att.expanded(q_nope, q_pe, latents, visibility=visibility)
     assert float((att.absorbed(q_nope, q_pe, latents, visibility=visibility) - expanded).abs().max()) < 1e-5
-    cache = att.make_cache(batch_size=2, max_len=12)
+    cache = ModelCache.build([att.layer_state()], rows=2, capacity=12)[0]
     steps = [att(x[:, :6], cache=cache)] + [att(x[:, t : t + 1], cache=cache) for t in range(6, 10)]
     assert float((torch.cat(steps, dim=1) - expanded).abs().max()) < 1e-5  # the absorbed decode, step by step
     assert float((torch.cat(steps, dim=1) - att(x)).abs().max()) < 1e-5
@@ -689,7 +689,7 @@ def test_deepseek_v3s_latent_cache_holds_576_values_per_token_and_layer() -> Non
             d_in=7168, num_heads=128, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
             q_lora_rank=1536,
         )  # fmt: skip
-        one, ten = (att.make_cache(batch_size=1, max_len=n) for n in (1, 10))
+        one, ten = (ModelCache.build([att.layer_state()], rows=1, capacity=n)[0] for n in (1, 10))
     per_token = (stored_bytes(ten) - stored_bytes(one)) // 9 // 4  # float32 values
     assert per_token == 576
     assert 128 * (128 + 128) // per_token == 56  # 57x fewer as the paper rounds it: 32,768 / 576 = 56.9
@@ -707,15 +707,17 @@ def test_a_quantized_latent_cache_codes_each_latent_once_in_the_formulas_bytes()
             q_lora_rank=1536,
         )  # fmt: skip
         for name, codes in (("int8", 576), ("int4", 288)):
-            one, ten = (att.make_cache(batch_size=1, max_len=n, cache=name) for n in (1, 10))
+            one, ten = (ModelCache.build([att.layer_state()], name, rows=1, capacity=n)[0] for n in (1, 10))
             assert type(one).__name__ == "QuantizedLatentCache"
             assert (stored_bytes(ten) - stored_bytes(one)) // 9 == codes + 2 * 2 * 576 // 32, name
         with pytest.raises(ValueError, match=r"kv_lora_rank \+ rope_dim = 576 values .* got group_size=100"):
-            att.make_cache(batch_size=1, max_len=4, cache=functools.partial(CACHES["int8"], group_size=100))
+            ModelCache.build(
+                [att.layer_state()], functools.partial(CACHES["int8"], group_size=100), rows=1, capacity=4
+            )[0]
         with pytest.raises(ValueError, match=r"takes group_size only, got \['residual'\]"):
-            att.make_cache(batch_size=1, max_len=4, cache=functools.partial(CACHES["int8"], residual=8))
+            ModelCache.build([att.layer_state()], functools.partial(CACHES["int8"], residual=8), rows=1, capacity=4)[0]
         with pytest.raises(ValueError, match=r"the h2o cache is not built for latents"):
-            att.make_cache(batch_size=1, max_len=4, cache="h2o")
+            ModelCache.build([att.layer_state()], "h2o", rows=1, capacity=4)[0]
 
 
 @torch.no_grad()

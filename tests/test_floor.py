@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from attnlab import Attention, attention
+from attnlab.cache import ModelCache
 from attnlab.functional import KERNELS, Visibility
 from attnlab.models import GPT, GPTConfig
 from attnlab.observe import Recorder, TraceStep
@@ -185,7 +186,7 @@ def test_a_compiled_decode_loop_makes_at_most_two_graphs(window: int | None) -> 
     counter = CompileCounter()
     torch._dynamo.reset()
     step = torch.compile(attn, backend=counter)
-    cache = attn.make_cache(batch_size=1, max_len=72)
+    cache = ModelCache.build([attn.layer_state()], rows=1, capacity=72)[0]
     with torch.no_grad():
         outs = [step(x[:, :8], cache=cache)] + [step(x[:, i : i + 1], cache=cache) for i in range(8, 72)]
     assert counter.frame_count <= 2, f"{counter.frame_count} graphs for a prefill and 64 decode steps"

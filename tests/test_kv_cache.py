@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnlab import Attention
-from attnlab.cache import KVCache, SlidingWindowCache
+from attnlab.cache import KVCache, ModelCache, SlidingWindowCache
 from attnlab.models import GPT
 from conftest import small
 
@@ -26,7 +26,7 @@ def test_prefill_then_decode_equals_one_full_pass(backend: str, window: int | No
     attn = module(backend, window)
     x = torch.randn(2, sum(chunks), 32)
     expected = attn(x)
-    cache = attn.make_cache(batch_size=2, max_len=sum(chunks))
+    cache = ModelCache.build([attn.layer_state()], rows=2, capacity=sum(chunks))[0]
     assert isinstance(cache, SlidingWindowCache if window else KVCache)
     pieces, start = [], 0
     with torch.no_grad():
@@ -39,7 +39,7 @@ def test_prefill_then_decode_equals_one_full_pass(backend: str, window: int | No
 
 def test_cache_appends_in_place_and_stores_only_kv_heads() -> None:
     attn = module("sdpa")
-    cache = attn.make_cache(batch_size=1, max_len=16)
+    cache = ModelCache.build([attn.layer_state()], rows=1, capacity=16)[0]
     assert isinstance(cache, KVCache)
     assert cache.k_cache.shape == (1, 2, 16, 8)  # 2 kv heads, not the 4 query heads
     buffer = cache.k_cache.data_ptr()
@@ -128,7 +128,7 @@ def test_left_padded_batch_generates_what_each_sequence_generates_alone(backend:
 
 def test_overflow_names_max_len() -> None:
     attn = module("sdpa")
-    cache = attn.make_cache(batch_size=1, max_len=4)
+    cache = ModelCache.build([attn.layer_state()], rows=1, capacity=4)[0]
     with torch.no_grad():
         attn(torch.randn(1, 3, 32), cache=cache)
         with pytest.raises(ValueError, match=r"holds 3 of max_len=4 positions and cannot take 2 more.*max_len >= 5"):
@@ -138,7 +138,7 @@ def test_overflow_names_max_len() -> None:
 def test_reset_and_crop_reuse_the_cache_correctly() -> None:
     attn = module("sdpa")
     x = torch.randn(1, 6, 32)
-    cache = attn.make_cache(batch_size=1, max_len=8)
+    cache = ModelCache.build([attn.layer_state()], rows=1, capacity=8)[0]
     with torch.no_grad():
         attn(torch.randn(1, 7, 32), cache=cache)
         cache.reset()
@@ -151,7 +151,7 @@ def test_reset_and_crop_reuse_the_cache_correctly() -> None:
 
 def test_cache_refuses_other_batch_heads_head_dim_and_dtype() -> None:
     attn = module("sdpa")
-    cache = attn.make_cache(batch_size=2, max_len=8)
+    cache = ModelCache.build([attn.layer_state()], rows=2, capacity=8)[0]
     with pytest.raises(ValueError, match=r"built for batch_size=2, got keys for a batch of 3.*build a new cache"):
         attn(torch.randn(3, 1, 32), cache=cache)
     other_heads = KVCache(batch_size=2, num_kv_heads=4, head_dim=8, max_len=8)

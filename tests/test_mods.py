@@ -11,6 +11,7 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from attnlab import attention
+from attnlab.cache import ModelCache
 from attnlab.functional import Flash, Visibility, mods
 from attnlab.functional.visibility import CLASSIFY_TILES, EMPTY, FULL, PARTIAL
 from conftest import tiles
@@ -396,7 +397,11 @@ def test_document_ids_are_checked_by_name() -> None:
     with pytest.raises(ValueError, match=r"document_ids must be \(batch, tokens\) = \(1, 4\), got shape \(4,\)"):
         attn(x, document_ids=torch.tensor([0, 0, 1, 1]))
     with pytest.raises(ValueError, match=r"pass one or the other"):
-        attn(x, document_ids=torch.zeros(1, 4, dtype=torch.long), cache=attn.make_cache(batch_size=1, max_len=8))
+        attn(
+            x,
+            document_ids=torch.zeros(1, 4, dtype=torch.long),
+            cache=ModelCache.build([attn.layer_state()], rows=1, capacity=8)[0],
+        )
     assert mods.document_positions(torch.tensor([[0, 0, 1, 1, 1, 4]])).tolist() == [[0, 1, 0, 1, 2, 0]]
 
 

@@ -389,8 +389,10 @@ def test_bad_sizes_and_positions_are_refused_by_name() -> None:
         ValueError, match=r"q_start must be a position, an int in \[0, 2\*\*40\), got 9223372036854775807"
     ):
         Visibility.from_lengths(2, 4, q_start=2**63 - 1)
-    with pytest.raises(TypeError, match=r"max_len must be an int, got 'x'"):
-        Attention(d_in=8, num_heads=2, window=4).make_cache(batch_size=1, max_len="x")  # type: ignore[arg-type]
+    from attnlab.cache import ModelCache
+
+    with pytest.raises(TypeError, match=r"capacity must be an int, got 'x'"):  # checked where a ring does not use it
+        ModelCache.build([Attention(d_in=8, num_heads=2, window=4).layer_state()], rows=1, capacity="x")  # type: ignore[arg-type]
 
 
 def test_flash_refuses_a_double_backward_instead_of_a_silent_none() -> None:

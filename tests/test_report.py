@@ -17,7 +17,7 @@ from attnlab.explain.render.heatmap import head_grid, heatmap, save
 from attnlab.explain.report import explain_report, tokenize
 from attnlab.explain.tour import build_tour, kv_cache_steps
 from attnlab.models import GPT, ByteTokenizer
-from attnlab.models.checkpoints import locate
+from attnlab.models.locate import locate
 from attnlab.models.train import read_log
 from attnlab.observe import Recorder
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from attnlab import Attention, attention
+from attnlab.cache import ModelCache
 from attnlab.distributed import ContextParallelAttention, gather_sequence, ring_attention, shard_sequence
 from attnlab.distributed.launch import RankError, launch
 from attnlab.distributed.ring import padded_length
@@ -310,7 +311,7 @@ def test_the_ring_module_refuses_a_mask_cache_or_visibility_before_it_reaches_th
     x = torch.randn(1, 4, 8)
     refused = {
         "mask": torch.ones(4, 4, dtype=torch.bool),
-        "cache": ring.make_cache(batch_size=1, max_len=4),
+        "cache": ModelCache.build([ring.layer_state()], rows=1, capacity=4)[0],
         "visibility": ring.visibility_for(x),
     }
     for name, value in refused.items():

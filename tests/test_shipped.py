@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 from attnlab.models import GPT, load_tokenizer
-from attnlab.models.checkpoints import SHIPPED, locate
+from attnlab.models.locate import SHIPPED, locate
 from attnlab.models.tokenizer import CharTokenizer
 from benchmark_scripts import load
 

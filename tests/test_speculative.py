@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnlab.models import GPT, GPTConfig
-from attnlab.models.generation import Draft, Sampling, Stop, decode, lookup_guess
+from attnlab.models.generation import Draft, Request, Sampling, Stop, decode, lookup_guess
 
 
 def model(backend: str = "sdpa", *, layers: int = 2, dim: int = 32, rope: bool = True, seed: int = 0) -> GPT:
@@ -52,10 +52,10 @@ def test_a_model_checking_its_own_guesses_keeps_every_one() -> None:
     m = model()
     draft = Draft(m, k=4, capacity=128)
     cache = m.make_caches(batch_size=1, max_len=128)
-    passes = list(
-        decode(m, repeated().tolist(), cache=cache, sampling=Sampling(), stop=Stop(max_new_tokens=20), proposer=draft)
-    )
-    assert sum(map(len, passes)) == 20 and draft.kept == draft.guessed == 16 and draft.passes == len(passes) == 4
+    run = decode(m, Request(prompts=repeated().tolist(), cache=cache, stop=Stop(max_new_tokens=20), proposer=draft))
+    passes = list(run)
+    assert sum(map(len, passes)) == 20 and run.counts.kept == run.counts.guessed == 16
+    assert run.counts.passes == len(passes) == 4
 
 
 @pytest.mark.parametrize("point_mass", [True, False])
@@ -151,6 +151,7 @@ def test_a_draft_that_is_refused_gives_the_passes_of_speculation_written_out() -
     want = spelled_out(m, draft_model, prompt, new, k)
     draft = Draft(draft_model, k=k, capacity=len(prompt) + new)  # exactly the text's length: no room for refusals
     cache = m.make_caches(batch_size=1, max_len=128)
-    passes = list(decode(m, [prompt], cache=cache, sampling=Sampling(), stop=Stop(max_new_tokens=new), proposer=draft))
-    assert (draft.passes, draft.guessed, draft.kept) == want and len(passes) == want[0]
-    assert 0 < draft.kept < draft.guessed  # the draft was refused, and kept, some of the time
+    run = decode(m, Request(prompts=[prompt], cache=cache, stop=Stop(max_new_tokens=new), proposer=draft))
+    passes = list(run)
+    assert (run.counts.passes, run.counts.guessed, run.counts.kept) == want and len(passes) == want[0]
+    assert 0 < run.counts.kept < run.counts.guessed  # the draft was refused, and kept, some of the time

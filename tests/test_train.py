@@ -18,7 +18,7 @@ import attnlab
 from attnlab import cli
 from attnlab.explain.heads import HeadScores, first_step, head_scores, probe, scores_from_weights
 from attnlab.models import GPT, GPTConfig
-from attnlab.models.checkpoints import locate
+from attnlab.models.locate import locate
 from attnlab.models.tasks import TASK_MODELS, InductionTask, TextTask, make_task, stdlib_text
 from attnlab.models.train import TASK_DEFAULTS, TrainConfig, TrainLog, lr_at, read_log, train
 

@@ -135,7 +135,7 @@ def test_a_notebook_gets_the_view_of_a_shipped_model_past_the_reports_64_tokens(
     from attnlab.explain.model_report import attention_view
     from attnlab.explain.render.view import VIEW_TEXT
     from attnlab.models import GPT, load_tokenizer
-    from attnlab.models.checkpoints import locate
+    from attnlab.models.locate import locate
 
     model = GPT.from_pretrained("text")
     text = "Attention lets every token look back at the tokens before it. " * 3  # 189 tokens of bytes

@@ -68,13 +68,14 @@ from attnlab.cache import (
     ModelCache,
     PrefixCache,
     QuantizedKVCache,
-    runs_past_context,
+    capabilities_of,
     stored_bytes,
 )
-from attnlab.models.generation import Sampling, Stop, decode, prefill
+from attnlab.models.generation import Request, Stop, decode, prefill
 from attnlab.models.gpt import GPT
 
 BUDGETS = (0.25, 0.5)
+SINK = "sink"  # the cache whose memory past the context the sink run measures
 # A lossless cache's perplexity may differ from recomputing's by float32 rounding only (other kernels, sums in
 # another order): 2.2e-8 (text model) and 1.5e-8 (gpt2-small) relative in docs/benchmarks.md's runs, room left for
 # other backends; int8, the smallest real change seen, moves the text model's by 3.1e-5. So 1e-5, relative.
@@ -150,20 +151,21 @@ def variants(names: tuple[str, ...], prompt_len: int) -> list[tuple[str, Any]]:
     of every token it will see (it evicts as it goes); SnapKV's, of the prompt (it compresses the prompt only)."""
     out: list[tuple[str, Any]] = []
     for name in names:
-        if name == "h2o":
-            out += [(f"h2o {b:.0%}", functools.partial(CACHES[name], budget=b)) for b in BUDGETS]
-        elif name == "snapkv":
-            out += [
-                (f"snapkv {b:.0%} of prompt", functools.partial(CACHES[name], budget=max(2, round(b * prompt_len))))
-                for b in BUDGETS
-            ]
-        else:
-            out.append((name, name))
+        out += BUDGETED[name](prompt_len) if name in BUDGETED else [(name, name)]
     return out
 
 
+BUDGETED: dict[str, Callable[[int], list[tuple[str, Any]]]] = {  # the caches measured at every budget of BUDGETS
+    "h2o": lambda prompt_len: [(f"h2o {b:.0%}", functools.partial(CACHES["h2o"], budget=b)) for b in BUDGETS],
+    "snapkv": lambda prompt_len: [
+        (f"snapkv {b:.0%} of prompt", functools.partial(CACHES["snapkv"], budget=max(2, round(b * prompt_len))))
+        for b in BUDGETS
+    ],
+}
+
+
 def _caches(model: GPT, cache: Any, batch: int, max_len: int) -> ModelCache:
-    if cache == "prefix":  # the blocks its rows need, as the paged cache has: the tree keeps what they leave
+    if capabilities_of(cache).shares_prefixes:  # the blocks its rows need, as paged has: the tree keeps the rest
         return PrefixCache.for_model(model, batch_size=batch, max_len=max_len, num_blocks=batch * -(-max_len // 16))
     return model.make_caches(batch_size=batch, max_len=max_len, cache=cache)
 
@@ -182,7 +184,7 @@ def perplexity(model: GPT, cache: Any, text: torch.Tensor, prompt: int) -> float
     """exp(mean NLL) of text[:, prompt:] (B, N), each token predicted after the cache took the ones before:
     a prefill of ``prompt`` tokens, then one token a step. A prefix cache takes its prompts' blocks from its tree."""
     b, n = text.shape
-    if cache == "prefix":
+    if capabilities_of(cache).shares_prefixes:
         held: Any = PrefixCache.for_model(model, batch_size=b, max_len=n)
         logits = [_warm_prefill(model, held, text[:, :prompt], n)]
     else:
@@ -238,7 +240,7 @@ def _generate(model: GPT, prompts: torch.Tensor, n: int, cache: Any) -> torch.Te
     is warm: the prompts went through its tree once before."""
     if cache is None:
         return model.generate(prompts, n, use_cache=False)[:, prompts.shape[1] :]
-    if cache == "prefix":
+    if capabilities_of(cache).shares_prefixes:
         cache = PrefixCache.for_model(model, batch_size=prompts.shape[0], max_len=prompts.shape[1] + n - 1)
         model.generate(prompts, 1, cache=cache)
     return model.generate(prompts, n, cache=cache)[:, prompts.shape[1] :]
@@ -266,7 +268,7 @@ def steps_of(model: GPT, config: CacheBenchConfig) -> list[str]:
 
 
 def _runs_sink(model: GPT, config: CacheBenchConfig) -> bool:
-    return model.config.rope and "sink" in config.caches and config.sink_contexts > 0
+    return model.config.rope and SINK in config.caches and config.sink_contexts > 0
 
 
 def measure(
@@ -392,7 +394,7 @@ def _long_run(
 
 def _runs_past(model: GPT, cache: Any) -> bool:
     """Whether this cache may generate past the model's context (a sink cache, with RoPE)."""
-    return model.config.rope and runs_past_context(cache)
+    return model.config.rope and capabilities_of(cache).past_context
 
 
 def _steps(model: GPT, config: CacheBenchConfig, past: bool) -> int:
@@ -412,7 +414,7 @@ def _sink_run(model: GPT, contexts: int) -> dict[str, float]:
             first.update(peak_mib_1x=mem.peak_bytes / 2**20, kv_mib_1x=stored_bytes(held) / 2**20)
 
     with PeakMemory() as mem:
-        held = _caches(model, "sink", 1, 8 + contexts * context)
+        held = _caches(model, SINK, 1, 8 + contexts * context)
         _decode(model, held, prompt, contexts * context, each=after_one)
     return {
         "tokens": contexts * context,
@@ -440,7 +442,9 @@ def _decode(
     """A prompt (1, T), then ``steps`` greedy tokens through ``held``, by the one decode loop; ``each(made)`` is
     called after every pass, while the cache still holds what the pass left (the loop gives a row back after)."""
     made = 0
-    for drawn in decode(model, prompt.tolist(), cache=held, sampling=Sampling(), stop=Stop(max_new_tokens=steps)):
+    for drawn in decode(
+        model, Request(prompts=tuple(map(tuple, prompt.tolist())), stop=Stop(max_new_tokens=steps), cache=held)
+    ):
         made += len(drawn)
         if each is not None:
             each(made)
@@ -568,8 +572,8 @@ def load(name: str, config: CacheBenchConfig, *, quick: bool = False) -> tuple[G
     "text": the shipped text model, with windows of its held-out split (text it was not trained on).
     "gpt2-small" (or another preset): seeded random weights and random token ids (smaller under ``quick``).
     """
-    from attnlab.models.checkpoints import locate
     from attnlab.models.config import GPTConfig
+    from attnlab.models.locate import locate
     from attnlab.models.tasks import TextTask, stdlib_text
 
     generator = torch.Generator().manual_seed(0)

@@ -23,7 +23,7 @@ import torch
 from attnlab.bench.impls import build, reference_weights
 from attnlab.bench.memory import PeakMemory
 from attnlab.bench.timing import interleaved
-from attnlab.cache import KVCache
+from attnlab.cache import KVCache, ModelCache
 from attnlab.nn.attention import Attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -162,7 +162,7 @@ def _decode_step(
     if impl.endswith("+kvcache"):
         if not isinstance(model, Attention):
             raise TypeError(f"{impl} needs an attnlab.Attention to make its cache, got {type(model).__name__}")
-        cache = model.make_cache(batch_size=x.shape[0], max_len=x.shape[1] + 1)
+        cache = ModelCache.build([model.layer_state()], rows=x.shape[0], capacity=x.shape[1] + 1)[0]
         assert isinstance(cache, KVCache)  # the bench's modules have no window, so crop() rewinds it
         with torch.no_grad():
             model(x, cache=cache)

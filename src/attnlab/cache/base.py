@@ -116,7 +116,7 @@ class LayerCache(nn.Module):
             if (t.shape[1], t.shape[3]) != (self.num_kv_heads, self.head_dim):
                 raise ValueError(
                     f"this cache holds num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}; got {name} with "
-                    f"{t.shape[1]} heads of head_dim {t.shape[3]}; build it with the model's make_cache()"
+                    f"{t.shape[1]} heads of head_dim {t.shape[3]}; build it from the layer's layer_state() (ModelCache.build)"
                 )
             if t.dtype != held.dtype:
                 raise TypeError(f"{name} are {t.dtype} but the cache holds {held.dtype}; build it with dtype={t.dtype}")

@@ -1,10 +1,16 @@
 """The model's cache: every layer's cache of one model as one object, which generation plans with.
 
-A model builds it (``GPT.make_caches``) from a cache name or factory; each
-layer's cache may be of its own kind (a ring for a sliding-window layer, a
-full cache for a global one). What it can do is what every layer can
-(:class:`~attnlab.cache.base.Capabilities`, combined once here), so the
-decode loop asks it, never its layers' types:
+:meth:`ModelCache.build` is the one place that turns what each layer declares
+(:class:`~attnlab.cache.plan.LayerState`: ``attention.layer_state()``) and the
+user's cache choice (a name in ``CACHES`` or a factory) into layer caches, by
+one table (``attnlab.cache.plan.TABLE``): a ring for a sliding-window layer, a
+state for a recurrent one, a latent cache for MLA, the named cache for the
+layers of keys and values; one block table for every paged layer; a prefix
+tree for "prefix". :meth:`ModelCache.plan` answers what such a cache can do,
+and refuses what cannot be built, without building anything. What it can do
+is what every layer can (:class:`~attnlab.cache.base.Capabilities`, declared
+by the classes, combined once here), so the decode loop asks it, never its
+layers' types:
 
 - ``rows``: sequences admitted, run and released on their own (paged
   layers, which then share one :class:`~attnlab.cache.paged.BlockTable`);
@@ -23,28 +29,86 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any, ClassVar
 
+from attnlab._checks import check_positive_int
 from attnlab.cache.base import Cache, Capabilities
+from attnlab.cache.factories import CACHES, CacheFactory, cache_name
 from attnlab.cache.paged import BlockTable, PagedKVCache
+from attnlab.cache.plan import LayerState, choose, sizes_for
+from attnlab.cache.prefix import PrefixTree
+
+
+def combined(capabilities: Iterable[Capabilities], *, shares_prefixes: bool = False) -> Capabilities:
+    """What a model cache of layers with these capabilities can do (a prefix cache also shares prefixes)."""
+    together: Capabilities = functools.reduce(operator.and_, capabilities)
+    return replace(together, shares_prefixes=True) if shares_prefixes else together
 
 
 class ModelCache:
     """Every layer's cache; the paged ones share one block table.
 
     Args:
-        layers: one cache per layer, in order.
+        layers: one cache per layer, in order (:meth:`build` makes them).
     """
+
+    shares_prefixes: ClassVar[bool] = False  # declared: a prefix cache's prompts start from earlier ones' blocks
 
     def __init__(self, layers: list[Cache]) -> None:
         if not isinstance(layers, list) or not layers or not all(isinstance(c, Cache) for c in layers):
             raise TypeError("layers must be a non-empty list of caches, one per layer (make them with make_caches)")
         self.layers = layers
-        self.capabilities: Capabilities = functools.reduce(operator.and_, (c.capabilities for c in layers))
+        self.capabilities = combined((c.capabilities for c in layers), shares_prefixes=self.shares_prefixes)
         paged = [c for c in layers if isinstance(c, PagedKVCache)]
         self.table: BlockTable | None = paged[0].table if paged else None
-        for layer in paged[1:]:  # every layer allocates the same ids: one table, one refcount, one free queue
+        for layer in paged[1:]:  # caches made by hand: every layer then writes through the first one's table
             layer.share(paged[0].table)
+
+    @staticmethod
+    def plan(layers: Sequence[LayerState], cache: str | CacheFactory = "plain") -> Capabilities:
+        """What the model cache :meth:`build` would make can do, read off the classes' declarations; what the
+        table refuses is refused here (``ValueError``, with the reason), and nothing is allocated (a cache's own
+        knobs are checked when it is built).
+
+        A factory of the user's own declares nothing, so a layer given one is planned as capable of nothing
+        (build it and read its ``capabilities``)."""
+        sharing = _KINDS.get(cache_name(cache) or "", ModelCache).shares_prefixes
+        return combined((c.cls.capabilities for c in choose(layers, cache)), shares_prefixes=sharing)
+
+    @staticmethod
+    def build(
+        layers: Sequence[LayerState],
+        cache: str | CacheFactory = "plain",
+        *,
+        rows: int,
+        capacity: int,
+        context_length: int | None = None,
+    ) -> ModelCache:
+        """The model cache for ``layers`` (each layer's declared state, in order) and the user's ``cache``.
+
+        Args:
+            layers: ``[attention.layer_state() for each layer]``.
+            cache: a name in ``attnlab.cache.CACHES`` (with its knobs: ``partial(CACHES["h2o"], budget=64)``), or
+                a factory of one's own taking ``attnlab.cache.FactoryArgs``. A sliding layer keeps its window's
+                ring and a recurrent layer its state whichever of attnlab's caches is named; a latent layer
+                keeps its latent cache (plain, int8, int4). "prefix" makes a :class:`PrefixCache`.
+            rows: sequences it holds at once.
+            capacity: the most tokens one sequence will hold (prompt and new ones).
+            context_length: what the model was trained on (a sink cache's window is sized by it).
+
+        Raises:
+            ValueError: a name that applies to no layer, or to a layer that cannot keep it, with the reason.
+
+        One layer alone: ``ModelCache.build([attn.layer_state()], rows=1, capacity=64)[0]``.
+        """
+        check_positive_int("rows", rows, limit=2**20)
+        check_positive_int("capacity", capacity, limit=2**27)
+        chosen = choose(layers, cache)
+        sizes = sizes_for(layers, chosen, cache, rows=rows, capacity=capacity, context=context_length)
+        made = [choice.make(state, sizes) for state, choice in zip(layers, chosen, strict=True)]
+        return _KINDS.get(cache_name(cache) or "", ModelCache)(made)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -99,3 +163,37 @@ class ModelCache:
         """A forward failed between layers: a paged write planned but not made by every layer is undone."""
         if self.table is not None:
             self.table.abort()
+
+
+class PrefixCache(PrefixTree, ModelCache):
+    """Paged layers sharing one block table, and a radix tree over token ids that lets prompts share full blocks
+    (``attnlab.cache.prefix``). ``ModelCache.build(..., "prefix", ...)`` makes one.
+
+    Args:
+        layers: one ``PagedKVCache`` per layer, all of one shape, sharing one block table.
+    """
+
+    shares_prefixes = True
+
+    def __init__(self, layers: list[Cache]) -> None:
+        ModelCache.__init__(self, layers)
+        if self.table is None or not self.capabilities.rows:
+            raise TypeError("a PrefixCache's layers must all be PagedKVCache (build it: ModelCache.build)")
+        self.grow(self.table)
+
+    @classmethod
+    def for_model(cls, model: Any, *, batch_size: int, max_len: int, num_blocks: int | None = None) -> PrefixCache:
+        """A prefix cache for every layer of ``model`` (anything with ``make_caches``): ``batch_size`` sequences at
+        once, each up to ``max_len`` tokens, ``num_blocks`` blocks (default: room for twice what the rows can
+        hold, the rest kept for prefixes)."""
+        check_positive_int("batch_size", batch_size, limit=4096)
+        check_positive_int("max_len", max_len, limit=2**27)
+        if num_blocks is not None:
+            check_positive_int("num_blocks", num_blocks, limit=2**24)
+        given = CACHES["prefix"] if num_blocks is None else functools.partial(CACHES["prefix"], num_blocks=num_blocks)
+        made = model.make_caches(batch_size=batch_size, max_len=max_len, cache=given)
+        assert isinstance(made, PrefixCache)  # the "prefix" name builds one
+        return made
+
+
+_KINDS: dict[str, type[ModelCache]] = {"prefix": PrefixCache}  # the model caches a name makes (default ModelCache)

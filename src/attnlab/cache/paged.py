@@ -244,6 +244,8 @@ class PagedKVCache(LayerCache):
         num_blocks: blocks in the pool, shared by every sequence.
         max_len: the most tokens one sequence may hold.
         block_size: tokens per block (16, as vLLM's default).
+        table: the block table to write through, shared with the model's other paged layers
+            (``ModelCache.build`` makes one); default, a table of its own.
         dtype, device: of the pool.
     """
 
@@ -258,14 +260,22 @@ class PagedKVCache(LayerCache):
         num_blocks: int,
         max_len: int,
         block_size: int = 16,
+        table: BlockTable | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
-        self.table = BlockTable(
-            batch_size=batch_size, num_blocks=num_blocks, max_len=max_len, block_size=block_size, device=device
-        )
-        self.table.layers = 1
+        if table is None:
+            table = BlockTable(
+                batch_size=batch_size, num_blocks=num_blocks, max_len=max_len, block_size=block_size, device=device
+            )
+        elif table.shape() != (batch_size, num_blocks, block_size, -(-max_len // block_size)):
+            raise ValueError(
+                f"a shared block table must have this layer's shape (batch, blocks, block size, blocks per sequence) "
+                f"{(batch_size, num_blocks, block_size, -(-max_len // block_size))}, got {table.shape()}"
+            )
+        self.table = table
+        self.table.layers += 1
         # (Hkv, N, P, D): heads outermost, so that a row's gathered blocks, (Hkv, R, m, P, D) permuted to
         # (R, Hkv, m, P, D), merge m and P into one axis as a view: a decode step copies each block once
         pool = (num_kv_heads, num_blocks, block_size, head_dim)

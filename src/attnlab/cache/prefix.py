@@ -3,8 +3,8 @@
 A prompt that begins like an earlier one need not compute that beginning
 again: the keys and values of a token depend only on the tokens up to it, so
 the blocks an earlier prompt filled are the blocks this one would fill.
-:class:`PrefixCache` is a model cache (:class:`~attnlab.cache.model.ModelCache`)
-of paged layers, which share one block table, and a tree whose every edge is
+:class:`PrefixTree` is what a prefix cache (``attnlab.cache.PrefixCache``, a model cache of paged
+layers, which share one block table) adds: a tree whose every edge is
 one full block of token ids (``block_size`` of them) and whose every node
 holds that block's id (the same in every layer's pool). A new prompt walks the tree as far as its tokens match, takes
 those blocks into its block table (no copy: a block shared is a reference
@@ -28,21 +28,19 @@ when it is computed whole (tested, token-identical, on every backend).
 
 The cache never sees token ids (``update`` takes keys and values), so the
 sharing happens where the ids are: ``GPT.generate(..., cache="prefix")`` (a
-tree for one call: rows of a batch share their common prefix) or
-``cache=PrefixCache.for_model(model, ...)`` kept across calls and given to
-``generate`` and ``generate_many``.
+tree for one call: rows of a batch share their common prefix) or a cache
+``ModelCache.build(..., "prefix", ...)`` made (``GPT.make_caches(...,
+cache="prefix")``, ``PrefixCache.for_model(model, ...)``) kept across calls and
+given to ``generate`` and ``generate_many``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from attnlab._checks import check_positive_int
-from attnlab.cache.base import Cache
-from attnlab.cache.model import ModelCache
 from attnlab.cache.paged import BlockTable
 
 
@@ -55,21 +53,16 @@ class _Node:
     used: int = 0  # when it was last matched or added (a counter): least recently used goes first
 
 
-class PrefixCache(ModelCache):
-    """Paged layers sharing one block table, and a radix tree over token ids that lets prompts share full blocks.
+class PrefixTree:
+    """A radix tree over token ids whose nodes are blocks of ``blocks``, the block table of a model's paged
+    layers: what :class:`~attnlab.cache.model.PrefixCache` adds to a model cache (``ModelCache.build(...,
+    "prefix", ...)`` makes one)."""
 
-    Args:
-        layers: one ``PagedKVCache`` per layer, all of one shape (``for_model`` makes them).
-    """
-
-    def __init__(self, layers: list[Cache]) -> None:
-        super().__init__(layers)
-        if self.table is None or not self.capabilities.rows:
-            raise TypeError("a PrefixCache's layers must all be PagedKVCache (use PrefixCache.for_model)")
-        self.blocks: BlockTable = self.table
-        self.capabilities = replace(self.capabilities, shares_prefixes=True)
-        self.batch, self.block_size = self.blocks.batch_size, self.blocks.block_size
-        self.max_len = self.blocks.blocks_per_seq * self.block_size
+    def grow(self, blocks: BlockTable) -> None:
+        """Start an empty tree over ``blocks``."""
+        self.blocks = blocks
+        self.batch, self.block_size = blocks.batch_size, blocks.block_size
+        self.max_len = blocks.blocks_per_seq * self.block_size
         self.root = _Node(block=-1)
         self.clock = 0
         self.looked_up = 0  # prompt tokens asked for
@@ -77,25 +70,6 @@ class PrefixCache(ModelCache):
         self.planned = [0] * self.batch  # tokens each running sequence will hold at its end (0: not running)
         self.in_tree = [0] * self.batch  # full blocks of each running sequence the tree has
         self.weights: tuple[tuple[str, int, int, int], ...] | None = None  # what filled the tree (bind)
-
-    @classmethod
-    def for_model(cls, model: Any, *, batch_size: int, max_len: int, num_blocks: int | None = None) -> PrefixCache:
-        """Paged layers for every layer of ``model`` (anything with ``make_caches``): ``batch_size`` sequences at
-        once, each up to ``max_len`` tokens, ``num_blocks`` blocks (default: room for twice what the rows can
-        hold, the rest kept for prefixes)."""
-        from attnlab.cache import _no_window, paged  # the named factory, with a pool of its own size
-
-        check_positive_int("batch_size", batch_size, limit=4096)
-        check_positive_int("max_len", max_len, limit=2**27)
-        if num_blocks is None:
-            num_blocks = 2 * batch_size * -(-max_len // 16)
-        check_positive_int("num_blocks", num_blocks, limit=2**24)
-
-        def factory(**kw: Any) -> Any:
-            _no_window("prefix", kw["window"])  # named as the user named it, not as the paged pools under it
-            return paged(**kw, num_blocks=num_blocks)
-
-        return cls(list(model.make_caches(batch_size=batch_size, max_len=max_len, cache=factory)))
 
     @property
     def hit_rate(self) -> float:

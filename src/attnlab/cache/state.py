@@ -72,7 +72,7 @@ class StateCache(LayerCache):
                 + (f" and a {tuple(self.normalizer.shape)} normalizer" if self.has_normalizer else "")
                 + f"; got {tuple(matrix.shape)}"
                 + ("" if normalizer is None else f" and {tuple(normalizer.shape)}")
-                + ": build it with the layer's make_cache()"
+                + ": build it from the layer's layer_state() (ModelCache.build)"
             )
         if torch.is_grad_enabled() and matrix.requires_grad:
             raise ValueError(
@@ -87,7 +87,7 @@ class StateCache(LayerCache):
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         raise TypeError(
             "a StateCache keeps a recurrent layer's state, not keys and values: give it to a LinearAttention or "
-            "GatedDeltaNet layer (a softmax Attention needs a KV cache: its make_cache())"
+            "GatedDeltaNet layer (a softmax Attention needs a KV cache)"
         )
 
     def nbytes(self) -> int:

@@ -65,7 +65,8 @@ def check_folder(path: str) -> Path:
 
 def model_path(model: str) -> Path:
     """Where ``--model`` points (a shipped name such as ``induction`` included), or the error that says what to give."""
-    from attnlab.models.checkpoints import SHIPPED, ZOO, locate, zoo_model
+    from attnlab.models.locate import SHIPPED, ZOO, locate
+    from attnlab.models.zoo import zoo_model
 
     if model.startswith(ZOO):
         return zoo_model(model[len(ZOO) :])
@@ -84,7 +85,7 @@ CHECKPOINT_FILES = (".pth", ".pt", ".bin")  # a state dict file; every other che
 def load_checkpoint(model: str, tokenizer: str | None, *, backend: str = "auto") -> tuple[GPT, TextTokenizer]:
     """``--model`` and ``--tokenizer`` (default: the model's folder), each checked with a message that says the fix."""
     from attnlab.models import GPT, load_tokenizer
-    from attnlab.models.checkpoints import locate
+    from attnlab.models.locate import locate
 
     where = model_path(model)
     if where.is_file() and where.suffix not in CHECKPOINT_FILES:

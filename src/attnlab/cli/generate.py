@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from rich.console import Console
 
@@ -13,6 +14,7 @@ from attnlab.cli._common import error, load_checkpoint
 if TYPE_CHECKING:
     from attnlab.models import GPT
 
+T = TypeVar("T")
 # attnlab.cache.CACHES by name, here without importing torch for --help (tests/test_cache_lab.py compares them)
 CACHE_NAMES = ("plain", "paged", "prefix", "sink", "int8", "int4", "h2o", "snapkv")
 
@@ -53,19 +55,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def check_flags(args: argparse.Namespace) -> None:
-    """The flags that need no model, each named as typed: --max-new-tokens, --temperature, --top-k, --top-p, --seed."""
-    from attnlab._checks import check_positive_int, check_seed
-    from attnlab.models.generation import Sampling
+    """The flags that need no model, each named as typed: --max-new-tokens, --temperature, --top-k, --top-p, --seed.
+    The request's own checks (``Stop``, ``Sampling``), in the flags' words."""
+    from attnlab._checks import check_seed
+    from attnlab.models.generation import Sampling, Stop
 
     if args.max_new_tokens is not None:
-        check_positive_int("--max-new-tokens", args.max_new_tokens, limit=1_000_000)
+        in_flags(Stop, max_new_tokens=args.max_new_tokens)
     if not args.prompt.strip():
         raise ValueError(f"the prompt {args.prompt!r} is only whitespace; give some text to continue")
-    try:  # the library's one wording, with the flag in place of the parameter it names first
-        greedy = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p).greedy
-    except (ValueError, TypeError) as err:
-        name, _, rest = str(err).partition(" ")
-        raise type(err)(f"{SAMPLING_FLAGS.get(name, name)} {rest}") from None
+    greedy = in_flags(Sampling, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p).greedy
     for flag, value in (("--top-k", args.top_k), ("--top-p", args.top_p)):
         if value is not None and greedy:  # a flag that would change nothing is a slip
             raise ValueError(
@@ -75,27 +74,31 @@ def check_flags(args: argparse.Namespace) -> None:
     check_seed(args.seed, name="--seed")
 
 
-SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
+def in_flags(make: Callable[..., T], **values: object) -> T:
+    """``make(**values)``, its refusal worded with the flag in place of the parameter it names first."""
+    try:
+        return make(**values)
+    except (ValueError, TypeError) as err:
+        name, _, rest = str(err).partition(" ")
+        raise type(err)(f"--{name.replace('_', '-')} {rest}" if name in values else str(err)) from None
 
 
 def check_cache(model: GPT, cache: str) -> None:
-    """--cache against the model, before any output: its caches made for one row of one token (a prefix cache's
-    pools for the prefix cache, which no layer makes alone), refused in the flag's words."""
-    from attnlab.cache import PrefixCache
+    """--cache against the model, before any output: what the request checks (its layers' plan; nothing made),
+    refused in the flag's words."""
+    from attnlab.cache import capabilities_of
+    from attnlab.models.generation.request import planned
 
     try:
-        if cache == "prefix":
-            PrefixCache.for_model(model, batch_size=1, max_len=1)
-        else:
-            model.make_caches(batch_size=1, max_len=1, cache=cache)
+        planned(model, cache)
     except ValueError as err:
         window = model.config.window
         if window is None:
             raise ValueError(f"--cache {cache}: {err}") from None
-        # on a windowed model only the plain cache's factory passes: the others refuse the window first
-        what = "shares paged blocks between prompts, which do" if cache == "prefix" else "does"
+        # on a windowed model only the plain cache keeps the window's ring
+        shares = "shares paged blocks between prompts, which do" if capabilities_of(cache).shares_prefixes else "does"
         raise ValueError(
-            f"--cache {cache} {what} not keep a sliding window's ring, and this model attends in a window of "
+            f"--cache {cache} {shares} not keep a sliding window's ring, and this model attends in a window of "
             f"{window} tokens: use --cache plain (a ring buffer of the window)"
         ) from None
 
@@ -103,6 +106,9 @@ def check_cache(model: GPT, cache: str) -> None:
 def run(args: argparse.Namespace, console: Console) -> int:
     import torch
 
+    from attnlab.cache import capabilities_of
+    from attnlab.models.generation import Request, Sampling, Stop, decode
+    from attnlab.models.generation.request import context_for
     from attnlab.models.tokenizer import Decoder
 
     try:  # every flag before any output: those that need no model before it is read, then the rest against it
@@ -111,7 +117,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         check_cache(model, args.cache)
     except (ValueError, TypeError) as err:
         return error(console, err)
-    context = model.positions_for(args.cache)  # None: a sink cache on a RoPE model, no context limit
+    context = context_for(model, args.cache)  # None: a sink cache on a RoPE model, no context limit
     if context is not None and args.max_new_tokens is not None and args.max_new_tokens > context:
         return error(  # the prompt's last token and every new one but the last must fit: t + n - 1 <= context
             console,
@@ -133,7 +139,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 + (
                     " (--cache sink runs past the context only for a model with rotary positions; this one learned "
                     "its positions, which end at its context)"
-                    if args.cache == "sink"
+                    if capabilities_of(args.cache).past_context
                     else ""
                 ),
             )
@@ -142,24 +148,24 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return error(
             console, f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}"
         )
-    try:  # the stream checks its arguments and makes its caches when called: before the prompt is printed
-        tokens = model.stream(
-            torch.tensor([ids]),
-            args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            generator=torch.Generator().manual_seed(args.seed),
-            cache=args.cache,
-        )
+    sampling = Sampling(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    request = Request(prompts=[ids], stop=Stop(max_new_tokens=args.max_new_tokens), sampling=sampling, cache=args.cache)
+    try:  # checked against the model and its caches made at the call: before the prompt is printed
+        passes = decode(model, request)
     except (ValueError, TypeError) as err:
         return error(console, err)
     decoder = Decoder(tokenizer)
     out = sys.stdout
     out.write(tokenizer.decode(ids))
     out.flush()
-    for token in tokens:
-        out.write(decoder.add(int(token)))
-        out.flush()
+    for drawn in passes:
+        for _, token in drawn:
+            out.write(decoder.add(token))
+            out.flush()
     out.write(decoder.flush() + "\n")
     return 0

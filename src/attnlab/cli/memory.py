@@ -63,9 +63,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def config_for(name: str) -> GPTConfig:
     """The config ``--model NAME`` means: a preset, or a folder's config.json (a shipped model's name too)."""
     from attnlab.bench.kv_bytes import read_config
-    from attnlab.models.checkpoints import ZOO, locate, zoo_model
     from attnlab.models.config import PRESETS, GPTConfig
     from attnlab.models.families.shapes import SHAPES, shape
+    from attnlab.models.locate import ZOO, locate
+    from attnlab.models.zoo import zoo_model
 
     if name in PRESETS:
         return GPTConfig.preset(name)

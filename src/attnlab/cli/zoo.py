@@ -31,7 +31,7 @@ HEADINGS_ZH = {
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from attnlab.models.checkpoints import ZOO_RUN
+    from attnlab.models.locate import ZOO_RUN
     from attnlab.models.zoo import VARIANTS
 
     zoo = sub.add_parser(
@@ -60,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace, console: Console) -> int:
     from attnlab.bench.zoo import SHIPPED_RUN, ZooResult, check_names, findings, plot, run_zoo
-    from attnlab.models.checkpoints import ZOO_RUN
+    from attnlab.models.locate import ZOO_RUN
 
     try:
         chosen = check_names(args.variants)

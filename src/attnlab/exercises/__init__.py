@@ -25,10 +25,11 @@ import secrets
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnlab.exercises.finding import Finding
 from attnlab.exercises.text import HINTS, TASKS
 
 SOLUTIONS = Path(__file__).parent / "solutions"
@@ -83,13 +84,6 @@ EXERCISES: dict[str, Exercise] = {
         Exercise("3.C", "3.5", "causal_weights", "causal_weights(attn_scores)", "ex_3_c.py"),
     )
 }
-
-
-@dataclass(frozen=True)
-class Finding:
-    ok: bool
-    key: str  # into text.HINTS
-    values: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

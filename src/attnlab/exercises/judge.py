@@ -20,7 +20,7 @@ import torch
 
 from attnlab import book
 from attnlab.book import golden
-from attnlab.exercises import Finding
+from attnlab.exercises.finding import Finding
 
 ATOL = golden.ATOL  # the book prints 4 decimals: half a unit of the last one
 DRAWN_ATOL = 1e-5  # float32 answers against float64 references on the drawn inputs

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 
-from attnlab.exercises import Finding
+from attnlab.exercises.finding import Finding
 
 SOLUTIONS = "attnlab.exercises"  # the reference solutions, and the judge that holds what they must give
 GOLDEN = "attnlab.book.golden"  # the numbers the book prints

@@ -23,12 +23,21 @@ from typing import Any
 
 import torch
 
-from attnlab.cache import CACHES, EvictingCache, KVCache, PagedKVCache, PrefixCache, QuantizedKVCache, SinkCache
+from attnlab.cache import (
+    CACHES,
+    EvictingCache,
+    KVCache,
+    PagedKVCache,
+    PrefixCache,
+    QuantizedKVCache,
+    SinkCache,
+    capabilities_of,
+)
 from attnlab.cache.state import StateCache
 from attnlab.explain.render.heatmap import heatmap, page_figure
 from attnlab.explain.render.html import Section
 from attnlab.explain.report_text import REPORT_TEXT
-from attnlab.models.generation import Sampling, Stop, decode, prefill
+from attnlab.models.generation import Request, Stop, decode, prefill
 from attnlab.models.gpt import GPT
 from attnlab.models.tokenizer import TextTokenizer, character_groups, part_labels
 
@@ -66,7 +75,8 @@ def cache_sections(
     """One section: the cache ``cache`` as ``model`` reads ``text`` and generates ``NEW_TOKENS`` tokens."""
     txt = REPORT_TEXT[lang]
     ids = check_cache_args(cache, model, tokenizer, text)
-    if cache == "prefix":
+    caps = capabilities_of(cache)
+    if caps.shares_prefixes:
         grid, rows, value = _prefix(model, ids, txt)
     else:
         grid, rows, value, ids = _watch(model, ids, cache, txt)
@@ -81,7 +91,7 @@ def cache_sections(
             title=title,
             axes=(txt["cache_tokens"], ""),
             wide=True,
-            annotate=cache in ("paged", "prefix"),
+            annotate=caps.rows,  # block ids
             limits=None,
         )
         drawn = [page_figure(fig, title)]
@@ -119,7 +129,7 @@ def _watch(
     tokens = list(ids)
     snapshots: list[torch.Tensor] = []  # per step: (T,) 1 held, 0.5 let go / block ids for paged
     said: list[str] = []  # per step: what the cache holds, said then (a paged row is given back at the end)
-    for drawn in decode(model, [ids], cache=caches, sampling=Sampling(), stop=Stop(max_new_tokens=NEW_TOKENS)):
+    for drawn in decode(model, Request(prompts=(tuple(ids),), stop=Stop(max_new_tokens=NEW_TOKENS), cache=caches)):
         snapshots.append(_held(caches[0], len(tokens), total))  # after the pass that fed every token so far
         said.append(_describe(caches[0], snapshots[-1], txt))
         tokens += [token for _, token in drawn]
@@ -147,7 +157,7 @@ def _watch(
 def held_by_layer(model: GPT, ids: list[int], cache: str) -> torch.Tensor:
     """(layers, T) bool: which of the text's tokens each layer's ``cache`` still holds once it has read them all
     (with the sizes the cache view shows; an evicting cache chooses per layer)."""
-    if cache in ("paged", "prefix"):  # blocks of every token: nothing let go
+    if capabilities_of(cache).rows:  # blocks of every token: nothing let go
         return torch.ones(model.config.n_layers, len(ids), dtype=torch.bool)
     caches = model.make_caches(batch_size=1, max_len=len(ids) + 1, cache=SHOWN.get(cache, cache))
     prefill(model, torch.tensor([ids]), caches)

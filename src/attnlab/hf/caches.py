@@ -1,10 +1,11 @@
 """attnlab's KV caches as a transformers ``Cache``: ``model.generate(..., cache=attnlab.hf.cache(name, model))``
 (``past_key_values=`` before transformers 5.24).
 
-Each full-attention layer gets one of attnlab's caches (``attnlab.cache.CACHES``) behind transformers' layer
-contract (:class:`AttnlabLayer`). The plain and quantized caches keep position j in slot j, so ``update``
-hands over their filled slots alone, which any attention reads as it reads ``DynamicCache``'s (transformers'
-sdpa and eager too). An evicting cache keeps the positions it chooses: they travel to the bridge's attention
+Each full-attention layer gets one of attnlab's caches (``attnlab.cache.CACHES``, made by
+``ModelCache.build``) behind transformers' layer contract (:class:`AttnlabLayer`), which reads what it may do off
+the cache's declared ``Capabilities``, never its name. The plain and quantized caches keep position j in slot
+j, so ``update`` hands over their filled slots alone, which any attention reads as it reads ``DynamicCache``'s
+(transformers' sdpa and eager too). An evicting cache keeps the positions it chooses: they travel to the bridge's attention
 (``attnlab.hf.bridge``), which builds the call's Visibility from them, and transformers' mask, built over
 absolute positions (``get_mask_sizes`` says so), is read at each kept key's position. A sliding layer keeps
 transformers' own ring of its window.
@@ -19,6 +20,7 @@ Shapes: B = batch, Hkv = key/value heads, T = new tokens, S = slots returned, D 
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -26,20 +28,31 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 
-from attnlab.cache import CACHES
+from attnlab.cache import CACHES, Capabilities, LayerState, ModelCache
+from attnlab.cache import capabilities_of as capabilities
 from attnlab.cache.base import Cache as AttnlabCache
 from attnlab.hf.rotation import ModelRotation
 
-NAMES = ("plain", "int8", "int4", "sink", "h2o", "snapkv")  # what a transformers model can take today
-PREFIX = ("plain", "int8", "int4")  # slot j holds position j: the filled slots are a prefix, handed over alone
-EVICTING = ("h2o", "snapkv")  # the keys they keep are theirs to choose, by the attention attnlab computed
-POSITIONED = ("sink", *EVICTING)  # their keys' positions are not their slots: only the bridge can read them
-REFUSED = {
-    "paged": "paged rows are admitted and released by attnlab's own decode loop, which transformers' generate "
-    "does not run: use attnlab.models.GPT.from_pretrained(path).generate(..., cache='paged')",
-    "prefix": "prefix sharing needs the token ids, which a transformers cache never sees: use attnlab's "
-    "GPT.generate(..., cache='prefix') or generate_many",
-}
+# what transformers' generate cannot give a cache, by what the cache declares it needs
+NOT_HERE = (
+    (
+        "shares_prefixes",
+        "prefix sharing needs the token ids, which a transformers cache never sees: use attnlab's "
+        "GPT.generate(..., cache='prefix') or generate_many",
+    ),
+    (
+        "rows",
+        "paged rows are admitted and released by attnlab's own decode loop, which transformers' generate "
+        "does not run: use attnlab.models.GPT.from_pretrained(path).generate(..., cache='paged')",
+    ),
+)
+
+
+def positioned(caps: Capabilities) -> bool:
+    """Whether a cache's keys sit at positions that are not their slots (a sink cache moves its sinks' keys, an
+    evicting one keeps the keys it chooses): only the bridge's attention reads them. The others keep position j
+    in slot j, so their filled slots, handed over alone, read as DynamicCache's do."""
+    return caps.past_context or caps.observes
 
 
 @dataclass
@@ -72,34 +85,32 @@ class AttnlabLayer(CacheLayerMixin):
 
     def __init__(self, *, name: str, max_len: int, options: dict[str, Any], rotary: Any = None) -> None:
         super().__init__()
-        self.name, self.max_len, self.options, self.rotary = name, max_len, options, rotary
-        self.is_croppable = name == "plain"  # assisted generation crops rejected tokens: the plain cache can
+        self.name, self.max_len, self.rotary = name, max_len, rotary
+        self.factory = functools.partial(CACHES[name], **options)
+        self.caps = capabilities(self.factory)
+        self.is_croppable = self.caps.crop  # assisted generation crops rejected tokens: a cache that can
         self.inner: AttnlabCache | None = None
         self.seen = 0
         self._last: Returned | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h_kv, _, d = key_states.shape
-        factory = CACHES[self.name]
-        self.inner = factory(
-            batch_size=b,
-            num_kv_heads=h_kv,
+        state = LayerState(
+            kind="full",
+            kv_heads=h_kv,
             head_dim=d,
-            max_len=self.max_len,
-            window=None,
+            rotary=self.rotary,  # a sink cache's: the model's own rotation
             dtype=key_states.dtype,
             device=key_states.device,
-            rotary=self.rotary,  # a sink cache's: the model's own rotation
-            context_length=None,
-            **self.options,
         )
+        self.inner = ModelCache.build([state], self.factory, rows=b, capacity=self.max_len)[0]
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._last is not None and self.name in POSITIONED and not self._last.observed:
+        if self._last is not None and positioned(self.caps) and not self._last.observed:
             raise ValueError(
                 f"the {self.name} cache's keys sit at positions only attnlab's attention reads, and its last keys "
                 "were not read by it (the model's attention was switched away): run it with attn_implementation='attnlab'"
@@ -108,7 +119,7 @@ class AttnlabLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         assert self.inner is not None
         t = key_states.shape[2]
-        if self.seen + t > self.max_len and self.name != "sink":  # a sink cache's window slides on, past any length
+        if self.seen + t > self.max_len and not self.caps.past_context:  # a sink cache's window slides on
             raise ValueError(
                 f"the {self.name} cache holds up to max_len={self.max_len} positions and has {self.seen}; it cannot "
                 f"take {t} more: make it with attnlab.hf.cache({self.name!r}, model, max_len=...) at least the "
@@ -124,7 +135,7 @@ class AttnlabLayer(CacheLayerMixin):
             )
         keys, values, positions = self.inner.update(key_states, value_states)
         self.seen += t
-        if self.name in PREFIX:  # only the filled slots: any attention reads them as it reads DynamicCache's
+        if not positioned(self.caps):  # only the filled slots: any attention reads them as it reads DynamicCache's
             return keys[:, :, : self.seen], values[:, :, : self.seen]
         # an evicting cache's keys sit at the positions it chose: they go to the bridge, which also tells it the
         # attention they got (one entry a layer: the last one goes with this one's predecessor)
@@ -200,10 +211,10 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
         ValueError: a name not offered here (with the reason), a model whose every layer slides, or an evicting
             cache for a model whose attention does not run through attnlab.
     """
-    if name in REFUSED:
-        raise ValueError(f"attnlab.hf.cache({name!r}) is refused: {REFUSED[name]}")
-    if name not in NAMES:
-        raise ValueError(f"unknown cache {name!r}: attnlab.hf.cache takes {list(NAMES)}")
+    caps = capabilities(name)
+    for needs, why in NOT_HERE:
+        if getattr(caps, needs):
+            raise ValueError(f"attnlab.hf.cache({name!r}) is refused: {why}")
     config: Any = getattr(model, "config", None)
     if config is None or not hasattr(config, "num_hidden_layers"):
         raise TypeError(f"attnlab.hf.cache takes a transformers model, got {type(model).__name__}")
@@ -227,15 +238,15 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
             f"every layer of this model slides (window {window}): each keeps the ring of its window, so the {name} "
             "cache would apply to no layer"
         )
-    if name in POSITIONED and config._attn_implementation != "attnlab":
+    if positioned(caps) and config._attn_implementation != "attnlab":
         why = "weighs the attention its keys get, which transformers' own attention never hands a cache"
-        if name == "sink":
+        if caps.past_context:
             why = "moves its sinks' keys to positions that are not their slots, which only attnlab's attention reads"
         raise ValueError(
             f"the {name} cache {why}, and this model runs {config._attn_implementation!r}: load it with "
             "attn_implementation='attnlab' (or call attnlab.hf.use(model) first)"
         )
-    rotary = ModelRotation(model, text) if name == "sink" else None
+    rotary = ModelRotation(model, text) if caps.past_context else None  # a sink cache turns its sinks by it
     layers: list[Any] = []
     for kind in kinds:
         if kind == "sliding_attention":

@@ -42,6 +42,7 @@ from safetensors.torch import load_file, save_file
 from attnlab.models import families
 from attnlab.models.config import PRESETS, GPTConfig
 from attnlab.models.families.rows import Rows
+from attnlab.models.locate import locate
 from attnlab.models.tokenizer import CHARS_FILE, CharTokenizer
 
 Tensors = dict[str, torch.Tensor]
@@ -334,57 +335,6 @@ def _fit(
                 tensor.copy_into(expected[key])
             else:
                 expected[key].copy_(tensor)
-
-
-SHIPPED = (
-    "induction",
-    "text",
-    "poems",
-)  # in the package: attnlab/data/<name>/ (docs/heads.md, docs/caches.md: how each was made)
-
-
-ZOO = "zoo:"  # --model zoo:NAME: the zoo's variant NAME as `attnlab zoo` saved it (attnlab.bench.zoo)
-ZOO_RUN = "runs/zoo"  # where `attnlab zoo` writes unless --out says otherwise; ATTNLAB_ZOO names another run's
-
-
-def zoo_models() -> Path:
-    """The folder of the zoo run whose models ``zoo:NAME`` names: ``$ATTNLAB_ZOO/models``, else ``runs/zoo/models``."""
-    return Path(os.environ.get("ATTNLAB_ZOO") or ZOO_RUN) / "models"
-
-
-def zoo_model(name: str) -> Path:
-    """``zoo:NAME``'s folder, checked: a variant of the zoo that a zoo run saved, or an error that says which
-    command saves it there (``attnlab zoo NAME``, with ``--out`` where ATTNLAB_ZOO points)."""
-    from attnlab.models.zoo import VARIANTS  # not at the top: the zoo's module builds models, which read these
-
-    if name not in VARIANTS:
-        raise ValueError(
-            f"--model zoo:{name}: the zoo has no variant {name!r}; it holds {', '.join(VARIANTS)} (a folder named "
-            f"'zoo:{name}' is read as ./zoo:{name})"
-        )
-    run = os.environ.get("ATTNLAB_ZOO")
-    if run and Path(run).exists() and not Path(run).is_dir():
-        raise ValueError(f"ATTNLAB_ZOO={run!r} is a file; set it to the --out folder of a zoo run")
-    where = zoo_models() / name
-    if not (where / "config.json").is_file():
-        out = f" --out {run}" if run else ""
-        raise ValueError(
-            f"--model zoo:{name}: no trained model in {str(where.resolve())!r}; train it with attnlab zoo {name} "
-            f"--minutes 2{out} (every zoo run saves its models in --out/models), or set ATTNLAB_ZOO to the --out "
-            "folder of the run that trained it"
-        )
-    return where
-
-
-def locate(path: str | Path) -> Path:
-    """``path`` itself, the shipped checkpoint of that name (``"induction"``) when no such path exists, or for
-    ``"zoo:NAME"`` the zoo's model NAME (:func:`zoo_models`)."""
-    if isinstance(path, str) and path.startswith(ZOO):
-        return zoo_models() / path[len(ZOO) :]
-    where = Path(path)
-    if not where.exists() and str(path) in SHIPPED:
-        return Path(__file__).resolve().parents[1] / "data" / str(path)
-    return where
 
 
 @dataclass(frozen=True)

@@ -14,79 +14,28 @@ Shapes: B = batch, T = tokens, V = vocab_size, E = emb_dim, L = n_layers, H = n_
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn as nn
 
 from attnlab._checks import check_positive_int
-from attnlab.cache import Cache, CacheFactory, ModelCache, PrefixCache, cache_name, capabilities_of
+from attnlab.cache import Cache, CacheFactory, ModelCache
 from attnlab.functional.mods import MaskMod, ScoreMod, chain_scores, check_document_ids, document_positions
 from attnlab.functional.visibility import Visibility
 from attnlab.models.checkpoints import Checkpoint, fit, read_book, read_checkpoint, save_gpt
 from attnlab.models.config import GPTConfig, score_mod_from_name
-from attnlab.models.generation import Sampling, Stop, decode, plan
+from attnlab.models.generation import GenerateOptions, ManyOptions, decode, request_for
+from attnlab.models.generation.decode import by_position
+from attnlab.models.generation.prompts import check_prompt, positions_and_padding
 from attnlab.models.parts import TransformerBlock, make_norm
 from attnlab.models.tokenizer import CharTokenizer
 from attnlab.observe import Recorder
 
-
-def _decode_step(model: GPT, token: torch.Tensor, caches: ModelCache) -> torch.Tensor:
-    return model.decode_step(token, caches)
-
-
-_COMPILED_STEPS: dict[object, Any] = {}  # _decode_step under torch.compile, per backend (a guard per model)
-STEP_CAPACITY = 256  # a compiled step's cache holds a multiple of this: one graph serves many lengths
-
-
-def positions_and_padding(
-    idx: torch.Tensor, attention_mask: torch.Tensor | None, caches: ModelCache | list[Cache] | None, *, layers: int
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Positions of the new tokens (T,) or (B, T), and the key padding mask (B, 1, 1, Tk) or None.
-
-    ``attention_mask`` (B, Tk) covers cached and new tokens, 1 on real tokens
-    and 0 on left padding. Positions count real tokens only, so a left-padded
-    row gets the positions it would have alone.
-    """
-    b, t = idx.shape
-    if caches is not None and len(caches) != layers:
-        raise ValueError(f"expected {layers} caches (one per layer), got {len(caches)}")
-    if attention_mask is None:  # the cache's own positions: (T,), or (B, T) for a cache whose sequences differ
-        return caches[0].next_positions(t) if caches else torch.arange(t, device=idx.device), None
-    ahead = caches[0].next_positions(1) if caches else None
-    if ahead is not None and ahead.dim() == 2:  # per sequence (a paged cache): padded, they hold one length
-        if bool((ahead != ahead[:1]).any()):
-            raise ValueError(
-                "attention_mask pads sequences to one length; this cache's sequences hold different lengths "
-                f"({ahead[:, 0].tolist()}) (a paged cache): give it the sequences as they are, without padding or "
-                "attention_mask"
-            )
-        ahead = ahead[0]
-    start = int(ahead[0]) if ahead is not None else 0
-    if tuple(attention_mask.shape) != (b, start + t):
-        raise ValueError(
-            f"attention_mask must be (batch, cached + new tokens) = {(b, start + t)}, got {tuple(attention_mask.shape)}"
-        )
-    real = attention_mask.bool()
-    positions = (real.long().cumsum(dim=-1) - 1).clamp(min=0)[:, start:]  # (B, T)
-    return positions, real[:, None, None, :]  # (B, 1, 1, Tk): key padding
-
-
-def _by_position(
-    passes: Iterator[list[tuple[int, int]]], rows: int, stop: Stop, device: torch.device
-) -> Iterator[torch.Tensor]:
-    """The loop's passes as one token per row at a time, (B, 1); a row that ended gets ``eos_id`` again."""
-    pending: list[list[int]] = [[] for _ in range(rows)]
-    ended = [False] * rows
-    for drawn in passes:
-        for index, token in drawn:
-            pending[index].append(token)
-        while all(pending[r] or ended[r] for r in range(rows)) and not all(ended):
-            tokens = [pending[r].pop(0) if pending[r] else stop.eos_id for r in range(rows)]
-            ended = [e or t == stop.eos_id for e, t in zip(ended, tokens, strict=True)]
-            yield torch.tensor(tokens, device=device)[:, None]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def count_parameters(config: GPTConfig) -> int:
@@ -125,38 +74,14 @@ class GPT(nn.Module):
         return [cast(TransformerBlock, block) for block in self.trf_blocks]  # nn.ModuleList yields plain Modules
 
     def make_caches(self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain") -> ModelCache:
-        """The model's cache: one per layer, for ``max_len`` positions, from a name in ``attnlab.cache.CACHES`` or
-        a factory; its paged layers share one block table. A sliding layer keeps the ring buffer of its window
-        whichever of attnlab's caches is named (it never needs more), so a named cache applies to the full
-        layers, and one that would apply to none (every layer slides) is refused; a factory of your own gets
-        each layer's window and decides."""
-        name = cache_name(cache)
-        # a layer that keeps its own memory whatever cache is named: a sliding window's ring, a recurrent state
-        own = [block.att.window is not None or block.att.visibility_key == "recurrent" for block in self.blocks]
-        windows = {block.att.window for block in self.blocks}
-        if name not in (None, "plain") and all(own) and None not in windows:
-            raise ValueError(
-                f"the {name} cache does not keep a sliding window's ring, and every layer "
-                f"of this model slides: a layer with window={sorted(windows, key=str)[0]} needs the 'plain' cache "
-                "(a ring buffer of the window, the default)"
-            )
-        if name not in (None, "plain") and all(own):
-            kinds = sorted({self.config.layer_type(i) for i in range(len(self.blocks))})
-            raise ValueError(
-                f"the {name} cache holds keys and values of full softmax layers, and this model has none (its "
-                f"layers are {kinds}): each keeps its own memory (a window's ring buffer, a recurrent state); "
-                "use the 'plain' cache, the default"
-            )
-        return ModelCache(
-            [
-                block.att.make_cache(
-                    batch_size=batch_size,
-                    max_len=max_len,
-                    cache="plain" if keeps and name is not None else cache,
-                    context_length=self.config.context_length,
-                )
-                for block, keeps in zip(self.blocks, own, strict=True)
-            ]
+        """The model's cache for ``batch_size`` rows of up to ``max_len`` tokens, from a name in
+        ``attnlab.cache.CACHES`` or a factory: ``ModelCache.build`` over each layer's declared state (a sliding
+        layer keeps its window's ring, a recurrent layer its state, whichever of attnlab's caches is named)."""
+        check_positive_int("batch_size", batch_size, limit=2**20)
+        check_positive_int("max_len", max_len, limit=2**27)
+        layers = [block.att.layer_state() for block in self.blocks]
+        return ModelCache.build(
+            layers, cache, rows=batch_size, capacity=max_len, context_length=self.config.context_length
         )
 
     def forward(
@@ -182,7 +107,7 @@ class GPT(nn.Module):
         at absolute positions; the score_mod runs after the config's. Who may attend is worked out
         once per call and shared by every layer: a mask_mod is not called more often in a deeper model.
         """
-        plan.check_prompt(idx, vocab_size=self.config.vocab_size)
+        check_prompt(idx, vocab_size=self.config.vocab_size)
         if document_ids is not None:
             if caches is not None or attention_mask is not None:
                 raise ValueError("document_ids pack documents for training; pass them without caches or attention_mask")
@@ -198,26 +123,38 @@ class GPT(nn.Module):
                     "GPT-2's learned position embeddings end there: shorten the input"
                 )
         try:
-            return self._run(idx, positions, mask, caches, last_only, document_ids, mask_mod, score_mod)
+            return self.step(
+                idx,
+                positions,
+                caches,
+                mask=mask,
+                last_only=last_only,
+                document_ids=document_ids,
+                mask_mod=mask_mod,
+                score_mod=score_mod,
+            )
         except BaseException:  # Ctrl-C too
             if isinstance(caches, ModelCache):  # a paged write some layers made is undone
                 caches.abort()
             raise
 
-    def _run(
+    def step(
         self,
-        idx: torch.Tensor,
+        ids: torch.Tensor,
         positions: torch.Tensor,
-        mask: torch.Tensor | None,
-        caches: ModelCache | list[Cache] | None,
-        last_only: bool,
+        cache: ModelCache | list[Cache] | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        last_only: bool = True,
         document_ids: torch.Tensor | None = None,
         mask_mod: MaskMod | None = None,
         score_mod: ScoreMod | None = None,
     ) -> torch.Tensor:
-        """The forward pass proper, on arguments :meth:`forward` checked: nothing here reads a tensor's value,
-        so ``torch.compile`` captures it whole (:meth:`decode_step`)."""
-        x = self.tok_emb(idx)  # (B, T, E)
+        """Logits (B, T or 1, V) of ids (B, T) at ``positions`` (T,) or (B, T) after what ``cache`` holds, unchecked: the
+        forward pass proper, what ``decode`` calls and ``generate(compile=...)`` compiles. ``mask``: the key padding
+        (B, 1, 1, held + T); the rest as :meth:`forward`. Nothing here reads a tensor's value, so ``torch.compile``
+        captures it whole."""
+        x = self.tok_emb(ids)  # (B, T, E)
         if self.config.emb_scale is not None:
             x = x * self.config.emb_scale  # Gemma's sqrt(emb_dim)
         if self.pos_emb is not None:
@@ -230,7 +167,7 @@ class GPT(nn.Module):
                 visibility[block.att.visibility_key] = block.att.visibility_for(
                     x,
                     mask=mask,
-                    cache=caches[layer] if caches is not None else None,
+                    cache=cache[layer] if cache is not None else None,
                     document_ids=document_ids,
                     mask_mod=mask_mod,
                     score_mod=score_mod,
@@ -238,8 +175,8 @@ class GPT(nn.Module):
         x = self.drop_emb(x)
         rotary_positions = positions if self.config.rope else None
         for layer, block in enumerate(self.blocks):
-            cache = caches[layer] if caches is not None else None
-            x = block(x, visibility=visibility[block.att.visibility_key], positions=rotary_positions, cache=cache)
+            held = cache[layer] if cache is not None else None
+            x = block(x, visibility=visibility[block.att.visibility_key], positions=rotary_positions, cache=held)
         if last_only:
             x = x[:, -1:]  # (B, 1, E)
         logits = self.out_head(self.final_norm(x))
@@ -247,188 +184,37 @@ class GPT(nn.Module):
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def stream(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        *,
-        attention_mask: torch.Tensor | None = None,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos_id: int | None = None,
-        generator: torch.Generator | None = None,
-        use_cache: bool = True,
-        cache: str | CacheFactory | PrefixCache = "plain",
-        lookup: int | None = None,
-        draft: GPT | None = None,
-        draft_tokens: int = 4,
-        compile: bool | str | Callable[..., Any] = False,
+        self, idx: torch.Tensor, max_new_tokens: int, **options: Unpack[GenerateOptions]
     ) -> Iterator[torch.Tensor]:
         """Each new token (B, 1) as it is chosen (a row that drew ``eos_id`` gets it again until every row has):
         :meth:`generate`'s arguments, checked here, when it is called, not at the first ``next()``."""
-        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        stop = self._stop(max_new_tokens, eos_id)
-        prompts = plan.prompt_rows(idx, attention_mask, vocab_size=self.config.vocab_size)
-        longest, ahead = max(map(len, prompts)) + max_new_tokens - 1, max(map(len, prompts)) + max_new_tokens
-        step = self._compiled_step(compile, lookup, draft, attention_mask, use_cache, cache) if compile else None
-        capacity = ahead if step is None else -(-ahead // STEP_CAPACITY) * STEP_CAPACITY  # one graph, many lengths
-        plan.check_proposer(self, lookup=lookup, draft=draft, draft_tokens=draft_tokens)
-        if not use_cache and cache != "plain":
-            raise ValueError(f"use_cache=False runs without a cache; leave out cache={cache!r}")
-        caps = plan.capabilities(cache) if use_cache else None
-        plan.check_plan(self, prompts, caps, stop, draft=draft, speculating=lookup is not None or draft is not None)
-        proposer = plan.proposer_for(self, lookup=lookup, draft=draft, draft_tokens=draft_tokens, capacity=ahead + 64)
-        held = plan.cache_for(self, cache, rows=len(prompts), longest=longest, capacity=capacity) if use_cache else None
-        plan.check_sinks(held, prompts, stop)
-        passes = decode(self, prompts, cache=held, sampling=sampling, stop=stop, proposer=proposer, step=step)
-        return _by_position(passes, len(prompts), stop, idx.device)
+        request = request_for(self, idx, max_new_tokens, options)
+        return by_position(decode(self, request), len(request.prompts), request.stop.eos_id, idx.device)
 
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        *,
-        attention_mask: torch.Tensor | None = None,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos_id: int | None = None,
-        generator: torch.Generator | None = None,
-        use_cache: bool = True,
-        cache: str | CacheFactory | PrefixCache = "plain",
-        lookup: int | None = None,
-        draft: GPT | None = None,
-        draft_tokens: int = 4,
-        compile: bool | str | Callable[..., Any] = False,
-    ) -> torch.Tensor:
-        """Greedy by default (temperature 0); returns (B, T + n), n <= max_new_tokens (fewer when every row ended
-        at ``eos_id``). Call ``model.eval()`` first: dropout stays as set. ``attention_mask`` (B, T): 1 on real
-        tokens, 0 on left padding; each row gets what it would alone.
-        ``cache``: which KV cache each layer keeps: a name in ``attnlab.cache.CACHES`` ("plain", "paged", "prefix",
-        "sink", "int8", "int4", "h2o", "snapkv"), a factory, or a ``PrefixCache`` kept across calls. With RoPE,
-        a "sink" cache generates past context_length.
-        ``lookup=k``: guess k tokens from the text so far and check them in one pass (prompt lookup); ``draft=``
-        a smaller model with the same vocabulary guesses ``draft_tokens``. The same tokens greedy, the same
-        distribution sampled (:mod:`attnlab.models.generation.proposers`); one sequence, the plain cache.
-        ``compile=True``: decode with :meth:`decode_step` under ``torch.compile`` (inductor; or a backend's name),
-        the plain cache, no attention_mask: one graph per cache capacity, rounded up to a multiple of 256 so that
-        calls of similar length share it; the prefill runs uncompiled. The first call compiles (tens of seconds)."""
-        new = self.stream(
-            idx,
-            max_new_tokens,
-            attention_mask=attention_mask,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            eos_id=eos_id,
-            generator=generator,
-            use_cache=use_cache,
-            cache=cache,
-            lookup=lookup,
-            draft=draft,
-            draft_tokens=draft_tokens,
-            compile=compile,
-        )
-        return torch.cat([idx, *new], dim=1)
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **options: Unpack[GenerateOptions]) -> torch.Tensor:
+        """The prompt idx (B, T) and what follows, (B, T + n), n <= max_new_tokens (fewer when every row ended at
+        ``eos_id``); greedy by default. The options (``GenerateOptions``): sampling, a padded batch, the cache,
+        speculation, compile. Call ``model.eval()`` first: dropout stays as set."""
+        request = request_for(self, idx, max_new_tokens, options)
+        rows: list[list[int]] = [[] for _ in request.prompts]
+        for drawn in decode(self, request):
+            for index, token in drawn:
+                rows[index].append(token)
+        n, eos = max(map(len, rows)), request.stop.eos_id  # a row shorter than n ended at eos_id: eos_id again
+        return torch.cat([idx, torch.tensor([row + [eos] * (n - len(row)) for row in rows], device=idx.device)], dim=1)
 
     def generate_many(
-        self,
-        prompts: list[list[int]],
-        max_new_tokens: int,
-        *,
-        slots: int = 4,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        eos_id: int | None = None,
-        generator: torch.Generator | None = None,
-        cache: str | PrefixCache = "paged",
+        self, prompts: list[list[int]], max_new_tokens: int, **options: Unpack[ManyOptions]
     ) -> list[list[int]]:
-        """Continuous batching: the new tokens of each prompt, in the prompts' order. Up to ``slots`` prompts run
-        at once, each at its own length; when one ends (``max_new_tokens``, or ``eos_id``), its blocks go back
-        and the next prompt takes its place. Greedy, each prompt gets what it gets alone. ``cache="prefix"`` (or
-        a ``PrefixCache`` kept across calls) also shares the blocks of common prompt prefixes."""
-        sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        stop = self._stop(max_new_tokens, eos_id)
-        check_positive_int("slots", slots, limit=4096)
-        rows = plan.many_rows(prompts, vocab_size=self.config.vocab_size)
-        for n, prompt in enumerate(rows):
-            if len(prompt) + max_new_tokens - 1 > self.config.context_length:
-                raise ValueError(
-                    f"prompt {n} has {len(prompt)} tokens and max_new_tokens is {max_new_tokens}: more than the "
-                    f"model's context_length {self.config.context_length}; shorten it or ask for fewer tokens"
-                )
-        if cache not in ("paged", "prefix") and not isinstance(cache, PrefixCache):
-            raise ValueError(
-                f"generate_many runs on 'paged' or 'prefix' blocks (or a PrefixCache), got cache={cache!r}"
-            )
-        width, longest = min(slots, len(rows)), max(map(len, rows)) + max_new_tokens - 1
-        held = plan.cache_for(self, cache, rows=width, longest=longest, capacity=longest)
-        if not held.capabilities.rows:
-            types = {self.config.layer_type(i) for i in range(len(self.blocks))}
-            kept = " and ".join(
-                what
-                for what, kinds in (
-                    ("sliding layers keep a ring buffer per row", {"sliding"}),
-                    ("recurrent layers keep a state per row", {"linear", "delta"}),
-                )
-                if kinds & types
-            )
-            raise ValueError(
-                f"generate_many admits and releases rows of paged blocks, and this model's {kept}, which cannot: "
-                "call generate per prompt (or in one padded batch)"
-            )
-        results: list[list[int]] = [[] for _ in rows]
-        for drawn in decode(self, rows, cache=held, sampling=sampling, stop=stop, slots=width):
+        """Continuous batching: the new tokens of each prompt, in the prompts' order; up to ``slots`` (4) prompts run
+        at once, each at its own length, the next taking a finished one's place (``ManyOptions``). Greedy, each
+        prompt gets what it gets alone."""
+        request = request_for(self, prompts, max_new_tokens, options, many=True)
+        rows: list[list[int]] = [[] for _ in request.prompts]
+        for drawn in decode(self, request):
             for index, token in drawn:
-                results[index].append(token)
-        return results
-
-    def positions_for(self, cache: object) -> int | None:
-        """The most positions generation may run: context_length, or no limit for a sink cache with RoPE."""
-        return None if self.config.rope and capabilities_of(cache).past_context else self.config.context_length
-
-    def _stop(self, max_new_tokens: int, eos_id: int | None) -> Stop:
-        stop = Stop(max_new_tokens=max_new_tokens, eos_id=eos_id)
-        if eos_id is not None and eos_id >= self.config.vocab_size:
-            raise ValueError(
-                f"eos_id {eos_id} is not a token of this model: its ids are 0..{self.config.vocab_size - 1}"
-            )
-        return stop
-
-    def decode_step(self, token: torch.Tensor, caches: ModelCache) -> torch.Tensor:
-        """Logits (B, 1, V) of one new token per row (B, 1) after what ``caches`` hold, unchecked: the step
-        ``generate(compile=...)`` compiles. It reads no tensor's value, so it is one graph."""
-        return self._run(token, caches[0].next_positions(1), None, caches, True)
-
-    def _compiled_step(self, backend: object, *refused: object) -> Callable[[torch.Tensor, ModelCache], torch.Tensor]:
-        """:meth:`decode_step` under ``torch.compile(backend=...)``, made once per backend and kept; ``refused``:
-        lookup, draft, attention_mask, use_cache and cache, which a compiled step cannot take but as defaults."""
-        lookup, draft, attention_mask, use_cache, cache = refused
-        if lookup is not None or draft is not None or attention_mask is not None or not use_cache:
-            raise ValueError(
-                "compile= decodes one token a step with the KV cache: leave out lookup, draft and "
-                "attention_mask, and keep use_cache=True"
-            )
-        if cache != "plain":
-            raise ValueError(f"compile= decodes with the plain cache, whose shapes never change; got cache={cache!r}")
-        if any(getattr(m, "kernel", None) == "dynamic" for m in self.modules()):
-            raise ValueError(
-                "compile= cannot hold int8 weights on the 'dynamic' kernel in one graph (torch.compile breaks "
-                "at its packed weight); decode them uncompiled, or quantize(kernel='gemv')"
-            )
-        if backend is True:
-            backend = "inductor"
-        if isinstance(backend, bool) or not (isinstance(backend, str) or callable(backend)):
-            raise ValueError(f"compile must be True, False or a torch.compile backend, got {backend!r}")
-        if isinstance(backend, str) and backend not in torch._dynamo.list_backends(exclude_tags=()):
-            raise ValueError(
-                f"compile={backend!r} is not a torch.compile backend here; known: {torch._dynamo.list_backends()}"
-            )
-        if backend not in _COMPILED_STEPS:  # kept apart from the model, which then still pickles and copies
-            _COMPILED_STEPS[backend] = torch.compile(_decode_step, backend=backend)
-        compiled = _COMPILED_STEPS[backend]
-        return lambda token, caches: compiled(self, token, caches)
+                rows[index].append(token)
+        return rows
 
     def set_layout(self, layout: str = "auto") -> dict[str, str]:
         """Store every linear weight row by row ("rows", nn.Linear's own), column by column ("columns", the

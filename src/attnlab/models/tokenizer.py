@@ -27,6 +27,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
 from attnlab.models.graphemes import graphemes, visible, whole_graphemes
+from attnlab.models.locate import locate
 
 
 class TextTokenizer(Protocol):
@@ -257,8 +258,6 @@ class Decoder:
 
 def load_tokenizer(directory: str | Path) -> TextTokenizer:
     """The tokenizer beside a checkpoint: ``"tokenizer": "bytes"`` (or ``"ascii"``) in its config.json, else GPT-2's BPE files."""
-    from attnlab.models.checkpoints import locate
-
     where = locate(directory)
     config = where / "config.json"
     named = None

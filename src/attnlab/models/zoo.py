@@ -28,11 +28,14 @@ Shapes: E = emb_dim, F = the MLP's width.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from attnlab.models.config import GPTConfig
 from attnlab.models.gpt import count_parameters
+from attnlab.models.locate import zoo_models
 
 WINDOW = 32  # the sliding layers' window: a quarter of the training sequence
 SEQ_LEN = 128  # tokens per training sequence
@@ -162,3 +165,25 @@ def zoo_config(name: str, *, base: GPTConfig = BASE) -> GPTConfig:
     if abs(got - target) > BUDGET * target:  # a variant whose attention outweighs the whole MLP
         raise ValueError(f"variant {name!r} has {got:,} parameters against mha's {target:,}, beyond {BUDGET:.0%}")
     return config
+
+
+def zoo_model(name: str) -> Path:
+    """``zoo:NAME``'s folder, checked: a variant of the zoo that a zoo run saved, or an error that says which
+    command saves it there (``attnlab zoo NAME``, with ``--out`` where ATTNLAB_ZOO points)."""
+    if name not in VARIANTS:
+        raise ValueError(
+            f"--model zoo:{name}: the zoo has no variant {name!r}; it holds {', '.join(VARIANTS)} (a folder named "
+            f"'zoo:{name}' is read as ./zoo:{name})"
+        )
+    run = os.environ.get("ATTNLAB_ZOO")
+    if run and Path(run).exists() and not Path(run).is_dir():
+        raise ValueError(f"ATTNLAB_ZOO={run!r} is a file; set it to the --out folder of a zoo run")
+    where = zoo_models() / name
+    if not (where / "config.json").is_file():
+        out = f" --out {run}" if run else ""
+        raise ValueError(
+            f"--model zoo:{name}: no trained model in {str(where.resolve())!r}; train it with attnlab zoo {name} "
+            f"--minutes 2{out} (every zoo run saves its models in --out/models), or set ATTNLAB_ZOO to the --out "
+            "folder of the run that trained it"
+        )
+    return where

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_positive_int, check_scale, check_window
-from attnlab.cache import Cache, CacheFactory, FactoryArgs, cache_factory
+from attnlab.cache import Cache, LayerState
 from attnlab.functional.attention import attention, check_mask
 from attnlab.functional.mods import (
     MaskMod,
@@ -204,35 +204,19 @@ class Attention(nn.Module):
             queries, keys = self.q_norm(queries), self.k_norm(keys)  # over D, per head and token
         return queries, keys, values
 
-    def make_cache(
-        self,
-        *,
-        batch_size: int,
-        max_len: int,
-        cache: str | CacheFactory = "plain",
-        context_length: int | None = None,
-    ) -> Cache:
-        """A cache that fits this module: its kv heads, head_dim, dtype and device.
-
-        ``cache``: a name in ``attnlab.cache.CACHES`` ("plain", the default, is a static cache of
-        ``max_len`` positions, or with a sliding window a ring buffer of ``window`` positions), or a
-        factory taking ``attnlab.cache.FactoryArgs``. ``context_length``: what the model was trained on
-        (a model passes it; a sink cache sizes its window by it).
-        """
-        check_positive_int("max_len", max_len, limit=2**27)  # checked even where a window cache does not use it
-        args: FactoryArgs = {
-            "batch_size": batch_size,
-            "num_kv_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "max_len": max_len,
-            "window": self.window,
-            "dtype": self.dtype,
-            "device": self.device,
-            "rotary": self.rotary,
-            "context_length": context_length,
-        }
-        made: Cache = cache_factory(cache)(**args)
-        return made
+    def layer_state(self) -> LayerState:
+        """What this layer keeps between calls: keys and values of its kv heads (a ring of its window when it
+        slides), in its dtype, on its device. ``attnlab.cache.ModelCache.build`` turns it and a cache name into
+        the layer's cache: ``ModelCache.build([attn.layer_state()], "plain", rows=1, capacity=64)[0]``."""
+        return LayerState(
+            kind="full" if self.window is None else "sliding",
+            kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            window=self.window,
+            rotary=self.rotary,
+            dtype=self.dtype,
+            device=self.device,
+        )
 
     def forward(
         self,
@@ -254,7 +238,7 @@ class Attention(nn.Module):
                 ones and the new ones; e.g. a key padding mask (B, 1, 1, Tk).
             positions: token positions for RoPE, (T,) or (B, T); default the
                 next T positions (0..T-1 without a cache).
-            cache: any :class:`attnlab.cache.Cache` (``make_cache()`` gives one
+            cache: any :class:`attnlab.cache.Cache` (``ModelCache.build`` from ``layer_state()`` gives one
                 that fits); updated in place. The new tokens see every cached
                 one, and the causal and window masks follow the cache's positions.
             document_ids: (B, T) integer ids of packed documents, non-decreasing
@@ -418,13 +402,13 @@ class Attention(nn.Module):
         if type(cache) not in _CACHE_CLASSES and not isinstance(cache, Cache):
             raise TypeError(
                 f"cache must provide next_positions(t) and update(k, v) (attnlab.cache.Cache), "
-                f"got {type(cache).__name__}; make one with make_cache()"
+                f"got {type(cache).__name__}; build one from layer_state() with attnlab.cache.ModelCache.build"
             )
         held = getattr(cache, "window", None)  # a cache that forgets keys older than its window
         if held is not None and (self.window is None or held < self.window):
             raise ValueError(
                 f"this cache keeps only the last {held} positions, but Attention(window={self.window}) "
-                "needs more; use make_cache() to get the matching cache"
+                "needs more; build the matching cache from layer_state() (attnlab.cache.ModelCache.build)"
             )
         _CACHE_CLASSES.add(type(cache))
 

@@ -22,15 +22,14 @@ Shapes: B = batch, T = tokens, S = keys, H = heads, R = kv_lora_rank, N, P, V as
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 import torch.nn as nn
 
 from attnlab._checks import check_positive_int
-from attnlab.cache import Cache, CacheFactory, cache_name
-from attnlab.cache.latent import LatentCache, QuantizedLatentCache
+from attnlab.cache import Cache, LayerState
+from attnlab.cache.latent import LatentCache
 from attnlab.functional.attention import attention
 from attnlab.functional.mods import MaskMod, ScoreMod
 from attnlab.functional.registry import Backend, check_backend
@@ -100,34 +99,19 @@ class LatentAttention(Attention):
     def device(self) -> torch.device:
         return self.kv_a_layernorm.weight.device
 
-    def make_cache(
-        self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain", context_length: int | None = None
-    ) -> Cache:
-        """The latent cache, R + P values per token ("plain"), or those values in 8 or 4 bits ("int8", "int4",
-        with their ``group_size`` knob: :class:`attnlab.cache.latent.QuantizedLatentCache`). Other caches are
-        refused by name: paged, prefix, sink and evicting caches are built for per-head keys and values."""
-        check_positive_int("max_len", max_len, limit=2**27)
-        name = cache_name(cache)
-        shape: dict[str, Any] = dict(
-            batch_size=batch_size, kv_lora_rank=self.kv_lora_rank, rope_dim=self.qk_rope_head_dim, max_len=max_len
-        )
-        if name == "plain":
-            return LatentCache(**shape, dtype=self.dtype, device=self.device)
-        if name in ("int8", "int4"):
-            knobs = dict(cache.keywords) if isinstance(cache, functools.partial) else {}
-            knobs.pop("bits", None)
-            unknown = sorted(set(knobs) - {"group_size"})
-            if unknown:
-                raise ValueError(
-                    f"a latent layer's {name} cache codes each token's latent whole (no residual ring): it takes "
-                    f"group_size only, got {unknown}"
-                )
-            bits = 8 if name == "int8" else 4
-            return QuantizedLatentCache(**shape, bits=bits, **knobs, dtype=self.dtype, device=self.device)
-        raise ValueError(
-            f"a latent attention layer keeps its latent cache (kv_lora_rank + qk_rope_head_dim values a token), "
-            f"plain or quantized: the {name or 'given'} cache is not built for latents; use 'plain', 'int8' or "
-            "'int4'"
+    def layer_state(self) -> LayerState:
+        """What this layer keeps: one latent [c, k_pe] a token, kv_lora_rank + qk_rope_head_dim values (its first
+        kv_lora_rank the values), for every head: the latent cache, plain or in 8 or 4 bits ("int8", "int4",
+        with their ``group_size`` knob). ``attnlab.cache.ModelCache.build`` refuses other caches by name."""
+        return LayerState(
+            kind="latent",
+            kv_heads=1,
+            head_dim=self.kv_lora_rank + self.qk_rope_head_dim,
+            value_dim=self.kv_lora_rank,
+            window=self.window,
+            rotary=self.rotary,
+            dtype=self.dtype,
+            device=self.device,
         )
 
     def _turn(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -207,7 +191,9 @@ class LatentAttention(Attention):
         given = ForwardArgs(mask, positions, cache, document_ids, mask_mod, score_mod, visibility)
         visibility, positions = self._prepare(x, given)  # everything checked: nothing is written before this
         if cache is not None and not isinstance(cache, LatentCache):
-            raise TypeError(f"a latent attention layer keeps a LatentCache (make_cache()), got {type(cache).__name__}")
+            raise TypeError(
+                f"a latent attention layer keeps a LatentCache (ModelCache.build from its layer_state()), got {type(cache).__name__}"
+            )
         q_nope, q_pe, latents = self.project(x, positions)
         if cache is None:
             return self.expanded(q_nope, q_pe, latents, visibility=visibility)

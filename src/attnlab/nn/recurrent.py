@@ -2,7 +2,7 @@
 
 They take the place of ``attnlab.Attention`` in a decoder block (``GPTConfig.layer_types`` names them
 "linear" and "delta") and speak its call: ``forward(x, visibility=, positions=, cache=)``, with a
-:class:`~attnlab.cache.state.StateCache` from :meth:`make_cache` instead of a KV cache. The chapter's
+:class:`~attnlab.cache.state.StateCache` (``ModelCache.build`` from :meth:`layer_state`) instead of a KV cache. The chapter's
 notation, grown: x is projected to queries, keys and values per head, as for ``MultiHeadAttention``; what
 changes is how they are combined (``attnlab.functional.recurrent``):
 
@@ -35,8 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attnlab._checks import check_positive_int
-from attnlab.cache import CacheFactory
-from attnlab.cache.base import Cache
+from attnlab.cache import Cache, LayerState
 from attnlab.cache.state import StateCache
 from attnlab.functional.mods import MaskMod, ScoreMod
 from attnlab.functional.recurrent import (
@@ -88,7 +87,7 @@ class RecurrentLayer(nn.Module):
     @property
     def state_values(self) -> int:
         """The numbers the state holds for one sequence, whatever its length: per head a (Dk, Dv) matrix, and a
-        (Dk,) normalizer for linear attention (what :meth:`make_cache` allocates)."""
+        (Dk,) normalizer for linear attention (what the cache of its :meth:`layer_state` allocates)."""
         per_head = self.head_dim * self.head_dim + (self.head_dim if self.normalizer else 0)
         return self.num_heads * per_head
 
@@ -108,26 +107,14 @@ class RecurrentLayer(nn.Module):
         queries, keys, values = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, D)
         return queries, keys, values
 
-    def make_cache(
-        self,
-        *,
-        batch_size: int,
-        max_len: int,
-        cache: str | CacheFactory = "plain",
-        context_length: int | None = None,
-    ) -> StateCache:
-        """The layer's state (whatever ``max_len``: it does not grow). A recurrent layer keeps its state whichever
-        of attnlab's caches a model names (they hold keys and values, which this layer has none of)."""
-        check_positive_int("max_len", max_len, limit=2**27)
-        if not isinstance(cache, str):
-            raise ValueError(
-                f"a {type(self).__name__} layer keeps its own state; a cache factory ({type(cache).__name__}) builds "
-                "keys and values, which it has none of: name a cache, or build the model's caches with make_caches()"
-            )
-        return StateCache(
-            batch_size=batch_size,
-            num_heads=self.num_heads,
-            key_dim=self.head_dim,
+    def layer_state(self) -> LayerState:
+        """What this layer keeps: its state, per head a (Dk, Dv) matrix (and linear attention's (Dk,)
+        normalizer), in float32 at least, whatever the length. ``attnlab.cache.ModelCache.build`` gives it a
+        StateCache whichever of attnlab's caches a model names (they hold keys and values, which it has none of)."""
+        return LayerState(
+            kind="recurrent",
+            kv_heads=self.num_heads,
+            head_dim=self.head_dim,
             value_dim=self.head_dim,
             normalizer=self.normalizer,
             dtype=self.state_dtype,
@@ -184,12 +171,12 @@ class RecurrentLayer(nn.Module):
             raise TypeError(f"input dtype {x.dtype} differs from the module's {self.dtype}; use x.to({self.dtype})")
         if cache is not None and not isinstance(cache, StateCache):
             raise TypeError(
-                f"a {type(self).__name__} layer reads a StateCache (its make_cache()), got {type(cache).__name__}"
+                f"a {type(self).__name__} layer reads a StateCache (built from its layer_state()), got {type(cache).__name__}"
             )
         if isinstance(cache, StateCache) and (cache.batch_size, cache.num_kv_heads) != (x.shape[0], self.num_heads):
             raise ValueError(
                 f"this state cache holds batch {cache.batch_size} and {cache.num_kv_heads} heads; the call has batch "
-                f"{x.shape[0]} and the layer {self.num_heads} heads: build it with make_cache(batch_size={x.shape[0]})"
+                f"{x.shape[0]} and the layer {self.num_heads} heads: build it with ModelCache.build(..., rows={x.shape[0]})"
             )
 
     def _form(self, t: int) -> str:
@@ -265,7 +252,7 @@ class LinearAttention(RecurrentLayer):
             self._record(lambda: linear_attention_weights(queries, keys, real=real), cache)
         state = cache.state() if isinstance(cache, StateCache) else None
         if state is not None and not isinstance(state, tuple):
-            raise TypeError("this state cache has no normalizer; build it with LinearAttention.make_cache()")
+            raise TypeError("this state cache has no normalizer; build it from LinearAttention's layer_state()")
         out, new_state = linear_attention(
             queries, keys, values, state=state, form=self._form(x.shape[1]), chunk_size=self.chunk_size
         )
@@ -344,7 +331,7 @@ class GatedDeltaNet(RecurrentLayer):
             self._record(lambda: gated_delta_weights(queries, keys, g, beta), cache)
         state = cache.state() if isinstance(cache, StateCache) else None
         if isinstance(state, tuple):
-            raise TypeError("this state cache has a normalizer; build it with GatedDeltaNet.make_cache()")
+            raise TypeError("this state cache has a normalizer; build it from GatedDeltaNet's layer_state()")
         out, new_state = gated_delta_rule(
             queries, keys, values, g, beta, state=state, form=self._form(x.shape[1]), chunk_size=self.chunk_size
         )

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from attnlab import book
-from attnlab.cache import SlidingWindowCache
+from attnlab.cache import ModelCache, SlidingWindowCache
 from attnlab.explain.tour.core import Add, Checker, fmt
 from attnlab.functional.recurrent import (
     feature_map,
@@ -82,7 +82,10 @@ def _gqa(add: Add, c: Checker, x: torch.Tensor) -> None:
     shared = keys.repeat_interleave(2, dim=1)  # (1, 4, 6, 2): heads 0, 1 read key head 0; heads 2, 3 key head 1
     by_hand = _causal_softmax(queries @ shared.transpose(-1, -2) / 2**0.5)[0]  # (4, 6, 6)
     mha = Attention(d_in=3, d_out=8, num_heads=4, backend="eager")
-    held = {name: _cache_bytes(attn.make_cache(batch_size=1, max_len=6)) for name, attn in (("mha", mha), ("gqa", gqa))}
+    held = {
+        name: _cache_bytes(ModelCache.build([attn.layer_state()], rows=1, capacity=6)[0])
+        for name, attn in (("mha", mha), ("gqa", gqa))
+    }
     add(
         "gqa",
         "torch.manual_seed(123)\n"
@@ -105,7 +108,7 @@ def _mla(add: Add, c: Checker, x: torch.Tensor) -> None:
     mla = LatentAttention(
         d_in=3, num_heads=4, kv_lora_rank=4, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=2, backend="eager"
     )
-    cache = mla.make_cache(batch_size=1, max_len=6)
+    cache = ModelCache.build([mla.layer_state()], rows=1, capacity=6)[0]
     with torch.no_grad():
         expanded = mla(x)  # no cache: every head's keys and values rebuilt from the latents
         absorbed = torch.cat([mla(x[:, i : i + 1], cache=cache) for i in range(6)], dim=1)  # (1, 6, 3)
@@ -116,7 +119,7 @@ def _mla(add: Add, c: Checker, x: torch.Tensor) -> None:
         "mla",
         "mla = LatentAttention(d_in=3, num_heads=4, kv_lora_rank=4,\n"
         "                      qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=2)\n"
-        "cache = mla.make_cache(batch_size=1, max_len=6)  # " + c.say("cm_latent"),
+        "cache = ModelCache.build([mla.layer_state()], rows=1, capacity=6)[0]  # " + c.say("cm_latent"),
         c.say("mla_values", latent=per_token, heads=heads)
         + "\n"
         + c.say("deepseek_values", latent=deepseek[0], heads=f"{deepseek[1]:,}", ratio=deepseek[1] / deepseek[0]),
@@ -130,7 +133,7 @@ def _sliding(add: Add, c: Checker, x: torch.Tensor) -> None:
     local = Attention(d_in=3, d_out=8, num_heads=4, window=3, backend="eager")
     out, weights = _weights(local, x)
     last_three = local(x[:, 3:])[:, -1]  # the last token, as if the sentence were only its last 3 tokens
-    cache = local.make_cache(batch_size=1, max_len=6)
+    cache = ModelCache.build([local.layer_state()], rows=1, capacity=6)[0]
     with torch.no_grad():
         steps = torch.cat([local(x[:, i : i + 1], cache=cache) for i in range(6)], dim=1)  # (1, 6, 3)
     assert isinstance(cache, SlidingWindowCache)  # a windowed module's cache: a ring of `window` slots
@@ -138,7 +141,7 @@ def _sliding(add: Add, c: Checker, x: torch.Tensor) -> None:
     add(
         "sliding",
         "local = Attention(d_in=3, d_out=8, num_heads=4, window=3)\n"
-        "cache = local.make_cache(batch_size=1, max_len=6)  # " + c.say("cm_ring"),
+        "cache = ModelCache.build([local.layer_state()], rows=1, capacity=6)[0]  # " + c.say("cm_ring"),
         fmt(weights[0])
         + "\n"
         + c.say("ring_holds", held=held)
@@ -238,7 +241,7 @@ def _linear(add: Add, c: Checker, x: torch.Tensor) -> None:
     with Recorder() as rec, torch.no_grad():
         out = linear(x.double())  # the module itself: its weights recorded, its output through out_proj
     by_hand = linear.merge_heads(outs["recurrent"][0])  # (1, 6, 3)
-    longer = linear.make_cache(batch_size=1, max_len=100_000)
+    longer = ModelCache.build([linear.layer_state()], rows=1, capacity=100_000)[0]
     add(
         "linear",
         "linear = LinearAttention(d_in=3, num_heads=2, head_dim=2)\n"
@@ -259,7 +262,10 @@ def _linear(add: Add, c: Checker, x: torch.Tensor) -> None:
             and torch.allclose(rec.get("attn_weights")[0], weights, atol=1e-10)
             and torch.allclose(weights.sum(-1), torch.ones(2, 6, dtype=torch.float64)),
         ),
-        c.holds("state_fixed", _cache_bytes(longer) == _cache_bytes(linear.make_cache(batch_size=1, max_len=6))),
+        c.holds(
+            "state_fixed",
+            _cache_bytes(longer) == _cache_bytes(ModelCache.build([linear.layer_state()], rows=1, capacity=6)[0]),
+        ),
         heat=weights.float(),
     )
 

@@ -12,17 +12,33 @@ model's distribution), so a pass yields at least one token and up to k + 1.
 - :class:`Draft`: a smaller model with the same vocabulary proposes k tokens,
   one at a time, with its own cache, cropped back to what the model kept.
 
-Each counts ``passes`` of the model, and ``guessed`` / ``kept`` tokens.
+A proposer is anything with ``k``, ``propose`` and ``crop`` (:class:`Proposer`);
+the loop counts its passes and guesses (``decode(...).counts``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from attnlab._checks import check_positive_int
 from attnlab.models.generation.sampling import Sampling
+
+
+class Proposer(Protocol):
+    """Guesses for the decode loop: up to ``k`` a pass."""
+
+    k: int
+
+    def propose(self, tokens: list[int], want: int, sampling: Sampling) -> tuple[list[int], list[torch.Tensor] | None]:
+        """Up to ``want`` guesses after ``tokens``, and the distributions they were drawn from (None: point
+        masses, or greedy)."""
+        ...
+
+    def crop(self, held: int) -> None:
+        """The model's cache holds the first ``held`` tokens now."""
+        ...
 
 
 def lookup_guess(tokens: list[int], k: int, ngram: int) -> list[int]:
@@ -42,7 +58,6 @@ class Lookup:
         check_positive_int("lookup", k, limit=64)
         check_positive_int("ngram", ngram, limit=64)
         self.k, self.ngram = k, ngram
-        self.passes = self.guessed = self.kept = 0
 
     def propose(self, tokens: list[int], want: int, sampling: Sampling) -> tuple[list[int], list[torch.Tensor] | None]:
         """Up to ``want`` guesses after ``tokens``, and None: a lookup guess is a point mass."""
@@ -53,21 +68,23 @@ class Lookup:
 
 
 class Draft:
-    """Guess ``k`` tokens with a smaller ``model`` of the same vocabulary, its cache of ``capacity`` tokens."""
+    """Guess ``k`` tokens with a smaller ``model`` of the same vocabulary, its cache of ``capacity`` tokens (made
+    at the first guess: the request is checked first)."""
 
     def __init__(self, model: Any, *, k: int, capacity: int) -> None:
         check_positive_int("draft_tokens", k, limit=64)
-        self.model, self.k = model, k
-        self.cache = model.make_caches(batch_size=1, max_len=capacity)
+        self.model, self.k, self.capacity = model, k, capacity
+        self.cache: Any = None
         self.held = 0  # tokens the draft's cache holds: a prefix of the text
-        self.passes = self.guessed = self.kept = 0
 
     def propose(self, tokens: list[int], want: int, sampling: Sampling) -> tuple[list[int], list[torch.Tensor] | None]:
         """``want`` guesses, one draft step each, and the distributions they were drawn from (None: greedy)."""
         guesses: list[int] = []
         qs: list[torch.Tensor] = []
+        if self.cache is None:
+            self.cache = self.model.make_caches(batch_size=1, max_len=self.capacity)
         feed = tokens[self.held :]
-        device = self.cache[0].next_positions(1).device
+        device = next(self.model.parameters()).device
         for _ in range(want):
             logits = self.model(torch.tensor([feed], device=device), caches=self.cache, last_only=True)[0, -1]
             self.held += len(feed)
@@ -80,7 +97,5 @@ class Draft:
     def crop(self, held: int) -> None:
         """The model kept the first ``held`` tokens: the draft's cache keeps no more."""
         self.held = min(self.held, held)
-        self.cache.crop(self.held)
-
-
-Proposer = Lookup | Draft
+        if self.cache is not None:
+            self.cache.crop(self.held)
