@@ -91,3 +91,17 @@ def test_a_gpt_forward_honours_prefix_lm_and_a_cache_refuses_it_by_name() -> Non
     with pytest.raises(ValueError, match=r"mask_mod prefix_lm\(prefix_len=5\) shows queries keys after them"):
         m(ids, caches=caches, mask_mod=mods.prefix_lm(PREFIX))
     assert caches[0].length == 0 and caches[1].length == 0
+
+
+@pytest.mark.parametrize("rule", [{"is_causal": True}, {"window": 3}])
+def test_the_functions_refuse_is_causal_beside_a_mod_that_sees_the_future(rule: dict[str, object]) -> None:
+    """``attention(is_causal=True, mask_mod=prefix_lm(5))`` gave exactly the causal output (the two ANDed): a
+    silent no-op. The functions, like the models, refuse it by name; without is_causal the mod acts."""
+    q = k = v = torch.randn(1, 2, T, 4)
+    from attnlab.functional import attention
+
+    with pytest.raises(ValueError, match=r"mask_mod prefix_lm\(prefix_len=5\) shows queries keys after them.*ANDed"):
+        attention(q, k, v, mask_mod=mods.prefix_lm(PREFIX), **rule)  # type: ignore[arg-type]
+    alone = attention(q, k, v, mask_mod=mods.prefix_lm(PREFIX))
+    causal = attention(q, k, v, is_causal=True)
+    assert (alone - causal)[:, :, :PREFIX].abs().max() > 1e-3  # the prefix's rows see their later prefix keys

@@ -23,7 +23,14 @@ from attnlab.distributed.ring import (
     ring_attention,
     sequence_positions,
 )
-from attnlab.functional.mods import and_masks, check_document_ids, document, document_positions
+from attnlab.functional.mods import (
+    and_masks,
+    check_document_ids,
+    document,
+    document_positions,
+    mod_name,
+    sees_future,
+)
 from attnlab.functional.visibility import Visibility
 from attnlab.nn.attention import Attention, ForwardArgs
 
@@ -84,6 +91,13 @@ class ContextParallelAttention(Attention):
                 "ContextParallelAttention takes no mask, cache or visibility (the ring builds its own per block): "
                 "hide other documents "
                 "with document_ids, or call ring_attention(..., mask_mod=) for any other mask"
+            )
+        if given.mask_mod is not None and sees_future(given.mask_mod) and self.is_causal:
+            raise ValueError(
+                f"mask_mod {mod_name(given.mask_mod)} shows queries keys after them, but the ring keeps this layer's "
+                "causal rule in every block and a mask_mod only restricts it (the two are ANDed): the mod cannot "
+                "widen it. Run the layer in one process (Attention(...)(x, mask_mod=...) on a forward without a "
+                "cache, where it takes the causal rule's place), or pass a mod that only restricts"
             )
         self._check_input(x)
         rank, size = _world(self.group)

@@ -50,6 +50,7 @@ from attnlab.functional.mods import (
     evaluate_mask,
     mod_name,
     score_mod_tensors,
+    sees_future,
 )
 
 EMPTY, PARTIAL, FULL = 0, 1, 2  # what a tile of the score matrix is: nothing may attend, some, all
@@ -149,6 +150,14 @@ class Visibility:
         for name, mod in (("mask_mod", mask_mod), ("score_mod", score_mod)):
             if mod is not None and not callable(mod):
                 raise TypeError(f"{name} must be a function (see attnlab.functional.mods), got {type(mod).__name__}")
+        if mask_mod is not None and sees_future(mask_mod) and (causal or window is not None):
+            rule = "is_causal=True" if window is None else f"window={window} (causal within it)"
+            raise ValueError(
+                f"mask_mod {mod_name(mask_mod)} shows queries keys after them, which {rule} hides: the two are "
+                "ANDed, so the mod would change nothing. Drop is_causal (the mod says who sees what), or use "
+                "mods.lookback(window) for a window's reach without causal (docs/mods.md, 'A model's own mask "
+                "and yours')"
+            )
         self.q_pos = _positions("q_pos", q_pos)
         self.k_pos = None if k_pos is None else _positions("k_pos", k_pos)
         self.causal = causal or window is not None

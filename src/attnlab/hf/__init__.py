@@ -20,6 +20,7 @@ import torch
 
 from attnlab.functional.registry import Backend
 from attnlab.hf.bridge import NAME, PerLayer, Settings, check_settings, hf_attention, set_settings, settings_for
+from attnlab.hf.checks import check_model, watch
 
 __all__ = ["NAME", "Use", "cache", "register", "use"]
 
@@ -87,14 +88,17 @@ def use(
         backend: attnlab's backend: "flash" (tiled; returns the log-sum-exp that learned sinks and recovered
             weights are read from), "eager", "sdpa", "flex" or "auto".
         mask_mod, score_mod: FlexAttention-style mods (``attnlab.functional.mods``) added to the model's own
-            masks in every layer, or ``{layer index: mod}`` for some layers.
+            masks in every layer, or ``{layer index: mod}`` for some layers. A mask_mod restricts the model's
+            mask (AND); one that declares ``sees_future`` (``prefix_lm``) cannot widen it and is refused.
 
     Returns:
         A handle: ``undo()``, or use it in a ``with`` block, to put back the model's previous attention.
 
     Raises:
-        ValueError, TypeError: a bad backend or mod, or a model that does not take an attn_implementation;
-            the model is then unchanged.
+        ValueError, TypeError: a bad backend or mod, a mod that sees the future, a backend the model's sinks or
+            softcap cannot run on, or a model that does not take an attn_implementation; the model is then
+            unchanged. From then on each forward's mods and heads are checked before its first layer writes a
+            cache (:mod:`attnlab.hf.checks`; the hook stays after ``undo()``, and checks what the model runs then).
     """
     check_settings(backend, mask_mod, score_mod)
     settings = Settings(backend=backend, mask_mod=mask_mod, score_mod=score_mod)
@@ -103,6 +107,7 @@ def use(
     modules = book_attention(model)
     if modules is not None:  # the book's GPTModel, Llama3Model or Qwen3Model: by module replacement
         _check_layers(mask_mod, score_mod, len(modules))
+        check_model(model, None, settings, len(modules))
         return Use(model, NAME, None, book=hook(modules, settings))
     config: Any = getattr(model, "config", None)
     setter: Any = getattr(model, "set_attn_implementation", None)
@@ -113,7 +118,9 @@ def use(
         )
     register()
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    _check_layers(mask_mod, score_mod, int(getattr(text, "num_hidden_layers", 0) or 0) or None)
+    layers = int(getattr(text, "num_hidden_layers", 0) or 0) or None
+    _check_layers(mask_mod, score_mod, layers)
+    check_model(model, text, settings, layers)
     before = config._attn_implementation
     configs = _configs(model)
     settings_before = [(c, settings_for(c)) for c in configs]
@@ -126,6 +133,7 @@ def use(
             )
     for c in configs:  # a composite model's (Llava's, Gemma 3's) attention reads its own sub-config
         set_settings(c, settings)
+    watch(model)  # each forward's mods, heads and cache checked before its first layer writes (attnlab.hf.checks)
     return Use(model, before, settings_before)
 
 

@@ -8,7 +8,8 @@ attention layer, with the keys and values its cache returned. Here that call bec
   padding, packed documents, a model's own overlays), becomes the call's :class:`Visibility`; where transformers
   leaves it out (nothing but causal), the Visibility is causal;
 - gpt-oss's learned sinks (``s_aux``) are read off the kernel's row log-sum-exp, Gemma 2's ``softcap`` is a
-  score_mod, and the user's ``mask_mod`` / ``score_mod`` for this layer are added to it;
+  score_mod, and the user's ``mask_mod`` / ``score_mod`` for this layer are added to it (a mask_mod restricts
+  the model's mask; one that would show keys it hides, ``sees_future``, is refused by ``use``);
 - the backend runs (attnlab's flash by default; eager, sdpa, flex by name);
 - a :class:`attnlab.Recorder` that chose ``heads=[(layer, head)]`` gets exactly those heads' weights, formed
   from q, k and the kernel's log-sum-exp (:func:`attnlab.functional.eager.head_weights`): the layer still runs
@@ -29,9 +30,10 @@ from attnlab.cache.sink import SinkCache
 from attnlab.functional import mods
 from attnlab.functional.attention import run_kernel
 from attnlab.functional.eager import head_weights
-from attnlab.functional.mods import MaskMod, chain_scores
+from attnlab.functional.mods import MaskMod, chain_scores, mod_name
 from attnlab.functional.registry import KERNELS, Backend, check_backend, resolve
 from attnlab.functional.visibility import Visibility
+from attnlab.hf.returned import returned_with
 from attnlab.observe import chosen_heads, is_recording, record, wants_every_head
 
 NAME = "attnlab"  # the attn_implementation transformers knows this bridge by
@@ -96,7 +98,7 @@ def hf_attention(
     index = layer if isinstance(layer, int) else -1
     tq = query.shape[2]
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    entry = _returned_with(key)
+    entry = returned_with(key)  # what an attnlab cache (attnlab.hf.cache) returned with these keys
     if entry is None and attention_mask is None and causal and tq > 1 and key.shape[2] > tq:
         # transformers left the mask out for a prefill into an empty static cache: sdpa's causal mask is aligned
         # top-left there, so only the first Tq slots are keys (as transformers' sdpa path slices them)
@@ -135,22 +137,28 @@ def _positions_for_mods(
     position_ids: torch.Tensor | None,
     layer: int,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(q_pos (B|1, Tq), k_pos (B|1, Tk)): each query's and key's position in its own sequence, for a mod to read
-    (left padding taken off, a sliding layer's window placed where it sits). transformers' caches hand over keys
-    that end at the current query (a dynamic cache, full or sliding), which places them; a static buffer does not,
-    and is refused: its keys' positions cannot be told here. None without position_ids (then no padding is
-    possible to tell: the keys are numbered from 0, the queries last)."""
-    tq, tk = query.shape[2], key.shape[2]
-    if mask is not None and not bool(mask[..., -1].any()):  # the last slot hidden from every row: a static buffer
-        raise ValueError(
-            f"layer {layer}: mask_mod and score_mod read each key's position, and these keys do not end at the query "
-            "(a static cache's buffer): use transformers' DynamicCache (the default) or attnlab.hf.cache('plain')"
-        )
+    """(q_pos (B, Tq), k_pos (B, Tk)): each query's and key's position in its own sequence, for a mod to read
+    (left padding taken off, a sliding layer's window placed where it sits). Keys that are the queries' own (no
+    cache) or that transformers' dynamic caches hand over (full or sliding) end at the last query, which places
+    them, right padding included (its pads are hidden by the mask); a static buffer's keys do not, and it is
+    refused: its filled slots cannot be told here. None without position_ids (then no padding is possible to
+    tell: the keys are numbered from 0, the queries last)."""
+    b, tq, tk = query.shape[0], query.shape[2], key.shape[2]
+    # more keys than queries, the last one hidden from every row: the empty end of a static cache's buffer
+    if tk > tq and mask is not None and not bool(mask[..., -1].any()):
+        raise ValueError(f"layer {layer}: {STATIC_WITH_MODS}")
     if not isinstance(position_ids, torch.Tensor) or position_ids.shape[-1] != tq:
         return None
-    q_pos = position_ids.reshape(-1, tq).to(query.device)  # (B|1, Tq)
-    k_pos = q_pos[:, -1:] - (tk - 1) + torch.arange(tk, device=query.device)  # (B|1, Tk): ending at the last query
+    q_pos = position_ids.reshape(-1, tq).to(query.device).expand(b, tq)  # (B, Tq): every backend indexes rows
+    k_pos = q_pos[:, -1:] - (tk - 1) + torch.arange(tk, device=query.device)  # (B, Tk): ending at the last query
     return q_pos.clamp(min=-1), k_pos.clamp(min=-1)  # a left pad's slot: -1, hidden
+
+
+STATIC_WITH_MODS = (
+    "mask_mod and score_mod read each key's position, and a static cache's buffer (transformers' StaticCache) "
+    "does not say which of its slots are filled: use transformers' DynamicCache (the default) or "
+    "attnlab.hf.cache('plain')"
+)
 
 
 def attend(
@@ -179,10 +187,7 @@ def attend(
     if entry is not None and mask is not None and isinstance(entry.cache, SinkCache):
         first = entry.cache.sinks  # a sink cache's first positions, kept for good
         if not bool(mask[..., -1, :first].all()):  # the last query sees every position before it, but a pad's
-            raise ValueError(
-                f"left padding put pad tokens among the sink cache's {first} sinks, the first positions it keeps for "
-                "good: make one sink cache per prompt (generate the rows one at a time, unpadded)"
-            )
+            raise ValueError(sink_padding(first))
     if entry is not None:  # an attnlab cache returned these keys: each slot's position is known
         vis = Visibility(
             q_pos=entry.q_pos,
@@ -201,10 +206,7 @@ def attend(
         else:  # keys 0 .. Tk - 1, the queries last (the flash kernel's tiles know this arithmetic)
             vis = Visibility.from_lengths(tq, tk, device=query.device, batch=b, heads=h, **given)
     heads = chosen_heads(index) if layer is not None else ()
-    if heads and heads[-1] >= h:
-        raise ValueError(
-            f"Recorder(heads=...) chose head {heads[-1]} of layer {index}, which has {h} heads (0 to {h - 1})"
-        )
+    check_heads(index, heads, h)
     backend: Backend = settings.backend
     if backend == "auto" and (heads or sinks is not None) and not wants_every_head():
         backend = "flash"  # the fused path that returns the log-sum-exp the heads and the sinks are read from
@@ -214,30 +216,32 @@ def attend(
             f"this model's learned sinks are read off each row's log-sum-exp, which the {name} backend does not "
             "return: use attnlab.hf.use(model, backend='flash') (or 'eager')"
         )
-    out, lse = run_kernel(name, kernel, query, key, value, vis, scale=scale, dropout_p=dropout)
-    kept = None
-    if sinks is not None:
-        assert lse is not None  # has_lse, checked above
-        kept = torch.sigmoid(lse - sinks.to(lse.dtype)[None, :, None])  # (B, H, Tq): the share the sink left
-        out = out * kept[..., None].to(out.dtype)
-        if is_recording():
-            record("sink_weight", (1 - kept).detach(), source="attnlab.hf")
+    # with sinks, the context is the keys' share of it and the Recorder gets "sink_weight" (B, H, Tq)
+    out, lse = run_kernel(name, kernel, query, key, value, vis, scale=scale, dropout_p=dropout, sinks=sinks)
     if entry is not None:
         entry.observed = True
         if entry.cache.capabilities.observes:  # an evicting cache weighs its keys by this call's attention
             entry.cache.observe(query, key, value, visibility=vis, scale=scale)
     if heads and is_recording():
-        weights = head_weights(query, key, vis.bound_to(b, h, query.device), scale=scale, heads=heads, lse=lse)
+        bound = vis.bound_to(b, h, query.device)
+        weights = head_weights(query, key, bound, scale=scale, heads=heads, lse=lse, sinks=sinks)  # rows: 1 - sink
         record("attn_weights", weights, source="attnlab.hf", heads=heads, layer=index)  # (B, len(heads), Tq, Tk)
     return out
 
 
-def _returned_with(key: torch.Tensor) -> Any:
-    """What an attnlab cache returned with these keys (``attnlab.hf.cache``), or None; imported here so that a
-    model without one never needs it."""
-    from attnlab.hf.caches import returned_with
+def sink_padding(sinks: int) -> str:
+    return (
+        f"left padding (attention_mask) put pad tokens among the sink cache's {sinks} sinks, the first positions "
+        "it keeps for good: make one sink cache per prompt (generate the rows one at a time, unpadded)"
+    )
 
-    return returned_with(key)
+
+def check_heads(layer: int, heads: tuple[int, ...], count: int) -> None:
+    """The heads a Recorder chose for ``layer``, against the ``count`` it has."""
+    if heads and heads[-1] >= count:
+        raise ValueError(
+            f"Recorder(heads=...) chose head {heads[-1]} of layer {layer}, which has {count} heads (0 to {count - 1})"
+        )
 
 
 def _at_slots(mask: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
@@ -262,3 +266,17 @@ def check_settings(backend: Backend, mask_mod: PerLayer, score_mod: Any) -> None
         for m in given:
             if m is not None and not callable(m):
                 raise TypeError(f"{name} must be a function (or {{layer: function}}), got {type(m).__name__}")
+        if name == "mask_mod":
+            for layer, m in mod.items() if isinstance(mod, dict) else [(None, mod)]:
+                if mods.sees_future(m):
+                    where = "" if layer is None else f" (for layer {layer})"
+                    raise ValueError(f"mask_mod {mod_name(m)}{where} {SEES_FUTURE}")
+
+
+# why a mod that declares sees_future (prefix_lm, and_masks/or_masks holding one) is refused here (issue 54 item 3)
+SEES_FUTURE = (
+    "shows queries keys after them, but the model builds its own causal mask (transformers' models and the "
+    "book's alike) and a mask_mod only restricts it (the two are ANDed): the mod cannot widen it, and would change "
+    "nothing. Run it on attnlab's own model, GPT(...)(ids, mask_mod=...) on a forward without "
+    'a cache, or pass a mod that only restricts (docs/mods.md, "A model\'s own mask and yours")'
+)

@@ -1,10 +1,9 @@
 """attnlab's KV caches as a transformers ``Cache``: ``model.generate(..., cache=attnlab.hf.cache(name, model))``
 (``past_key_values=`` before transformers 5.24).
 
-Each full-attention layer gets one of attnlab's caches (``attnlab.cache.CACHES``, made by
-``ModelCache.build``) behind transformers' layer contract (:class:`AttnlabLayer`), which reads what it may do off
-the cache's declared ``Capabilities``, never its name. The plain and quantized caches keep position j in slot
-j, so ``update`` hands over their filled slots alone, which any attention reads as it reads ``DynamicCache``'s
+Each full-attention layer gets one of attnlab's caches (``attnlab.cache.CACHES``) behind transformers' layer
+contract (:class:`attnlab.hf.layer.AttnlabLayer`). The plain and quantized caches keep position j in slot j, so
+``update`` hands over their filled slots alone, which any attention reads as it reads ``DynamicCache``'s
 (transformers' sdpa and eager too). An evicting cache keeps the positions it chooses: they travel to the bridge's attention
 (``attnlab.hf.bridge``), which builds the call's Visibility from them, and transformers' mask, built over
 absolute positions (``get_mask_sizes`` says so), is read at each kept key's position. A sliding layer keeps
@@ -20,18 +19,19 @@ Shapes: B = batch, Hkv = key/value heads, T = new tokens, S = slots returned, D 
 
 from __future__ import annotations
 
-import functools
-import weakref
-from dataclasses import dataclass
+import sys
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
-from attnlab.cache import CACHES, Capabilities, LayerState, ModelCache
 from attnlab.cache import capabilities_of as capabilities
-from attnlab.cache.base import Cache as AttnlabCache
+from attnlab.hf.checks import CheckedCache, watch
+from attnlab.hf.layer import AttnlabLayer, positioned
+from attnlab.hf.returned import returned_with
 from attnlab.hf.rotation import ModelRotation
+
+__all__ = ["NOT_HERE", "AttnlabCacheForHF", "AttnlabLayer", "cache", "returned_with"]
 
 # what transformers' generate cannot give a cache, by what the cache declares it needs
 NOT_HERE = (
@@ -48,149 +48,85 @@ NOT_HERE = (
 )
 
 
-def positioned(caps: Capabilities) -> bool:
-    """Whether a cache's keys sit at positions that are not their slots (a sink cache moves its sinks' keys, an
-    evicting one keeps the keys it chooses): only the bridge's attention reads them. The others keep position j
-    in slot j, so their filled slots, handed over alone, read as DynamicCache's do."""
-    return caps.past_context or caps.observes
-
-
-@dataclass
-class Returned:
-    """What one layer's last ``update`` returned: the bridge finds it by the keys tensor it is handed."""
-
-    keys: weakref.ref[torch.Tensor]
-    q_pos: torch.Tensor  # (T,) the new tokens' positions
-    k_pos: torch.Tensor  # (S,) or (B, S): each slot's position, -1 for an empty one
-    cache: AttnlabCache
-    observed: bool = False
-
-
-# id(keys) -> what came with them. Held by its layer alone: an entry goes when its cache does (no cache is kept
-# alive from here), and one whose keys were freed and whose id was reused fails the weakref check.
-_RETURNED: weakref.WeakValueDictionary[int, Returned] = weakref.WeakValueDictionary()
-
-
-def returned_with(keys: torch.Tensor) -> Returned | None:
-    """The positions (and cache) that came with ``keys``, if an attnlab cache layer just returned them."""
-    found = _RETURNED.get(id(keys))
-    return found if found is not None and found.keys() is keys else None
-
-
-class AttnlabLayer(CacheLayerMixin):
-    """One layer's attnlab cache under transformers' layer contract."""
-
-    is_compileable = False
-    is_sliding = False
-
-    def __init__(self, *, name: str, max_len: int, options: dict[str, Any], rotary: Any = None) -> None:
-        super().__init__()
-        self.name, self.max_len, self.rotary = name, max_len, rotary
-        self.factory = functools.partial(CACHES[name], **options)
-        self.caps = capabilities(self.factory)
-        self.is_croppable = self.caps.crop  # assisted generation crops rejected tokens: a cache that can
-        self.inner: AttnlabCache | None = None
-        self.seen = 0
-        self._last: Returned | None = None
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        b, h_kv, _, d = key_states.shape
-        state = LayerState(
-            kind="full",
-            kv_heads=h_kv,
-            head_dim=d,
-            rotary=self.rotary,  # a sink cache's: the model's own rotation
-            dtype=key_states.dtype,
-            device=key_states.device,
-        )
-        self.inner = ModelCache.build([state], self.factory, rows=b, capacity=self.max_len)[0]
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.is_initialized = True
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._last is not None and positioned(self.caps) and not self._last.observed:
-            raise ValueError(
-                f"the {self.name} cache's keys sit at positions only attnlab's attention reads, and its last keys "
-                "were not read by it (the model's attention was switched away): run it with attn_implementation='attnlab'"
-            )
-        if self.inner is None:
-            self.lazy_initialization(key_states, value_states)
-        assert self.inner is not None
-        t = key_states.shape[2]
-        if self.seen + t > self.max_len and not self.caps.past_context:  # a sink cache's window slides on
-            raise ValueError(
-                f"the {self.name} cache holds up to max_len={self.max_len} positions and has {self.seen}; it cannot "
-                f"take {t} more: make it with attnlab.hf.cache({self.name!r}, model, max_len=...) at least the "
-                "prompt's length plus every token to generate"
-            )
-        q_pos = self.inner.next_positions(t)
-        limit = self.inner.room()
-        if t > 1 and limit is not None and t > limit:  # a sink cache's chunk would push out what it still needs
-            raise ValueError(
-                f"the sink cache's window holds {limit} more of these {t} tokens at once: a longer prompt goes "
-                "through it one token at a time, generate(..., prefill_chunk_size=1), or make the window longer "
-                "(max_len=, recent=)"
-            )
-        keys, values, positions = self.inner.update(key_states, value_states)
-        self.seen += t
-        if not positioned(self.caps):  # only the filled slots: any attention reads them as it reads DynamicCache's
-            return keys[:, :, : self.seen], values[:, :, : self.seen]
-        # an evicting cache's keys sit at the positions it chose: they go to the bridge, which also tells it the
-        # attention they got (one entry a layer: the last one goes with this one's predecessor)
-        self._last = Returned(weakref.ref(keys), q_pos, positions, self.inner)
-        _RETURNED[id(keys)] = self._last
-        return keys, values
-
-    def get_seq_length(self) -> int:
-        return self.seen
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """The mask is built over absolute positions 0 .. seen + query_length - 1; the bridge reads it at each
-        slot's position."""
-        return self.seen + query_length, 0
-
-    def get_max_length(self) -> int:
-        return self.max_len
-
-    def reset(self) -> None:
-        self.inner, self.seen, self._last, self.is_initialized = None, 0, None, False
-
-    def crop(self, tokens_to_remove: int) -> None:
-        crop = getattr(self.inner, "crop", None)
-        if tokens_to_remove == 0 or self.inner is None:
-            return
-        if not self.inner.capabilities.crop or crop is None:
-            raise ValueError(
-                f"the {self.name} cache cannot be cut back (assisted generation crops rejected tokens): "
-                "use 'plain' for assisted generation"
-            )
-        keep = self.seen + tokens_to_remove if tokens_to_remove < 0 else tokens_to_remove
-        crop(keep)
-        self.seen = keep
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        raise ValueError(
-            f"beam search reorders a cache's rows, which the {self.name} cache does not do: use num_beams=1"
-        )
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        raise ValueError(
-            f"the {self.name} cache cannot repeat its rows: make one per prompt, or num_return_sequences=1"
-        )
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise ValueError(f"the {self.name} cache cannot select rows: make one per prompt")
-
-
-class AttnlabCacheForHF(Cache):
+class AttnlabCacheForHF(Cache, CheckedCache):
     """A transformers Cache whose full-attention layers are attnlab caches and whose sliding layers keep the ring
-    of their window (transformers' own)."""
+    of their window (transformers' own). A call it cannot take is refused before any layer changes: the model's
+    pre-hook asks ``check_call`` before its first layer (:mod:`attnlab.hf.checks`), and what moves every layer
+    (beam search's reordering, a crop) is checked for all of them first."""
 
     def __init__(self, layers: list[Any], name: str) -> None:
         super().__init__(layers=layers)
         self.name = name
+        self._given = False
+
+    def _ours(self) -> list[AttnlabLayer]:
+        return [layer for layer in self.layers if isinstance(layer, AttnlabLayer)]
+
+    def check_call(self, batch: int, tokens: int, attention_mask: torch.Tensor | None) -> None:
+        """Whatever a forward of ``batch`` rows and ``tokens`` new tokens would be refused in any layer."""
+        for layer in self.layers:
+            rows = layer.batch if isinstance(layer, AttnlabLayer) else None
+            keys = getattr(layer, "keys", None)  # a sliding layer's (transformers'), once it has keys
+            rows = keys.shape[0] if rows is None and isinstance(keys, torch.Tensor) and keys.dim() == 4 else rows
+            if rows is not None and rows != batch:
+                raise ValueError(
+                    f"this {self.name} cache holds {rows} rows and this call brings {batch}: a cache follows the "
+                    "batch of its first call (beam search and num_return_sequences repeat its rows): make a new "
+                    "one for a new batch, and generate with num_beams=1"
+                )
+        for ours in self._ours():
+            ours.check(tokens, attention_mask)
+
+    def mod_positions(self, tokens: int) -> torch.Tensor | None:
+        """The positions the bridge gives the next ``tokens`` queries' mods: a sink or evicting cache's own
+        count; None for the others, whose queries sit at transformers' position_ids."""
+        ours = self._ours()
+        if not positioned(ours[0].caps):
+            return None
+        inner = ours[0].inner
+        return torch.arange(tokens) if inner is None else inner.next_positions(tokens)
+
+    @property
+    def _is_user_defined(self) -> bool:
+        return self._given
+
+    @_is_user_defined.setter
+    def _is_user_defined(self, value: bool) -> None:
+        # transformers' generate marks the cache it was handed before its prefill, in _prepare_cache_for_generation,
+        # whose generation_config is the call's: the one point where beam search is seen with nothing written
+        config = sys._getframe(1).f_locals.get("generation_config")
+        beams = getattr(config, "num_beams", 1)
+        if isinstance(beams, int) and beams > 1:
+            self._ours()[0].reorder_cache(torch.zeros(1, dtype=torch.long))  # type: ignore[arg-type]  # its refusal
+        self._given = value
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._ours()[0].reorder_cache(beam_idx)  # refused before any layer (a sliding one first) moves its rows
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._ours()[0].batch_repeat_interleave(repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._ours()[0].batch_select_indices(indices)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Every layer cut back, or none: attnlab's are asked first; transformers' own (a sliding layer past its
+        window refuses unless it records past states) are put back as they were if one of them refuses."""
+        ours = self._ours()
+        for mine in ours:
+            mine.check_crop(tokens_to_remove)
+        theirs: list[Any] = [layer for layer in self.layers if not isinstance(layer, AttnlabLayer)]
+        kept = [dict(vars(layer)) for layer in theirs]  # they cut by slicing into new tensors: these are the old
+        try:
+            for layer in theirs:
+                layer.crop(tokens_to_remove)
+        except Exception:
+            for layer, attributes in zip(theirs, kept, strict=True):
+                vars(layer).clear()
+                vars(layer).update(attributes)
+            raise
+        for mine in ours:
+            mine.crop(tokens_to_remove)
 
 
 def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **options: Any) -> AttnlabCacheForHF:
@@ -210,6 +146,9 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
     Raises:
         ValueError: a name not offered here (with the reason), a model whose every layer slides, or an evicting
             cache for a model whose attention does not run through attnlab.
+
+    The model's decoder gets a forward pre-hook, once (:mod:`attnlab.hf.checks`): each forward asks the cache
+    what it would refuse (rows, length, window, pads among a sink cache's sinks) before its first layer writes.
     """
     caps = capabilities(name)
     for needs, why in NOT_HERE:
@@ -255,4 +194,5 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
             layers.append(AttnlabLayer(name=name, max_len=span, options=options, rotary=rotary))
         else:
             raise ValueError(f"a {kind!r} layer has no KV cache attnlab.hf.cache can give it")
+    watch(model)  # its forwards ask this cache what it refuses before their first layer writes (attnlab.hf.checks)
     return AttnlabCacheForHF(layers, name)
