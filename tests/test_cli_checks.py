@@ -55,6 +55,7 @@ def test_the_windowed_model_still_generates_with_the_plain_cache(
     ("argv", "said"),
     [
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+        (["--max-new-tokens", "50000000"], "--max-new-tokens must be <= 1000000, got 50000000; is it a typo?"),
         (["--max-new-tokens", "33"], "--max-new-tokens 33 is more than the model's context of 32 tokens"),
         (["--temperature", "-1"], "--temperature must be a finite number >= 0 (0 = greedy), got -1.0"),
         (["--temperature", "nan"], "--temperature must be a finite number >= 0 (0 = greedy), got nan"),

@@ -302,6 +302,8 @@ def test_caches_refuse_what_they_cannot_do_by_name(root: str) -> None:
         attnlab.hf.cache("sink", moving)
     with pytest.raises(ValueError, match=r"unknown cache 'lru'.*'int8'"):
         attnlab.hf.cache("lru", sdpa)
+    with pytest.raises(ValueError, match=r"unknown cache <function.*attnlab.hf.cache takes a name"):
+        attnlab.hf.cache(lambda **args: None, sdpa)  # type: ignore[arg-type]  # a factory: names only here
     with pytest.raises(ValueError, match="every layer of this model slides"):
         attnlab.hf.cache("int8", load("mistral", root, "sdpa"))
     with pytest.raises(ValueError, match="latent attention"):

@@ -8,13 +8,14 @@ import ast
 import functools
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from attnlab import Attention
 from attnlab.cache import CACHES, LayerState, ModelCache, PagedKVCache, PrefixCache
-from attnlab.cache.base import LayerCache
+from attnlab.cache.base import Cache, LayerCache
 from attnlab.cache.plan import TABLE, Choice
 from attnlab.models import GPT, GPTConfig
 from attnlab.nn.latent import LatentAttention
@@ -134,9 +135,9 @@ NOT_A_CACHE_CHOICE = {
     ("bench/cache_verdicts.py", "'paged' in rows"),  # a verdict on the paged row of a results table
     ("bench/cache_verdicts.py", "'sink' not in {r.cache for r in table.rows} | set(table.left)"),
     ("bench/cache_verdicts.py", "'sink' in names"),
+    # the front door's default: use_cache=False leaves it out, and refuses any cache named beside it
+    ("models/generation/request.py", "cache != 'plain'"),
 }
-# Item 2 of issue 55 (the checked request) moves the CLI's last one into the request.
-PENDING: set[tuple[str, str]] = set()
 
 
 def test_no_code_outside_the_cache_package_branches_on_a_cache_name() -> None:
@@ -146,7 +147,7 @@ def test_no_code_outside_the_cache_package_branches_on_a_cache_name() -> None:
         if path.relative_to(SRC).parts[0] != "cache"
         for compare in cache_name_compares(path)
     }
-    assert found - NOT_A_CACHE_CHOICE - PENDING == set()
+    assert found - NOT_A_CACHE_CHOICE == set()
 
 
 def test_the_name_scan_sees_a_comparison(tmp_path: Path) -> None:
@@ -154,3 +155,48 @@ def test_the_name_scan_sees_a_comparison(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("if cache == 'prefix' or x in ('paged', 'y') or 'h2o' != z or a == 'b':\n    pass\n")
     assert cache_name_compares(probe) == ["cache == 'prefix'", "x in ('paged', 'y')", "'h2o' != z"]
+
+
+def small_model(**changes: object) -> GPT:
+    torch.manual_seed(0)
+    base: dict[str, object] = dict(
+        vocab_size=40, context_length=16, emb_dim=32, n_heads=2, n_layers=2, drop_rate=0.0, rope=True, norm="rmsnorm"
+    )
+    return GPT(GPTConfig(**(base | changes))).eval()  # type: ignore[arg-type]
+
+
+def test_a_sink_cache_on_the_full_layers_runs_past_the_context_beside_sliding_ones() -> None:
+    """A ring and a recurrent state run on past any length, so the layers the sink cache applies to decide
+    (review of issue 55: the plan ANDed the ring's 'no past_context' in, and refused what ran before)."""
+    ids = torch.randint(0, 40, (1, 10))
+    for types in (("sliding", "full"), ("delta", "full")):
+        model = small_model(layer_types=types, window=4)
+        out = model.generate(ids, 20, cache="sink")  # 29 positions, past the context of 16
+        assert out.shape == (1, 30)
+        with pytest.raises(ValueError, match="more than the model's context_length 16"):
+            model.generate(ids, 20)  # the plain cache on the full layer stops at the context
+
+
+def test_a_factory_of_ones_own_is_checked_as_made() -> None:
+    """A factory declares nothing until it is made: the request makes its caches first (fresh, no one's
+    state) and checks what they can do, so speculation runs on a factory that makes croppable caches."""
+    model = small_model()
+    ids = torch.randint(0, 40, (1, 6))
+
+    def mine(**args: Any) -> Cache:  # a factory of one's own (a partial of a named one is read as that name)
+        return CACHES["plain"](**args)
+
+    greedy = model.generate(ids, 8)
+    assert torch.equal(model.generate(ids, 8, cache=mine, lookup=2), greedy)
+    with pytest.raises(ValueError, match="crops after each pass"):
+        model.generate(ids, 8, cache=lambda **args: CACHES["int8"](**args), lookup=2)  # made; it cannot crop
+
+
+def test_no_cache_is_said_by_use_cache_and_a_cache_name_is_a_name() -> None:
+    model = small_model()
+    ids = torch.randint(0, 40, (1, 6))
+    with pytest.raises(TypeError, match="cache=None is not a cache"):
+        model.generate(ids, 4, cache=None)  # type: ignore[typeddict-item]
+    assert torch.equal(model.generate(ids, 4, use_cache=False, cache="plain"), model.generate(ids, 4))
+    with pytest.raises(ValueError, match="use_cache=False runs without a cache"):
+        model.generate(ids, 4, use_cache=False, cache="int8")

@@ -46,11 +46,6 @@ def capabilities_of(cache: object) -> Capabilities:
     return ModelCache.plan([LayerState(kind="full", kv_heads=1, head_dim=1)], cache)  # type: ignore[arg-type]
 
 
-def runs_past_context(cache: object) -> bool:
-    """Whether generation with this cache may go past the model's context_length (a sink cache, with RoPE)."""
-    return capabilities_of(cache).past_context
-
-
 __all__ = [
     "CACHES",
     "LOSSLESS",
@@ -73,6 +68,5 @@ __all__ = [
     "cache_factory",
     "cache_name",
     "capabilities_of",
-    "runs_past_context",
     "stored_bytes",
 ]

@@ -36,9 +36,11 @@ from typing import Any, ClassVar
 from attnlab._checks import check_positive_int
 from attnlab.cache.base import Cache, Capabilities
 from attnlab.cache.factories import CACHES, CacheFactory, cache_name
+from attnlab.cache.kv import SlidingWindowCache
 from attnlab.cache.paged import BlockTable, PagedKVCache
-from attnlab.cache.plan import LayerState, choose, sizes_for
+from attnlab.cache.plan import KEEPS_ITS_OWN, LayerState, choose, sizes_for
 from attnlab.cache.prefix import PrefixTree
+from attnlab.cache.state import StateCache
 
 
 def combined(capabilities: Iterable[Capabilities], *, shares_prefixes: bool = False) -> Capabilities:
@@ -61,6 +63,8 @@ class ModelCache:
             raise TypeError("layers must be a non-empty list of caches, one per layer (make them with make_caches)")
         self.layers = layers
         self.capabilities = combined((c.capabilities for c in layers), shares_prefixes=self.shares_prefixes)
+        named = [c.capabilities.past_context for c in layers if not isinstance(c, (SlidingWindowCache, StateCache))]
+        self.capabilities = replace(self.capabilities, past_context=bool(named) and all(named))  # as plan() says
         paged = [c for c in layers if isinstance(c, PagedKVCache)]
         self.table: BlockTable | None = paged[0].table if paged else None
         for layer in paged[1:]:  # caches made by hand: every layer then writes through the first one's table
@@ -75,7 +79,14 @@ class ModelCache:
         A factory of the user's own declares nothing, so a layer given one is planned as capable of nothing
         (build it and read its ``capabilities``)."""
         sharing = _KINDS.get(cache_name(cache) or "", ModelCache).shares_prefixes
-        return combined((c.cls.capabilities for c in choose(layers, cache)), shares_prefixes=sharing)
+        chosen = choose(layers, cache)
+        caps = combined((c.cls.capabilities for c in chosen), shares_prefixes=sharing)
+        # past the context: a window's ring and a recurrent state run on past any length, so the layers the named
+        # cache applies to decide (a Gemma 3 with a sink cache on its global layers runs past it)
+        named = [
+            c.cls.capabilities.past_context for s, c in zip(layers, chosen, strict=True) if s.kind not in KEEPS_ITS_OWN
+        ]
+        return replace(caps, past_context=bool(named) and all(named))
 
     @staticmethod
     def build(

@@ -57,10 +57,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def check_flags(args: argparse.Namespace) -> None:
     """The flags that need no model, each named as typed: --max-new-tokens, --temperature, --top-k, --top-p, --seed.
     The request's own checks (``Stop``, ``Sampling``), in the flags' words."""
-    from attnlab._checks import check_seed
+    from attnlab._checks import check_positive_int, check_seed
     from attnlab.models.generation import Sampling, Stop
 
     if args.max_new_tokens is not None:
+        check_positive_int("--max-new-tokens", args.max_new_tokens, limit=1_000_000)  # extra zeros are a typo
         in_flags(Stop, max_new_tokens=args.max_new_tokens)
     if not args.prompt.strip():
         raise ValueError(f"the prompt {args.prompt!r} is only whitespace; give some text to continue")

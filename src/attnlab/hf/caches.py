@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicSlidingWindowLayer
 
+from attnlab.cache import CACHES
 from attnlab.cache import capabilities_of as capabilities
 from attnlab.hf.checks import CheckedCache, watch
 from attnlab.hf.layer import AttnlabLayer, positioned
@@ -150,6 +151,10 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
     The model's decoder gets a forward pre-hook, once (:mod:`attnlab.hf.checks`): each forward asks the cache
     what it would refuse (rows, length, window, pads among a sink cache's sinks) before its first layer writes.
     """
+    if not isinstance(name, str) or name not in CACHES:
+        raise ValueError(
+            f"unknown cache {name!r}: attnlab.hf.cache takes a name in attnlab.cache.CACHES, {list(CACHES)}"
+        )
     caps = capabilities(name)
     for needs, why in NOT_HERE:
         if getattr(caps, needs):

@@ -1,5 +1,5 @@
 // One or two tokens' product with a weight, read row block by row block, the blocks ahead asked for while
-// one is summed (issue 37; attnlab/nn/prefetch.py builds this file with torch.compile's C++ toolchain and
+// one is summed (issue 37; attnlab/linear/prefetch.py builds this file with torch.compile's C++ toolchain and
 // calls it).
 //
 //     out[n, o] = sum_i float(x[n, i]) * float(w[o, i])  (+ float(bias[o])), in float32, then x's dtype

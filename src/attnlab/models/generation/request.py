@@ -14,7 +14,7 @@ bound).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
 import torch
@@ -28,6 +28,7 @@ from attnlab.cache import (
     PrefixCache,
     SinkCache,
     cache_factory,
+    cache_name,
     capabilities_of,
 )
 from attnlab.models.generation.prompts import many_rows, prompt_rows
@@ -162,9 +163,14 @@ class Request:
 
     def prepare(self, model: Any) -> ModelCache | None:
         """Check, then make the cache (bind one kept across calls); refused with nothing made or changed."""
-        caps = self.check(model)
         cache = self.cache
         rows = len(self.prompts) if self.slots is None else min(self.slots, len(self.prompts))
+        if cache is not None and not isinstance(cache, ModelCache) and cache_name(cache) is None:
+            # a factory of the user's own declares nothing: its caches are made first (fresh, no one's state yet)
+            # and the request checked against what they can do
+            made = model.make_caches(batch_size=rows, max_len=self.capacity, cache=cache)
+            return replace(self, cache=made).prepare(model)
+        caps = self.check(model)
         if isinstance(cache, PrefixCache):
             cache.check_fits(rows, self.longest)
         elif cache is not None and not isinstance(cache, ModelCache):
@@ -194,9 +200,10 @@ def planned(model: Any, cache: CacheChoice) -> Capabilities | None:
     return ModelCache.plan([block.att.layer_state() for block in model.blocks], cache)
 
 
-def context_for(model: Any, cache: object) -> int | None:
-    """The most positions generation may run: context_length, or no limit for a sink cache with RoPE."""
-    return None if model.config.rope and capabilities_of(cache).past_context else model.config.context_length
+def context_for(model: Any, cache: CacheChoice) -> int | None:
+    """The most positions generation may run: context_length, or no limit for a sink cache on its layers, with RoPE."""
+    caps = planned(model, cache)
+    return None if model.config.rope and caps is not None and caps.past_context else model.config.context_length
 
 
 def _check_compile(model: Any, request: Request) -> None:
@@ -291,6 +298,11 @@ def request_for(model: Any, prompts: Any, max_new_tokens: int, options: Any, *, 
     )
     stop = Stop(max_new_tokens=max_new_tokens, eos_id=options.get("eos_id"))
     cache = options.get("cache", "paged" if many else "plain")
+    if cache is None:  # not "no cache": that is use_cache=False, which says so
+        raise TypeError(
+            "cache=None is not a cache: give a name in attnlab.cache.CACHES or a factory (use_cache=False "
+            "runs without a cache, recomputing the whole text at every step)"
+        )
     if isinstance(cache, ModelCache) and not cache.capabilities.shares_prefixes:
         raise TypeError("a model cache kept across calls is a PrefixCache; give other caches by name or factory")
     if many:
@@ -307,7 +319,7 @@ def request_for(model: Any, prompts: Any, max_new_tokens: int, options: Any, *, 
                 "attention_mask, and keep use_cache=True"
             )
     rows = prompt_rows(prompts, mask, vocab_size=model.config.vocab_size)
-    if not use_cache and "cache" in options:
+    if not use_cache and cache != "plain":  # the default, named or not, is what use_cache=False leaves out
         raise ValueError(f"use_cache=False runs without a cache; leave out cache={cache!r}")
     return Request(
         prompts=rows,
