@@ -30,6 +30,7 @@ from transformers import (
 )
 
 import attnlab.hf
+from _refusals import floats, raises, same
 from attnlab import Recorder
 from attnlab.functional import mods
 
@@ -82,29 +83,6 @@ def plain(obj: Any, seen: set[int] | None = None) -> Any:
 
 def held(cache: Any) -> list[Any]:
     return [plain(layer) for layer in cache.layers]
-
-
-def same(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), (where, a.keys(), getattr(b, "keys", list)())
-        for k in a:
-            same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), where
-        for n, (x, y) in enumerate(zip(a, b, strict=True)):
-            same(x, y, f"{where}[{n}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
-def raises(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-    raise RuntimeError("a bug in the user's mod")
-
-
-def floats(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-    return (q_idx >= kv_idx).float()
 
 
 def score_raises(s: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:

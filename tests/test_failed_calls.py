@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from _refusals import floats, raises, same
 from attnlab.cache import CACHES, ModelCache, PrefixCache
 from attnlab.functional import mods
 from attnlab.models import GPT, GPTConfig
@@ -50,29 +51,6 @@ def state(obj: Any, seen: set[int] | None = None) -> Any:
     if hasattr(obj, "__dict__"):
         return {k: state(v, seen) for k, v in vars(obj).items() if k != "rotary"}
     return repr(obj)
-
-
-def same(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), where
-        for k in a:
-            same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), where
-        for n, (x, y) in enumerate(zip(a, b, strict=True)):
-            same(x, y, f"{where}[{n}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
-def raises(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-    raise RuntimeError("a bug in the user's mod")
-
-
-def floats(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-    return (q_idx >= kv_idx).float()
 
 
 SHORT = torch.arange(8)  # a table of 8 positions: a mod that reads it past position 7 fails there only
