@@ -91,6 +91,36 @@ def test_no_folders_import_each_other_in_a_circle() -> None:
         pytest.fail("folders import each other in a circle: " + "; ".join(arrows))
 
 
+def _module(path: Path) -> str:
+    parts = ["attnlab", *path.relative_to(SRC).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The attnlab modules ``path`` imports, deferred (inside a function) and type-only imports included:
+    ``from attnlab.x import y`` is the module x.y where y is one, else x."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("attnlab"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("attnlab."))
+    return found & modules
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """Zero circles between modules too (issue 55), an import deferred into a function included: a deferred
+    import that closes a circle is still one. The package root, which re-exports, is left out."""
+    paths = {_module(p): p for p in SRC.rglob("*.py") if p != SRC / "__init__.py"}
+    graph = {name: _module_imports(path, set(paths)) - {name} for name, path in paths.items()}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as err:
+        pytest.fail("modules import each other in a circle: " + " <- ".join(err.args[1]))
+
+
 def test_every_backend_keeps_one_contract() -> None:
     q, k, v = (torch.randn(1, 4, 5, 8, dtype=torch.float64) for _ in range(3))
     k, v = k[:, :2], v[:, :2]  # grouped-query: 4 query heads, 2 kv heads
