@@ -87,6 +87,7 @@ class LayerCache(nn.Module):
     """The base of every layer's cache: its shape, checked once, and :meth:`check` for what it is given."""
 
     capabilities: ClassVar[Capabilities] = Capabilities()
+    keeps_its_own: ClassVar[bool] = False  # a window's ring, a recurrent state: kept whatever cache is named
 
     def __init__(self, *, batch_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
         super().__init__()

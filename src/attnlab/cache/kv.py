@@ -183,6 +183,8 @@ class SlidingWindowCache(_CacheBase):
     chunk overwrites), then writes the chunk's last ``window`` positions.
     """
 
+    keeps_its_own = True  # whatever cache is named; its ring runs on past any length
+
     def __init__(
         self,
         *,

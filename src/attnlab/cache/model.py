@@ -29,23 +29,27 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
 from attnlab._checks import check_positive_int
-from attnlab.cache.base import Cache, Capabilities
+from attnlab.cache.base import Cache, Capabilities, LayerCache
 from attnlab.cache.factories import CACHES, CacheFactory, cache_name
-from attnlab.cache.kv import SlidingWindowCache
 from attnlab.cache.paged import BlockTable, PagedKVCache
-from attnlab.cache.plan import KEEPS_ITS_OWN, LayerState, choose, sizes_for
+from attnlab.cache.plan import LayerState, choose, sizes_for
 from attnlab.cache.prefix import PrefixTree
-from attnlab.cache.state import StateCache
 
 
-def combined(capabilities: Iterable[Capabilities], *, shares_prefixes: bool = False) -> Capabilities:
-    """What a model cache of layers with these capabilities can do (a prefix cache also shares prefixes)."""
-    together: Capabilities = functools.reduce(operator.and_, capabilities)
+def combined(classes: Sequence[Any], *, shares_prefixes: bool = False) -> Capabilities:
+    """What a model cache of layers of these cache classes can do, read off their declarations (a prefix cache
+    also shares prefixes). Past the context: a layer that keeps its own memory (a window's ring, a recurrent
+    state) runs on past any length, so the other layers decide (Gemma 3 with a sink cache on its global layers)."""
+    together: Capabilities = functools.reduce(operator.and_, (cls.capabilities for cls in classes))
+    named = [
+        cls.capabilities.past_context for cls in classes if not (issubclass(cls, LayerCache) and cls.keeps_its_own)
+    ]
+    together = replace(together, past_context=bool(named) and all(named))
     return replace(together, shares_prefixes=True) if shares_prefixes else together
 
 
@@ -62,9 +66,7 @@ class ModelCache:
         if not isinstance(layers, list) or not layers or not all(isinstance(c, Cache) for c in layers):
             raise TypeError("layers must be a non-empty list of caches, one per layer (make them with make_caches)")
         self.layers = layers
-        self.capabilities = combined((c.capabilities for c in layers), shares_prefixes=self.shares_prefixes)
-        named = [c.capabilities.past_context for c in layers if not isinstance(c, (SlidingWindowCache, StateCache))]
-        self.capabilities = replace(self.capabilities, past_context=bool(named) and all(named))  # as plan() says
+        self.capabilities = combined([type(c) for c in layers], shares_prefixes=self.shares_prefixes)
         paged = [c for c in layers if isinstance(c, PagedKVCache)]
         self.table: BlockTable | None = paged[0].table if paged else None
         for layer in paged[1:]:  # caches made by hand: every layer then writes through the first one's table
@@ -80,13 +82,7 @@ class ModelCache:
         (build it and read its ``capabilities``)."""
         sharing = _KINDS.get(cache_name(cache) or "", ModelCache).shares_prefixes
         chosen = choose(layers, cache)
-        caps = combined((c.cls.capabilities for c in chosen), shares_prefixes=sharing)
-        # past the context: a window's ring and a recurrent state run on past any length, so the layers the named
-        # cache applies to decide (a Gemma 3 with a sink cache on its global layers runs past it)
-        named = [
-            c.cls.capabilities.past_context for s, c in zip(layers, chosen, strict=True) if s.kind not in KEEPS_ITS_OWN
-        ]
-        return replace(caps, past_context=bool(named) and all(named))
+        return combined([c.cls for c in chosen], shares_prefixes=sharing)
 
     @staticmethod
     def build(

@@ -22,6 +22,7 @@ class StateCache(LayerCache):
     """The recurrent state of one layer: (B, H, Dk, Dv), with a normalizer (B, H, Dk) when ``normalizer``."""
 
     capabilities = Capabilities()
+    keeps_its_own = True  # whatever cache is named; it runs on past any length
 
     def __init__(
         self,
