@@ -47,7 +47,10 @@ def test_each_weight_is_within_half_a_step_of_its_row() -> None:
     assert int(q.abs().max()) == 127
 
 
-@pytest.mark.parametrize("kernel", available_kernels())
+# the dynamic kernel's compiled rounding takes about 10 s cold: the second stage
+@pytest.mark.parametrize(
+    "kernel", [pytest.param(k, marks=pytest.mark.slow) if k == "dynamic" else k for k in available_kernels()]
+)
 def test_every_kernel_agrees_with_the_readable_path(kernel: str) -> None:
     torch.manual_seed(0)
     linear = nn.Linear(48, 40)
@@ -380,6 +383,7 @@ def test_a_packed_weight_follows_load_state_dict_in_place_edits_and_new_tensors(
         assert torch.equal(layer(x), other(x)) and torch.equal(layer(x[:1]), other(x[:1]))
 
 
+@pytest.mark.slow  # loads, quantizes and compiles a whole model, about 10 s: the second stage
 @pytest.mark.usefixtures("one_thread")
 def test_a_model_loaded_into_an_int8_model_gives_the_loaded_models_logits() -> None:
     needs_dynamic()
