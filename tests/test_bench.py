@@ -24,7 +24,7 @@ from attnlab.bench.runner import (
     run,
 )
 from attnlab.bench.worker import run_case
-from attnlab.models.loaders import from_book
+from attnlab.models.loaders import from_book_mha
 
 
 @pytest.mark.slow  # a whole benchmark run, each case in its own process
@@ -69,13 +69,13 @@ def test_an_implementation_that_disagrees_is_refused_not_timed() -> None:
         warmup=0,
         check_len=32,
     )
-    not_causal = from_book(reference_weights(32, 4, 33), is_causal=False)
+    not_causal = from_book_mha(reference_weights(32, 4, 33), is_causal=False)
     result = run_case(spec, model_override=not_causal)
     assert result["status"] == "refused: its output differs from the reference"
 
     assert result["agrees"] is False and result["max_rel_error"] > 1e-2
     assert "median_ms" not in result
-    honest = run_case(spec, model_override=from_book(reference_weights(32, 4, 33)))
+    honest = run_case(spec, model_override=from_book_mha(reference_weights(32, 4, 33)))
     assert honest["status"] == "ok" and honest["agrees"] is True
 
 
@@ -104,9 +104,9 @@ def test_a_backward_that_is_timed_is_checked_first() -> None:
         warmup=0,
         check_len=16,
     )
-    wrong = _HalfGradient(from_book(reference_weights(32, 4, 18)))
+    wrong = _HalfGradient(from_book_mha(reference_weights(32, 4, 18)))
     assert run_case(spec, model_override=wrong)["status"] == "refused: its input gradient differs from the reference"
-    right = from_book(reference_weights(32, 4, 18))
+    right = from_book_mha(reference_weights(32, 4, 18))
     assert run_case(spec, model_override=right)["status"] == "ok"
 
 

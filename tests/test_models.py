@@ -17,7 +17,7 @@ from transformers.utils import logging as hf_logging
 
 from attnlab import cli
 from attnlab.models import GPT, ByteTokenizer, GPTConfig, Tokenizer, load_tokenizer
-from attnlab.models.checkpoints import book_state_dict
+from attnlab.models.families.book import book_state_dict
 from attnlab.models.tokenizer import Decoder
 from conftest import small
 
@@ -139,6 +139,25 @@ def test_the_books_gpt_model_both_ways(tmp_path: Path) -> None:
     assert GPT.from_pretrained(tmp_path / "ch05.pth", n_heads=4).config.qkv_bias
     with pytest.raises(ValueError, match=r"emb_dim 48 is not a GPT-2 size\): pass n_heads=\.\.\."):
         GPT.from_pretrained(tmp_path / "book.pth")
+
+
+def test_the_books_gpt_model_through_from_book_with_its_config_dict(tmp_path: Path) -> None:
+    """One door for the book's models: GPT.from_book reads GPTModel from the dict it was built from, as it reads
+    Llama3Model and Qwen3Model; heads come from the dict, so no n_heads= is needed for an odd width."""
+    cfg = {"vocab_size": 120, "context_length": 40, "emb_dim": 48, "n_heads": 4, "n_layers": 2}
+    cfg |= {"drop_rate": 0.0, "qkv_bias": False}
+    torch.manual_seed(7)
+    book = GPTModel(cfg).eval()
+    idx = torch.randint(0, 120, (2, 30))
+    for source in (book, book.state_dict()):
+        ours = GPT.from_book(source, cfg)
+        assert (ours.config.n_heads, ours.config.qkv_bias, ours.config.tie_weights) == (4, False, False)
+        with torch.no_grad():
+            torch.testing.assert_close(ours(idx), book(idx), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"the book's config dict lacks \['drop_rate'\]; give the dict GPTModel"):
+        GPT.from_book(book, {k: v for k, v in cfg.items() if k != "drop_rate"})
+    with pytest.raises(ValueError, match=r"the book's config dict says n_layers=3 but the tensors hold 2"):
+        GPT.from_book(book, {**cfg, "n_layers": 3})
 
 
 class Payload:

@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnlab import book
 from attnlab.functional import attention, from_torch_mha_masks
-from attnlab.models import from_book, from_hf_gpt2, from_hf_llama, from_torch_mha
+from attnlab.models import from_book_mha, from_hf_gpt2, from_hf_llama, from_torch_mha
 from attnlab.observe import Recorder
 
 BACKENDS = ["eager", "sdpa", "flash"]
@@ -69,7 +69,7 @@ def test_weights_match_torch_multihead_attention_averaged_over_heads() -> None:
 def test_module_matches_the_books_multihead_attention(backend: str, qkv_bias: bool) -> None:
     torch.manual_seed(123)
     mha = book.MultiHeadAttention(48, 48, 64, 0.0, num_heads=6, qkv_bias=qkv_bias)
-    attn = from_book(mha, backend=backend)
+    attn = from_book_mha(mha, backend=backend)
     x = torch.randn(2, 40, 48)
     torch.testing.assert_close(attn(x), mha(x), **TOL)
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from attnlab import book
 from attnlab.bench.catalog import IMPLEMENTATIONS, Impl, memory_model
-from attnlab.models.loaders import from_book
+from attnlab.models.loaders import from_book_mha
 
 
 class PlainSDPA(nn.Module):
@@ -103,7 +103,7 @@ def build(name: str, ref: book.MultiHeadAttention) -> nn.Module:
         return p
     if name.startswith("attnlab-"):
         backend = name.removeprefix("attnlab-").removesuffix("+kvcache")
-        return from_book(ref, backend=backend)
+        return from_book_mha(ref, backend=backend)
     raise ValueError(f"unknown implementation {name!r}; known: {list(IMPLEMENTATIONS)}")
 
 

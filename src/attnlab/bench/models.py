@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from attnlab.models.checkpoints import book_state_dict
 from attnlab.models.config import GPTConfig
+from attnlab.models.families.book import book_state_dict
 from attnlab.models.gpt import GPT
 
 MODEL_IMPLS = ("attnlab", "hf-generate", "book-kv-cache", "book-ch05")

@@ -4,7 +4,7 @@ tokenizers."""
 
 from attnlab.models.config import PRESETS, GPTConfig
 from attnlab.models.gpt import GPT
-from attnlab.models.loaders import from_book, from_hf_gpt2, from_hf_llama, from_torch_mha
+from attnlab.models.loaders import from_book_mha, from_hf_gpt2, from_hf_llama, from_torch_mha
 from attnlab.models.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 __all__ = [
@@ -13,7 +13,7 @@ __all__ = [
     "ByteTokenizer",
     "GPTConfig",
     "Tokenizer",
-    "from_book",
+    "from_book_mha",
     "from_hf_gpt2",
     "from_hf_llama",
     "from_torch_mha",

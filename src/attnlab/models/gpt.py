@@ -25,13 +25,14 @@ from attnlab._checks import check_positive_int
 from attnlab.cache import Cache, CacheFactory, ModelCache
 from attnlab.functional.mods import MaskMod, ScoreMod, chain_scores, check_document_ids, document_positions
 from attnlab.functional.visibility import Visibility
-from attnlab.models.checkpoints import Checkpoint, fit, read_book, read_checkpoint, save_gpt
+from attnlab.models.checkpoints import read_book, read_checkpoint, save_gpt
 from attnlab.models.config import GPTConfig, score_mod_from_name
 from attnlab.models.generation import GenerateOptions, ManyOptions, decode, request_for
 from attnlab.models.generation.decode import by_position
 from attnlab.models.generation.prompts import check_prompt, positions_and_padding
 from attnlab.models.parts import TransformerBlock, make_norm
 from attnlab.models.tokenizer import CharTokenizer
+from attnlab.models.weights import Checkpoint, fit
 from attnlab.observe import Recorder
 
 if TYPE_CHECKING:
@@ -295,9 +296,10 @@ class GPT(nn.Module):
 
     @classmethod
     def from_book(cls, source: object, cfg: dict[str, Any], **overrides: object) -> GPT:
-        """The book's from-scratch Llama 3 or Qwen3 (``llms_from_scratch.llama3.Llama3Model``, ``qwen3.Qwen3Model``
-        and their KV-cache versions) as this decoder: ``source`` is the book's model, its state dict or its saved
-        file, ``cfg`` the config dict it was built from (``LLAMA32_CONFIG_1B``, ``QWEN_CONFIG_06_B``, ...)."""
+        """The book's own model as this decoder: chapter 4's ``GPTModel``, or the from-scratch Llama 3 or Qwen3
+        (``llms_from_scratch.llama3.Llama3Model``, ``qwen3.Qwen3Model`` and their KV-cache versions). ``source`` is
+        the book's model, its state dict or its saved file, ``cfg`` the config dict it was built from
+        (``GPT_CONFIG_124M``, ``LLAMA32_CONFIG_1B``, ``QWEN_CONFIG_06_B``, ...)."""
         return cls._filled(read_book(source, cfg, **overrides))
 
     @classmethod

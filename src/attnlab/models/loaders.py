@@ -1,8 +1,8 @@
 """Build ``attnlab.Attention`` from the implementations people already use.
 
-Each loader copies weights into the fused QKV layout (rows: W_query, W_key,
-W_value) and sets the options that make the outputs agree; the tests check
-that they do, to 1e-5 in float32.
+Each loader reads the weights by its family's names (``families/``: the same names a whole checkpoint of that
+family is read by), copies them into the fused QKV layout (rows: W_query, W_key, W_value) and sets the options
+that make the outputs agree; the tests check that they do, to 1e-5 in float32.
 """
 
 from __future__ import annotations
@@ -15,10 +15,14 @@ import torch.nn as nn
 
 from attnlab._checks import check_heads
 from attnlab.book.multihead import MultiHeadAttention
+from attnlab.models.families import book, gpt2, llama
+from attnlab.models.families.rows import Rows
 from attnlab.nn.attention import Attention
 
+Source = torch.Tensor | Rows | None
 
-def _load(attn: Attention, tensors: list[tuple[str, torch.Tensor | None, torch.Tensor | None, bool]]) -> Attention:
+
+def _load(attn: Attention, tensors: list[tuple[str, Source, torch.Tensor | None, bool]]) -> Attention:
     """Copy (source name, source tensor, module tensor, transposed) into the module, all shapes checked first.
 
     One error lists every tensor that does not fit, by its source name, with
@@ -37,7 +41,9 @@ def _load(attn: Attention, tensors: list[tuple[str, torch.Tensor | None, torch.T
         )
     with torch.no_grad():
         for _, src, dst, transposed in tensors:
-            if src is not None and dst is not None:
+            if isinstance(src, Rows) and dst is not None:
+                src.copy_into(dst)
+            elif isinstance(src, torch.Tensor) and dst is not None:
                 dst.copy_(src.T if transposed else src)
     first = tensors[0][1]
     return attn.to(first.dtype) if first is not None else attn
@@ -49,7 +55,7 @@ def _require(state_dict: Mapping[str, torch.Tensor], keys: list[str]) -> None:
         raise ValueError(f"the state dict lacks {missing}; it holds {sorted(state_dict)[:12]} (check the prefix)")
 
 
-def from_book(mha: MultiHeadAttention, **options: Any) -> Attention:
+def from_book_mha(mha: MultiHeadAttention, **options: Any) -> Attention:
     """From the chapter's ``MultiHeadAttention`` (causal, same heads and dropout); ``options`` override."""
     if not isinstance(mha, MultiHeadAttention):
         raise TypeError(f"expected attnlab.book.MultiHeadAttention, got {type(mha).__name__}")
@@ -63,17 +69,9 @@ def from_book(mha: MultiHeadAttention, **options: Any) -> Attention:
         is_causal=True,
     )
     attn = Attention(**{**settings, **options})
-    weight = torch.cat([mha.W_query.weight, mha.W_key.weight, mha.W_value.weight], dim=0)  # (3*d_out, d_in)
-    bias = torch.cat([mha.W_query.bias, mha.W_key.bias, mha.W_value.bias]) if has_bias else None
-    return _load(
-        attn,
-        [
-            ("W_query/W_key/W_value.weight", weight, attn.qkv.weight, False),
-            ("W_query/W_key/W_value.bias", bias, attn.qkv.bias, False),
-            ("out_proj.weight", mha.out_proj.weight, attn.out_proj.weight, False),
-            ("out_proj.bias", mha.out_proj.bias, attn.out_proj.bias, False),
-        ],
-    )
+    theirs, origin = book.from_book_names(mha.state_dict())  # q, k and v as the rows of qkv: (3*d_out, d_in)
+    ours = dict(attn.named_parameters())
+    return _load(attn, [(origin[name], theirs.get(name), ours.get(name), False) for name in origin])
 
 
 def from_torch_mha(mha: nn.MultiheadAttention, *, is_causal: bool = False, **options: Any) -> Attention:
@@ -150,15 +148,9 @@ def from_hf_gpt2(
         scale=scale,
         **options,
     )
-    return _load(
-        attn,
-        [
-            (f"{prefix}c_attn.weight", c_attn_w, attn.qkv.weight, True),
-            (f"{prefix}c_attn.bias", state_dict[f"{prefix}c_attn.bias"], attn.qkv.bias, False),
-            (f"{prefix}c_proj.weight", state_dict[f"{prefix}c_proj.weight"], attn.out_proj.weight, True),
-            (f"{prefix}c_proj.bias", state_dict[f"{prefix}c_proj.bias"], attn.out_proj.bias, False),
-        ],
-    )
+    ours = dict(attn.named_parameters())
+    names = gpt2.attention_names(prefix, "")
+    return _load(attn, [(theirs, state_dict[theirs], ours[name], t) for theirs, name, t in names])
 
 
 def from_hf_llama(
@@ -195,20 +187,12 @@ def from_hf_llama(
         rope_base=rope_theta,
         **options,
     )
-    rows = {"q": (0, num_heads * head_dim), "k": (num_heads * head_dim, num_kv_heads * head_dim)}
-    rows["v"] = (rows["k"][0] + rows["k"][1], num_kv_heads * head_dim)
-    tensors: list[tuple[str, torch.Tensor | None, torch.Tensor | None, bool]] = []
-    for n, (start, size) in rows.items():  # views of the fused weight: W_query rows, then W_key, then W_value
-        tensors.append(
-            (
-                f"{prefix}{n}_proj.weight",
-                state_dict[f"{prefix}{n}_proj.weight"],
-                attn.qkv.weight[start : start + size],
-                False,
-            )
-        )
-        bias = attn.qkv.bias[start : start + size] if attn.qkv.bias is not None else None
-        tensors.append((f"{prefix}{n}_proj.bias", state_dict.get(f"{prefix}{n}_proj.bias"), bias, False))
-    tensors.append((f"{prefix}o_proj.weight", state_dict[f"{prefix}o_proj.weight"], attn.out_proj.weight, False))
-    tensors.append((f"{prefix}o_proj.bias", state_dict.get(f"{prefix}o_proj.bias"), attn.out_proj.bias, False))
+    ours = dict(attn.named_parameters())
+    sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]  # rows of q, k, v in qkv
+    tensors: list[tuple[str, Source, torch.Tensor | None, bool]] = []
+    for theirs, name in llama.attention_names(
+        prefix, "", qkv_bias=has_bias, out_bias=f"{prefix}o_proj.bias" in state_dict
+    ):
+        pieces = ours[name].split(sizes) if len(theirs) == 3 else (ours[name],)  # views of the fused weight
+        tensors += [(key, state_dict.get(key), piece, False) for key, piece in zip(theirs, pieces, strict=True)]
     return _load(attn, tensors)

@@ -8,7 +8,7 @@ from attnlab import book
 from attnlab.book import golden
 from attnlab.cache import EvictingCache, KVCache, PagedKVCache, QuantizedKVCache, SinkCache
 from attnlab.explain.tour.core import Add, Checker, fmt
-from attnlab.models.loaders import from_book
+from attnlab.models.loaders import from_book_mha
 from attnlab.nn.attention import Attention
 from attnlab.observe import Recorder
 
@@ -191,7 +191,7 @@ def causal(add: Add, c: Checker) -> None:
         c.holds("keys_fixed", torch.equal(keys_prefix, keys_full[:, :4])),
     )
 
-    attn = from_book(mha.eval(), backend="eager")  # the same weights in attnlab.Attention, which takes a cache
+    attn = from_book_mha(mha.eval(), backend="eager")  # the same weights in attnlab.Attention, which takes a cache
     rows, stacked = kv_cache_steps(attn, batch[:1])
     lines = kv_step_lines(rows, c.words["kv_step"])
     add(

@@ -1,9 +1,10 @@
 """Checkpoint families: one small file each, mapping a family's config.json and tensor names to the decoder's.
 
-GPT-2 and the book's chapter 4 GPTModel are read in ``attnlab.models.checkpoints``; here are the families that
-name their tensors as Llama does (``llama.py``: Llama 3; ``mistral.py``; ``qwen.py``: Qwen2, Qwen3, Qwen3-MoE;
+GPT-2 (``gpt2.py``, Conv1D weights transposed), the book's own models (``book.py``: chapter 4's GPTModel and
+the from-scratch Llama 3 and Qwen3, whose state dicts carry no config), the families that name their tensors as
+Llama does (``llama.py``: Llama 3; ``mistral.py``; ``qwen.py``: Qwen2, Qwen3, Qwen3-MoE;
 ``gemma.py``: Gemma 3; ``gpt_oss.py``, whose experts are fused), DeepSeek-V3 with its latent attention
-(``deepseek.py``), and the book's own from-scratch Llama 3 and Qwen3 (``book.py``). Every family reads RoPE's
+(``deepseek.py``). Every family reads RoPE's
 settings, per layer type where the config has them so, through ``rope.py``: each key read as transformers reads
 it, or refused by name (``tests/test_rope_settings.py``). A new family is one new file, its entry in ``READERS``
 and its parity test (``tests/test_families.py``).
@@ -17,14 +18,14 @@ from typing import Any
 import torch
 
 from attnlab.models.config import GPTConfig
-from attnlab.models.families import deepseek, gemma, gpt_oss, llama, mistral, qwen
+from attnlab.models.families import deepseek, gemma, gpt2, gpt_oss, llama, mistral, qwen
 from attnlab.models.families.rows import Rows
 
 __all__ = ["READERS", "Rows", "config_from_hf", "from_hf", "holds", "to_hf"]
 
 READERS = {"llama": llama.config_from_hf, "mistral": mistral.config_from_hf, "gemma3_text": gemma.config_from_hf}
 READERS |= {kind: qwen.config_from_hf for kind in qwen.MODEL_TYPES} | {"gpt_oss": gpt_oss.config_from_hf}
-READERS["deepseek_v3"] = deepseek.config_from_hf
+READERS |= {"deepseek_v3": deepseek.config_from_hf, "gpt2": gpt2.config_from_hf}
 
 
 def _names(config: GPTConfig) -> llama.Names:
@@ -41,7 +42,8 @@ def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
     """The decoder's config for a Hugging Face config.json of a family in ``READERS``."""
     kind = raw.get("model_type")
     if kind not in READERS:
-        raise ValueError(f"{str(where)!r} is a {kind!r} model; attnlab reads model_type 'gpt2' and {sorted(READERS)}")
+        others = sorted(set(READERS) - {"gpt2"})
+        raise ValueError(f"{str(where)!r} is a {kind!r} model; attnlab reads model_type 'gpt2' and {others}")
     return READERS[kind](raw, where)
 
 
@@ -50,6 +52,9 @@ def from_hf(
 ) -> tuple[dict[str, torch.Tensor | Rows], dict[str, str]]:
     """Hugging Face names to attnlab's: the tensors (a :class:`Rows` where several stack) and, per attnlab name,
     the name(s) in the file; what the file holds beyond the model comes back as ``<unexpected>name``."""
+    if config.family in (None, "gpt2"):  # GPT-2's own names, its Conv1D weights transposed
+        plain, named = gpt2.from_hf(tensors, config)
+        return dict[str, torch.Tensor | Rows](plain), named
     out: dict[str, torch.Tensor | Rows] = {}
     origin: dict[str, str] = {}
     fused = config.family == "gpt_oss"  # its experts in fused tensors: read by their own file
@@ -76,7 +81,10 @@ def from_hf(
 
 
 def holds(config: GPTConfig) -> bool:
-    """Whether the config's ``family`` (a Llama-layout one) holds it exactly, so that it is saved as that family."""
+    """Whether the config's ``family`` holds it exactly, so that it is saved as that family (GPT-2 where the config
+    names none)."""
+    if config.family in (None, "gpt2"):
+        return gpt2.holds(config)
     if config.family in qwen.MODEL_TYPES:
         return qwen.holds(config, config.family)
     readers = {"llama": llama.holds, "mistral": mistral.holds, "gemma3_text": gemma.holds, "gpt_oss": gpt_oss.holds}
@@ -86,6 +94,8 @@ def holds(config: GPTConfig) -> bool:
 
 def to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The model's tensors under its family's names, and the family's config.json (``holds`` it first)."""
+    if config.family in (None, "gpt2"):
+        return gpt2.to_hf(state, config)
     family = str(config.family)
     described = qwen.hf_config(config, family) if family in qwen.MODEL_TYPES else None
     writers = {"llama": llama.hf_config, "mistral": mistral.hf_config, "gemma3_text": gemma.hf_config}

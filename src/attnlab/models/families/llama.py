@@ -32,20 +32,27 @@ MODEL_TYPES = ("llama",)
 FC = {"gate": "fc1", "up": "fc2", "down": "fc3"}  # Hugging Face's MLP projections, by the book's names
 
 
+def attention_names(theirs: str, ours: str, *, qkv_bias: bool, out_bias: bool) -> Names:
+    """One attention module's tensors (prefix ``theirs`` in the file, ``ours`` in attnlab): q, k and v as the rows
+    of the fused qkv, then o_proj."""
+    out: Names = [(tuple(f"{theirs}{p}_proj.weight" for p in "qkv"), ours + "qkv.weight")]
+    if qkv_bias:
+        out.append((tuple(f"{theirs}{p}_proj.bias" for p in "qkv"), ours + "qkv.bias"))
+    out.append(((theirs + "o_proj.weight",), ours + "out_proj.weight"))
+    if out_bias:  # gpt-oss's
+        out.append(((theirs + "o_proj.bias",), ours + "out_proj.bias"))
+    return out
+
+
 def names(config: GPTConfig) -> Names:
     """The Llama layout's tensor names for ``config``, each with attnlab's."""
     out: Names = [(("model.embed_tokens.weight",), "tok_emb.weight")]
     for i in range(config.n_layers):
         h, b = f"model.layers.{i}.", f"trf_blocks.{i}."
-        qkv = tuple(f"{h}self_attn.{p}_proj.weight" for p in "qkv")
-        out += [((h + "input_layernorm.weight",), b + "norm1.weight"), (qkv, b + "att.qkv.weight")]
-        if config.qkv_bias:
-            out.append((tuple(f"{h}self_attn.{p}_proj.bias" for p in "qkv"), b + "att.qkv.bias"))
+        out.append(((h + "input_layernorm.weight",), b + "norm1.weight"))
+        out += attention_names(h + "self_attn.", b + "att.", qkv_bias=config.qkv_bias, out_bias=config.bias)
         if config.qk_norm:
             out += [((h + f"self_attn.{p}_norm.weight",), b + f"att.{p}_norm.weight") for p in "qk"]
-        out.append(((h + "self_attn.o_proj.weight",), b + "att.out_proj.weight"))
-        if config.bias:  # gpt-oss's
-            out.append(((h + "self_attn.o_proj.bias",), b + "att.out_proj.bias"))
         if config.sinks:
             out.append(((h + "self_attn.sinks",), b + "att.sinks"))
         if config.norm_placement == "sandwich":
