@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import ast
-import graphlib
-import itertools
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,107 +14,30 @@ from attnlab.cache import ModelCache
 from attnlab.functional import KERNELS, Visibility
 from attnlab.models import GPT, GPTConfig
 from attnlab.observe import Recorder, TraceStep
+from benchmark_scripts import load
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "attnlab"
-# LAYOUT.md's floors; cli is the top. A module may import its own floor or lower ones, never a higher one.
-FLOORS = {
-    "_checks": 0,
-    "observe": 0,
-    "book": 1,
-    "functional": 1,
-    "linear": 2,
-    "nn": 3,
-    "cache": 3,
-    "models": 4,
-    "distributed": 4,
-    "hf": 4,
-    "explain": 5,
-    "exercises": 5,
-    "bench": 5,
-    "cli": 6,
-}
-
-
-def _package(path: Path) -> str:
-    rel = path.relative_to(SRC)
-    return rel.parts[0].removesuffix(".py")
-
-
-def _attnlab_imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnlab."):
-            found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.ImportFrom) and node.module == "attnlab":
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("attnlab."))
-    return found
+structure = load("structure")  # benchmarks/structure.py: LAYOUT.md's floors and the import graph, deferred imports in
 
 
 def test_imports_point_down_the_floors() -> None:
-    up = []
-    for path in SRC.rglob("*.py"):
-        if path.parent == SRC and path.name == "__init__.py":
-            continue  # the package root re-exports the public names
-        own = FLOORS[_package(path)]
-        for target in _attnlab_imports(path):
-            if target in FLOORS and FLOORS[target] > own:
-                up.append(f"{path.relative_to(SRC)} imports attnlab.{target} (floor {FLOORS[target]} > {own})")
+    """A module imports its own floor or lower ones, never a higher one (the package root, which re-exports the
+    public names, aside)."""
+    up = structure.arrows_up()
     assert not up, "\n".join(up)
 
 
 def test_no_folders_import_each_other_in_a_circle() -> None:
     """Zero circles, type-only imports included: on one floor too, folders import one way (nn uses the caches,
     so rotary, which a sink cache rotates by, sits a floor below both)."""
-    edges: dict[tuple[str, str], list[str]] = {}
-    for path in SRC.rglob("*.py"):
-        if path.parent == SRC and path.name == "__init__.py":
-            continue
-        own = _package(path)
-        for target in _attnlab_imports(path):
-            if target in FLOORS and target != own:
-                edges.setdefault((own, target), []).append(str(path.relative_to(SRC)))
-    graph: dict[str, set[str]] = {}
-    for own, target in edges:
-        graph.setdefault(own, set()).add(target)
-    try:
-        tuple(graphlib.TopologicalSorter(graph).static_order())
-    except graphlib.CycleError as err:
-        circle = err.args[1]  # [a, b, ..., a]: each imported by the next
-        arrows = [f"{b} imports {a} ({', '.join(edges[b, a])})" for a, b in itertools.pairwise(circle)]
-        pytest.fail("folders import each other in a circle: " + "; ".join(arrows))
-
-
-def _module(path: Path) -> str:
-    parts = ["attnlab", *path.relative_to(SRC).with_suffix("").parts]
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _module_imports(path: Path, modules: set[str]) -> set[str]:
-    """The attnlab modules ``path`` imports, deferred (inside a function) and type-only imports included:
-    ``from attnlab.x import y`` is the module x.y where y is one, else x."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("attnlab"):
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in modules else node.module)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("attnlab."))
-    return found & modules
+    circle = structure.circles(folders=True)
+    assert not circle, "folders import each other in a circle: " + " <- ".join(circle)
 
 
 def test_no_modules_import_each_other_in_a_circle() -> None:
     """Zero circles between modules too (issue 55), an import deferred into a function included: a deferred
     import that closes a circle is still one. The package root, which re-exports, is left out."""
-    paths = {_module(p): p for p in SRC.rglob("*.py") if p != SRC / "__init__.py"}
-    graph = {name: _module_imports(path, set(paths)) - {name} for name, path in paths.items()}
-    try:
-        tuple(graphlib.TopologicalSorter(graph).static_order())
-    except graphlib.CycleError as err:
-        pytest.fail("modules import each other in a circle: " + " <- ".join(err.args[1]))
+    circle = structure.circles()
+    assert not circle, "modules import each other in a circle: " + " <- ".join(circle)
 
 
 def test_every_backend_keeps_one_contract() -> None:

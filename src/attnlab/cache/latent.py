@@ -68,7 +68,7 @@ class LatentCache(LayerCache):
         if not isinstance(v, torch.Tensor) or tuple(v.shape) != (*k.shape[:3], self.kv_lora_rank):
             raise ValueError(
                 f"a latent cache's values are the latents' first kv_lora_rank={self.kv_lora_rank} columns, shape "
-                f"{(*k.shape[:3], self.kv_lora_rank)}; got {getattr(v, 'shape', v)}"
+                f"{(*k.shape[:3], self.kv_lora_rank)}; got {tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}"
             )
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

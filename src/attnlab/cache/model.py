@@ -128,7 +128,8 @@ class ModelCache:
 
     @property
     def batch_size(self) -> int:
-        return int(getattr(self.layers[0], "batch_size", 0))
+        first = self.layers[0]  # a cache of one's own (the Cache protocol) need not say
+        return first.batch_size if isinstance(first, LayerCache) else 0
 
     def views(self, rows: list[int]) -> list[Cache]:
         """The layers' caches for sequences ``rows`` (all of them, in order, for a cache without ``rows``)."""

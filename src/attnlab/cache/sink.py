@@ -28,16 +28,12 @@ Shapes: B = batch, Hkv = kv heads, D = head_dim, T = new tokens, S = slots retur
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from attnlab._checks import check_positive_int
 from attnlab.cache.base import Capabilities
 from attnlab.cache.kv import _CacheBase
-
-if TYPE_CHECKING:  # the type only: the layer's RotaryEmbedding comes in as an argument
-    from attnlab.functional.rotary import RotaryEmbedding
+from attnlab.functional.rotary import RotaryEmbedding
 
 
 class SinkCache(_CacheBase):
@@ -75,7 +71,7 @@ class SinkCache(_CacheBase):
             dtype=dtype,
             device=device,
         )
-        if rotary is not None and not callable(getattr(rotary, "rotate", None)):
+        if rotary is not None and not isinstance(rotary, RotaryEmbedding):
             raise TypeError(f"rotary must be the layer's RotaryEmbedding or None, got {type(rotary).__name__}")
         self.sinks, self.recent, self.rotary = sinks, recent, rotary
         # k_cache / v_cache: slots [0, sinks) hold the sinks, [sinks, sinks + window) the ring

@@ -32,6 +32,7 @@ import torch.nn as nn
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from attnlab.linear.quantized import Int8Linear
 from attnlab.models import families
 from attnlab.models.config import GPTConfig
 from attnlab.models.families import book
@@ -217,7 +218,7 @@ def save_gpt(model: nn.Module, directory: str | Path, *, tokenizer: str | CharTo
             )
     elif tokenizer not in (None, "bytes", "ascii"):
         raise ValueError(f"tokenizer must be None, 'bytes', 'ascii' or a CharTokenizer, got {tokenizer!r}")
-    if getattr(model, "quantized", False):
+    if any(isinstance(m, Int8Linear) for m in model.modules()):
         raise ValueError(
             "this model's weights were quantized to int8 in memory (GPT.quantize); checkpoints hold float "
             "weights: save the float model, and quantize after from_pretrained"

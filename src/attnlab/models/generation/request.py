@@ -31,6 +31,7 @@ from attnlab.cache import (
     cache_name,
     capabilities_of,
 )
+from attnlab.linear.quantized import Int8Linear
 from attnlab.models.generation.prompts import many_rows, prompt_rows
 from attnlab.models.generation.proposers import Draft, Lookup, Proposer
 from attnlab.models.generation.sampling import Sampling
@@ -212,7 +213,7 @@ def _check_compile(model: Any, request: Request) -> None:
         raise ValueError(
             f"compile= decodes with the plain cache, whose shapes never change; got cache={request.cache!r}"
         )
-    if any(getattr(m, "kernel", None) == "dynamic" for m in model.modules()):
+    if any(isinstance(m, Int8Linear) and m.kernel == "dynamic" for m in model.modules()):
         raise ValueError(
             "compile= cannot hold int8 weights on the 'dynamic' kernel in one graph (torch.compile breaks "
             "at its packed weight); decode them uncompiled, or quantize(kernel='gemv')"
