@@ -20,7 +20,7 @@ Shapes: B = batch, H = query heads, Hkv = key/value heads, Tq / Tk = query / key
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,27 +54,21 @@ def for_layer(mod: Any, layer: int) -> Any:
     return mod.get(layer) if isinstance(mod, dict) else mod
 
 
-# id(config) -> (the config, weakly, and its Settings): kept beside the config, never on it (transformers saves
-# and prints every attribute a config has); an entry whose config is gone is ignored and replaced.
-_SETTINGS: dict[int, tuple[weakref.ref[Any], Settings]] = {}
+SETTINGS = "_attnlab_settings"  # the attribute that holds what ``use`` set on a module (a plain one, never saved)
 
 
 def settings_of(module: torch.nn.Module) -> Settings:
-    """The Settings ``use`` gave the config of the model that holds ``module``, or the defaults."""
-    return settings_for(getattr(module, "config", None)) or Settings()
+    """The Settings ``use`` put on ``module``, or the defaults."""
+    found: Settings | None = vars(module).get(SETTINGS)
+    return found or Settings()
 
 
-def settings_for(config: Any) -> Settings | None:
-    found = _SETTINGS.get(id(config))
-    return found[1] if found is not None and found[0]() is config else None
-
-
-def set_settings(config: Any, settings: Settings | None) -> None:
-    """Give ``config`` these Settings (None: none)."""
-    if settings is None:
-        _SETTINGS.pop(id(config), None)
-    else:
-        _SETTINGS[id(config)] = (weakref.ref(config), settings)
+def put(modules: Iterable[torch.nn.Module], settings: Settings | None) -> list[tuple[torch.nn.Module, Settings | None]]:
+    """Give each module ``settings`` (None: take them off); returns what each had, for ``put`` to give back."""
+    before = [(module, vars(module).pop(SETTINGS, None)) for module in modules]
+    for module, _ in before if settings is not None else ():
+        vars(module)[SETTINGS] = settings
+    return before
 
 
 def hf_attention(
