@@ -33,7 +33,6 @@ from attnlab.functional.eager import head_weights
 from attnlab.functional.mods import MaskMod, chain_scores, mod_name
 from attnlab.functional.registry import KERNELS, Backend, check_backend, resolve
 from attnlab.functional.visibility import Visibility
-from attnlab.hf.returned import returned_with
 from attnlab.observe import chosen_heads, is_recording, record, wants_every_head
 
 NAME = "attnlab"  # the attn_implementation transformers knows this bridge by
@@ -55,6 +54,9 @@ def for_layer(mod: Any, layer: int) -> Any:
 
 
 SETTINGS = "_attnlab_settings"  # the attribute that holds what ``use`` set on a module (a plain one, never saved)
+# the attribute of the keys an attnlab cache layer returned (attnlab.hf.layer): a weakref to their positions, held
+# by that layer alone, so a finished cache is freed; keys that any other way reaches the bridge do not carry it
+RETURNED = "_attnlab_returned"
 
 
 def settings_of(module: torch.nn.Module) -> Settings:
@@ -92,7 +94,8 @@ def hf_attention(
     index = layer if isinstance(layer, int) else -1
     tq = query.shape[2]
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    entry = returned_with(key)  # what an attnlab cache (attnlab.hf.cache) returned with these keys
+    returned = getattr(key, RETURNED, None)  # what an attnlab cache (attnlab.hf.cache) returned with these keys
+    entry = returned() if returned is not None else None
     if entry is None and attention_mask is None and causal and tq > 1 and key.shape[2] > tq:
         # transformers left the mask out for a prefill into an empty static cache: sdpa's causal mask is aligned
         # top-left there, so only the first Tq slots are keys (as transformers' sdpa path slices them)
