@@ -45,7 +45,7 @@ from attnlab.distributed.collectives import (
 )
 from attnlab.functional.blocks import Running, merge
 from attnlab.functional.eager import accumulation_dtype, repeat_kv
-from attnlab.functional.flash import DEFAULT_BLOCK, flash_backward, flash_forward
+from attnlab.functional.flash_passes import DEFAULT_BLOCK, flash_backward, flash_forward
 from attnlab.functional.mods import MaskMod, ScoreMod
 from attnlab.functional.visibility import Visibility
 
