@@ -55,16 +55,7 @@ def _block_visibility(
 ) -> Visibility:
     """Local queries against one block of keys, at global positions; the padding sits at -1, so it sees nothing
     and is seen by nobody: it adds nothing to any output or gradient."""
-    return Visibility(
-        q_pos=q_pos,
-        k_pos=k_pos,
-        causal=options.causal,
-        window=options.window,
-        mask_mod=options.mask_mod,
-        score_mod=options.score_mod,
-        batch=batch,
-        heads=heads,
-    )
+    return Visibility(q_pos=q_pos, k_pos=k_pos, batch=batch, heads=heads, **options.rules)
 
 
 @dataclass(frozen=True)
@@ -72,10 +63,7 @@ class _Options:
     """What every block of one ring call shares."""
 
     scale: float
-    causal: bool
-    window: int | None
-    mask_mod: Any
-    score_mod: Any
+    rules: dict[str, Any]  # who may attend, as Visibility takes it: causal, window, mask_mod, score_mod
     group: Any
     stats: RingStats | None
 
@@ -85,14 +73,8 @@ QUERY_CHUNK = 4 * DEFAULT_BLOCK  # queries per kernel call: the partial output t
 
 def _kernel_options(vis: Visibility, options: _Options) -> dict[str, Any]:
     """The flash kernel's settings for one block, forward and backward alike (its tiles classified once)."""
-    return {
-        "scale": options.scale,
-        "dropout_p": 0.0,
-        "seed": 0,
-        "block_q": DEFAULT_BLOCK,
-        "block_k": DEFAULT_BLOCK,
-        "kinds": vis.tile_kinds(DEFAULT_BLOCK, DEFAULT_BLOCK),
-    }
+    tiles = {"block_q": DEFAULT_BLOCK, "block_k": DEFAULT_BLOCK, "kinds": vis.tile_kinds(DEFAULT_BLOCK, DEFAULT_BLOCK)}
+    return {"scale": options.scale, "dropout_p": 0.0, "seed": 0, **tiles}
 
 
 class _Ring(torch.autograd.Function):
@@ -270,10 +252,7 @@ def ring_attention(
         q_pos = torch.where(q_pos < seq_len, q_pos, -1)
     options = _Options(
         scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale),
-        causal=is_causal or window is not None,
-        window=window,
-        mask_mod=mask_mod,
-        score_mod=score_mod,
+        rules=dict(causal=is_causal or window is not None, window=window, mask_mod=mask_mod, score_mod=score_mod),
         group=group,
         stats=stats,
     )

@@ -90,10 +90,6 @@ def _join(a: T | None, b: T | None, combine: Callable[[T, T], T]) -> T | None:
     return b if a is None else a if b is None else combine(a, b)
 
 
-def _and(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-    return _join(a, b, operator.and_)
-
-
 def _slice(m: torch.Tensor, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
     """Rows i0:i1 and columns j0:j1 of a mask broadcastable to (.., Tq, Tk); size-1 dims stay size 1."""
     rows = slice(i0, i1) if m.shape[-2] != 1 else slice(None)
@@ -211,7 +207,7 @@ class Visibility:
         (after the one it has)."""
         allowed, bias = _split_mask(mask)
         return self._copy(
-            allowed=_and(self.allowed, allowed),
+            allowed=_join(self.allowed, allowed, operator.and_),
             bias=_join(self.bias, bias, operator.add),
             mask_mod=_join(self.mask_mod, mask_mod, and_masks),
             score_mod=_join(self.score_mod, score_mod, chain_scores),
@@ -472,7 +468,7 @@ class Visibility:
         if structure:
             allowed = self._structure(qp, kp)  # (B|1, 1, bq, bk)
         if self.allowed is not None:
-            allowed = _and(allowed, _slice(self.allowed, i0, i1, j0, j1))
+            allowed = _join(allowed, _slice(self.allowed, i0, i1, j0, j1), operator.and_)
         if self.mask_mod is not None:
             m = evaluate_mask(
                 self.mask_mod,
@@ -481,7 +477,7 @@ class Visibility:
                 q_idx=qp.clamp(min=0),
                 kv_idx=kp.clamp(min=0),
             )
-            allowed = _and(allowed, m)
+            allowed = _join(allowed, m, operator.and_)
         return allowed
 
     def dense(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
