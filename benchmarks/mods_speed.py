@@ -34,7 +34,7 @@ from _verdicts import judged
 from attnlab import attention
 from attnlab.bench.timing import ratios, spread
 from attnlab.functional import PARTIAL, Flash, Visibility, mods
-from attnlab.functional.flash import DEFAULT_BLOCK, flash_forward
+from attnlab.functional.flash_passes import DEFAULT_BLOCK, flash_forward
 
 FLASH_TARGET = 1.1  # issue 24, part 5: flash at most this multiple of SDPA's time, causal, T = 4096
 

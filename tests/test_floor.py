@@ -40,6 +40,39 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
     assert not circle, "modules import each other in a circle: " + " <- ".join(circle)
 
 
+def _id_keyed(path: Path) -> list[str]:
+    """Where ``path`` keys a module-level name (assigned or imported) by ``id(...)``: ``NAME[id(x)]``,
+    ``NAME.get(id(x))`` and the like."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top: set[str] = set()  # the module's own names: imported or assigned at its top
+    for n in tree.body:
+        named = [ast.Name(a.asname or a.name) for a in n.names] if isinstance(n, ast.ImportFrom) else []
+        named += n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+        top |= {t.id for t in named if isinstance(t, ast.Name)}
+
+    def is_id(n: ast.AST | None) -> bool:
+        return isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "id"
+
+    found = []
+    for node in ast.walk(tree):
+        owner, key = None, None
+        if isinstance(node, ast.Subscript):
+            owner, key = node.value, node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            owner, key = node.func.value, node.args[0]
+        if isinstance(owner, ast.Name) and owner.id in top and is_id(key):
+            found.append(f"{path.relative_to(SRC)}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_the_bridge_keeps_nothing_in_a_module_level_table_keyed_by_id() -> None:
+    """What the bridge needs travels with the objects of the call (issue 55 item 6): the Settings on the model's
+    modules, an attnlab cache's positions on the keys it returned. A table keyed by id() holds them apart from
+    their objects, where an id can be reused by another object once the first is freed."""
+    found = [hit for path in sorted((SRC / "hf").rglob("*.py")) for hit in _id_keyed(path)]
+    assert not found, "module-level tables keyed by id(): " + "; ".join(found)
+
+
 def test_every_backend_keeps_one_contract() -> None:
     q, k, v = (torch.randn(1, 4, 5, 8, dtype=torch.float64) for _ in range(3))
     k, v = k[:, :2], v[:, :2]  # grouped-query: 4 query heads, 2 kv heads

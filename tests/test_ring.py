@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from attnlab import Attention, attention
 from attnlab.cache import ModelCache
 from attnlab.distributed import ContextParallelAttention, gather_sequence, ring_attention, shard_sequence
+from attnlab.distributed.collectives import padded_length
 from attnlab.distributed.launch import RankError, launch
-from attnlab.distributed.ring import padded_length
 from attnlab.functional import mods
 
 TIMEOUT_S = 120  # a deadlock fails the test instead of hanging CI

@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from attnlab.distributed.collectives import Layout, RingStats, gather_sequence, padded_length, shard_sequence
 from attnlab.distributed.launch import RankError, launch
-from attnlab.distributed.ring import Layout, RingStats, gather_sequence, padded_length, ring_attention, shard_sequence
+from attnlab.distributed.ring import ring_attention
 from attnlab.functional.attention import attention
 
 ALLOCATION_FAILED = ("can't allocate memory", "out of memory")  # what PyTorch's CPU and CUDA allocators say

@@ -14,15 +14,8 @@ from typing import Any
 
 import torch
 
-from attnlab.distributed.ring import (
-    LAYOUTS,
-    Layout,
-    _world,
-    every_rank,
-    gather_sequence,
-    ring_attention,
-    sequence_positions,
-)
+from attnlab.distributed.collectives import LAYOUTS, Layout, _world, every_rank, gather_sequence, sequence_positions
+from attnlab.distributed.ring import ring_attention
 from attnlab.functional.mods import (
     and_masks,
     check_document_ids,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -147,10 +148,12 @@ class _And(_Mod):
         self.held = nn.ModuleList([m for m in mods if isinstance(m, nn.Module)])  # their parameters are ours
         self.sees_future = any(sees_future(m) for m in mods)  # the others restrict it, as they restrict causal
 
+    combine = staticmethod(operator.and_)  # how each further mod's answer joins the first's
+
     def forward(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         out = self.mods[0](b, h, q_idx, kv_idx)
         for mod in self.mods[1:]:
-            out = out & mod(b, h, q_idx, kv_idx)
+            out = self.combine(out, mod(b, h, q_idx, kv_idx))
         return out
 
     def __repr__(self) -> str:
@@ -158,23 +161,14 @@ class _And(_Mod):
 
 
 class _Or(_And):
-    def forward(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        out = self.mods[0](b, h, q_idx, kv_idx)
-        for mod in self.mods[1:]:
-            out = out | mod(b, h, q_idx, kv_idx)
-        return out
+    combine = staticmethod(operator.or_)
 
     def __repr__(self) -> str:
         return "or_masks(" + ", ".join(mod_name(m) for m in self.mods) + ")"
 
 
-class _Lookback(_Mod):
+class _Lookback(_SlidingWindow):
     NAME = "lookback"
-
-    def __init__(self, window: int) -> None:
-        check_window(window)
-        super().__init__(window=window)
-        self.window = window
 
     def forward(self, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         return q_idx - kv_idx < self.window  # a sliding layer's reach into the past; the future is not its to hide

@@ -35,8 +35,9 @@ Shapes: B = batch, H = heads, Tq / Tk = query / key lengths, bq / bk = tile size
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -53,6 +54,7 @@ from attnlab.functional.mods import (
     sees_future,
 )
 
+T = TypeVar("T")
 EMPTY, PARTIAL, FULL = 0, 1, 2  # what a tile of the score matrix is: nothing may attend, some, all
 CLASSIFY_TILES = 16  # tile_kinds evaluates masks over at most this many key tiles at a time
 _BIG = 2**62  # a bound no position reaches
@@ -83,12 +85,9 @@ def _split_mask(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.T
     return (mask, None) if mask.dtype == torch.bool else (None, mask)
 
 
-def _and(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-    return b if a is None else a if b is None else a & b
-
-
-def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-    return b if a is None else a if b is None else a + b
+def _join(a: T | None, b: T | None, combine: Callable[[T, T], T]) -> T | None:
+    """Two optional restrictions as one: either alone, or both combined."""
+    return b if a is None else a if b is None else combine(a, b)
 
 
 def _slice(m: torch.Tensor, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
@@ -208,18 +207,10 @@ class Visibility:
         (after the one it has)."""
         allowed, bias = _split_mask(mask)
         return self._copy(
-            allowed=_and(self.allowed, allowed),
-            bias=_add(self.bias, bias),
-            mask_mod=mask_mod
-            if self.mask_mod is None
-            else self.mask_mod
-            if mask_mod is None
-            else and_masks(self.mask_mod, mask_mod),
-            score_mod=score_mod
-            if self.score_mod is None
-            else self.score_mod
-            if score_mod is None
-            else chain_scores(self.score_mod, score_mod),
+            allowed=_join(self.allowed, allowed, operator.and_),
+            bias=_join(self.bias, bias, operator.add),
+            mask_mod=_join(self.mask_mod, mask_mod, and_masks),
+            score_mod=_join(self.score_mod, score_mod, chain_scores),
         )
 
     def for_keys(self, k_pos: torch.Tensor) -> Visibility:
@@ -477,7 +468,7 @@ class Visibility:
         if structure:
             allowed = self._structure(qp, kp)  # (B|1, 1, bq, bk)
         if self.allowed is not None:
-            allowed = _and(allowed, _slice(self.allowed, i0, i1, j0, j1))
+            allowed = _join(allowed, _slice(self.allowed, i0, i1, j0, j1), operator.and_)
         if self.mask_mod is not None:
             m = evaluate_mask(
                 self.mask_mod,
@@ -486,7 +477,7 @@ class Visibility:
                 q_idx=qp.clamp(min=0),
                 kv_idx=kp.clamp(min=0),
             )
-            allowed = _and(allowed, m)
+            allowed = _join(allowed, m, operator.and_)
         return allowed
 
     def dense(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from attnlab.functional.registry import Backend
-from attnlab.hf.bridge import NAME, PerLayer, Settings, check_settings, hf_attention, set_settings, settings_for
+from attnlab.hf.bridge import NAME, PerLayer, Settings, check_settings, hf_attention, put
 from attnlab.hf.checks import check_model, watch
 
 __all__ = ["NAME", "Use", "cache", "register", "use"]
@@ -49,17 +49,17 @@ def register() -> None:
 class Use:
     """What ``use`` changed on one model; ``undo()`` (or leaving a ``with`` block) puts back what was there."""
 
-    def __init__(self, model: torch.nn.Module, before: str, settings: Any, *, book: Any = None) -> None:
+    def __init__(self, model: torch.nn.Module, before: str, settings: list[Any], *, book: bool = False) -> None:
         self.model, self._before, self._settings, self._book = model, before, settings, book
 
     def undo(self) -> None:
-        if self._book is not None:  # the book's modules get their own forward back
+        if self._book:  # the book's modules get their own forward back
             from attnlab.hf.book import unhook
 
-            unhook(self._book)
+            unhook(self._settings)
             return
-        for config, settings in self._settings:
-            set_settings(config, settings)
+        for module, settings in self._settings:
+            put([module], settings)
         if self._before != NAME:
             setter: Any = getattr(self.model, "set_attn_implementation")  # noqa: B009
             setter(self._before)
@@ -108,7 +108,7 @@ def use(
     if modules is not None:  # the book's GPTModel, Llama3Model or Qwen3Model: by module replacement
         _check_layers(mask_mod, score_mod, len(modules))
         check_model(model, None, settings, len(modules))
-        return Use(model, NAME, None, book=hook(modules, settings))
+        return Use(model, NAME, hook(modules, settings), book=True)
     config: Any = getattr(model, "config", None)
     setter: Any = getattr(model, "set_attn_implementation", None)
     if config is None or not callable(setter):
@@ -122,8 +122,6 @@ def use(
     _check_layers(mask_mod, score_mod, layers)
     check_model(model, text, settings, layers)
     before = config._attn_implementation
-    configs = _configs(model)
-    settings_before = [(c, settings_for(c)) for c in configs]
     if before != NAME:
         setter(NAME)
         if config._attn_implementation != NAME:
@@ -131,20 +129,11 @@ def use(
                 f"{type(model).__name__} kept attn_implementation={config._attn_implementation!r}: its attention "
                 "does not go through transformers' AttentionInterface, so attnlab cannot run inside it"
             )
-    for c in configs:  # a composite model's (Llava's, Gemma 3's) attention reads its own sub-config
-        set_settings(c, settings)
+    # on every module that holds a config: each attention module (a composite model's, Llava's or Gemma 3's, each
+    # part's) reads them in the bridge, and the decoder in its pre-hook (attnlab.hf.checks)
+    settings_before = put((m for m in model.modules() if getattr(m, "config", None) is not None), settings)
     watch(model)  # each forward's mods, heads and cache checked before its first layer writes (attnlab.hf.checks)
     return Use(model, before, settings_before)
-
-
-def _configs(model: torch.nn.Module) -> list[Any]:
-    """Every config object the model's modules hold (a composite model has one per part), each once."""
-    found: dict[int, Any] = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "to_dict"):
-            found.setdefault(id(config), config)
-    return list(found.values())
 
 
 def _check_layers(mask_mod: Any, score_mod: Any, layers: int | None) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from attnlab.hf.bridge import Settings, attend, for_layer
+from attnlab.hf.bridge import Settings, attend, for_layer, put, settings_of
 
 # (module, class) of the book's attention this replaces, and which forward it gets
 KINDS = {
@@ -73,7 +73,7 @@ def _gqa_forward(self: Any, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tens
 def _attend(
     self: Any, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor, dropout: float
 ) -> torch.Tensor:
-    settings: Settings = self._attnlab_settings
+    settings = settings_of(self)
     layer: int = self._attnlab_layer
     return attend(
         queries,
@@ -93,23 +93,19 @@ def _attend(
 FORWARDS: dict[str, Callable[..., torch.Tensor]] = {"mha": _mha_forward, "gqa": _gqa_forward}
 
 
-def hook(modules: list[torch.nn.Module], settings: Settings) -> list[tuple[torch.nn.Module, Any]]:
+def hook(modules: list[torch.nn.Module], settings: Settings) -> list[tuple[torch.nn.Module, Settings | None]]:
     """Give each module attnlab's forward and ``settings``; returns what ``unhook`` needs to put them back."""
-    before = []
     for layer, module in enumerate(modules):
         kind = KINDS[(type(module).__module__, type(module).__name__)]
-        before.append((module, module.__dict__.get("_attnlab_settings")))
-        setattr(module, "_attnlab_settings", settings)  # noqa: B010 - plain attributes of a module of the book's
-        setattr(module, "_attnlab_layer", layer)  # noqa: B010
+        setattr(module, "_attnlab_layer", layer)  # noqa: B010 - plain attributes of a module of the book's
         setattr(module, "forward", types.MethodType(FORWARDS[kind], module))  # noqa: B010 - the instance's own
-    return before
+    return put(modules, settings)
 
 
-def unhook(before: list[tuple[torch.nn.Module, Any]]) -> None:
+def unhook(before: list[tuple[torch.nn.Module, Settings | None]]) -> None:
     """Put back what ``hook`` changed: the class's forward where the module had it, or the earlier settings."""
     for module, settings in before:
+        put([module], settings)
         if settings is None:
-            for name in ("forward", "_attnlab_settings", "_attnlab_layer"):
+            for name in ("forward", "_attnlab_layer"):
                 module.__dict__.pop(name, None)
-        else:
-            setattr(module, "_attnlab_settings", settings)  # noqa: B010

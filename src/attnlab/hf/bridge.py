@@ -20,7 +20,7 @@ Shapes: B = batch, H = query heads, Hkv = key/value heads, Tq / Tk = query / key
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,6 @@ from attnlab.functional.eager import head_weights
 from attnlab.functional.mods import MaskMod, chain_scores, mod_name
 from attnlab.functional.registry import KERNELS, Backend, check_backend, resolve
 from attnlab.functional.visibility import Visibility
-from attnlab.hf.returned import returned_with
 from attnlab.observe import chosen_heads, is_recording, record, wants_every_head
 
 NAME = "attnlab"  # the attn_implementation transformers knows this bridge by
@@ -54,27 +53,24 @@ def for_layer(mod: Any, layer: int) -> Any:
     return mod.get(layer) if isinstance(mod, dict) else mod
 
 
-# id(config) -> (the config, weakly, and its Settings): kept beside the config, never on it (transformers saves
-# and prints every attribute a config has); an entry whose config is gone is ignored and replaced.
-_SETTINGS: dict[int, tuple[weakref.ref[Any], Settings]] = {}
+SETTINGS = "_attnlab_settings"  # the attribute that holds what ``use`` set on a module (a plain one, never saved)
+# the attribute of the keys an attnlab cache layer returned (attnlab.hf.layer): a weakref to their positions, held
+# by that layer alone, so a finished cache is freed; keys that any other way reaches the bridge do not carry it
+RETURNED = "_attnlab_returned"
 
 
 def settings_of(module: torch.nn.Module) -> Settings:
-    """The Settings ``use`` gave the config of the model that holds ``module``, or the defaults."""
-    return settings_for(getattr(module, "config", None)) or Settings()
+    """The Settings ``use`` put on ``module``, or the defaults."""
+    found: Settings | None = vars(module).get(SETTINGS)
+    return found or Settings()
 
 
-def settings_for(config: Any) -> Settings | None:
-    found = _SETTINGS.get(id(config))
-    return found[1] if found is not None and found[0]() is config else None
-
-
-def set_settings(config: Any, settings: Settings | None) -> None:
-    """Give ``config`` these Settings (None: none)."""
-    if settings is None:
-        _SETTINGS.pop(id(config), None)
-    else:
-        _SETTINGS[id(config)] = (weakref.ref(config), settings)
+def put(modules: Iterable[torch.nn.Module], settings: Settings | None) -> list[tuple[torch.nn.Module, Settings | None]]:
+    """Give each module ``settings`` (None: take them off); returns what each had, for ``put`` to give back."""
+    before = [(module, vars(module).pop(SETTINGS, None)) for module in modules]
+    for module, _ in before if settings is not None else ():
+        vars(module)[SETTINGS] = settings
+    return before
 
 
 def hf_attention(
@@ -98,7 +94,8 @@ def hf_attention(
     index = layer if isinstance(layer, int) else -1
     tq = query.shape[2]
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
-    entry = returned_with(key)  # what an attnlab cache (attnlab.hf.cache) returned with these keys
+    returned = getattr(key, RETURNED, None)  # what an attnlab cache (attnlab.hf.cache) returned with these keys
+    entry = returned() if returned is not None else None
     if entry is None and attention_mask is None and causal and tq > 1 and key.shape[2] > tq:
         # transformers left the mask out for a prefill into an empty static cache: sdpa's causal mask is aligned
         # top-left there, so only the first Tq slots are keys (as transformers' sdpa path slices them)

@@ -29,10 +29,9 @@ from attnlab.cache import CACHES
 from attnlab.cache import capabilities_of as capabilities
 from attnlab.hf.checks import CheckedCache, watch
 from attnlab.hf.layer import AttnlabLayer, positioned
-from attnlab.hf.returned import returned_with
 from attnlab.hf.rotation import ModelRotation
 
-__all__ = ["NOT_HERE", "AttnlabCacheForHF", "AttnlabLayer", "cache", "returned_with"]
+__all__ = ["NOT_HERE", "AttnlabCacheForHF", "AttnlabLayer", "cache"]
 
 # what transformers' generate cannot give a cache, by what the cache declares it needs
 NOT_HERE = (

@@ -28,7 +28,7 @@ from attnlab.functional.mods import is_bias
 from attnlab.functional.registry import KERNELS, Backend
 from attnlab.functional.sdpa import check_sdpa
 from attnlab.functional.visibility import Visibility
-from attnlab.hf.bridge import NAME, STATIC_WITH_MODS, Settings, check_heads, for_layer, settings_for
+from attnlab.hf.bridge import NAME, STATIC_WITH_MODS, Settings, check_heads, for_layer, settings_of
 from attnlab.observe import chosen_heads
 
 _WATCHED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # modules that have the pre-hook
@@ -88,15 +88,16 @@ def before_forward(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[
     cache = given.get("cache", given.get("past_key_values"))
     config = getattr(module, "config", None)
     if getattr(config, "_attn_implementation", None) == NAME:
-        _check_settings(config, batch, tokens, cache, given.get("position_ids"), x.device)
+        _check_settings(module, x, cache, given.get("position_ids"))
     if isinstance(cache, CheckedCache):  # an attnlab cache's own refusals
         mask = given.get("attention_mask")
         cache.check_call(batch, tokens, mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None)
 
 
-def _check_settings(config: Any, batch: int, tokens: int, cache: Any, position_ids: Any, device: torch.device) -> None:
-    """The heads a Recorder chose and every layer's mods, on the pairs this call may ask."""
-    settings = settings_for(config) or Settings()
+def _check_settings(module: torch.nn.Module, x: torch.Tensor, cache: Any, position_ids: Any) -> None:
+    """The heads a Recorder chose and every layer's mods (``use`` put them on the module), on the pairs this call
+    of ``x`` (B, T, ...) may ask."""
+    settings, config, (batch, tokens) = settings_of(module), getattr(module, "config", None), x.shape[:2]
     layers = int(getattr(config, "num_hidden_layers", 0) or 0)
     heads = int(getattr(config, "num_attention_heads", 0) or 0)
     if heads:
@@ -113,7 +114,7 @@ def _check_settings(config: Any, batch: int, tokens: int, cache: Any, position_i
 
     if any(isinstance(layer, StaticLayer) for layer in getattr(cache, "layers", ())):
         raise ValueError(STATIC_WITH_MODS)
-    q_pos = _query_positions(batch, tokens, cache, position_ids, device)
+    q_pos = _query_positions(batch, tokens, cache, position_ids, x.device)
     for mask_mod, score_mod in chosen.values():  # every key a query may see lies at a position up to its own
         Visibility(q_pos=q_pos, mask_mod=mask_mod, score_mod=score_mod, batch=batch, heads=heads or 1).check_mods()
 

@@ -1,6 +1,6 @@
-"""One layer of an attnlab cache under transformers' layer contract (``CacheLayerMixin``), and what its last
-``update`` returned, for the bridge to find by the keys tensor it is handed (:mod:`attnlab.hf.caches` puts the
-layers together into a transformers ``Cache``).
+"""One layer of an attnlab cache under transformers' layer contract (``CacheLayerMixin``); the keys its ``update``
+returns carry their positions to the bridge (:mod:`attnlab.hf.caches` puts the layers together into a
+transformers ``Cache``).
 
 Shapes: B = batch, Hkv = key/value heads, T = new tokens, S = slots returned, D = head_dim.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,8 +18,17 @@ from transformers.cache_utils import CacheLayerMixin
 from attnlab.cache import CACHES, Capabilities, LayerState, ModelCache
 from attnlab.cache import capabilities_of as capabilities
 from attnlab.cache.base import Cache as AttnlabCache
-from attnlab.hf.bridge import sink_padding
-from attnlab.hf.returned import _RETURNED, Returned
+from attnlab.hf.bridge import RETURNED, sink_padding
+
+
+@dataclass
+class Returned:
+    """What a layer's last ``update`` returned beside the keys, which carry it to the bridge (``bridge.RETURNED``)."""
+
+    q_pos: torch.Tensor  # (T,) the new tokens' positions
+    k_pos: torch.Tensor  # (S,) or (B, S): each slot's position, -1 for an empty one
+    cache: AttnlabCache
+    observed: bool = False  # the bridge's attention read these keys (and told an evicting cache what they got)
 
 
 def positioned(caps: Capabilities) -> bool:
@@ -65,10 +75,11 @@ class AttnlabLayer(CacheLayerMixin):
         self.seen += t
         if not positioned(self.caps):  # only the filled slots: any attention reads them as it reads DynamicCache's
             return keys[:, :, : self.seen], values[:, :, : self.seen]
-        # an evicting cache's keys sit at the positions it chose: they go to the bridge, which also tells it the
-        # attention they got (one entry a layer: the last one goes with this one's predecessor)
-        self._last = Returned(weakref.ref(keys), q_pos, positions, self.inner)
-        _RETURNED[id(keys)] = self._last
+        # an evicting cache's keys sit at the positions it chose: they take them to the bridge, which also tells it
+        # the attention they got. Held here alone (the keys hold a weakref; an evicting cache's keys are its own
+        # buffer, which a strong one would tie to the cache in a cycle), replaced by the next update's
+        self._last = Returned(q_pos, positions, self.inner)
+        setattr(keys, RETURNED, weakref.ref(self._last))
         return keys, values
 
     def check(self, tokens: int, padding: torch.Tensor | None = None) -> None:
