@@ -302,3 +302,13 @@ def test_a_recorder_sees_the_models_own_steps_once_beside_an_evicting_cache() ->
             m.generate(ids(1, 12), 3, cache=functools.partial(CACHES["h2o"], budget=8) if cache == "h2o" else cache)
         counts.append(sum(1 for step in rec.steps if step.name == "attn_weights"))
     assert counts[0] == counts[1] == 2 * 3  # 2 layers x (a prefill and 2 steps): the cache's own pass is not there
+
+
+def test_a_sink_cache_takes_what_rotates_keys_and_refuses_the_rest() -> None:
+    """The rotary a sink cache moves its sinks with is anything with ``rotate(x, positions)`` (the layer's
+    RotaryEmbedding, the transformers bridge's rotation); anything else is refused by its type."""
+    from attnlab.functional.rotary import RotaryEmbedding
+
+    SinkCache(batch_size=1, num_kv_heads=1, head_dim=4, recent=2, sinks=1, rotary=RotaryEmbedding(head_dim=4))
+    with pytest.raises(TypeError, match="rotary must be the layer's RotaryEmbedding or None, got int"):
+        SinkCache(batch_size=1, num_kv_heads=1, head_dim=4, recent=2, sinks=1, rotary=3)  # type: ignore[arg-type]

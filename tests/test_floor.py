@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from attnlab.observe import Recorder, TraceStep
 from benchmark_scripts import load
 
 structure = load("structure")  # benchmarks/structure.py: LAYOUT.md's floors and the import graph, deferred imports in
+SRC: Path = structure.SRC
 
 
 def test_imports_point_down_the_floors() -> None:

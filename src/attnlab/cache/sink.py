@@ -28,12 +28,21 @@ Shapes: B = batch, Hkv = kv heads, D = head_dim, T = new tokens, S = slots retur
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 
 from attnlab._checks import check_positive_int
 from attnlab.cache.base import Capabilities
 from attnlab.cache.kv import _CacheBase
-from attnlab.functional.rotary import RotaryEmbedding
+
+
+@runtime_checkable
+class Rotates(Protocol):
+    """What turns keys to other positions: the layer's ``RotaryEmbedding``, or the transformers bridge's rotation
+    of a model's own RoPE."""
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
 
 
 class SinkCache(_CacheBase):
@@ -57,7 +66,7 @@ class SinkCache(_CacheBase):
         head_dim: int,
         recent: int,
         sinks: int = 4,
-        rotary: RotaryEmbedding | None = None,
+        rotary: Rotates | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
@@ -71,7 +80,7 @@ class SinkCache(_CacheBase):
             dtype=dtype,
             device=device,
         )
-        if rotary is not None and not isinstance(rotary, RotaryEmbedding):
+        if rotary is not None and not isinstance(rotary, Rotates):
             raise TypeError(f"rotary must be the layer's RotaryEmbedding or None, got {type(rotary).__name__}")
         self.sinks, self.recent, self.rotary = sinks, recent, rotary
         # k_cache / v_cache: slots [0, sinks) hold the sinks, [sinks, sinks + window) the ring
