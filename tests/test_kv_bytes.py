@@ -332,3 +332,30 @@ def test_a_recurrent_layers_state_is_counted_once_whatever_the_tokens() -> None:
         assert report.instead == ("every layer full", 4 * 1024)
         caches = GPT(config).make_caches(batch_size=1, max_len=8)
         assert [c.nbytes() for c in caches if isinstance(c, StateCache)] == [state] * 3
+
+
+def test_a_qwen35_delta_layers_state_counts_its_value_heads_and_its_convolution() -> None:
+    """Qwen3.5's Gated DeltaNet: 2 query/key heads of 8, 4 value heads of 12, a convolution of 4 taps over
+    q, k and v (2*2*8 + 4*12 = 80 channels). Its state: 4 x 8 x 12 values and 80 x 3 inputs, in float32: the
+    bytes of the StateCache the model builds."""
+    from attnlab.cache.state import StateCache
+    from attnlab.models import GPT
+
+    config = GPTConfig(
+        vocab_size=64,
+        context_length=64,
+        emb_dim=32,
+        n_heads=4,
+        n_layers=2,
+        rope=True,
+        layer_types=("delta", "full"),
+        delta_heads=2,
+        delta_head_dim=8,
+        delta_value_heads=4,
+        delta_value_dim=12,
+        conv_kernel=4,
+    )
+    (full, delta) = kv_report(config, name="q35", tokens=(16,), dtype="float32").kinds
+    assert delta.state_bytes == (4 * 8 * 12 + 80 * 3) * 4
+    caches = GPT(config).make_caches(batch_size=1, max_len=8)
+    assert [c.nbytes() for c in caches if isinstance(c, StateCache)] == [delta.state_bytes]

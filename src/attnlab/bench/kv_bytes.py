@@ -131,10 +131,21 @@ def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKin
         for w in sorted(set(windows), key=lambda w: -1 if w is None else w)
     ]
     state = config.n_heads * config.d_head * config.d_head  # a (D, D) matrix per head
-    for kind, extra in (("linear", config.n_heads * config.d_head), ("delta", 0)):  # linear's normalizer
-        if kind in types:
-            kinds.append(LayerKind(kind, None, types.count(kind), 0, state_bytes=(state + extra) * size))
+    if "linear" in types:  # and its (D,) normalizer
+        extra = config.n_heads * config.d_head
+        kinds.append(LayerKind("linear", None, types.count("linear"), 0, state_bytes=(state + extra) * size))
+    if "delta" in types:
+        kinds.append(LayerKind("delta", None, types.count("delta"), 0, state_bytes=delta_state(config) * size))
     return tuple(kinds)
+
+
+def delta_state(config: GPTConfig) -> int:
+    """The numbers a Gated DeltaNet layer keeps, whatever the tokens: a (Dk, Dv) matrix per value head, and, with a
+    short convolution (Qwen3.5), its last K - 1 inputs of each channel (q, k and v)."""
+    heads, dk = config.delta_heads or config.n_heads, config.delta_head_dim or config.d_head
+    value_heads, dv = config.delta_value_heads or heads, config.delta_value_dim or dk
+    channels = 2 * heads * dk + value_heads * dv
+    return value_heads * dk * dv + (channels * (config.conv_kernel - 1) if config.conv_kernel else 0)
 
 
 def cache_at(kinds: tuple[LayerKind, ...], tokens: int, *, context_length: int) -> CacheAt:

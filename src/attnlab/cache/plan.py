@@ -48,6 +48,7 @@ class LayerState:
         window: the sliding window, or None.
         rotary: the layer's RotaryEmbedding, or None (a sink cache turns its sinks with it).
         normalizer: a recurrent state with linear attention's (Dk,) normalizer.
+        conv: (channels, kernel - 1) of a short causal convolution before the recurrence (Qwen3.5), or None.
         dtype, device: of what it keeps.
     """
 
@@ -58,6 +59,7 @@ class LayerState:
     window: int | None = None
     rotary: Any = None
     normalizer: bool = False
+    conv: tuple[int, int] | None = None
     dtype: torch.dtype = torch.float32
     device: torch.device | str | None = None
 
@@ -121,6 +123,7 @@ def _state(state: LayerState, sizes: Sizes) -> Cache:
         key_dim=state.head_dim,
         value_dim=state.value_dim or state.head_dim,
         normalizer=state.normalizer,
+        conv=state.conv,
         dtype=state.dtype,
         device=state.device,
     )

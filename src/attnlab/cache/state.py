@@ -2,13 +2,15 @@
 
 A softmax layer's cache grows by a key and a value per token. A recurrent layer keeps one state of fixed size
 whatever the length (``attnlab.functional.recurrent``): per head a (Dk, Dv) matrix, and for linear attention a
-(Dk,) normalizer beside it. This cache holds those tensors and the number of tokens read into them, so the
-layer's positions and the model's decode loop see the same ``next_positions`` as from any other cache.
+(Dk,) normalizer beside it; a layer with a short causal convolution before its recurrence (Qwen3.5's Gated
+DeltaNet) also keeps the convolution's last K - 1 inputs per channel (``attnlab.functional.convolution``). This
+cache holds those tensors and the number of tokens read into them, so the layer's positions and the model's
+decode loop see the same ``next_positions`` as from any other cache.
 
 It cannot be cropped back: the state after n tokens is not kept once more are read, so speculative decoding
 refuses a model with a recurrent layer (its capabilities say so).
 
-Shapes: B = batch, H = heads, Dk = key size, Dv = value size.
+Shapes: B = batch, H = heads, Dk = key size, Dv = value size, C = convolved channels, K = kernel size.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from attnlab.cache.base import Capabilities, LayerCache
 
 
 class StateCache(LayerCache):
-    """The recurrent state of one layer: (B, H, Dk, Dv), with a normalizer (B, H, Dk) when ``normalizer``."""
+    """The recurrent state of one layer: (B, H, Dk, Dv), with a normalizer (B, H, Dk) when ``normalizer`` and the
+    convolution's inputs (B, C, K - 1) when ``conv`` is (C, K - 1)."""
 
     capabilities = Capabilities()
     keeps_its_own = True  # whatever cache is named; it runs on past any length
@@ -32,6 +35,7 @@ class StateCache(LayerCache):
         key_dim: int,
         value_dim: int,
         normalizer: bool = False,
+        conv: tuple[int, int] | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
@@ -44,11 +48,14 @@ class StateCache(LayerCache):
             torch.zeros(shape[:3] if normalizer else (0,), dtype=dtype, device=device),
             persistent=False,
         )
+        conv_shape = (batch_size, *conv) if conv is not None else (0,)
+        self.register_buffer("conv", torch.zeros(conv_shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("_length", torch.zeros((), dtype=torch.long, device=device), persistent=False)
         self.matrix: torch.Tensor
         self.normalizer: torch.Tensor
+        self.conv: torch.Tensor
         self._length: torch.Tensor
-        self.has_normalizer = normalizer
+        self.has_normalizer, self.has_conv = normalizer, conv is not None
 
     @property
     def length(self) -> int:
@@ -64,9 +71,22 @@ class StateCache(LayerCache):
             return None
         return (self.matrix, self.normalizer) if self.has_normalizer else self.matrix
 
-    def write(self, state: torch.Tensor | tuple[torch.Tensor, torch.Tensor], tokens: int) -> None:
-        """Keep the state after ``tokens`` more tokens; checked whole before anything is written."""
+    def conv_state(self) -> torch.Tensor | None:
+        """The convolution's last inputs to continue from: None before any token (zeros, as a padded convolution
+        has them)."""
+        return self.conv if self.length and self.has_conv else None
+
+    def write(
+        self, state: torch.Tensor | tuple[torch.Tensor, torch.Tensor], tokens: int, *, conv: torch.Tensor | None = None
+    ) -> None:
+        """Keep the state (and the convolution's inputs) after ``tokens`` more tokens; checked whole before anything
+        is written."""
         matrix, normalizer = state if isinstance(state, tuple) else (state, None)
+        if (conv is None) == self.has_conv or (conv is not None and tuple(conv.shape) != tuple(self.conv.shape)):
+            raise ValueError(
+                f"this state cache holds {'a ' + str(tuple(self.conv.shape)) if self.has_conv else 'no'} convolution "
+                f"state; got {None if conv is None else tuple(conv.shape)}: build it from the layer's layer_state()"
+            )
         if tuple(matrix.shape) != tuple(self.matrix.shape) or (normalizer is None) == self.has_normalizer:
             raise ValueError(
                 f"this state cache holds a {tuple(self.matrix.shape)} state"
@@ -83,6 +103,8 @@ class StateCache(LayerCache):
         self.matrix.copy_(matrix)
         if normalizer is not None:
             self.normalizer.copy_(normalizer)
+        if conv is not None:
+            self.conv.copy_(conv)
         self._length += tokens
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -93,6 +115,4 @@ class StateCache(LayerCache):
 
     def nbytes(self) -> int:
         """Bytes held: the same after 10 tokens as after 100,000."""
-        return (
-            self.matrix.numel() * self.matrix.element_size() + self.normalizer.numel() * self.normalizer.element_size()
-        )
+        return sum(t.numel() * t.element_size() for t in (self.matrix, self.normalizer, self.conv))

@@ -25,7 +25,9 @@ PLACEMENTS = ("pre", "post", "sandwich")
 MLPS = ("gelu", "swiglu", "geglu", "clamped_swiglu")
 LAYER_TYPES = ("full", "sliding", "linear", "delta")  # softmax layers; then layers with a state (nn/recurrent)
 # the Hugging Face model types a config can be saved as
-FAMILIES = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss", "deepseek_v3")
+HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5")  # families whose checkpoints hold Gated DeltaNet layers and output gates
+FAMILIES: tuple[str, ...] = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")
+FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES)
 ROUTERS = ("softmax", "grouped_sigmoid")
 
 SCORE_MODS = ("alibi", "learned-alibi", "softcap:<cap>")  # what GPTConfig(score_mod=...) can name
@@ -152,6 +154,14 @@ class GPTConfig:
     # times sigmoid(gate(x))); layer_types may also name "linear" (linear attention) and "delta" (Gated DeltaNet)
     # layers, whose memory is a state of fixed size (attnlab.nn.recurrent)
     attn_output_gate: bool = False
+    # Qwen3.5's Gated DeltaNet layers: their own query/key heads and size, more value heads than query/key heads
+    # (each value head with its own state), and a short causal convolution of conv_kernel taps over q, k and v
+    # (None: the layers' heads are n_heads of d_head, without a convolution, as the zoo's are)
+    delta_heads: int | None = None
+    delta_head_dim: int | None = None
+    delta_value_heads: int | None = None
+    delta_value_dim: int | None = None
+    conv_kernel: int | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -268,8 +278,17 @@ class GPTConfig:
             )
         if self.family is not None and self.family not in FAMILIES:
             raise ValueError(f"family must be None or one of {list(FAMILIES)}, got {self.family!r}")
+        for name in ("delta_heads", "delta_head_dim", "delta_value_heads", "delta_value_dim", "conv_kernel"):
+            value = getattr(self, name)
+            if value is not None:
+                check_positive_int(name, value, limit=64 if name == "conv_kernel" else 2**16)
+        if self.delta_value_heads is not None and self.delta_value_heads % (self.delta_heads or self.n_heads):
+            raise ValueError(
+                f"delta_value_heads={self.delta_value_heads} must be a multiple of the delta layers' query/key heads "
+                f"({self.delta_heads or self.n_heads}): each of those serves as many value heads"
+            )
         zoo = self.attn_output_gate or bool({"linear", "delta"} & set(self.layer_types or ()))
-        if zoo and (self.family is not None or self.kv_lora_rank is not None):
+        if zoo and (self.family not in (None, *HYBRID_FAMILIES) or self.kv_lora_rank is not None):
             raise ValueError(
                 "attn_output_gate and 'linear' or 'delta' layers are the attention zoo's (saved in attnlab's own "
                 f"format); family={self.family!r} and latent attention (kv_lora_rank={self.kv_lora_rank}) have "

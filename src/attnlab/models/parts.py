@@ -209,10 +209,13 @@ class TransformerBlock(nn.Module):
             if kind == "linear"
             else GatedDeltaNet(
                 d_in=e,
-                num_heads=config.n_heads,
-                head_dim=config.d_head,
+                num_heads=config.delta_heads or config.n_heads,
+                head_dim=config.delta_head_dim or config.d_head,
                 out_bias=config.bias,
                 norm_eps=config.layer_norm_eps,
+                value_heads=config.delta_value_heads,
+                value_dim=config.delta_value_dim,
+                conv_kernel=config.conv_kernel,
             )
             if kind == "delta"
             else Attention(

@@ -8,11 +8,12 @@ changes is how they are combined (``attnlab.functional.recurrent``):
 
 - ``LinearAttention`` (Katharopoulos et al., 2020): phi(q) . phi(k) in place of exp(q . k / sqrt(D)),
   phi = elu + 1, so the past is a (D, D) state per head and a (D,) normalizer;
-- ``GatedDeltaNet`` (Yang et al., 2024; Qwen3-Next's linear layers): unit-length q and k, a decay
-  exp(g) per token and head (g = -exp(A_log) * softplus(a(x) + dt_bias), as Mamba 2 decays), a write
+- ``GatedDeltaNet`` (Yang et al., 2024; Qwen3-Next's and Qwen3.5's linear layers): unit-length q and k, a
+  decay exp(g) per token and head (g = -exp(A_log) * softplus(a(x) + dt_bias), as Mamba 2 decays), a write
   strength beta = sigmoid(b(x)), and the output normed per head and gated by silu(z(x)) (RMSNorm, then
-  times the gate). Qwen3-Next also runs a short causal convolution over q, k and v first; this layer
-  does not (a state of fixed size without it; a choice of this zoo, said in docs/zoo.md).
+  times the gate). Qwen3.5 also runs a short causal convolution over q, k and v first (``conv_kernel``;
+  ``attnlab.functional.convolution``), whose last inputs the state keeps too, and has more value heads than
+  query/key heads; the zoo's layer has neither (docs/zoo.md).
 
 Neither uses positions (the order is in the recurrence), so RoPE does not apply to them. Left padding is
 read as "nothing happened": a padded token writes nothing to the state (its phi(k) and v, or its beta and g,
@@ -32,8 +33,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attnlab._checks import check_positive_int
 from attnlab.cache import Cache
 from attnlab.cache.state import StateCache
+from attnlab.functional.convolution import short_convolution
 from attnlab.functional.recurrent import (
     feature_map,
     gated_delta_rule,
@@ -114,16 +117,20 @@ class LinearAttention(RecurrentLayer):
 
 
 class GatedDeltaNet(RecurrentLayer):
-    """The gated delta rule (Yang et al., 2024) as a layer, in Qwen3-Next's parts without its convolution.
+    """The gated delta rule (Yang et al., 2024) as a layer: Qwen3-Next's and Qwen3.5's linear layers.
 
     S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T, out_t = norm(S_t^T q_t) * silu(z_t).
 
     Args:
-        d_in: E; num_heads: H; head_dim: D (default E // H).
+        d_in: E; num_heads: H, the query/key heads; head_dim: D (default E // H).
         out_bias: bias on out_proj.
         form: "chunked" (default) or "recurrent": the same numbers; a one-token call runs the recurrence.
         chunk_size: tokens per chunk of the chunked form.
         norm_eps: the output RMSNorm's epsilon.
+        value_heads, value_dim: Hv and Dv (default H and D): each query/key head serves Hv / H value heads, each
+            with its own decay, write strength, gate and state (Qwen3.5's grouped value heads).
+        conv_kernel: K, a short causal convolution over the projected q, k and v (each channel its own K
+            weights), then silu, before the recurrence (Qwen3.5); None: none (the zoo's layer).
     """
 
     forms = ("recurrent", "chunked")
@@ -138,29 +145,64 @@ class GatedDeltaNet(RecurrentLayer):
         form: str = "chunked",
         chunk_size: int = 64,
         norm_eps: float = 1e-6,
+        value_heads: int | None = None,
+        value_dim: int | None = None,
+        conv_kernel: int | None = None,
     ) -> None:
         super().__init__(
-            d_in=d_in, num_heads=num_heads, head_dim=head_dim, out_bias=out_bias, form=form, chunk_size=chunk_size
+            d_in=d_in,
+            num_heads=num_heads,
+            head_dim=head_dim,
+            out_bias=out_bias,
+            form=form,
+            chunk_size=chunk_size,
+            value_heads=value_heads,
+            value_dim=value_dim,
         )
-        h, d = self.num_heads, self.head_dim
-        self.a_proj = nn.Linear(d_in, h, bias=False)  # the decay's input, per head
-        self.b_proj = nn.Linear(d_in, h, bias=False)  # beta's, per head
-        self.z_proj = nn.Linear(d_in, h * d, bias=False)  # the output gate
+        hv, dv = self.value_heads, self.value_dim
+        self.a_proj = nn.Linear(d_in, hv, bias=False)  # the decay's input, per value head
+        self.b_proj = nn.Linear(d_in, hv, bias=False)  # beta's, per value head
+        self.z_proj = nn.Linear(d_in, hv * dv, bias=False)  # the output gate
         # Mamba 2's decay: A in [1, 16] as its log; dt_bias so that softplus(dt_bias) starts in [1e-3, 1e-1]
-        self.A_log = nn.Parameter(torch.empty(h).uniform_(1, 16).log())
-        dt = torch.empty(h).uniform_(math.log(1e-3), math.log(1e-1)).exp()
+        self.A_log = nn.Parameter(torch.empty(hv).uniform_(1, 16).log())
+        dt = torch.empty(hv).uniform_(math.log(1e-3), math.log(1e-1)).exp()
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
-        self.norm = nn.RMSNorm(d, eps=norm_eps)  # over each head's output, shared by the heads
+        self.norm = nn.RMSNorm(dv, eps=norm_eps)  # over each head's output, shared by the heads
+        self.conv: nn.Conv1d | None = None
+        if conv_kernel is not None:
+            check_positive_int("conv_kernel", conv_kernel, limit=64)
+            channels = self.qkv.out_features
+            self.conv = nn.Conv1d(channels, channels, conv_kernel, groups=channels, bias=False)  # weight (C, 1, K)
+
+    @property
+    def conv_state_shape(self) -> tuple[int, int] | None:
+        return None if self.conv is None else (self.conv.out_channels, self.conv.kernel_size[0] - 1)
 
     def gates(self, x: torch.Tensor, visibility: Visibility | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """g (log decay, <= 0) and beta, each (B, H, T); a padded token's are 0 (no decay, nothing written)."""
+        """g (log decay, <= 0) and beta, each (B, Hv, T); a padded token's are 0 (no decay, nothing written)."""
         wide = self.state_dtype  # at least float32, as Qwen3-Next computes them
-        g = -self.A_log.to(wide).exp() * F.softplus(self.a_proj(x).to(wide) + self.dt_bias.to(wide))  # (B, T, H)
-        beta = torch.sigmoid(self.b_proj(x).to(wide))  # (B, T, H)
+        g = -self.A_log.to(wide).exp() * F.softplus(self.a_proj(x).to(wide) + self.dt_bias.to(wide))  # (B, T, Hv)
+        beta = torch.sigmoid(self.b_proj(x).to(wide))  # (B, T, Hv)
         real = self._real(visibility, x.shape[0], x.shape[1])
         if real is not None:
             g, beta = g.where(real[..., None], 0.0), beta.where(real[..., None], 0.0)
-        return g.transpose(1, 2), beta.transpose(1, 2)  # (B, H, T), in the state's dtype
+        return g.transpose(1, 2), beta.transpose(1, 2)  # (B, Hv, T), in the state's dtype
+
+    def convolved(
+        self, x: torch.Tensor, visibility: Visibility | None, cache: Cache | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The projected q, k and v (B, T, C), through the short convolution and silu where the layer has one,
+        a padded token's inputs zeroed (as the zeros before a row's first token); and the convolution's state
+        after them (None without a convolution)."""
+        qkv = self.qkv(x)  # (B, T, C)
+        if self.conv is None:
+            return qkv, None
+        real = self._real(visibility, x.shape[0], x.shape[1])
+        if real is not None:
+            qkv = qkv.where(real[..., None], 0.0)
+        before = cache.conv_state() if isinstance(cache, StateCache) else None
+        out, after = short_convolution(qkv, self.conv.weight[:, 0], state=before)
+        return F.silu(out), after
 
     def forward(
         self,
@@ -172,9 +214,13 @@ class GatedDeltaNet(RecurrentLayer):
     ) -> torch.Tensor:
         """(B, T, E) -> (B, T, E), after the tokens in ``cache`` (a StateCache, updated in place)."""
         self._check(x, cache)
-        queries, keys, values = (t.to(self.state_dtype) for t in self.split_qkv(x))
-        queries = F.normalize(queries, dim=-1, eps=1e-6) / math.sqrt(self.head_dim)  # unit length, then scaled
-        keys = F.normalize(keys, dim=-1, eps=1e-6)
+        qkv, conv_after = self.convolved(x, visibility, cache)
+        queries, keys, values = (t.to(self.state_dtype) for t in self.heads(qkv))
+        queries = _unit(queries) / math.sqrt(self.head_dim)  # unit length, then scaled
+        keys = _unit(keys)
+        group = self.value_heads // self.num_heads  # each query/key head serves this many value heads, in a row
+        if group > 1:  # (B, H, T, D) -> (B, Hv, T, D)
+            queries, keys = queries.repeat_interleave(group, dim=1), keys.repeat_interleave(group, dim=1)
         g, beta = self.gates(x, visibility)
         if is_recording():
             self._record(lambda: gated_delta_weights(queries, keys, g, beta), cache)
@@ -185,7 +231,13 @@ class GatedDeltaNet(RecurrentLayer):
             queries, keys, values, g, beta, state=state, form=self._form(x.shape[1]), chunk_size=self.chunk_size
         )
         if isinstance(cache, StateCache):
-            cache.write(new_state, x.shape[1])
+            cache.write(new_state, x.shape[1], conv=conv_after)
         b, t = x.shape[0], x.shape[1]
-        gate = F.silu(self.z_proj(x)).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        gate = F.silu(self.z_proj(x)).view(b, t, self.value_heads, self.value_dim).transpose(1, 2)  # (B, Hv, T, Dv)
         return self.merge_heads(self.norm(out.to(x.dtype)) * gate)
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    """x over its length along the last dimension, as the gated delta rule's kernels (FLA, transformers) compute
+    it: x / sqrt(|x|^2 + 1e-6), so a zero vector (a padded token's) stays zero."""
+    return x * torch.rsqrt(x.pow(2).sum(dim=-1, keepdim=True) + 1e-6)

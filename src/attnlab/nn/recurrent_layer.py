@@ -1,7 +1,8 @@
 """What the layers of ``attnlab.nn.recurrent`` share to speak ``attnlab.Attention``'s call: projections per
 head, the StateCache their :meth:`RecurrentLayer.layer_state` asks for, which tokens are real, the form a call runs.
 
-Shapes: B = batch, T = tokens, E = d_in, H = heads, D = head_dim.
+Shapes: B = batch, T = tokens, E = d_in, H = heads, D = head_dim; Hv, Dv: the value heads and their size where they
+differ (Qwen3.5's grouped value heads: each query/key head serves Hv / H of them).
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ class RecurrentLayer(nn.Module):
     normalizer: ClassVar[bool] = False
 
     def __init__(
-        self, *, d_in: int, num_heads: int, head_dim: int | None, out_bias: bool, form: str, chunk_size: int
+        self,
+        *,
+        d_in: int,
+        num_heads: int,
+        head_dim: int | None,
+        out_bias: bool,
+        form: str,
+        chunk_size: int,
+        value_heads: int | None = None,
+        value_dim: int | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("d_in", d_in, limit=2**20)
@@ -44,10 +54,18 @@ class RecurrentLayer(nn.Module):
         check_positive_int("chunk_size", chunk_size, limit=2**16)
         if form not in self.forms:
             raise ValueError(f"form must be one of {list(self.forms)} for {type(self).__name__}, got {form!r}")
+        value_heads = num_heads if value_heads is None else value_heads
+        value_dim = head_dim if value_dim is None else value_dim
+        check_positive_int("value_heads", value_heads, limit=2**16)
+        check_positive_int("value_dim", value_dim, limit=2**16)
+        if value_heads % num_heads:
+            raise ValueError(f"value_heads={value_heads} must be a multiple of num_heads={num_heads} (grouped values)")
         self.d_in, self.num_heads, self.head_dim = d_in, num_heads, head_dim
+        self.value_heads, self.value_dim = value_heads, value_dim
         self.form, self.chunk_size = form, chunk_size
-        self.qkv = nn.Linear(d_in, 3 * num_heads * head_dim, bias=False)  # rows: W_query, W_key, W_value
-        self.out_proj = nn.Linear(num_heads * head_dim, d_in, bias=out_bias)
+        # rows: W_query (H * D), W_key (H * D), W_value (Hv * Dv)
+        self.qkv = nn.Linear(d_in, 2 * num_heads * head_dim + value_heads * value_dim, bias=False)
+        self.out_proj = nn.Linear(value_heads * value_dim, d_in, bias=out_bias)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -59,8 +77,8 @@ class RecurrentLayer(nn.Module):
     def state_values(self) -> int:
         """The numbers the state holds for one sequence, whatever its length: per head a (Dk, Dv) matrix, and a
         (Dk,) normalizer for linear attention (what the cache of its :meth:`layer_state` allocates)."""
-        per_head = self.head_dim * self.head_dim + (self.head_dim if self.normalizer else 0)
-        return self.num_heads * per_head
+        per_head = self.head_dim * self.value_dim + (self.head_dim if self.normalizer else 0)
+        return self.value_heads * per_head
 
     @property
     def state_dtype(self) -> torch.dtype:
@@ -72,11 +90,17 @@ class RecurrentLayer(nn.Module):
         return next(t for t in (*self.qkv.parameters(), *self.qkv.buffers())).device
 
     def split_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, E) -> q, k, v (B, H, T, D)."""
-        b, t, _ = x.shape
-        qkv = self.qkv(x).view(b, t, 3, self.num_heads, self.head_dim)  # (B, T, 3, H, D)
-        queries, keys, values = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, D)
-        return queries, keys, values
+        """x (B, T, E) -> q, k (B, H, T, D) and v (B, Hv, T, Dv)."""
+        return self.heads(self.qkv(x))
+
+    def heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The projection's rows (B, T, 2 * H * D + Hv * Dv) as q, k (B, H, T, D) and v (B, Hv, T, Dv)."""
+        b, t, _ = qkv.shape
+        h, d = self.num_heads, self.head_dim
+        queries, keys, values = qkv.split([h * d, h * d, self.value_heads * self.value_dim], dim=-1)
+        queries = queries.view(b, t, h, d).transpose(1, 2)  # (B, H, T, D)
+        keys = keys.view(b, t, h, d).transpose(1, 2)  # (B, H, T, D)
+        return queries, keys, values.view(b, t, self.value_heads, self.value_dim).transpose(1, 2)  # (B, Hv, T, Dv)
 
     def layer_state(self) -> LayerState:
         """What this layer keeps: its state, per head a (Dk, Dv) matrix (and linear attention's (Dk,)
@@ -84,13 +108,19 @@ class RecurrentLayer(nn.Module):
         StateCache whichever of attnlab's caches a model names (they hold keys and values, which it has none of)."""
         return LayerState(
             kind="recurrent",
-            kv_heads=self.num_heads,
+            kv_heads=self.value_heads,
             head_dim=self.head_dim,
-            value_dim=self.head_dim,
+            value_dim=self.value_dim,
             normalizer=self.normalizer,
+            conv=self.conv_state_shape,
             dtype=self.state_dtype,
             device=self.device,
         )
+
+    @property
+    def conv_state_shape(self) -> tuple[int, int] | None:
+        """(channels, kernel - 1) of the short convolution before the recurrence, or None without one."""
+        return None
 
     def visibility_for(
         self,
@@ -144,10 +174,10 @@ class RecurrentLayer(nn.Module):
             raise TypeError(
                 f"a {type(self).__name__} layer reads a StateCache (built from its layer_state()), got {type(cache).__name__}"
             )
-        if isinstance(cache, StateCache) and (cache.batch_size, cache.num_kv_heads) != (x.shape[0], self.num_heads):
+        if isinstance(cache, StateCache) and (cache.batch_size, cache.num_kv_heads) != (x.shape[0], self.value_heads):
             raise ValueError(
                 f"this state cache holds batch {cache.batch_size} and {cache.num_kv_heads} heads; the call has batch "
-                f"{x.shape[0]} and the layer {self.num_heads} heads: build it with ModelCache.build(..., rows={x.shape[0]})"
+                f"{x.shape[0]} and the layer {self.value_heads} heads: build it with ModelCache.build(..., rows={x.shape[0]})"
             )
 
     def _form(self, t: int) -> str:
@@ -163,5 +193,6 @@ class RecurrentLayer(nn.Module):
         record("attn_weights", weights().detach(), source=type(self).__name__)
 
     def merge_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """(B, Hv, T, Dv) -> (B, T, E) through out_proj."""
         b, _, t, _ = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))  # (B, T, E)
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, self.value_heads * self.value_dim))  # (B, T, E)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from attnlab.models.config import GPTConfig
-from attnlab.models.families import deepseek, gemma, gpt2, gpt_oss, llama, mistral, qwen
+from attnlab.models.families import deepseek, gemma, gpt2, gpt_oss, llama, mistral, qwen, qwen3_5
 from attnlab.models.families.rows import Rows
 
 __all__ = ["READERS", "Rows", "config_from_hf", "from_hf", "holds", "to_hf"]
@@ -26,6 +26,7 @@ __all__ = ["READERS", "Rows", "config_from_hf", "from_hf", "holds", "to_hf"]
 READERS = {"llama": llama.config_from_hf, "mistral": mistral.config_from_hf, "gemma3_text": gemma.config_from_hf}
 READERS |= {kind: qwen.config_from_hf for kind in qwen.MODEL_TYPES} | {"gpt_oss": gpt_oss.config_from_hf}
 READERS |= {"deepseek_v3": deepseek.config_from_hf, "gpt2": gpt2.config_from_hf}
+READERS |= {kind: qwen3_5.config_from_hf for kind in qwen3_5.MODEL_TYPES}
 
 
 def _names(config: GPTConfig) -> llama.Names:
@@ -55,6 +56,8 @@ def from_hf(
     if config.family in (None, "gpt2"):  # GPT-2's own names, its Conv1D weights transposed
         plain, named = gpt2.from_hf(tensors, config)
         return dict[str, torch.Tensor | Rows](plain), named
+    if config.family in qwen3_5.MODEL_TYPES:  # q_proj holds the queries and the output gate
+        return qwen3_5.from_hf(tensors, config)
     out: dict[str, torch.Tensor | Rows] = {}
     origin: dict[str, str] = {}
     fused = config.family == "gpt_oss"  # its experts in fused tensors: read by their own file
@@ -85,6 +88,8 @@ def holds(config: GPTConfig) -> bool:
     names none)."""
     if config.family in (None, "gpt2"):
         return gpt2.holds(config)
+    if config.family in qwen3_5.MODEL_TYPES:
+        return qwen3_5.holds(config)
     if config.family in qwen.MODEL_TYPES:
         return qwen.holds(config, config.family)
     readers = {"llama": llama.holds, "mistral": mistral.holds, "gemma3_text": gemma.holds, "gpt_oss": gpt_oss.holds}
@@ -96,6 +101,8 @@ def to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> tuple[dict[str, 
     """The model's tensors under its family's names, and the family's config.json (``holds`` it first)."""
     if config.family in (None, "gpt2"):
         return gpt2.to_hf(state, config)
+    if config.family in qwen3_5.MODEL_TYPES:
+        return qwen3_5.to_hf(state, config)
     family = str(config.family)
     described = qwen.hf_config(config, family) if family in qwen.MODEL_TYPES else None
     writers = {"llama": llama.hf_config, "mistral": mistral.hf_config, "gemma3_text": gemma.hf_config}
