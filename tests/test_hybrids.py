@@ -18,6 +18,7 @@ import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -53,10 +54,12 @@ TEXT = dict(
 )
 VARIANTS: dict[str, dict[str, object]] = {
     "untied": TEXT,
-    # tied, a softmax layer first and last, 3 value heads per key head, as wide as the keys
+    # tied, a softmax layer first and last, 3 value heads per key head, as wide as the keys; an RMSNorm epsilon
+    # large enough to act (the norms read it, the l2norm of q and k keeps its own 1e-6)
     "tied": TEXT
     | dict(
         tie_word_embeddings=True,
+        rms_norm_eps=1e-2,
         layer_types=["full_attention", "linear_attention", "linear_attention", "full_attention"],
         linear_num_value_heads=6,
         linear_value_head_dim=8,
@@ -210,7 +213,8 @@ def test_save_pretrained_writes_what_transformers_loads(variant: str, root: str,
     assert {k: written[k] for k in shape} == {k: original[k] for k in shape}
     rope = ("rope_theta", "partial_rotary_factor")
     assert {k: written["rope_parameters"][k] for k in rope} == {k: original["rope_parameters"][k] for k in rope}
-    again, info = Qwen3_5ForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    loaded: Any = Qwen3_5ForCausalLM.from_pretrained(tmp_path, output_loading_info=True)  # (model, info)
+    again, info = loaded
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert float((again.eval()(PROMPTS).logits - hf_logits(variant, root)).abs().max()) < 1e-5
     assert float((GPT.from_pretrained(tmp_path)(PROMPTS) - ours(PROMPTS)).abs().max()) == 0.0
@@ -407,6 +411,21 @@ def test_an_edit_to_the_weights_moves_transformers_and_attnlab_alike(
     tensors |= {name: w.contiguous() for name, w in edited.items() if w is not None}
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     (tmp_path / "config.json").write_text((source / "config.json").read_text())
+    theirs = Qwen3_5ForCausalLM.from_pretrained(tmp_path).eval()(PROMPTS).logits
+    assert float((theirs - hf_logits("untied", root)).abs().max()) > 1e-3
+    assert float((GPT.from_pretrained(tmp_path)(PROMPTS) - theirs).abs().max()) < 1e-4
+
+
+@torch.no_grad()
+def test_the_rms_norm_epsilon_is_read_as_transformers_reads_it(root: str, tmp_path: Path) -> None:
+    """rms_norm_eps set to 1e-2 in config.json: transformers' logits move by more than 1e-3 (the zero-centred
+    norms and the gated norm read it), and attnlab, reading the same folder, follows within 1e-4 (the l2norm of
+    the linear layers' q and k keeps its own 1e-6 there)."""
+    source = hf_dir("untied", root)
+    raw = json.loads((source / "config.json").read_text())
+    raw["rms_norm_eps"] = 1e-2
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    (tmp_path / "model.safetensors").write_bytes((source / "model.safetensors").read_bytes())
     theirs = Qwen3_5ForCausalLM.from_pretrained(tmp_path).eval()(PROMPTS).logits
     assert float((theirs - hf_logits("untied", root)).abs().max()) > 1e-3
     assert float((GPT.from_pretrained(tmp_path)(PROMPTS) - theirs).abs().max()) < 1e-4
