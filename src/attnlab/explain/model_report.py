@@ -9,7 +9,8 @@ from attnlab.explain.heads import SCORES, HeadScores, describe_run, head_scores,
 from attnlab.explain.render.curves import training_curves
 from attnlab.explain.render.heatmap import head_grid, heatmap, page_figure
 from attnlab.explain.render.html import Figure, Report, Section
-from attnlab.explain.render.view import MAX_VIEW_TOKENS, AttentionView
+from attnlab.explain.render.view import AttentionView
+from attnlab.explain.render.view_data import MAX_VIEW_TOKENS
 from attnlab.explain.report import MAX_TOKENS
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.explain.tour import fmt
