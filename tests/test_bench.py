@@ -199,10 +199,10 @@ def test_every_bench_flag_is_checked_by_name_before_any_model_loads(
     argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`bench --caches --threads 0` once loaded both models, then died in torch.set_num_threads."""
-    from attnlab.bench import caches, models, runner
+    from attnlab.bench import cache_table, models, runner
 
     started: list[str] = []
-    monkeypatch.setattr(caches, "load", lambda *a, **k: started.append("a cache model loaded"))
+    monkeypatch.setattr(cache_table, "load", lambda *a, **k: started.append("a cache model loaded"))
     monkeypatch.setattr(models, "run_models", lambda *a, **k: started.append("the model bench ran"))
     monkeypatch.setattr(runner, "measure_machine", lambda *a, **k: started.append("the sweep started"))
     assert cli.main(["bench", *argv]) == 2
