@@ -127,16 +127,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return run_model(args, console)
     if args.prompt_len is not None or args.new_tokens is not None:
         return error(console, "--prompt-len and --new-tokens go with --model")
+    from attnlab.bench.longest import INTERRUPTED_AT, LongestPlan, longest, longest_forecast
     from attnlab.bench.results import BenchResult
     from attnlab.bench.runner import (
         INTERRUPTED,
-        INTERRUPTED_AT,
         QUICK,
         BenchConfig,
-        LongestPlan,
         estimate_seconds,
-        longest,
-        longest_forecast,
         measure_machine,
         plan,
         run,
@@ -294,7 +291,7 @@ def run_model(args: argparse.Namespace, console: Console) -> int:
 
     from attnlab._checks import check_positive_int
     from attnlab.bench.models import QUICK_MODEL, ModelBenchConfig, dumps, forecast_seconds, run_models
-    from attnlab.bench.runner import _spawn
+    from attnlab.bench.spawn import _spawn
     from attnlab.models.config import PRESETS
 
     base = QUICK_MODEL if args.quick else ModelBenchConfig(preset=args.model)
