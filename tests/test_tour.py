@@ -205,6 +205,6 @@ def test_each_variant_after_the_chapter_is_checked_by_what_it_does(monkeypatch: 
             after, "gated_delta_weights", lambda q, k, g, beta: (q @ k.transpose(-1, -2)).tril() * beta[..., None, :]
         )
         assert _after_failures() == {"delta_negative"}
-    from attnlab.bench.zoo import DECODE, PROMPT
+    from attnlab.bench.zoo_result import DECODE, PROMPT
 
     assert after.HELD_AFTER == PROMPT + DECODE  # the tour reads the run's measured cache after these tokens

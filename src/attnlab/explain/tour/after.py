@@ -314,7 +314,7 @@ def _delta(add: Add, c: Checker, x: torch.Tensor) -> None:
     )
 
 
-HELD_AFTER = 1024 + 32  # the tokens the zoo's cache is measured after (bench.zoo's PROMPT + DECODE)
+HELD_AFTER = 1024 + 32  # the tokens the zoo's cache is measured after (bench.zoo_result's PROMPT + DECODE)
 
 
 def _zoo(add: Add, c: Checker) -> None:
