@@ -13,7 +13,8 @@ import torch
 
 from attnlab import Attention, book, cli
 from attnlab.explain.model_report import model_report
-from attnlab.explain.render.heatmap import head_grid, heatmap, save
+from attnlab.explain.render.figure_output import save
+from attnlab.explain.render.heatmap import head_grid, heatmap
 from attnlab.explain.report import explain_report, tokenize
 from attnlab.explain.tour import build_tour, kv_cache_steps
 from attnlab.models import GPT, ByteTokenizer

@@ -29,7 +29,8 @@ from attnlab.bench.results import BenchResult, Case, Fit, Machine
 from attnlab.bench.spawn import Worker, _spawn, available_bytes, stop_workers
 
 PREFILL_IMPLS = (
-    "book-wrapper", "book-mha", "torch-mha", "plain-sdpa", "attnlab-auto", "attnlab-eager", "attnlab-sdpa", "attnlab-flash"
+    "book-wrapper", "book-mha", "torch-mha", "plain-sdpa",
+    "attnlab-auto", "attnlab-eager", "attnlab-sdpa", "attnlab-flash",
 )  # fmt: skip
 DECODE_IMPLS = ("attnlab-auto+kvcache", "attnlab-auto", "book-mha")
 Mode = Literal["forward", "backward"]

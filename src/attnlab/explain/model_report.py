@@ -7,7 +7,8 @@ import torch
 from attnlab.explain.checks import Check, holds
 from attnlab.explain.heads import SCORES, HeadScores, describe_run, head_scores, probe
 from attnlab.explain.render.curves import training_curves
-from attnlab.explain.render.heatmap import head_grid, heatmap, page_figure
+from attnlab.explain.render.figure_output import page_figure
+from attnlab.explain.render.heatmap import head_grid, heatmap
 from attnlab.explain.render.html import Figure, Report, Section
 from attnlab.explain.render.view import AttentionView
 from attnlab.explain.render.view_data import MAX_VIEW_TOKENS

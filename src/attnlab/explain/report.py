@@ -16,7 +16,8 @@ from attnlab import book
 from attnlab._checks import check_dropout, check_heads, check_positive_int, check_seed
 from attnlab.explain.checks import Check, holds
 from attnlab.explain.glossary import HEADINGS, TERMS, first_uses, phrase_in, rows
-from attnlab.explain.render.heatmap import head_grid, heatmap, page_figure
+from attnlab.explain.render.figure_output import page_figure
+from attnlab.explain.render.heatmap import head_grid, heatmap
 from attnlab.explain.render.html import Figure, Report, Section
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.explain.tour import LANGS, build_tour, fmt, kv_cache_steps, kv_step_lines, text_for
