@@ -133,7 +133,7 @@ def test_twelve_layers_of_twelve_heads_at_256_tokens_open_and_answer_within_budg
 
 
 def test_a_notebook_gets_the_view_of_a_shipped_model_past_the_reports_64_tokens() -> None:
-    from attnlab.explain.model_report import attention_view
+    from attnlab.explain.model_view import attention_view
     from attnlab.explain.render.view import VIEW_TEXT
     from attnlab.models import GPT, load_tokenizer
     from attnlab.models.locate import locate
@@ -251,7 +251,7 @@ def test_the_view_strikes_out_each_layers_own_evicted_keys(cache: str) -> None:
     model whose two layers let different keys go (so layer 0's choice in every layer would show)."""
     import json
 
-    from attnlab.explain.model_report import attention_view
+    from attnlab.explain.model_view import attention_view
     from attnlab.models import GPT, ByteTokenizer, GPTConfig
 
     with torch.random.fork_rng():
@@ -283,7 +283,7 @@ def test_the_view_names_each_layers_kind_outlines_its_window_and_says_the_sinks_
     executable = _chromium()
     from playwright.sync_api import sync_playwright
 
-    from attnlab.explain.model_report import attention_view
+    from attnlab.explain.model_view import attention_view
     from attnlab.models import GPT, ByteTokenizer, GPTConfig
 
     config = GPTConfig(
@@ -345,7 +345,7 @@ def test_a_zoo_models_view_gives_mlas_latent_beside_its_heads_and_a_recurrent_la
     executable = _chromium()
     from playwright.sync_api import sync_playwright
 
-    from attnlab.explain.model_report import attention_view
+    from attnlab.explain.model_view import attention_view
     from attnlab.models import GPT, ByteTokenizer
     from attnlab.models.zoo import zoo_config
 
