@@ -43,19 +43,16 @@ def _layer_sections(
     text: str,
     code: str,
     figures: bool,
-    names: list[list[str]] | None = None,
-    windows: list[int | None] | None = None,
-    sinks: bool = False,
-    latent: tuple[int, int] | None = None,
-    layer_types: list[str] | None = None,
-    states: list[int | None] | None = None,
+    names: list[list[str]],
+    model: GPT,
 ) -> list[Section]:
+    """Each layer's heads on one run (weights (L, H, T, T)), named, kinded and checked by ``model``'s layers."""
     t = len(labels)
     upper = torch.ones(t, t, dtype=torch.bool).triu(1)
     sections = []
-    windows = windows or [None] * len(weights)
-    types = layer_types or ["full"] * len(weights)
-    states = states or [None] * len(weights)
+    windows = [block.att.window for block in model.blocks]
+    types = [model.config.layer_type(i) for i in range(len(model.blocks))]
+    states, latent, sinks = [_state(block) for block in model.blocks], _latent(model), model.config.sinks
     for layer, w in enumerate(weights):  # w: (H, T, T)
         window = windows[layer]
         kind = layer_kind(window, latent, txt, layer_type=types[layer], state=states[layer])
@@ -65,35 +62,18 @@ def _layer_sections(
         if figures:
             axes = (txt["keys"], txt["queries"])
             named = [f"{txt['head'].format(h=h)}: {n}" for h, n in enumerate(names[layer])] if names else None
+            # the page's width: the report shows it at its own size
             fig = head_grid(
-                w,
-                labels,
-                title=heading,
-                axes=axes,
-                head_title=txt["head"],
-                head_titles=named,
-                annotate=t <= 8,
-            )  # the page's width: the report shows it at its own size
-            drawn = [page_figure(fig, heading)]
-        sections.append(
-            Section(
-                key=f"{key}-{layer}",
-                title=heading,
-                text=text.format(heads=w.shape[0]),
-                code=code.format(layer=layer),
-                value=fmt(w),
-                figures=drawn,
-                wide=True,
-                checks=[
-                    *([] if types[layer] == "delta" else [_rows_check(w, txt, sinks=sinks)]),  # delta: not a softmax
-                    holds(txt["check_upper"], bool((w[:, upper] == 0).all())),
-                    *(
-                        [holds(txt["check_window"].format(window=window), int((w > 0).sum(-1).max()) <= window)]
-                        if window is not None
-                        else []
-                    ),
-                ],
+                w, labels, title=heading, axes=axes, head_title=txt["head"], head_titles=named, annotate=t <= 8
             )
+            drawn = [page_figure(fig, heading)]
+        checks = [] if types[layer] == "delta" else [_rows_check(w, txt, sinks=sinks)]  # delta: not a softmax
+        checks.append(holds(txt["check_upper"], bool((w[:, upper] == 0).all())))
+        if window is not None:
+            checks.append(holds(txt["check_window"].format(window=window), int((w > 0).sum(-1).max()) <= window))
+        about = text.format(heads=w.shape[0])  # Section's order: key, title, text, code, value, figures, checks
+        sections.append(
+            Section(f"{key}-{layer}", heading, about, code.format(layer=layer), fmt(w), drawn, checks, wide=True)
         )
     return sections
 
@@ -143,7 +123,6 @@ def _names_section(scores: HeadScores, txt: dict[str, str], *, figures: bool) ->
         code="attnlab.explain.heads.head_scores(model)",
         value="\n".join(rows),
         figures=drawn,
-        checks=[],
     )
 
 
@@ -171,7 +150,6 @@ def _training_section(log: TrainLog, txt: dict[str, str], lang: str, *, figures:
             for s, x in zip(log.eval_step[::every], log.eval_loss[::every], strict=True)
         ),
         figures=[page_figure(training_curves(log, lang=lang), title)] if figures else [],
-        checks=[],
     )
 
 
@@ -197,11 +175,8 @@ def model_report(
     """
     _check_characters(characters, cache)
     txt = REPORT_TEXT[lang]
-    most, what = (
-        (MAX_VIEW_TOKENS, "the model report's view")
-        if figures
-        else (MAX_TOKENS, f"the model report in the terminal (with --html, up to {MAX_VIEW_TOKENS})")
-    )
+    in_terminal = f"the model report in the terminal (with --html, up to {MAX_VIEW_TOKENS})"
+    most, what = (MAX_VIEW_TOKENS, "the model report's view") if figures else (MAX_TOKENS, in_terminal)
     labels, weights = model_weights(model, tokenizer, text, most=most, what=what, characters=characters)
     note = characters_note(tokenizer, text, txt, characters=characters)
     scores = head_scores(model)
@@ -232,11 +207,7 @@ def model_report(
             code=code,
             figures=figures,
             names=names,
-            windows=[block.att.window for block in model.blocks],
-            sinks=model.config.sinks,
-            latent=_latent(model),
-            layer_types=[model.config.layer_type(i) for i in range(len(model.blocks))],
-            states=[_state(block) for block in model.blocks],
+            model=model,
         )
     return Report(
         title=txt["model_title"].format(name=name, text=text),
