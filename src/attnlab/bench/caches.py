@@ -100,10 +100,11 @@ def measure(
 ) -> CacheTable:
     """One table: every cache of ``config`` on ``model``. Ctrl-C (KeyboardInterrupt) ends it early: the table
     holds the rows and timing rounds finished, and ``left`` names the rest."""
-    c = model.config
     factories = dict(variants(config.caches, config.prompt_len))
     past = {name: _runs_past(model, cache) for name, cache in factories.items()}
-    held_out = held_out[:, : c.context_length]  # within the context: past it only a sink cache is meant to go
+    held_out = held_out[
+        :, : model.config.context_length
+    ]  # within the context: past it only a sink cache is meant to go
     table = CacheTable.empty(model, label, held_out=held_out.shape[1] - config.prompt_len)
     plan = steps_of(model, config)
     done = 0

@@ -96,10 +96,5 @@ INTERRUPTED_AT = "interrupted at T="
 
 
 def _longest_row(impl: str, best: dict[str, Any] | None, stopped: str) -> Longest:
-    return Longest(
-        impl=impl,
-        longest_seq=best["seq"] if best else None,
-        median_ms=best["median_ms"] if best else None,
-        peak_rss_bytes=best["peak_rss_bytes"] if best else None,
-        stopped=stopped,
-    )
+    seq, median_ms, rss = (best["seq"], best["median_ms"], best["peak_rss_bytes"]) if best else (None, None, None)
+    return Longest(impl, longest_seq=seq, median_ms=median_ms, peak_rss_bytes=rss, stopped=stopped)

@@ -132,11 +132,8 @@ def rows(result: ZooResult) -> list[dict[str, str]]:
         against = ""
         if base is not None and v is not base:
             mean, gap_spread, finding = verdict(v.against(base))
-            against = (
-                f"{mean:+.3f}"
-                + ("" if math.isnan(gap_spread) else f" ± {gap_spread / 2:.3f}")
-                + (" *" if finding else "")
-            )
+            gap = "" if math.isnan(gap_spread) else f" ± {gap_spread / 2:.3f}"
+            against = f"{mean:+.3f}{gap}" + (" *" if finding else "")
         table.append(
             {
                 "variant": v.name,

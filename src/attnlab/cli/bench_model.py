@@ -116,12 +116,8 @@ def _roofline(base: Any, cases: list[Any], console: Console) -> dict[str, Any]:
         soft_wrap=True,
     )
     fractions = {c.impl: floor_ms / (1e3 / (c.median(c.decode_tokens_per_s) or 1.0)) for c in cases if c.ok}
-    console.print(
-        "each decode step as a fraction of that floor: "
-        + ", ".join(f"{impl} {f:.2f}" for impl, f in fractions.items()),
-        markup=False,
-        soft_wrap=True,
-    )
+    said = ", ".join(f"{impl} {f:.2f}" for impl, f in fractions.items())
+    console.print(f"each decode step as a fraction of that floor: {said}", markup=False, soft_wrap=True)
     return {
         "weight_bytes": step.weights,
         "kv_bytes": step.kv,

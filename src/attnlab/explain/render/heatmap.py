@@ -209,18 +209,8 @@ def _wide(
         for k, ax in enumerate(grid):
             start, stop = k * per, min((k + 1) * per, columns)
             name = f"{axes[0]} {start}-{stop - 1}"  # which positions this panel holds
-            image = _draw(
-                ax,
-                m[:, start:stop],
-                row_labels,
-                col_labels[start:stop],
-                "",
-                annotate,
-                (name, axes[1]),
-                limits=limits,
-                colorbar=False,
-                rotation=rotation,
-            )
+            panel = (m[:, start:stop], row_labels, col_labels[start:stop], "", annotate, (name, axes[1]))  # untitled
+            image = _draw(ax, *panel, limits=limits, colorbar=False, rotation=rotation)
             ax.set_xlim(-0.5, per - 0.5)  # a shorter last panel keeps the others' column width
         assert image is not None
         fig.colorbar(image, ax=grid, fraction=0.046 / panels, pad=0.02)
