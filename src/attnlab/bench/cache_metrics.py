@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from attnlab.bench.cache_table import CacheBenchConfig
 from attnlab.bench.memory import PeakMemory
-from attnlab.bench.timing import Call, spread
+from attnlab.bench.timing import Call, interleaved, spread
 from attnlab.cache import ModelCache, PrefixCache, QuantizedKVCache, capabilities_of, stored_bytes
 from attnlab.models.generation import Request, Stop, decode, prefill
 from attnlab.models.gpt import GPT
@@ -193,13 +193,8 @@ def _probe(model: GPT, prompt_len: int) -> tuple[float, float, float]:
     _feed(model, held, ids)
     token = ids[:, :1]
 
-    def timed(call: Call, n: int) -> float:
-        seconds = []
-        for _ in range(n):
-            began = time.perf_counter()
-            call()
-            seconds.append(time.perf_counter() - began)
-        return statistics.median(seconds)
+    def timed(call: Call, n: int) -> float:  # the median of n calls, timed one by one (as timing.interleaved does)
+        return statistics.median(interleaved({"call": call}, n, warmup=0)["call"])
 
     step = timed(lambda: _feed(model, held, token), 5)
     with PeakMemory():
