@@ -49,17 +49,8 @@ NORMS = {  # each kind's two norms, by the file's names (OLMo-core's; transforme
 
 
 def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
-    if raw.get("quantization_config") is not None:
-        raise ValueError(f"{str(where / 'config.json')!r} is quantized; attnlab reads float weights")
+    layer_types = llama.hybrid_layers(raw, where, KINDS)
     llama.refuse(raw, where, attention_bias=(None, False))
-    n_layers = llama.need(raw, "num_hidden_layers", where)
-    named = llama.need(raw, "layer_types", where)
-    odd = sorted({t for t in named if t not in KINDS}, key=str) if isinstance(named, list) else named
-    if odd or len(named) != n_layers:
-        raise ValueError(
-            f"{str(where / 'config.json')!r}: layer_types must list {n_layers} of {list(KINDS)}; "
-            f"{odd!r:.80} not read by attnlab"
-        )
     heads, emb = llama.need(raw, "num_attention_heads", where), llama.need(raw, "hidden_size", where)
     key_heads = raw.get("linear_num_key_heads") or heads
     key_dim = raw.get("linear_key_head_dim") or int(0.75 * emb / key_heads)
@@ -76,7 +67,7 @@ def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
         delta_norm_placement="pre",
         qk_norm=True,
         qk_norm_over="all",
-        layer_types=tuple(KINDS[t] for t in named),
+        layer_types=layer_types,
         delta_heads=key_heads,
         delta_head_dim=key_dim,
         delta_value_heads=raw.get("linear_num_value_heads") or heads,
