@@ -108,10 +108,10 @@ def neox_copy(model: Any) -> Any:
 
 def hf_perplexity(hf: Any, cache: Any, text: Any, prompt: int) -> float:
     """exp(mean NLL) of text[:, prompt:] (B, N) through transformers with ``cache``: a prefill of ``prompt``
-    tokens, then one token a step (what ``attnlab.bench.caches.perplexity`` does on attnlab's model)."""
+    tokens, then one token a step (what ``attnlab.bench.cache_metrics.perplexity`` does on attnlab's model)."""
     import torch
 
-    from attnlab.bench.caches import _perplexity
+    from attnlab.bench.cache_metrics import _perplexity
 
     with torch.no_grad():
         logits = [hf(text[:, :prompt], cache=cache).logits[:, -1:]]
@@ -124,15 +124,8 @@ def run(*, smoke: bool, threads: int) -> dict[str, Any]:
     import torch
 
     import attnlab.hf
-    from attnlab.bench.caches import (
-        DEFAULT_CACHES,
-        QUICK_CACHES,
-        _generate,
-        load,
-        perplexity,
-        recomputed_perplexity,
-        variants,
-    )
+    from attnlab.bench.cache_metrics import _generate, perplexity, recomputed_perplexity
+    from attnlab.bench.cache_table import DEFAULT_CACHES, QUICK_CACHES, load, variants
     from attnlab.cache import CACHES
     from attnlab.models.tasks import TextTask, stdlib_text
 

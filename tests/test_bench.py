@@ -13,12 +13,12 @@ import torch
 
 from attnlab import cli
 from attnlab.bench.impls import IMPLEMENTATIONS, build, reference_weights
+from attnlab.bench.longest import LongestPlan
 from attnlab.bench.runner import (
     DECODE_IMPLS,
     PREFILL_IMPLS,
     QUICK,
     BenchConfig,
-    LongestPlan,
     _slope,
     nominal_flops,
     run,
@@ -199,10 +199,10 @@ def test_every_bench_flag_is_checked_by_name_before_any_model_loads(
     argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`bench --caches --threads 0` once loaded both models, then died in torch.set_num_threads."""
-    from attnlab.bench import caches, models, runner
+    from attnlab.bench import cache_table, models, runner
 
     started: list[str] = []
-    monkeypatch.setattr(caches, "load", lambda *a, **k: started.append("a cache model loaded"))
+    monkeypatch.setattr(cache_table, "load", lambda *a, **k: started.append("a cache model loaded"))
     monkeypatch.setattr(models, "run_models", lambda *a, **k: started.append("the model bench ran"))
     monkeypatch.setattr(runner, "measure_machine", lambda *a, **k: started.append("the sweep started"))
     assert cli.main(["bench", *argv]) == 2
@@ -242,14 +242,14 @@ def test_interleaved_rounds_give_paired_ratio_spreads_and_flag_noisy_findings() 
 def test_longest_alone_runs_only_the_search(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from attnlab.bench import runner
+    from attnlab.bench import longest, runner
     from attnlab.bench.results import Longest, Machine
 
     swept: list[object] = []
     monkeypatch.setattr(runner, "measure_machine", lambda config: (Machine("t", 2, 2, 2**30, 10.0), 0.1))
     monkeypatch.setattr(runner, "run", lambda *a, **k: swept.append(a))
     monkeypatch.setattr(
-        runner, "longest", lambda plan, progress: [Longest(plan.impls[0], 8192, 1.0, 1, "T=16384: time")]
+        longest, "longest", lambda plan, progress: [Longest(plan.impls[0], 8192, 1.0, 1, "T=16384: time")]
     )
     assert cli.main(["bench", "--longest", "attnlab-flash"]) == 0
     out = capsys.readouterr().out
@@ -262,7 +262,7 @@ def test_the_longest_search_says_each_step_on_a_pipe_and_keeps_what_it_found_on_
 ) -> None:
     """`bench --longest` printed nothing for over 10 minutes into a pipe, and Ctrl-C threw the search away: here
     Ctrl-C comes in book-mha's third run (T=4096), with T=1024 and 2048 done; flash is never reached."""
-    from attnlab.bench import runner
+    from attnlab.bench import longest, runner
     from attnlab.bench.results import Machine
 
     monkeypatch.setattr(runner, "measure_machine", lambda config: (Machine("t", 2, 2, 2**34, 10.0), 0.1))
@@ -274,7 +274,7 @@ def test_the_longest_search_says_each_step_on_a_pipe_and_keeps_what_it_found_on_
             raise KeyboardInterrupt
         return {**spec, "status": "ok", "median_ms": 1.0, "peak_rss_bytes": 1}
 
-    monkeypatch.setattr(runner, "longest", functools.partial(runner.longest, worker=worker))
+    monkeypatch.setattr(longest, "longest", functools.partial(longest.longest, worker=worker))
     out = tmp_path / "longest.json"
     assert cli.main(["bench", "--longest", "book-mha", "attnlab-flash", "--json", str(out)]) == 130
     said = capsys.readouterr()
@@ -398,8 +398,8 @@ def test_model_bench_refuses_a_generator_whose_tokens_differ() -> None:
 
 
 def test_the_longest_search_doubles_until_time_memory_or_a_failure_stops_it() -> None:
-    """runner.longest with the real case runner in process, on tiny sizes: the stop reasons it reports."""
-    from attnlab.bench.runner import longest
+    """longest.longest with the real case runner in process, on tiny sizes: the stop reasons it reports."""
+    from attnlab.bench.longest import longest
     from attnlab.bench.worker import run_case
 
     def in_process(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -421,8 +421,8 @@ def test_the_longest_search_doubles_until_time_memory_or_a_failure_stops_it() ->
 def test_the_longest_forecast_follows_the_same_stops() -> None:
     """The forecast doubles T as the search does: a machine twice as fast forecasts less time per length but one
     more length before the time limit; memory stops it where the memory model says the search would stop."""
+    from attnlab.bench.longest import longest_forecast
     from attnlab.bench.results import Machine
-    from attnlab.bench.runner import longest_forecast
 
     plan = LongestPlan(impls=("attnlab-flash",), time_limit_s=300.0)
     slow, fast = Machine("t", 2, 2, 2**40, 10.0), Machine("t", 2, 2, 2**40, 20.0)

@@ -12,18 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.bench.cache_metrics import _sink_run, quantized_reads
+from attnlab.bench.cache_table import DEFAULT_CACHES, FULL_CACHES, PPL_TOLERANCE, QUICK_CACHES, CacheRow, CacheTable
 from attnlab.bench.cache_verdicts import MIN_QUANTIZED, MIN_ROUNDS, PREFIX_TOKENS, SINK_CONTEXTS, verdicts
-from attnlab.bench.caches import (
-    DEFAULT_CACHES,
-    FULL_CACHES,
-    PPL_TOLERANCE,
-    QUICK_CACHES,
-    CacheRow,
-    CacheTable,
-    _sink_run,
-    measure,
-    quantized_reads,
-)
+from attnlab.bench.caches import measure
 from attnlab.cache import CACHES, KVCache
 from attnlab.models import GPT, GPTConfig
 
@@ -244,7 +236,7 @@ def test_the_default_sizes_judge_every_target_and_the_quick_ones_do_not() -> Non
     """The 3-minute default keeps every target judgeable (on models of the text model's and gpt2-small's
     contexts): the quantized caches' perplexity steps read mostly codes, the sink runs 4 contexts, the prefix is
     512 tokens over 3 rounds. The smoke run is too small for any of these, so its verdicts say not established."""
-    from attnlab.bench.caches import CACHE_MODELS
+    from attnlab.bench.cache_table import CACHE_MODELS
 
     torch.manual_seed(0)
     text_shaped = GPT(GPTConfig(vocab_size=64, context_length=256, emb_dim=32, n_heads=4, n_layers=1, rope=True))

@@ -268,7 +268,7 @@ def test_explain_shows_each_cache_and_says_what_is_wrong(capsys: pytest.CaptureF
     assert "sequence 1: blocks [0, 1, 3], 32 tokens taken from the tree" in shown
     assert main(["explain", "--model", "induction", "--cache", "h2o", "--lang", "zh", text]) == 0
     assert "第 0 层：保留 Token" in capsys.readouterr().out
-    from attnlab.explain.model_report import attention_view
+    from attnlab.explain.model_view import attention_view
     from attnlab.models import ByteTokenizer
 
     view = attention_view(GPT.from_pretrained("induction"), ByteTokenizer(ascii=True), text, cache="sink")

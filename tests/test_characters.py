@@ -16,7 +16,8 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from attnlab import cli
 from attnlab.cli._wrap import wrap
 from attnlab.explain.cache_view import cache_labels
-from attnlab.explain.model_report import attention_view, by_character, model_report, model_weights
+from attnlab.explain.model_report import model_report
+from attnlab.explain.model_view import attention_view, by_character, model_weights
 from attnlab.explain.render.heatmap import head_grid, safe_label
 from attnlab.explain.render.html import text_width
 from attnlab.explain.render.view import AttentionView

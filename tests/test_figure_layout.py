@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from attnlab.explain.render.figure_output import page_figure
 from attnlab.explain.render.heatmap import (
     CMAP,
     PAGE_INCHES,
@@ -15,7 +16,6 @@ from attnlab.explain.render.heatmap import (
     SMALLEST_PT,
     head_grid,
     heatmap,
-    page_figure,
 )
 from attnlab.explain.render.html import HALF_PX, Report, Section
 

@@ -213,7 +213,7 @@ def test_a_sink_cache_in_transformers_goes_past_the_context_as_attnlabs_own_does
     """The shipped text model as a transformers GPT-NeoX reads 400 tokens through a sink cache of 4 + 124 (its
     window slides 272 times): its perplexity is attnlab's own sink cache's to 1e-6, which holds only if the sinks
     are turned on by the model's rotation as the window slides (left unturned, 0.8% apart)."""
-    from attnlab.bench.caches import perplexity
+    from attnlab.bench.cache_metrics import perplexity
     from attnlab.cache import CACHES
     from attnlab.models import GPT
     from attnlab.models.tasks import TextTask, stdlib_text

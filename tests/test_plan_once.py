@@ -130,7 +130,7 @@ def cache_name_compares(path: Path) -> list[str]:
 
 # The same words meaning something else, or naming a results row: (file, comparison).
 NOT_A_CACHE_CHOICE = {
-    ("bench/zoo.py", "'sink' in v.heads"),  # attention sinks, a head's share of the weight
+    ("bench/zoo_result.py", "'sink' in v.heads"),  # attention sinks, a head's share of the weight
     ("models/gpt.py", "kind != 'int8'"),  # weight quantization
     ("bench/cache_verdicts.py", "'paged' in rows"),  # a verdict on the paged row of a results table
     ("bench/cache_verdicts.py", "'sink' not in {r.cache for r in table.rows} | set(table.left)"),

@@ -133,7 +133,7 @@ def test_train_poems_from_the_command_line_saves_its_vocabulary_and_resumes(
     capsys.readouterr()
     assert cli.main(["explain", "--model", str(out), "春眠不觉晓，霜"]) == 0
     assert "on 7 tokens" in capsys.readouterr().out  # one a character
-    from attnlab.explain.model_report import model_weights
+    from attnlab.explain.model_view import model_weights
 
     labels, weights = model_weights(GPT.from_pretrained(out), chars, "春眠不觉晓，霜")
     assert labels == ["春", "眠", "不", "觉", "晓", "，", "霜?"] and weights.shape[-1] == 7

@@ -21,7 +21,8 @@ from matplotlib.figure import Figure
 from attnlab import cli
 from attnlab.explain import report as report_module
 from attnlab.explain.render import fonts
-from attnlab.explain.render.heatmap import heatmap, png_bytes
+from attnlab.explain.render.figure_output import png_bytes
+from attnlab.explain.render.heatmap import heatmap
 from attnlab.explain.report import explain_report, tour_report, word_vector
 
 ATTNLAB = Path(sys.executable).with_name("attnlab")  # the console script pip installed

@@ -13,7 +13,8 @@ import torch
 
 from attnlab import Attention, book, cli
 from attnlab.explain.model_report import model_report
-from attnlab.explain.render.heatmap import head_grid, heatmap, save
+from attnlab.explain.render.figure_output import save
+from attnlab.explain.render.heatmap import head_grid, heatmap
 from attnlab.explain.report import explain_report, tokenize
 from attnlab.explain.tour import build_tour, kv_cache_steps
 from attnlab.models import GPT, ByteTokenizer
@@ -406,7 +407,7 @@ def test_the_colours_the_cache_sentences_name_are_the_colours_drawn() -> None:
 
     from attnlab.explain.render.heatmap import CMAP
     from attnlab.explain.report_text import REPORT_TEXT
-    from attnlab.explain.tour import en, zh
+    from attnlab.explain.tour import en_steps, zh_steps
 
     colours = matplotlib.colormaps[CMAP]
     kept, gone, unseen = (colours(v)[:3] for v in (1.0, 0.5, 0.0))
@@ -417,8 +418,8 @@ def test_the_colours_the_cache_sentences_name_are_the_colours_drawn() -> None:
         assert "teal; yellow = kept, dark = not read yet" in REPORT_TEXT["en"][name]
         assert "青色；黄色 = 保留，深色 = 尚未读到" in REPORT_TEXT["zh"][name]
         assert "grey" not in REPORT_TEXT["en"][name] and "灰" not in REPORT_TEXT["zh"][name]
-    assert "teal = let go" in Path(en.__file__).read_text(encoding="utf-8")
-    assert "青色 = 丢弃" in Path(zh.__file__).read_text(encoding="utf-8")
+    assert "teal = let go" in Path(en_steps.__file__).read_text(encoding="utf-8")  # the tour's steps
+    assert "青色 = 丢弃" in Path(zh_steps.__file__).read_text(encoding="utf-8")
 
 
 def test_a_model_reports_title_says_the_text_is_the_users_own(tmp_path: Path) -> None:

@@ -181,7 +181,7 @@ def _after_failures() -> set[str]:
 
 def test_each_variant_after_the_chapter_is_checked_by_what_it_does(monkeypatch: pytest.MonkeyPatch) -> None:
     """Broken on purpose, each technique's check goes red (and only the checks of what was broken)."""
-    import attnlab.explain.tour.after as after
+    import attnlab.explain.tour.after_state as after_state
     from attnlab.functional.recurrent import linear_attention
     from attnlab.nn.attention import Attention
 
@@ -198,13 +198,15 @@ def test_each_variant_after_the_chapter_is_checked_by_what_it_does(monkeypatch: 
             out, (state, _) = linear_attention(q, k, v, form=form)
             return out, state
 
-        m.setattr(after, "gated_delta_rule", adds)
+        m.setattr(after_state, "gated_delta_rule", adds)
         assert _after_failures() == {"delta_replaces"}
     with monkeypatch.context() as m:  # implicit weights without the delta rule's correction: q . k, scaled
         m.setattr(
-            after, "gated_delta_weights", lambda q, k, g, beta: (q @ k.transpose(-1, -2)).tril() * beta[..., None, :]
+            after_state,
+            "gated_delta_weights",
+            lambda q, k, g, beta: (q @ k.transpose(-1, -2)).tril() * beta[..., None, :],
         )
         assert _after_failures() == {"delta_negative"}
-    from attnlab.bench.zoo import DECODE, PROMPT
+    from attnlab.bench.zoo_result import DECODE, PROMPT
 
-    assert after.HELD_AFTER == PROMPT + DECODE  # the tour reads the run's measured cache after these tokens
+    assert after_state.HELD_AFTER == PROMPT + DECODE  # the tour reads the run's measured cache after these tokens

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.explain.render.view import MAX_VIEW_BYTES, AttentionView, ViewBuilder, rollout
+from attnlab.explain.render.view import AttentionView, ViewBuilder
+from attnlab.explain.render.view_data import MAX_VIEW_BYTES, rollout
 from test_report import _chromium
 
 
@@ -61,7 +62,7 @@ def test_bad_input_is_refused_by_name() -> None:
 def test_a_long_text_keeps_exactly_the_lines_it_draws(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the page's budget, each row keeps its keys of weight at least 0.01 (the lines the head view draws)
     and each pattern's picture comes pooled; past it even so, the error says by how much."""
-    from attnlab.explain.render import view as view_module
+    from attnlab.explain.render import view_data as view_module
 
     t = 300
     w = _causal(2, 3, t, seed=3)
@@ -132,7 +133,7 @@ def test_twelve_layers_of_twelve_heads_at_256_tokens_open_and_answer_within_budg
 
 
 def test_a_notebook_gets_the_view_of_a_shipped_model_past_the_reports_64_tokens() -> None:
-    from attnlab.explain.model_report import attention_view
+    from attnlab.explain.model_view import attention_view
     from attnlab.explain.render.view import VIEW_TEXT
     from attnlab.models import GPT, load_tokenizer
     from attnlab.models.locate import locate
@@ -171,7 +172,7 @@ def _as_a_notebook_shows_it(page: object) -> None:
 
 def _a_long_text_in_the_browser(page: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A view past the page's byte budget (kept rows and pooled pictures) draws the same lines as one within it."""
-    from attnlab.explain.render import view as view_module
+    from attnlab.explain.render import view_data as view_module
 
     t = 300
     w = _causal(2, 3, t, seed=3)
@@ -250,7 +251,7 @@ def test_the_view_strikes_out_each_layers_own_evicted_keys(cache: str) -> None:
     model whose two layers let different keys go (so layer 0's choice in every layer would show)."""
     import json
 
-    from attnlab.explain.model_report import attention_view
+    from attnlab.explain.model_view import attention_view
     from attnlab.models import GPT, ByteTokenizer, GPTConfig
 
     with torch.random.fork_rng():
@@ -282,7 +283,7 @@ def test_the_view_names_each_layers_kind_outlines_its_window_and_says_the_sinks_
     executable = _chromium()
     from playwright.sync_api import sync_playwright
 
-    from attnlab.explain.model_report import attention_view
+    from attnlab.explain.model_view import attention_view
     from attnlab.models import GPT, ByteTokenizer, GPTConfig
 
     config = GPTConfig(
@@ -344,7 +345,7 @@ def test_a_zoo_models_view_gives_mlas_latent_beside_its_heads_and_a_recurrent_la
     executable = _chromium()
     from playwright.sync_api import sync_playwright
 
-    from attnlab.explain.model_report import attention_view
+    from attnlab.explain.model_view import attention_view
     from attnlab.models import GPT, ByteTokenizer
     from attnlab.models.zoo import zoo_config
 
@@ -403,7 +404,7 @@ def test_a_view_built_a_layer_at_a_time_is_the_page_of_the_whole_weights(
     """ViewBuilder makes, byte for byte, the page AttentionView(weights=...) makes, in each way the page's size
     is settled; and past the budget it holds the page's data, not the layers' weights (a quarter of them as
     bytes would fail it)."""
-    from attnlab.explain.render import view as view_module
+    from attnlab.explain.render import view_data as view_module
 
     if budget is not None:
         monkeypatch.setattr(view_module, "MAX_VIEW_BYTES", budget)

@@ -10,17 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.bench.zoo import (
-    SHIPPED_RUN,
-    ZooResult,
-    findings,
-    markdown,
-    measure_decode,
-    plan_steps,
-    rows,
-    run_zoo,
-    verdict,
-)
+from attnlab.bench.zoo import measure_decode, plan_steps, run_zoo
+from attnlab.bench.zoo_result import SHIPPED_RUN, ZooResult, findings, markdown, rows, verdict
 from attnlab.cli import main
 from attnlab.models import GPT
 from attnlab.models.gpt import count_parameters
@@ -79,7 +70,7 @@ def test_a_smoke_run_writes_a_file_its_table_and_plot_are_drawn_from(
         f"deltanet: {mean:+.3f} against mha ({'lower' if mean < 0 else 'higher'}; spread {spread:.3f} over 2 seeds: "
         f"{'a finding' if abs(mean) > spread else 'within the noise'})"
     ]
-    from attnlab.bench.zoo import plot
+    from attnlab.bench.zoo_result import plot
 
     assert plot(again, tmp_path / "zoo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -143,7 +134,7 @@ def test_a_difference_is_a_finding_only_past_its_spread_over_seeds() -> None:
 
 def test_a_variant_stopped_early_is_not_set_against_mha() -> None:
     """A seed where a variant ran out of time saw fewer tokens than mha's: it is left out of the pairs."""
-    from attnlab.bench.zoo import Curve, VariantResult
+    from attnlab.bench.zoo_result import Curve, VariantResult
 
     def variant(name: str, losses: list[float], stopped: str = "") -> VariantResult:
         curves = [Curve(seed, [10], [loss], 1.0, stopped if seed == 1 else "") for seed, loss in enumerate(losses)]

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils.hooks import RemovableHandle
 
 _ACTIVE: list[Recorder] = []  # the recorders entered and not yet left, innermost last
@@ -194,19 +195,14 @@ class Recorder:
         for step in reversed(self.steps):
             if step.name == name and step.layer == layer and step.heads is not None and head in step.heads:
                 return step.tensor[:, step.heads.index(head)]
-        recorded = sorted(
-            {(s.layer, h) for s in self.steps if s.heads is not None and s.layer is not None for h in s.heads}
-        )
+        recorded = sorted({(s.layer, h) for s in self.steps if s.layer is not None for h in s.heads or ()})
         why = "" if self.heads is None or head in self.heads.get(layer, ()) else "; it is not among heads= "
+        hint = "; heads are recomputed where attention runs through attnlab.hf.use(model)"
         raise KeyError(
             f"no {name!r} of layer {layer}, head {head} was recorded{why}; recorded (layer, head): {recorded}"
             + ("; " + "; ".join(self.notes) if self.notes else "")
             + (f"; {self.handed} steps went to on_step and none was kept" if self.handed else "")
-            + (
-                ""
-                if recorded or self.handed
-                else "; heads are recomputed where attention runs through attnlab.hf.use(model)"
-            )
+            + ("" if recorded or self.handed else hint)
         )
 
     def all(self, name: str) -> dict[str, torch.Tensor]:
@@ -251,9 +247,7 @@ def record(
 
 def chosen_heads(layer: int) -> tuple[int, ...]:
     """The heads of ``layer`` that any active recorder chose with ``heads=`` (sorted; empty when none did)."""
-    if not _ACTIVE or torch.compiler.is_compiling():
-        return ()
-    return tuple(sorted({h for r in _ACTIVE if r.heads is not None for h in r.heads.get(layer, ())}))
+    return tuple(sorted({h for r in _ACTIVE for h in (r.heads or {}).get(layer, ())})) if is_recording() else ()
 
 
 def wants_every_head() -> bool:
@@ -265,11 +259,8 @@ def _heads_by_layer(heads: Iterable[tuple[int, int]]) -> dict[int, tuple[int, ..
     """{layer: sorted heads} from (layer, head) pairs, each checked."""
     by_layer: dict[int, set[int]] = {}
     for pair in heads:
-        if (
-            not isinstance(pair, tuple)
-            or len(pair) != 2
-            or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in pair)
-        ):
+        ints = isinstance(pair, tuple) and all(not isinstance(x, bool) and isinstance(x, int) and x >= 0 for x in pair)
+        if not ints or len(pair) != 2:
             raise ValueError(f"heads must be (layer, head) pairs of ints >= 0, such as [(0, 3)], got {pair!r}")
         by_layer.setdefault(pair[0], set()).add(pair[1])
     if not by_layer:
@@ -299,8 +290,6 @@ def _post_hook(module: nn.Module, args: Any, output: Any) -> None:
 
 
 def _install_hooks() -> None:
-    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-
     _HOOKS.append(register_module_forward_pre_hook(_pre_hook))
     _HOOKS.append(register_module_forward_hook(_post_hook, always_call=True))  # pops even when forward raises
 

@@ -13,8 +13,9 @@ design fixes, said as such so that they are not read as results
 
 from __future__ import annotations
 
-from attnlab.bench.caches import LOSSLESS, CacheRow, CacheTable, lossless_mismatch
+from attnlab.bench.cache_table import CacheRow, CacheTable, lossless_mismatch
 from attnlab.bench.timing import NOISY
+from attnlab.cache import LOSSLESS
 
 PREFIX_TOKENS = 512  # issue 23: "a shared 512-token prefix answers at least 5x faster than recomputing it"
 MIN_ROUNDS = 3  # rounds behind a timing verdict: the noise rule reads their spread

@@ -11,12 +11,9 @@ fraction of this machine's float32 matmul rate measured in the same run.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,18 +25,13 @@ import torch
 
 from attnlab._checks import check_heads, check_positive_int
 from attnlab.bench.impls import IMPLEMENTATIONS, memory_model
-from attnlab.bench.results import BenchResult, Case, Fit, Longest, Machine
+from attnlab.bench.results import BenchResult, Case, Fit, Machine
+from attnlab.bench.spawn import Worker, _spawn, available_bytes, stop_workers
 
 PREFILL_IMPLS = (
-    "book-wrapper",
-    "book-mha",
-    "torch-mha",
-    "plain-sdpa",
-    "attnlab-auto",
-    "attnlab-eager",
-    "attnlab-sdpa",
-    "attnlab-flash",
-)
+    "book-wrapper", "book-mha", "torch-mha", "plain-sdpa",
+    "attnlab-auto", "attnlab-eager", "attnlab-sdpa", "attnlab-flash",
+)  # fmt: skip
 DECODE_IMPLS = ("attnlab-auto+kvcache", "attnlab-auto", "book-mha")
 Mode = Literal["forward", "backward"]
 
@@ -81,18 +73,6 @@ class BenchConfig:
 QUICK = BenchConfig(seq_lens=(64,), batch=2, d_model=64, heads=4, repeats=3, warmup=1, check_len=64)
 
 
-def available_bytes() -> int:
-    """MemAvailable from /proc/meminfo (Linux), else total physical memory."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def nominal_flops(mode: str, b: int, t: int, d: int) -> float:
     """Causal attention layer: QKV and output projections 8btd^2, scores and @V 2bt^2d (half of 4bt^2d)."""
     if mode == "decode":
@@ -101,56 +81,12 @@ def nominal_flops(mode: str, b: int, t: int, d: int) -> float:
     return 3 * forward if mode == "backward" else forward  # backward is about twice the forward
 
 
-_CHILDREN: set[subprocess.Popen[str]] = set()  # the worker processes running now (two threads may start them)
-_CHILDREN_LOCK = threading.Lock()
-
-
-def _spawn(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "attnlab.bench.worker", json.dumps(spec)]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-        with _CHILDREN_LOCK:
-            _CHILDREN.add(proc)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            return {**spec, "status": f"failed: exceeded {timeout:.0f} s"}
-        except BaseException:  # Ctrl-C in this thread: the worker goes too
-            proc.kill()
-            raise
-        finally:
-            with _CHILDREN_LOCK:
-                _CHILDREN.discard(proc)
-    if proc.returncode != 0:
-        tail = (err or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
-        return {**spec, "status": f"failed: {tail[0][:200]}"}
-    answer: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return answer
-
-
-def stop_workers() -> None:
-    """Kill every worker process running now (Ctrl-C: the threads waiting on them then return)."""
-    with _CHILDREN_LOCK:
-        for proc in _CHILDREN:
-            proc.kill()
-
-
-Worker = Callable[[dict[str, Any], float], dict[str, Any]]
+_TIMING = ("repeats", "warmup", "check_len", "threads")  # what a worker's spec takes from the config as it is
 
 
 def plan(config: BenchConfig) -> list[dict[str, Any]]:
     """Every case to run, in order: prefill cases per length, then decode cases."""
-    base = dict(
-        batch=config.batch,
-        d_model=config.d_model,
-        heads=config.heads,
-        dtype=config.dtype,
-        repeats=config.repeats,
-        warmup=config.warmup,
-        check_len=config.check_len,
-        threads=config.threads,
-    )
+    base = {k: getattr(config, k) for k in ("batch", "d_model", "heads", "dtype", *_TIMING)}
     specs = [dict(base, impl=i, seq=t, mode=config.mode) for t in config.seq_lens for i in config.impls]
     if config.decode:
         specs += [dict(base, impl=i, seq=t, mode="decode") for t in config.seq_lens for i in DECODE_IMPLS]
@@ -302,19 +238,8 @@ def _time_together(cases: list[Case], config: BenchConfig, worker: Worker) -> No
     if not cases:
         return
     first = cases[0]
-    spec = dict(
-        impls=[c.impl for c in cases],
-        mode=first.mode,
-        seq=first.seq,
-        batch=first.batch,
-        d_model=first.d_model,
-        heads=first.heads,
-        dtype=first.dtype,
-        repeats=config.repeats,
-        warmup=config.warmup,
-        check_len=config.check_len,
-        threads=config.threads,
-    )
+    shape = {k: getattr(first, k) for k in ("mode", "seq", "batch", "d_model", "heads", "dtype")}  # shared by all
+    spec = {"impls": [c.impl for c in cases], **shape, **{k: getattr(config, k) for k in _TIMING}}
     answer = worker(spec, config.timeout_s * len(cases))
     samples = answer.get("samples_ms")
     for c in cases:
@@ -324,6 +249,10 @@ def _time_together(cases: list[Case], config: BenchConfig, worker: Worker) -> No
             continue
         c.samples_ms = list(samples[c.impl])
         c.median_ms = statistics.median(c.samples_ms)
+
+
+def with_overrides(config: BenchConfig, **changes: Any) -> BenchConfig:
+    return replace(config, **{k: v for k, v in changes.items() if v is not None})
 
 
 def summarize(result: BenchResult) -> None:
@@ -368,109 +297,3 @@ def _slope(xs: list[float], ys: list[float]) -> float | None:
     my = sum(p[1] for p in pts) / len(pts)
     den = sum((p[0] - mx) ** 2 for p in pts)
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
-
-
-@dataclass(frozen=True)
-class LongestPlan:
-    """What the longest search runs: each implementation from ``start``, doubling T (batch 1, forward)."""
-
-    impls: tuple[str, ...]
-    start: int = 1024
-    d_model: int = 768
-    heads: int = 12
-    time_limit_s: float = 300.0
-    memory_fraction: float = 0.7
-
-
-def longest_forecast(plan: LongestPlan, machine: Machine, spawn_s: float) -> float:
-    """A rough forecast of the search, in seconds: the doubling simulated with each length's nominal FLOPs at a
-    quarter of the matmul rate (as ``estimate_seconds``) and the memory model, to the same stops."""
-    rate = (machine.matmul_gflops or 10.0) * 1e9 * 0.25
-    total = 0.0
-    for impl in plan.impls:
-        t, last = plan.start, None
-        while True:
-            need = memory_model(impl, batch=1, seq=t, d=plan.d_model, heads=plan.heads, dtype_bytes=4, backward=False)
-            if need > plan.memory_fraction * machine.available_bytes or (last and 4 * last > plan.time_limit_s):
-                break
-            last = nominal_flops("forward", 1, t, plan.d_model) / rate
-            total += spawn_s + 3 * last  # its own process: the check, one run, one under the memory counter
-            t *= 2
-    return total
-
-
-def longest(
-    plan: LongestPlan,
-    *,
-    worker: Worker = _spawn,
-    progress: Callable[[int, int, str], None] | None = None,
-) -> list[Longest]:
-    """The longest sequence each implementation of ``plan`` runs (batch 1, forward), doubling T.
-
-    Stops at the first length predicted to exceed free memory, predicted to
-    take longer than ``time_limit_s`` (time grows about 4x per doubling), or
-    that fails. Returns, per implementation, the longest length that ran and why it stopped. Ctrl-C
-    (KeyboardInterrupt) ends the search: the implementation it was on keeps the longest that ran so far
-    ("interrupted at T=..."), and those it had not started have no row.
-    """
-    impls, d_model, heads, time_limit_s = plan.impls, plan.d_model, plan.heads, plan.time_limit_s
-    memory_fraction = plan.memory_fraction
-    free = available_bytes()
-    rows: list[Longest] = []
-    for n, impl in enumerate(impls):
-        t, best, last_ms, reason = plan.start, None, None, ""
-        try:
-            while True:
-                if progress:
-                    progress(n, len(impls), f"longest {impl} T={t}")
-                need = memory_model(impl, batch=1, seq=t, d=d_model, heads=heads, dtype_bytes=4, backward=False)
-                if need > memory_fraction * free:
-                    reason = f"T={t} predicted to need {need / 2**30:.1f} GiB of {free / 2**30:.1f} GiB available"
-                    break
-                if last_ms is not None and 4 * last_ms / 1e3 > time_limit_s:
-                    reason = (
-                        f"T={t} predicted to take about {4 * last_ms / 1e3:.0f} s, over the {time_limit_s:.0f} s limit"
-                    )
-                    break
-                spec = dict(
-                    impl=impl,
-                    seq=t,
-                    batch=1,
-                    d_model=d_model,
-                    heads=heads,
-                    dtype="float32",
-                    mode="forward",
-                    repeats=1,
-                    warmup=0,
-                    check_len=256,
-                    threads=None,
-                    memory_limit_bytes=int(memory_fraction * free),
-                )
-                case = worker(spec, max(time_limit_s * 2, 60.0))
-                if case.get("status") != "ok":
-                    reason = f"T={t}: {case.get('status')}"
-                    break
-                best, last_ms = case, case["median_ms"]
-                t *= 2
-        except KeyboardInterrupt:
-            rows.append(_longest_row(impl, best, f"{INTERRUPTED_AT}{t}, the longest so far"))
-            return rows
-        rows.append(_longest_row(impl, best, reason))
-    return rows
-
-
-INTERRUPTED_AT = "interrupted at T="
-
-
-def _longest_row(impl: str, best: dict[str, Any] | None, stopped: str) -> Longest:
-    return Longest(
-        impl=impl,
-        longest_seq=best["seq"] if best else None,
-        median_ms=best["median_ms"] if best else None,
-        peak_rss_bytes=best["peak_rss_bytes"] if best else None,
-        stopped=stopped,
-    )
-
-
-def with_overrides(config: BenchConfig, **changes: Any) -> BenchConfig:
-    return replace(config, **{k: v for k, v in changes.items() if v is not None})

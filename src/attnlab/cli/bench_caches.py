@@ -22,7 +22,8 @@ from attnlab.cli._common import check_output, error
 
 def run_caches(args: argparse.Namespace, console: Console) -> int:
     from attnlab._checks import check_positive_int
-    from attnlab.bench.caches import CACHE_MODELS, DEFAULT_CACHES, FULL_CACHES, QUICK_CACHES, forecast_seconds, load
+    from attnlab.bench.cache_table import CACHE_MODELS, DEFAULT_CACHES, FULL_CACHES, QUICK_CACHES, load
+    from attnlab.bench.caches import forecast_seconds
     from attnlab.cache import CACHES
     from attnlab.models.config import PRESETS
 
@@ -119,8 +120,8 @@ def _measure_all(loaded: list[Any], config: Any, console: Console) -> tuple[list
 
 def _report(tables: list[Any], left: list[str], config: Any, args: argparse.Namespace, console: Console) -> int:
     """Print every table, its failures, sink line and verdicts; write --json; the exit code."""
+    from attnlab.bench.cache_table import to_json
     from attnlab.bench.cache_verdicts import verdicts
-    from attnlab.bench.caches import to_json
     from attnlab.bench.timing import NOISY, spread
 
     failed = False
@@ -164,7 +165,7 @@ def _report(tables: list[Any], left: list[str], config: Any, args: argparse.Name
 
 
 def _table(table: object, config: object) -> Table:
-    from attnlab.bench.caches import CacheBenchConfig, CacheTable
+    from attnlab.bench.cache_table import CacheBenchConfig, CacheTable
 
     assert isinstance(table, CacheTable) and isinstance(config, CacheBenchConfig)
     rounds = max((len(r.tokens_per_s) for r in table.rows), default=0)

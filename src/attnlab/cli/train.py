@@ -252,7 +252,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             return 130
         from attnlab.cli.heads import summary, table
         from attnlab.explain.render.curves import training_curves
-        from attnlab.explain.render.heatmap import save
+        from attnlab.explain.render.figure_output import save
 
         save(training_curves(log), out / "loss.png")
         if log.stopped:

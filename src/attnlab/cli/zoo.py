@@ -1,6 +1,6 @@
 """``attnlab zoo [VARIANT ...] [--minutes M] [--seeds N] [--out DIR] [--smoke] [--show] [--lang zh]``: every kind
 of attention after chapter 3 trained side by side on the shipped text, measured, and saved as one JSON file and
-a plot (``attnlab.bench.zoo``); ``--show`` prints the run that ships with attnlab, without training."""
+a plot (``attnlab.bench.zoo``, ``zoo_result``); ``--show`` prints the run that ships with attnlab, without training."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from attnlab.bench.zoo import SHIPPED_RUN, ZooResult, check_names, findings, plot, run_zoo
+    from attnlab.bench.zoo import check_names, run_zoo
+    from attnlab.bench.zoo_result import SHIPPED_RUN, ZooResult, findings, plot
     from attnlab.models.locate import ZOO_RUN
 
     try:
@@ -135,7 +136,7 @@ WIDE = 200  # columns the table needs to be read whole; narrower, or through a p
 
 
 def _print(result: object, console: Console, lang: str) -> None:
-    from attnlab.bench.zoo import ZooResult, markdown, rows
+    from attnlab.bench.zoo_result import ZooResult, markdown, rows
 
     assert isinstance(result, ZooResult)
     table_rows = rows(result)

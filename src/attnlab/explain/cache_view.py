@@ -34,7 +34,8 @@ from attnlab.cache import (
     capabilities_of,
 )
 from attnlab.cache.state import StateCache
-from attnlab.explain.render.heatmap import heatmap, page_figure
+from attnlab.explain.render.figure_output import page_figure
+from attnlab.explain.render.heatmap import heatmap
 from attnlab.explain.render.html import Section
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.models.generation import Request, Stop, decode, prefill

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from attnlab import Recorder
-from attnlab.explain.model_report import layer_kind
+from attnlab.explain.model_view import layer_kind
 from attnlab.explain.render.html import Report, Section
-from attnlab.explain.render.view import MAX_VIEW_TOKENS, AttentionView, ViewBuilder
+from attnlab.explain.render.view import AttentionView, ViewBuilder
+from attnlab.explain.render.view_data import MAX_VIEW_TOKENS
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.observe import TraceStep
 

@@ -7,6 +7,7 @@ book's classes; attnlab.Attention on the eager backend) and never copy them.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import regex
 import torch
@@ -15,7 +16,8 @@ from attnlab import book
 from attnlab._checks import check_dropout, check_heads, check_positive_int, check_seed
 from attnlab.explain.checks import Check, holds
 from attnlab.explain.glossary import HEADINGS, TERMS, first_uses, phrase_in, rows
-from attnlab.explain.render.heatmap import head_grid, heatmap, page_figure
+from attnlab.explain.render.figure_output import page_figure
+from attnlab.explain.render.heatmap import head_grid, heatmap
 from attnlab.explain.render.html import Figure, Report, Section
 from attnlab.explain.report_text import REPORT_TEXT
 from attnlab.explain.tour import LANGS, build_tour, fmt, kv_cache_steps, kv_step_lines, text_for
@@ -56,6 +58,10 @@ def _figure(
     else:
         fig = heatmap(matrix, labels, col_labels, title=title, axes=axes)
     return page_figure(fig, title)
+
+
+def _labels(txt: dict[str, str]) -> dict[str, str]:
+    return {"contents": txt["contents"], "numbers": txt["numbers"], "enlarge": txt["enlarge"]}
 
 
 def _kv_section(
@@ -123,7 +129,7 @@ def tour_report(lang: str = "en") -> Report:
         intro=txt["tour_intro"],
         lang=lang,
         sections=sections,
-        labels={"contents": txt["contents"], "numbers": txt["numbers"], "enlarge": txt["enlarge"]},
+        labels=_labels(txt),
     )
 
 
@@ -206,99 +212,52 @@ def _explain(
     def figure(matrix: torch.Tensor, title: str, columns: list[str] | None = None, **kw: bool) -> list[Figure]:
         return [_figure(matrix, tokens, title, txt, columns, **kw)] if draw else []
 
+    def step(key: str, code: str, value: str | None = None, *, drawn: torch.Tensor | None = None, **kw: Any) -> Section:
+        """A section of the sentence: its title and text (unless given) the report's words of the same key."""
+        kw.setdefault("text", txt[f"{key}_text"])
+        kw.setdefault("figures", [] if drawn is None else figure(drawn, txt[key]))
+        return Section(key=key, title=txt[key], code=code, value=value, **kw)
+
     get = lambda name: rec.get(name)[0]
     head_dim = d_model // heads
+    scaled = txt["scaled_text"].format(sqrt=head_dim**0.5)
     sections = [
-        Section(
-            key="tokens",
-            title=txt["tokens"],
-            text=txt["tokens_text"],
-            code="x = torch.stack([word_vector(word, seed=seed, d_model=d_model) for word in tokens])",
-            value="\n".join(  # the token last: a wide (CJK) character can shift nothing after it, in any font
+        step(
+            "tokens",
+            "x = torch.stack([word_vector(word, seed=seed, d_model=d_model) for word in tokens])",
+            "\n".join(  # the token last: a wide (CJK) character can shift nothing after it, in any font
                 f"{i:2d}  [" + ", ".join(f"{v:+.3f}" for v in x[0, i, :6].tolist()) + f", ...]  {tok!r}"
                 for i, tok in enumerate(tokens)
             ),
         ),
-        Section(
-            key="scores",
-            title=txt["scores"],
-            text=txt["scores_text"],
-            code="attn_scores = q @ k.transpose(-2, -1)",
-            value=fmt(get("attn_scores")),
-            figures=figure(get("attn_scores"), txt["scores"]),
-        ),
-        Section(
-            key="scaled",
-            title=txt["scaled"],
-            text=txt["scaled_text"].format(sqrt=head_dim**0.5),
-            code="attn_scores * head_dim**-0.5",
-            value=fmt(get("scaled_scores")),
-        ),
+        step("scores", "attn_scores = q @ k.transpose(-2, -1)", fmt(get("attn_scores")), drawn=get("attn_scores")),
+        step("scaled", "attn_scores * head_dim**-0.5", fmt(get("scaled_scores")), text=scaled),
     ]
     if causal:
-        mask = torch.ones(len(tokens), len(tokens)).tril()
-        sections.append(
-            Section(
-                key="mask",
-                title=txt["mask"],
-                text=txt["mask_text"],
-                code="causal_mask(T, T)",
-                figures=figure(mask, txt["mask"]),
-            )
-        )
-        sections.append(
-            Section(
-                key="masked",
-                title=txt["masked"],
-                text=txt["masked_text"],
-                code="scaled.masked_fill(~allowed, -inf)",
-                value=fmt(get("masked_scores")),
-                figures=figure(get("masked_scores"), txt["masked"]),
-            )
-        )
+        sections.append(step("mask", "causal_mask(T, T)", drawn=torch.ones(len(tokens), len(tokens)).tril()))
+        masked = get("masked_scores")
+        sections.append(step("masked", "scaled.masked_fill(~allowed, -inf)", fmt(masked), drawn=masked))
     weights = get("attn_weights")
     upper = torch.ones(len(tokens), len(tokens), dtype=torch.bool).triu(1)
     checks: list[Check] = [holds(txt["check_rows"], torch.allclose(weights.sum(-1), torch.ones(weights.shape[:2])))]
     if causal:
         checks.append(holds(txt["check_upper"], bool((weights[:, upper] == 0).all())))
     sections.append(
-        Section(
-            key="weights",
-            title=txt["weights"],
-            text=txt["weights_text"],
-            code="attn_weights = softmax(masked, dim=-1)",
-            value=fmt(weights),
-            figures=figure(weights, txt["weights"]),
-            checks=checks,
-        )
+        step("weights", "attn_weights = softmax(masked, dim=-1)", fmt(weights), drawn=weights, checks=checks)
     )
     if dropout > 0:
         dropped = get("dropped_weights")
         visible = weights > 0
         frac = ((dropped == 0) & visible).sum().item() / max(visible.sum().item(), 1)
-        sections.append(
-            Section(
-                key="dropout",
-                title=txt["dropout"],
-                text=txt["dropout_text"].format(p=dropout),
-                code=f"F.dropout(attn_weights, p={dropout})",
-                value=f"{fmt(dropped)}\n" + txt["zeroed"].format(frac=frac, p=dropout),
-                figures=figure(dropped, txt["dropout"]),
-            )
-        )
+        value = f"{fmt(dropped)}\n" + txt["zeroed"].format(frac=frac, p=dropout)
+        text = txt["dropout_text"].format(p=dropout)
+        sections.append(step("dropout", f"F.dropout(attn_weights, p={dropout})", value, drawn=dropped, text=text))
     context = get("context_vec")  # (H, T, D)
     concat = context.transpose(0, 1).reshape(len(tokens), -1)  # (T, H*D): the heads side by side
     columns = [f"h{h}.{d}" for h in range(heads) for d in range(head_dim)]
-    sections.append(
-        Section(
-            key="context",
-            title=txt["context"],
-            text=txt["context_text"],
-            code="context_vec = attn_weights @ v; out = out_proj(concat(heads))",
-            value=f"{fmt(concat)}\nout = {fmt(out[0])}",
-            figures=figure(concat, txt["context"], columns, features=True),
-        )
-    )
+    code = "context_vec = attn_weights @ v; out = out_proj(concat(heads))"
+    drawn = figure(concat, txt["context"], columns, features=True)  # its columns are features, not keys
+    sections.append(step("context", code, f"{fmt(concat)}\nout = {fmt(out[0])}", figures=drawn))
     if causal:
         attn.eval()  # the step-through shows the weights without dropout
         with torch.no_grad(), Recorder() as rec_eval:
@@ -311,5 +270,5 @@ def _explain(
         intro=txt["explain_intro"].format(seed=seed, d_model=d_model, heads=heads, causal=causal, dropout=dropout),
         lang=lang,
         sections=sections,
-        labels={"contents": txt["contents"], "numbers": txt["numbers"], "enlarge": txt["enlarge"]},
+        labels=_labels(txt),
     )

@@ -171,7 +171,7 @@ def linear_attention_weights(q: torch.Tensor, k: torch.Tensor, *, real: torch.Te
 # ---- the gated delta rule ----
 
 
-def _check_gates(name: str, g: torch.Tensor, beta: torch.Tensor, *, chunked: bool) -> None:
+def _check_gates(name: str, g: torch.Tensor, beta: torch.Tensor, *, chunked: bool, beta_max: float = 1.0) -> None:
     """Refuse what would give a wrong answer rather than NaN in, NaN out: g > 0 (a log decay is <= 0), beta outside
     [0, 1], and in the chunked forms a g of -inf (a full reset), which makes G_i - G_j = -inf + inf there; the
     recurrent form takes it exactly. NaN passes through to its own row's output, as in attention. Skipped while
@@ -180,7 +180,7 @@ def _check_gates(name: str, g: torch.Tensor, beta: torch.Tensor, *, chunked: boo
         return
     with torch.no_grad():
         bad_g = (g > 0) | torch.isneginf(g) if chunked else g > 0
-        bad_beta = (beta < 0) | (beta > 1)
+        bad_beta = (beta < 0) | (beta > beta_max)
         if not bool(bad_g.any() | bad_beta.any()):
             return
         label, bad, values = ("g", bad_g, g) if bool(bad_g.any()) else ("beta", bad_beta, beta)
@@ -188,6 +188,8 @@ def _check_gates(name: str, g: torch.Tensor, beta: torch.Tensor, *, chunked: boo
         value = float(values[where].detach())
     if label == "beta":
         rule = "beta must be a share in [0, 1], such as sigmoid(x)"
+        if beta_max != 1:  # negative eigenvalues: twice the share
+            rule = f"beta must be in [0, {beta_max:g}], such as {beta_max:g} * sigmoid(x)"
     elif value > 0:
         rule = "g must be a log decay <= 0"
     else:
@@ -208,6 +210,7 @@ def gated_delta_rule(
     state: torch.Tensor | None = None,
     form: str = "chunked",
     chunk_size: int = 64,
+    negative_eigenvalues: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over q, k (unit length; q already scaled) and v.
 
@@ -215,7 +218,9 @@ def gated_delta_rule(
         q, k: (B, H, T, Dk); v: (B, H, T, Dv).
         g: (B, H, T) log decay, <= 0 (the state is multiplied by exp(g_t) before token t writes); -inf, a full
             reset, in the recurrent form only.
-        beta: (B, H, T), the share of the error written, in [0, 1]. Values outside either are refused.
+        beta: (B, H, T), the share of the error written, in [0, 1], or in [0, 2] with ``negative_eigenvalues``
+            (OLMo-Hybrid: the state's transition I - beta k k^T may then flip a direction). Values outside either
+            are refused.
         state: (B, H, Dk, Dv) after earlier tokens; None starts from zero.
         form: "recurrent" or "chunked" (the same numbers).
     Returns: the output (B, H, T, Dv) and the state after the last token.
@@ -227,7 +232,7 @@ def gated_delta_rule(
                 f"gated_delta_rule: {label} must be (batch, heads, tokens) = {tuple(q.shape[:3])}, "
                 f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
             )
-    _check_gates("gated_delta_rule", g, beta, chunked=form == "chunked")
+    _check_gates("gated_delta_rule", g, beta, chunked=form == "chunked", beta_max=2.0 if negative_eigenvalues else 1.0)
     s_shape, _ = _state_shapes(q, v)
     state = q.new_zeros(s_shape) if state is None else state
     _check_state("gated_delta_rule", state, s_shape)
@@ -246,7 +251,9 @@ def gated_delta_rule(
     raise ValueError(f"form must be 'recurrent' or 'chunked' for the delta rule, got {form!r}")
 
 
-def gated_delta_weights(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+def gated_delta_weights(
+    q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *, negative_eigenvalues: bool = False
+) -> torch.Tensor:
     """The implicit weights (B, H, T, T) of the gated delta rule from a zero state: its output is linear in the
     values, out = weights @ v, with weights = ((Q K^T) * Gamma) (I + A)^-1 diag(beta) (the chunked form's
     equations over one chunk of every token). Lower triangular; unlike softmax weights a row need not sum to 1,
@@ -256,7 +263,7 @@ def gated_delta_weights(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta:
             f"q, k must be (batch, heads, tokens, dim) of one shape and g, beta (batch, heads, tokens); got "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(g.shape)}, {tuple(beta.shape)}"
         )
-    _check_gates("gated_delta_weights", g, beta, chunked=True)
+    _check_gates("gated_delta_weights", g, beta, chunked=True, beta_max=2.0 if negative_eigenvalues else 1.0)
     t = q.shape[2]
     lower = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     cum = g.cumsum(dim=-1)  # (B, H, T)

@@ -25,7 +25,11 @@ PLACEMENTS = ("pre", "post", "sandwich")
 MLPS = ("gelu", "swiglu", "geglu", "clamped_swiglu")
 LAYER_TYPES = ("full", "sliding", "linear", "delta")  # softmax layers; then layers with a state (nn/recurrent)
 # the Hugging Face model types a config can be saved as
-HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5")  # families whose checkpoints hold Gated DeltaNet layers and output gates
+HYBRID_FAMILIES = (
+    "qwen3_5_text",
+    "qwen3_5",
+    "olmo_hybrid",
+)  # families whose checkpoints hold Gated DeltaNet layers and output gates
 FAMILIES: tuple[str, ...] = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")
 FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES)
 ROUTERS = ("softmax", "grouped_sigmoid")
@@ -162,6 +166,14 @@ class GPTConfig:
     delta_value_heads: int | None = None
     delta_value_dim: int | None = None
     conv_kernel: int | None = None
+    # OLMo-Hybrid: its Gated DeltaNet layers' beta in [0, 2] (negative eigenvalues), their output norm's epsilon and
+    # their norms' placement (pre, while its softmax layers' are post), QK-norm over all heads at once ("all"), and
+    # no positions at all on a model without RoPE (nope: no learned embeddings either)
+    delta_negative_eigenvalues: bool = False
+    delta_norm_eps: float | None = None
+    delta_norm_placement: Literal["pre", "post", "sandwich"] | None = None
+    qk_norm_over: Literal["head", "all"] = "head"
+    nope: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -200,7 +212,19 @@ class GPTConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
-        for name in ("bias", "qk_norm", "sinks", "norm_topk_prob", "rope_interleave", "attn_output_gate"):
+        if self.delta_norm_placement not in (None, *PLACEMENTS) or self.qk_norm_over not in ("head", "all"):
+            raise ValueError(
+                f"delta_norm_placement must be None or one of {list(PLACEMENTS)} and qk_norm_over 'head' or 'all', "
+                f"got {self.delta_norm_placement!r} and {self.qk_norm_over!r}"
+            )
+        if self.nope and self.rope:
+            raise ValueError("nope means no positions at all, and rope=True turns q and k by theirs: choose one")
+        if self.delta_norm_eps is not None and not (
+            isinstance(self.delta_norm_eps, float) and 0 < self.delta_norm_eps < 1
+        ):
+            raise ValueError(f"delta_norm_eps must be None or a float in (0, 1), got {self.delta_norm_eps!r}")
+        flags = ("bias", "qk_norm", "sinks", "norm_topk_prob", "rope_interleave", "attn_output_gate", "nope")
+        for name in (*flags, "delta_negative_eigenvalues"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.hidden_dim is not None:
@@ -328,6 +352,7 @@ class GPTConfig:
         """Whether Hugging Face's GPT2LMHeadModel holds this model (learned positions, full heads, no window or mod)."""
         return (
             not self.rope
+            and not self.nope
             and self.n_kv_heads in (None, self.n_heads)
             and self.window is None
             and not self.score_mod

@@ -60,7 +60,7 @@ class GPT(nn.Module):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.emb_dim)
-        self.pos_emb = None if config.rope else nn.Embedding(config.context_length, config.emb_dim)
+        self.pos_emb = None if config.rope or config.nope else nn.Embedding(config.context_length, config.emb_dim)
         self.drop_emb = nn.Dropout(config.drop_rate)
         self.trf_blocks = nn.ModuleList([TransformerBlock(config, layer=n) for n in range(config.n_layers)])
         self.final_norm = make_norm(config)

@@ -199,9 +199,10 @@ class TransformerBlock(nn.Module):
         super().__init__()
         e = config.emb_dim
         rope_base, rope_scaling = config.layer_rope(layer)
-        self.placement = config.norm_placement
-        self.norm1 = make_norm(config)
         kind = config.layer_type(layer)
+        own = config.delta_norm_placement if kind == "delta" else None  # OLMo-Hybrid's: pre there, post elsewhere
+        self.placement = own or config.norm_placement
+        self.norm1 = make_norm(config)
         self.att: Attention | LinearAttention | GatedDeltaNet = (
             make_attention(config, layer)
             if config.kv_lora_rank is not None
@@ -212,10 +213,11 @@ class TransformerBlock(nn.Module):
                 num_heads=config.delta_heads or config.n_heads,
                 head_dim=config.delta_head_dim or config.d_head,
                 out_bias=config.bias,
-                norm_eps=config.layer_norm_eps,
+                norm_eps=config.delta_norm_eps or config.layer_norm_eps,
                 value_heads=config.delta_value_heads,
                 value_dim=config.delta_value_dim,
                 conv_kernel=config.conv_kernel,
+                negative_eigenvalues=config.delta_negative_eigenvalues,
             )
             if kind == "delta"
             else Attention(
@@ -233,6 +235,7 @@ class TransformerBlock(nn.Module):
                 rope_scaling=rope_scaling,
                 rotary_dim=config.rotary_dim,
                 qk_norm=config.qk_norm,
+                qk_norm_over=config.qk_norm_over,
                 norm_eps=config.layer_norm_eps,
                 sinks=config.sinks,
                 scale=config.attn_scale,

@@ -11,7 +11,7 @@ Shapes: B = batch, T = tokens, H = query heads, Hkv = kv heads, D = head_dim.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -71,6 +71,8 @@ class Attention(nn.Module):
         rope_scaling: a :class:`attnlab.functional.rotary.RopeScaling` (Llama 3's), or None.
         rotary_dim: how many dimensions of each head RoPE turns (partial rotation); None is head_dim.
         qk_norm: RMSNorm each head's query and key over head_dim before RoPE (Qwen3's ``q_norm``, ``k_norm``).
+        qk_norm_over: "head" (Qwen3's, one norm over each head's D, shared by the heads) or "all" (OLMo's: one
+            norm over all heads' queries, H * D, and one over the keys, Hkv * D).
         norm_eps: the QK-norm's epsilon.
         sinks: a learned sink logit per query head (gpt-oss): each row's softmax also counts exp(sink), so a
             row may give part of its attention to nothing (``attnlab.functional.attention``'s ``sinks``).
@@ -104,6 +106,7 @@ class Attention(nn.Module):
         rope_scaling: RopeScaling | None = None,
         rotary_dim: int | None = None,
         qk_norm: bool = False,
+        qk_norm_over: Literal["head", "all"] = "head",
         norm_eps: float = 1e-6,
         sinks: bool = False,
         scale: float | None = None,
@@ -151,6 +154,7 @@ class Attention(nn.Module):
             rope_scaling=rope_scaling,
             rotary_dim=rotary_dim,
             qk_norm=qk_norm,
+            qk_norm_over=qk_norm_over,
             norm_eps=norm_eps,
             sinks=sinks,
             scale=scale,
@@ -170,8 +174,12 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None  # (H,): gpt-oss's learned sinks
         self.gate = nn.Linear(d_in, num_heads * head_dim, bias=False) if output_gate else None  # Qwen3-Next's
         # Qwen3's QK-norm: one RMSNorm over head_dim, shared by the heads, for the queries and one for the keys
-        self.q_norm = nn.RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
-        self.k_norm = nn.RMSNorm(head_dim, eps=norm_eps) if qk_norm else None
+        if qk_norm_over not in ("head", "all"):
+            raise ValueError(f"qk_norm_over must be 'head' or 'all', got {qk_norm_over!r}")
+        whole = qk_norm_over == "all"
+        self.qk_norm_over = qk_norm_over
+        self.q_norm = nn.RMSNorm(head_dim * (num_heads if whole else 1), eps=norm_eps) if qk_norm else None
+        self.k_norm = nn.RMSNorm(head_dim * (num_kv_heads if whole else 1), eps=norm_eps) if qk_norm else None
         self.rotary = (
             RotaryEmbedding(head_dim=head_dim, base=rope_base, scaling=rope_scaling, rotary_dim=rotary_dim)
             if rope
@@ -200,7 +208,9 @@ class Attention(nn.Module):
         h, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         heads = self.qkv(x).view(b, t, h + 2 * h_kv, d).transpose(1, 2)  # (B, H + 2 Hkv, T, D): three ops, not nine
         queries, keys, values = heads.split([h, h_kv, h_kv], dim=1)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
-        if self.q_norm is not None and self.k_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None and self.qk_norm_over == "all":
+            queries, keys = _whole(self.q_norm, queries), _whole(self.k_norm, keys)  # over all heads, per token
+        elif self.q_norm is not None and self.k_norm is not None:
             queries, keys = self.q_norm(queries), self.k_norm(keys)  # over D, per head and token
         return queries, keys, values
 
@@ -489,3 +499,9 @@ class Attention(nn.Module):
             f"scale={self.scale}, output_gate={self.gate is not None}, "
             f"backend={self.backend!r}"
         )
+
+
+def _whole(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm`` over every head of a token at once: (B, H, T, D) -> (B, T, H * D), normed, and back."""
+    b, h, t, d = x.shape
+    return norm(x.transpose(1, 2).reshape(b, t, h * d)).view(b, t, h, d).transpose(1, 2)  # (B, H, T, D)

@@ -131,6 +131,8 @@ class GatedDeltaNet(RecurrentLayer):
             with its own decay, write strength, gate and state (Qwen3.5's grouped value heads).
         conv_kernel: K, a short causal convolution over the projected q, k and v (each channel its own K
             weights), then silu, before the recurrence (Qwen3.5); None: none (the zoo's layer).
+        negative_eigenvalues: beta = 2 sigmoid(b(x)), in [0, 2], so a write may flip the direction of its key in
+            the state (OLMo-Hybrid); False: beta = sigmoid(b(x)).
     """
 
     forms = ("recurrent", "chunked")
@@ -148,6 +150,7 @@ class GatedDeltaNet(RecurrentLayer):
         value_heads: int | None = None,
         value_dim: int | None = None,
         conv_kernel: int | None = None,
+        negative_eigenvalues: bool = False,
     ) -> None:
         super().__init__(
             d_in=d_in,
@@ -168,6 +171,7 @@ class GatedDeltaNet(RecurrentLayer):
         dt = torch.empty(hv).uniform_(math.log(1e-3), math.log(1e-1)).exp()
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
         self.norm = nn.RMSNorm(dv, eps=norm_eps)  # over each head's output, shared by the heads
+        self.negative_eigenvalues = negative_eigenvalues
         self.conv: nn.Conv1d | None = None
         if conv_kernel is not None:
             check_positive_int("conv_kernel", conv_kernel, limit=64)
@@ -182,7 +186,7 @@ class GatedDeltaNet(RecurrentLayer):
         """g (log decay, <= 0) and beta, each (B, Hv, T); a padded token's are 0 (no decay, nothing written)."""
         wide = self.state_dtype  # at least float32, as Qwen3-Next computes them
         g = -self.A_log.to(wide).exp() * F.softplus(self.a_proj(x).to(wide) + self.dt_bias.to(wide))  # (B, T, Hv)
-        beta = torch.sigmoid(self.b_proj(x).to(wide))  # (B, T, Hv)
+        beta = torch.sigmoid(self.b_proj(x).to(wide)) * (2.0 if self.negative_eigenvalues else 1.0)  # (B, T, Hv)
         real = self._real(visibility, x.shape[0], x.shape[1])
         if real is not None:
             g, beta = g.where(real[..., None], 0.0), beta.where(real[..., None], 0.0)
@@ -223,12 +227,21 @@ class GatedDeltaNet(RecurrentLayer):
             queries, keys = queries.repeat_interleave(group, dim=1), keys.repeat_interleave(group, dim=1)
         g, beta = self.gates(x, visibility)
         if is_recording():
-            self._record(lambda: gated_delta_weights(queries, keys, g, beta), cache)
+            flips = self.negative_eigenvalues
+            self._record(lambda: gated_delta_weights(queries, keys, g, beta, negative_eigenvalues=flips), cache)
         state = cache.state() if isinstance(cache, StateCache) else None
         if isinstance(state, tuple):
             raise TypeError("this state cache has a normalizer; build it from GatedDeltaNet's layer_state()")
         out, new_state = gated_delta_rule(
-            queries, keys, values, g, beta, state=state, form=self._form(x.shape[1]), chunk_size=self.chunk_size
+            queries,
+            keys,
+            values,
+            g,
+            beta,
+            state=state,
+            form=self._form(x.shape[1]),
+            chunk_size=self.chunk_size,
+            negative_eigenvalues=self.negative_eigenvalues,
         )
         if isinstance(cache, StateCache):
             cache.write(new_state, x.shape[1], conv=conv_after)

@@ -18,22 +18,16 @@ figure is freed when it is no longer referenced.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 import matplotlib
 import numpy as np
 import torch
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
 from matplotlib.image import AxesImage
-from matplotlib.layout_engine import PlaceHolderLayoutEngine
 
-from attnlab.explain.render import html
 from attnlab.explain.render.fonts import drawable, fonts
 from attnlab.explain.render.html import text_width
 from attnlab.models.graphemes import visible
@@ -87,6 +81,15 @@ def _fit(natural: float, longest: int, half: float, page: float) -> float:
     return min(natural, page)
 
 
+def _check_fits(shape: tuple[int, ...], row_labels: Sequence[str], col_labels: Sequence[str]) -> None:
+    if len(shape) != 2:
+        raise ValueError(f"a heatmap needs a 2-D matrix, got shape {shape}")
+    if len(row_labels) != shape[0] or len(col_labels) != shape[1]:
+        raise ValueError(
+            f"labels do not fit the matrix {shape}: {len(row_labels)} row and {len(col_labels)} column labels"
+        )
+
+
 def _draw(
     ax: Axes,
     matrix: torch.Tensor,
@@ -102,12 +105,7 @@ def _draw(
     rotation: float = 45.0,
 ) -> AxesImage:
     m = matrix.detach().to(torch.float64).cpu().numpy()
-    if m.ndim != 2:
-        raise ValueError(f"a heatmap needs a 2-D matrix, got shape {tuple(matrix.shape)}")
-    if len(row_labels) != m.shape[0] or len(col_labels) != m.shape[1]:
-        raise ValueError(
-            f"labels do not fit the matrix {m.shape}: {len(row_labels)} row and {len(col_labels)} column labels"
-        )
+    _check_fits(m.shape, row_labels, col_labels)
     masked = np.ma.masked_invalid(m)
     cmap = matplotlib.colormaps[CMAP].with_extremes(bad="#d9d9d9")  # masked (-inf) cells grey
     vmin, vmax = limits if limits is not None else (None, None)
@@ -194,12 +192,7 @@ def _wide(
     (issue 31); wrapped, every panel keeps its labels at LABEL_PT and the figure fits the section.
     """
     m = matrix.detach().to(torch.float64).cpu()
-    if m.dim() != 2:
-        raise ValueError(f"a heatmap needs a 2-D matrix, got shape {tuple(matrix.shape)}")
-    if len(row_labels) != m.shape[0] or len(col_labels) != m.shape[1]:
-        raise ValueError(
-            f"labels do not fit the matrix {tuple(m.shape)}: {len(row_labels)} row and {len(col_labels)} column labels"
-        )
+    _check_fits(tuple(m.shape), row_labels, col_labels)
     finite = m[torch.isfinite(m)]
     if limits is None and finite.numel():  # one colour scale for every panel: the whole matrix's range
         limits = (float(finite.min()), float(finite.max()))
@@ -216,18 +209,8 @@ def _wide(
         for k, ax in enumerate(grid):
             start, stop = k * per, min((k + 1) * per, columns)
             name = f"{axes[0]} {start}-{stop - 1}"  # which positions this panel holds
-            image = _draw(
-                ax,
-                m[:, start:stop],
-                row_labels,
-                col_labels[start:stop],
-                "",
-                annotate,
-                (name, axes[1]),
-                limits=limits,
-                colorbar=False,
-                rotation=rotation,
-            )
+            panel = (m[:, start:stop], row_labels, col_labels[start:stop], "", annotate, (name, axes[1]))  # untitled
+            image = _draw(ax, *panel, limits=limits, colorbar=False, rotation=rotation)
             ax.set_xlim(-0.5, per - 0.5)  # a shorter last panel keeps the others' column width
         assert image is not None
         fig.colorbar(image, ax=grid, fraction=0.046 / panels, pad=0.02)
@@ -277,79 +260,11 @@ def head_grid(
             ax = grid[h // cols][h % cols]
             if h < heads:
                 named = head_titles[h] if head_titles is not None else head_title.format(h=h)
-                _draw(
-                    ax,
-                    weights[h],
-                    labels,
-                    col_labels or labels,
-                    named,
-                    annotate,
-                    axes,
-                    tick_size=tick_size,
-                    rotation=rotation,
-                )
+                cols_named = col_labels or labels
+                _draw(ax, weights[h], labels, cols_named, named, annotate, axes, tick_size=tick_size, rotation=rotation)
             else:
                 ax.axis("off")
         if title:  # 0.1 in from the top: the default (2% of the height) lands inside a tall grid's first head
             fig.suptitle(safe_label(title), fontsize=10, y=1 - 0.1 / height, va="top")
         fig.tight_layout()
     return fig
-
-
-def save(fig: Figure, path: str | Path) -> Path:
-    """Save as PNG or SVG, chosen by the suffix."""
-    path = Path(path)
-    if path.suffix.lower() not in (".png", ".svg"):
-        raise ValueError(f"save heatmaps as .png or .svg, got {path.name!r}")
-    with fonts():  # glyphs are looked up when drawn, here
-        fig.savefig(path, dpi=110)
-    return path
-
-
-def png_bytes(fig: Figure) -> bytes:
-    """The figure as PNG bytes (for inlining in the HTML report)."""
-    buffer = io.BytesIO()
-    with fonts():
-        fig.savefig(buffer, format="png", dpi=PNG_DPI)
-    return buffer.getvalue()
-
-
-class _NotingRenderer(RendererAgg):
-    """Agg, noting the size (pixels) of every text it draws: what is in the PNG, after layout, at its dpi."""
-
-    def __init__(self, width: int, height: int, dpi: float) -> None:
-        super().__init__(width, height, dpi)
-        self.text_px: list[float] = []
-
-    def clear(self) -> None:
-        super().clear()
-        self.text_px = []  # a draw starts here: note that draw's texts only
-
-    def draw_text(
-        self, gc: Any, x: float, y: float, s: str, prop: Any, angle: float, ismath: Any = False, mtext: Any = None
-    ) -> None:
-        if s.strip():
-            self.text_px.append(float(self.points_to_pixels(prop.get_size_in_points())))  # the font's em, as CSS px
-        super().draw_text(gc, x, y, s, prop, angle, ismath, mtext)
-
-
-class _NotingCanvas(FigureCanvasAgg):
-    def get_renderer(self) -> _NotingRenderer:
-        w, h = self.get_width_height(physical=True)
-        kept = getattr(self, "renderer", None)  # a layout pass asks again mid-draw: the same renderer
-        if not (isinstance(kept, _NotingRenderer) and (kept.width, kept.height, kept.dpi) == (w, h, self.figure.dpi)):
-            self.renderer = _NotingRenderer(w, h, self.figure.dpi)
-        return self.renderer
-
-
-def page_figure(fig: Figure, title: str) -> html.Figure:
-    """``fig`` for the report: its PNG at PNG_DPI, and the smallest text drawn in it in PNG pixels (``text_px``),
-    which a page shown at a scale s shows at s * text_px."""
-    if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):
-        fig.set_layout_engine(None)  # laid out once (tight_layout): savefig need not draw it twice to lay it out
-    canvas = _NotingCanvas(fig)
-    buffer = io.BytesIO()
-    with fonts():
-        fig.savefig(buffer, format="png", dpi=PNG_DPI)
-    drawn = canvas.renderer.text_px
-    return html.Figure(png=buffer.getvalue(), alt=title, caption=title, text_px=min(drawn) if drawn else None)

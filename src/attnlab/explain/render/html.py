@@ -121,7 +121,7 @@ def text_width(line: str) -> int:
 @dataclass
 class Figure:
     """A heatmap as PNG bytes, with alternative text and a caption; ``text_px``: its smallest text in PNG pixels
-    (``render.heatmap.page_figure`` measures it), written on the page for its browser test."""
+    (``render.figure_output.page_figure`` measures it), written on the page for its browser test."""
 
     png: bytes
     alt: str

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from attnlab.models.config import GPTConfig
-from attnlab.models.families import deepseek, gemma, gpt2, gpt_oss, llama, mistral, qwen, qwen3_5
+from attnlab.models.families import deepseek, gemma, gpt2, gpt_oss, llama, mistral, olmo_hybrid, qwen, qwen3_5
 from attnlab.models.families.rows import Rows
 
 __all__ = ["READERS", "Rows", "config_from_hf", "from_hf", "holds", "to_hf"]
@@ -26,7 +26,10 @@ __all__ = ["READERS", "Rows", "config_from_hf", "from_hf", "holds", "to_hf"]
 READERS = {"llama": llama.config_from_hf, "mistral": mistral.config_from_hf, "gemma3_text": gemma.config_from_hf}
 READERS |= {kind: qwen.config_from_hf for kind in qwen.MODEL_TYPES} | {"gpt_oss": gpt_oss.config_from_hf}
 READERS |= {"deepseek_v3": deepseek.config_from_hf, "gpt2": gpt2.config_from_hf}
-READERS |= {kind: qwen3_5.config_from_hf for kind in qwen3_5.MODEL_TYPES}
+READERS |= {kind: qwen3_5.config_from_hf for kind in qwen3_5.MODEL_TYPES} | {"olmo_hybrid": olmo_hybrid.config_from_hf}
+# families whose names are their own (not the Llama layout's): each file's from_hf, to_hf and holds
+OWN: dict[str | None, Any] = {None: gpt2, "gpt2": gpt2, "olmo_hybrid": olmo_hybrid}
+OWN |= {kind: qwen3_5 for kind in qwen3_5.MODEL_TYPES}
 
 
 def _names(config: GPTConfig) -> llama.Names:
@@ -53,11 +56,9 @@ def from_hf(
 ) -> tuple[dict[str, torch.Tensor | Rows], dict[str, str]]:
     """Hugging Face names to attnlab's: the tensors (a :class:`Rows` where several stack) and, per attnlab name,
     the name(s) in the file; what the file holds beyond the model comes back as ``<unexpected>name``."""
-    if config.family in (None, "gpt2"):  # GPT-2's own names, its Conv1D weights transposed
-        plain, named = gpt2.from_hf(tensors, config)
-        return dict[str, torch.Tensor | Rows](plain), named
-    if config.family in qwen3_5.MODEL_TYPES:  # q_proj holds the queries and the output gate
-        return qwen3_5.from_hf(tensors, config)
+    if config.family in OWN:
+        own: tuple[dict[str, torch.Tensor | Rows], dict[str, str]] = OWN[config.family].from_hf(tensors, config)
+        return own
     out: dict[str, torch.Tensor | Rows] = {}
     origin: dict[str, str] = {}
     fused = config.family == "gpt_oss"  # its experts in fused tensors: read by their own file
@@ -86,10 +87,8 @@ def from_hf(
 def holds(config: GPTConfig) -> bool:
     """Whether the config's ``family`` holds it exactly, so that it is saved as that family (GPT-2 where the config
     names none)."""
-    if config.family in (None, "gpt2"):
-        return gpt2.holds(config)
-    if config.family in qwen3_5.MODEL_TYPES:
-        return qwen3_5.holds(config)
+    if config.family in OWN:
+        return bool(OWN[config.family].holds(config))
     if config.family in qwen.MODEL_TYPES:
         return qwen.holds(config, config.family)
     readers = {"llama": llama.holds, "mistral": mistral.holds, "gemma3_text": gemma.holds, "gpt_oss": gpt_oss.holds}
@@ -99,10 +98,9 @@ def holds(config: GPTConfig) -> bool:
 
 def to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The model's tensors under its family's names, and the family's config.json (``holds`` it first)."""
-    if config.family in (None, "gpt2"):
-        return gpt2.to_hf(state, config)
-    if config.family in qwen3_5.MODEL_TYPES:
-        return qwen3_5.to_hf(state, config)
+    if config.family in OWN:
+        written: tuple[dict[str, torch.Tensor], dict[str, Any]] = OWN[config.family].to_hf(state, config)
+        return written
     family = str(config.family)
     described = qwen.hf_config(config, family) if family in qwen.MODEL_TYPES else None
     writers = {"llama": llama.hf_config, "mistral": mistral.hf_config, "gemma3_text": gemma.hf_config}

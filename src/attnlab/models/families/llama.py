@@ -92,6 +92,24 @@ def refuse(raw: dict[str, Any], where: Path, **allowed: tuple[object, ...]) -> N
             )
 
 
+def hybrid_layers(raw: dict[str, Any], where: Path, kinds: dict[str, Any]) -> tuple[Any, ...]:
+    """A hybrid's ``layer_types``, each read as attnlab's kind (``kinds``); refused before any weight is read: a
+    quantized checkpoint, a list of the wrong length, a layer type attnlab does not read (named)."""
+    if raw.get("quantization_config") is not None:
+        raise ValueError(
+            f"{str(where / 'config.json')!r} is quantized ({raw['quantization_config']!r:.80}); attnlab reads float "
+            "weights: give the unquantized checkpoint"
+        )
+    n_layers, named = need(raw, "num_hidden_layers", where), need(raw, "layer_types", where)
+    odd = sorted({t for t in named if t not in kinds}, key=str) if isinstance(named, list) else named
+    if odd or len(named) != n_layers:
+        raise ValueError(
+            f"{str(where / 'config.json')!r}: layer_types must list {n_layers} of {list(kinds)}; "
+            f"{odd!r:.80} not read by attnlab"
+        )
+    return tuple(kinds[t] for t in named)
+
+
 def rope(raw: dict[str, Any], where: Path, *, theta: float = 10000.0) -> dict[str, Any]:
     """RoPE's theta and scaling, every key of the config read or refused by name (``rope.py``)."""
     return rope_settings.flat(raw, where, theta=theta)

@@ -62,28 +62,16 @@ def text_of(raw: dict[str, Any], where: Path) -> dict[str, Any]:
 
 def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
     wrapper = raw.get("model_type") == "qwen3_5"
-    if raw.get("quantization_config") is not None:
-        raise ValueError(
-            f"{str(where / 'config.json')!r} is quantized ({raw['quantization_config']!r:.80}); attnlab reads float "
-            "weights: give the unquantized checkpoint"
-        )
     text = text_of(raw, where)
+    layer_types = llama.hybrid_layers({**text, "quantization_config": raw.get("quantization_config")}, where, KINDS)
     llama.refuse(text, where, attention_bias=(None, False))
-    n_layers = llama.need(text, "num_hidden_layers", where)
-    named = llama.need(text, "layer_types", where)
-    odd = sorted({t for t in named if t not in KINDS}, key=str) if isinstance(named, list) else named
-    if odd or len(named) != n_layers:
-        raise ValueError(
-            f"{str(where / 'config.json')!r}: layer_types must list {n_layers} of {list(KINDS)}; "
-            f"{odd!r:.80} not read by attnlab"
-        )
     common = llama.common(text, where, theta=None)
     return GPTConfig(
         **common,
         **_rope(text, where, common["head_dim"] or common["emb_dim"] // common["n_heads"]),
         qk_norm=True,
         attn_output_gate=True,
-        layer_types=tuple(KINDS[t] for t in named),
+        layer_types=layer_types,
         delta_heads=llama.need(text, "linear_num_key_heads", where),
         delta_head_dim=llama.need(text, "linear_key_head_dim", where),
         delta_value_heads=llama.need(text, "linear_num_value_heads", where),
