@@ -51,13 +51,15 @@ DELTA = {  # a Gated DeltaNet layer's tensors, by attnlab's name under att.
 
 
 def text_of(raw: dict[str, Any], where: Path) -> dict[str, Any]:
-    """The text model's config: the config itself, or a wrapper's ``text_config``."""
+    """The text model's config: the config itself, or a wrapper's ``text_config`` with the wrapper's
+    ``tie_word_embeddings`` (transformers ties the head by the top-level flag)."""
     if raw.get("model_type") != "qwen3_5":
         return raw
     text = raw.get("text_config")
     if not isinstance(text, dict):
         raise ValueError(f"{str(where / 'config.json')!r} is a qwen3_5 wrapper without a text_config object")
-    return {**text, "model_type": "qwen3_5_text"}
+    tie = raw.get("tie_word_embeddings", False)  # the wrapper ties its head by its own flag, not the text config's
+    return {**text, "model_type": "qwen3_5_text", "tie_word_embeddings": tie}
 
 
 def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
