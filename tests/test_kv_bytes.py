@@ -357,5 +357,7 @@ def test_a_qwen35_delta_layers_state_counts_its_value_heads_and_its_convolution(
     )
     (full, delta) = kv_report(config, name="q35", tokens=(16,), dtype="float32").kinds
     assert delta.state_bytes == (4 * 8 * 12 + 80 * 3) * 4
+    halves = kv_report(config, name="q35", tokens=(16,), dtype="bfloat16").kinds  # the keys in 2 bytes, the state in 4
+    assert (halves[0].bytes_per_token, halves[1].state_bytes) == (full.bytes_per_token // 2, delta.state_bytes)
     caches = GPT(config).make_caches(batch_size=1, max_len=8)
     assert [c.nbytes() for c in caches if isinstance(c, StateCache)] == [delta.state_bytes]

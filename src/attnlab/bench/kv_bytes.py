@@ -131,11 +131,12 @@ def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKin
         for w in sorted(set(windows), key=lambda w: -1 if w is None else w)
     ]
     state = config.n_heads * config.d_head * config.d_head  # a (D, D) matrix per head
+    wide = max(size, 4)  # a recurrent state is kept in float32 at least, whatever the weights' dtype (StateCache)
     if "linear" in types:  # and its (D,) normalizer
         extra = config.n_heads * config.d_head
-        kinds.append(LayerKind("linear", None, types.count("linear"), 0, state_bytes=(state + extra) * size))
+        kinds.append(LayerKind("linear", None, types.count("linear"), 0, state_bytes=(state + extra) * wide))
     if "delta" in types:
-        kinds.append(LayerKind("delta", None, types.count("delta"), 0, state_bytes=delta_state(config) * size))
+        kinds.append(LayerKind("delta", None, types.count("delta"), 0, state_bytes=delta_state(config) * wide))
     return tuple(kinds)
 
 
