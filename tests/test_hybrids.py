@@ -238,6 +238,7 @@ def wrapper_dir(tied: bool, root: str) -> Path:
     return where
 
 
+@pytest.mark.slow  # builds and saves further models: the second stage keeps the first under budget
 @torch.no_grad()
 @pytest.mark.parametrize("tied", [False, True])
 def test_the_multimodal_wrappers_text_model_is_read(tied: bool, root: str) -> None:
@@ -392,6 +393,7 @@ def _reversed_taps(name: str, w: torch.Tensor) -> torch.Tensor | None:
     return w.flip(-1) if name.endswith("conv1d.weight") else None
 
 
+@pytest.mark.slow  # builds and saves further models: the second stage keeps the first under budget
 @torch.no_grad()
 @pytest.mark.parametrize(
     "edit",

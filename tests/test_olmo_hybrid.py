@@ -19,6 +19,8 @@ from transformers import OlmoHybridConfig, OlmoHybridForCausalLM
 from attnlab.functional.recurrent import gated_delta_rule
 from attnlab.models import GPT
 
+# family parity, as test_families' slow half: the second stage (the first stage's 240 s budget had 1 s to spare)
+pytestmark = pytest.mark.slow
 VOCAB = 128
 CONFIG = dict(
     vocab_size=VOCAB,
