@@ -17,6 +17,7 @@ from attnlab import Attention
 from attnlab.cache import CACHES, LayerState, ModelCache, PagedKVCache, PrefixCache
 from attnlab.cache.base import Cache, LayerCache
 from attnlab.cache.plan import TABLE, Choice
+from attnlab.cache.shared import SharedCache
 from attnlab.models import GPT, GPTConfig
 from attnlab.nn.latent import LatentAttention
 from attnlab.nn.recurrent import GatedDeltaNet, LinearAttention
@@ -51,6 +52,7 @@ def layouts() -> dict[str, list[LayerState]]:
         "mixed": [LayerState(kind="sliding", kv_heads=2, head_dim=4, window=4), full],
         "hybrid": [LayerState(kind="recurrent", kv_heads=2, head_dim=4, value_dim=4), full],
         "latent": [LayerState(kind="latent", kv_heads=1, head_dim=64, value_dim=48)],
+        "shared": [full, LayerState(kind="shared", kv_heads=2, head_dim=4, source=0)],  # reads layer 0's keys
     }
 
 
@@ -90,7 +92,7 @@ def test_each_choice_of_the_table_builds_the_class_it_names() -> None:
             assert isinstance(entry, str) and entry, (kind, name)  # a refusal says why
             continue
         if name is None:  # a factory of one's own: it builds what it builds, declared as nothing
-            assert entry.cls is LayerCache
+            assert entry.cls is (SharedCache if kind == "shared" else LayerCache)  # a shared layer reads its source
             continue
         state = next(s for group in layouts().values() for s in group if s.kind == kind)
         layer = ModelCache.build([LayerState(kind="full", kv_heads=1, head_dim=2), state], name, rows=1, capacity=8)

@@ -114,8 +114,9 @@ class ModelCache:
         check_positive_int("capacity", capacity, limit=2**27)
         chosen = choose(layers, cache)
         sizes = sizes_for(layers, chosen, cache, rows=rows, capacity=capacity, context=context_length)
-        made = [choice.make(state, sizes) for state, choice in zip(layers, chosen, strict=True)]
-        return _KINDS.get(cache_name(cache) or "", ModelCache)(made)
+        for state, choice in zip(layers, chosen, strict=True):
+            sizes.made.append(choice.make(state, sizes))
+        return _KINDS.get(cache_name(cache) or "", ModelCache)(sizes.made)
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -139,7 +140,7 @@ class ModelCache:
             raise ValueError(
                 f"this cache runs its {self.batch_size} sequences together; rows {rows} alone need a paged cache"
             )
-        return [layer.rows(rows) for layer in self.layers if isinstance(layer, PagedKVCache)]
+        return [layer.rows(rows) for layer in self.layers]  # type: ignore[attr-defined]  # capabilities.rows: all have it
 
     def room(self) -> int | None:
         """Tokens the next call may bring (None: any that fit): the least any layer takes."""

@@ -26,12 +26,14 @@ from attnlab.cache.kv import KVCache, SlidingWindowCache
 from attnlab.cache.latent import LatentCache, QuantizedLatentCache
 from attnlab.cache.paged import BlockTable, PagedKVCache
 from attnlab.cache.quantized import QuantizedKVCache
+from attnlab.cache.shared import SharedCache
 from attnlab.cache.sink import SinkCache
 from attnlab.cache.state import StateCache
 
 # full: keys and values of every position; sliding: a ring of the window; latent: MLA's [c, k_pe] per token;
-# recurrent: a state of fixed size. The rest have no cache yet (issue 55): keys another layer wrote (shared),
-# keys beside indexer keys (indexed), entries of closed blocks (compressed), a short convolution's last inputs.
+# recurrent: a state of fixed size (with its short convolution's last inputs); shared: nothing, it reads an
+# earlier layer's keys (KV sharing). The rest have no cache yet: keys beside indexer keys (indexed), entries of
+# closed blocks (compressed), a layer of short convolutions alone (convolution).
 Kind = Literal["full", "sliding", "latent", "recurrent", "shared", "indexed", "compressed", "convolution"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
@@ -49,6 +51,7 @@ class LayerState:
         rotary: the layer's RotaryEmbedding, or None (a sink cache turns its sinks with it).
         normalizer: a recurrent state with linear attention's (Dk,) normalizer.
         conv: (channels, kernel - 1) of a short causal convolution before the recurrence (Qwen3.5), or None.
+        source: a "shared" layer's: the layer whose keys and values it reads (KV sharing, Gemma 4).
         dtype, device: of what it keeps.
     """
 
@@ -60,6 +63,7 @@ class LayerState:
     rotary: Any = None
     normalizer: bool = False
     conv: tuple[int, int] | None = None
+    source: int | None = None
     dtype: torch.dtype = torch.float32
     device: torch.device | str | None = None
 
@@ -78,6 +82,7 @@ class Sizes:
     factory: Callable[..., Any]  # the user's, knobs included
     knobs: dict[str, Any]  # the knobs set on a named cache
     table: BlockTable | None  # the one block table of the paged layers
+    made: list[Cache]  # the layers' caches made so far, in order: a shared layer's reads its source's
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,12 @@ def _state(state: LayerState, sizes: Sizes) -> Cache:
     )
 
 
+def _shared(state: LayerState, sizes: Sizes) -> Cache:
+    if state.source is None or not 0 <= state.source < len(sizes.made):
+        raise ValueError(f"a shared layer reads an earlier layer's keys: source={state.source!r} names none")
+    return SharedCache(source=state.source, of=sizes.made[state.source])
+
+
 def _latent(bits: int | None) -> Callable[[LayerState, Sizes], Cache]:
     """MLA's latent cache, exact (``bits`` None) or coded in ``bits`` bits (its one knob: group_size)."""
 
@@ -174,6 +185,7 @@ TABLE: dict[tuple[str, str | None], Choice | str] = {
     **{("recurrent", name): Choice(StateCache, _state) for name in CACHES},  # its state, whatever is named
     ("recurrent", "prefix"): "the prefix cache shares paged blocks of keys and values between prompts, and a "
     "recurrent layer keeps a state instead, which no prompt can take from another: use the 'plain' cache",
+    **{("shared", name): Choice(SharedCache, _shared) for name in (*CACHES, None)},  # its source's, whatever
     ("recurrent", None): "a recurrent layer keeps its own state; a cache factory ({factory}) builds keys and "
     "values, which it has none of: name a cache, or build the model's caches with make_caches()",
     **{("latent", name): NOT_LATENT for name in (*CACHES, None)},
@@ -181,7 +193,7 @@ TABLE: dict[tuple[str, str | None], Choice | str] = {
     ("latent", "int8"): Choice(QuantizedLatentCache, _latent(8)),
     ("latent", "int4"): Choice(QuantizedLatentCache, _latent(4)),
 }
-KEEPS_ITS_OWN = ("sliding", "recurrent")  # kinds whose memory no named cache changes
+KEEPS_ITS_OWN = ("sliding", "recurrent", "shared")  # kinds whose memory no named cache changes
 
 
 def choose(layers: Sequence[LayerState], cache: object) -> list[Choice]:
@@ -230,4 +242,4 @@ def sizes_for(
         share = 2 if cache_name(cache) == "prefix" else 1  # a prefix tree keeps what finished rows leave
         blocks = knobs["num_blocks"] if "num_blocks" in knobs else share * rows * -(-capacity // 16)
         table = BlockTable(batch_size=rows, num_blocks=blocks, max_len=capacity, device=paging[0].device)
-    return Sizes(rows, capacity, context, cache_factory(cache), knobs, table)
+    return Sizes(rows, capacity, context, cache_factory(cache), knobs, table, [])

@@ -12,7 +12,9 @@ Two things today's checkpoints add. Llama 3's frequency scaling (``RopeScaling(k
 wavelengths longer than the original context by ``factor``, keeps the short ones and blends those between, so a
 model trained on 8k positions reads 128k. Linear scaling (``kind="linear"``) divides every position by
 ``factor``. Partial rotation (``rotary_dim`` < D) rotates the first ``rotary_dim`` dimensions of each head and
-passes the rest through.
+passes the rest through. Proportional RoPE (Gemma 4's full layers, ``proportion``) keeps the whole head's
+frequencies, base^(-2i / D), and sets all but the first int(proportion * D / 2) of them to zero: those pairs
+(i, i + D/2) do not turn.
 
 Shapes: B = batch, H = heads, T = tokens, D = head_dim, R = rotary_dim.
 """
@@ -156,10 +158,18 @@ class RotaryEmbedding(nn.Module):
         base: theta in inv_freq_i = base^(-2i / R); 10000 in RoFormer and Llama 2, 500000 in Llama 3.
         scaling: a :class:`RopeScaling`, or None.
         rotary_dim: R, the dimensions that turn (even, <= D); None is all of them.
+        proportion: proportional RoPE (Gemma 4): the fraction of the D/2 frequencies that turn, the rest zero;
+            None turns them all. Not with ``rotary_dim``.
     """
 
     def __init__(
-        self, *, head_dim: int, base: float = 10000.0, scaling: RopeScaling | None = None, rotary_dim: int | None = None
+        self,
+        *,
+        head_dim: int,
+        base: float = 10000.0,
+        scaling: RopeScaling | None = None,
+        rotary_dim: int | None = None,
+        proportion: float | None = None,
     ) -> None:
         super().__init__()
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
@@ -171,10 +181,20 @@ class RotaryEmbedding(nn.Module):
         r = head_dim if rotary_dim is None else rotary_dim
         if isinstance(r, bool) or not isinstance(r, int) or r < 2 or r % 2 or r > head_dim:
             raise ValueError(f"rotary_dim must be an even int in [2, head_dim={head_dim}], got {rotary_dim!r}")
-        self.head_dim, self.rotary_dim = head_dim, r
+        if proportion is not None and (
+            isinstance(proportion, bool) or not isinstance(proportion, (int, float)) or not 0 <= proportion <= 1
+        ):
+            raise ValueError(f"proportion must be None or a fraction in [0, 1] of the frequencies, got {proportion!r}")
+        if proportion is not None and r != head_dim:
+            raise ValueError(
+                f"proportional RoPE keeps the whole head's frequencies: give proportion or rotary_dim={rotary_dim}"
+            )
+        self.head_dim, self.rotary_dim, self.proportion = head_dim, r, proportion
         self.base = float(base)
         self.scaling = scaling
         inv_freq = 1.0 / (self.base ** (torch.arange(0, r, 2, dtype=torch.float32) / r))  # (R/2,)
+        if proportion is not None:  # Gemma 4's full layers: the slow frequencies are set to zero, not turned
+            inv_freq[int(proportion * head_dim // 2) :] = 0.0
         if scaling is not None:
             inv_freq = scaling.inv_freq(inv_freq, self.base)
         self.register_buffer("inv_freq", inv_freq, persistent=False)

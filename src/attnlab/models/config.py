@@ -19,6 +19,7 @@ from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_po
 from attnlab.functional.mods import ScoreMod, alibi, softcap
 from attnlab.functional.registry import BACKENDS, Backend
 from attnlab.functional.rotary import RopeScaling
+from attnlab.models.layer_shape import LayerShape, Resolved
 
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("pre", "post", "sandwich")
@@ -174,6 +175,18 @@ class GPTConfig:
     delta_norm_placement: Literal["pre", "post", "sandwich"] | None = None
     qk_norm_over: Literal["head", "all"] = "head"
     nope: bool = False
+    # Gemma 4 and MiMo-V2-Flash shape each layer type on its own (attnlab.models.layer_shape): the full layers'
+    # and the sliding layers' own head size, key/value heads, sinks, keys as values, RoPE. Values scaled by
+    # value_scale (MiMo), RMS-normed without a weight (v_norm: Gemma 4); v_head_dim, when set without latent
+    # attention, is a softmax layer's value head size (MiMo's 128 beside its 192-wide keys). KV sharing (Gemma 4):
+    # the last kv_shared_layers layers compute no keys or values and read those of the last earlier layer of
+    # their type (kv_source), whose MLP is twice as wide with double_wide_shared
+    full_layers: LayerShape | None = None
+    sliding_layers: LayerShape | None = None
+    value_scale: float | None = None
+    v_norm: bool = False
+    kv_shared_layers: int = 0
+    double_wide_shared: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -224,7 +237,7 @@ class GPTConfig:
         ):
             raise ValueError(f"delta_norm_eps must be None or a float in (0, 1), got {self.delta_norm_eps!r}")
         flags = ("bias", "qk_norm", "sinks", "norm_topk_prob", "rope_interleave", "attn_output_gate", "nope")
-        for name in (*flags, "delta_negative_eigenvalues"):
+        for name in (*flags, "delta_negative_eigenvalues", "v_norm", "double_wide_shared"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.hidden_dim is not None:
@@ -311,6 +324,7 @@ class GPTConfig:
                 f"delta_value_heads={self.delta_value_heads} must be a multiple of the delta layers' query/key heads "
                 f"({self.delta_heads or self.n_heads}): each of those serves as many value heads"
             )
+        self._check_shapes()
         zoo = self.attn_output_gate or bool({"linear", "delta"} & set(self.layer_types or ()))
         if zoo and (self.family not in (None, *HYBRID_FAMILIES) or self.kv_lora_rank is not None):
             raise ValueError(
@@ -318,6 +332,36 @@ class GPTConfig:
                 f"format); family={self.family!r} and latent attention (kv_lora_rank={self.kv_lora_rank}) have "
                 "neither: leave them out"
             )
+
+    def _check_shapes(self) -> None:
+        for name in ("full_layers", "sliding_layers"):
+            shape = getattr(self, name)
+            if shape is not None and not isinstance(shape, LayerShape):
+                raise TypeError(f"{name} must be a LayerShape or None, got {shape!r}")
+            if shape is not None and shape.n_kv_heads is not None:
+                check_kv_heads(self.n_heads, shape.n_kv_heads)
+        if (self.full_layers or self.sliding_layers) and self.kv_lora_rank is not None:
+            raise ValueError("full_layers and sliding_layers shape softmax layers; latent attention has its own")
+        if self.value_scale is not None and (
+            isinstance(self.value_scale, bool)
+            or not isinstance(self.value_scale, (int, float))
+            or not self.value_scale > 0
+        ):
+            raise ValueError(f"value_scale must be None or a number > 0, got {self.value_scale!r}")
+        if self.kv_lora_rank is None and self.v_head_dim:
+            check_positive_int("v_head_dim", self.v_head_dim, limit=2**16)
+        k = self.kv_shared_layers
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < self.n_layers:
+            raise ValueError(
+                f"kv_shared_layers must be an int in [0, n_layers={self.n_layers}): the last layers that read an "
+                f"earlier layer's keys, after at least one that computes them; got {k!r}"
+            )
+        for layer in range(self.n_layers - k, self.n_layers):
+            if self.layer_type(layer) not in ("full", "sliding"):
+                raise ValueError(
+                    f"layer {layer} shares keys (kv_shared_layers={k}) but is a {self.layer_type(layer)} layer"
+                )
+            self.kv_source(layer)  # names a type with no earlier layer to read from
 
     @property
     def d_head(self) -> int:
@@ -335,6 +379,36 @@ class GPTConfig:
             return float(self.rope_local_base), self.rope_local_scaling
         return float(self.rope_base), self.rope_scaling
 
+    def kv_source(self, layer: int) -> int | None:
+        """The layer whose keys and values layer ``layer`` reads (KV sharing: the last layer of its type before
+        the shared ones), or None for a layer that computes its own."""
+        first = self.n_layers - self.kv_shared_layers
+        if layer < first:
+            return None
+        kind = self.layer_type(layer)
+        earlier = [i for i in range(first) if self.layer_type(i) == kind]
+        if not earlier:
+            raise ValueError(
+                f"layer {layer} is a {kind} layer reading an earlier {kind} layer's keys (kv_shared_layers="
+                f"{self.kv_shared_layers}), and none of layers 0..{first - 1} is one"
+            )
+        return earlier[-1]
+
+    def layer_shape(self, layer: int) -> Resolved:
+        """Layer ``layer``'s softmax attention shape: its type's own (``full_layers``, ``sliding_layers``) over
+        the model's fields."""
+        own = self.sliding_layers if self.layer_window(layer) is not None else self.full_layers
+        own = own or LayerShape()
+        return Resolved(
+            head_dim=own.head_dim or self.d_head,
+            n_kv_heads=own.n_kv_heads or self.n_kv_heads or self.n_heads,
+            sinks=self.sinks if own.sinks is None else own.sinks,
+            keys_as_values=own.keys_as_values,
+            rotary_dim=own.rotary_dim or self.rotary_dim,
+            rope_proportion=own.rope_proportion,
+            kv_source=self.kv_source(layer),
+        )
+
     def layer_window(self, layer: int) -> int | None:
         """The window layer ``layer`` attends through: ``window`` on a sliding layer, None on a full one."""
         if self.layer_types is None:
@@ -346,6 +420,13 @@ class GPTConfig:
         if self.layer_types is None:
             return "full" if self.window is None else "sliding"
         return self.layer_types[layer]
+
+    @property
+    def shapes_layers(self) -> bool:
+        """Whether a layer type has its own shape, values are scaled, normed or sized apart, or layers share keys:
+        what only the families that read those settings (Gemma 4, MiMo-V2-Flash) can be saved as."""
+        kept = (self.full_layers, self.sliding_layers, self.value_scale, self.v_norm, self.kv_shared_layers)
+        return kept != (None, None, None, False, 0) or (self.kv_lora_rank is None and self.v_head_dim != 0)
 
     @property
     def is_gpt2(self) -> bool:
@@ -370,6 +451,7 @@ class GPTConfig:
             and not self.qk_norm
             and (self.emb_scale, self.attn_scale, self.final_softcap, self.num_experts) == (None, None, None, 0)
             and not self.sinks
+            and not self.shapes_layers
             and self.kv_lora_rank is None
             and not self.attn_output_gate
             and self.layer_types in (None, ("full",) * self.n_layers)
@@ -388,7 +470,7 @@ class GPTConfig:
         if self.layer_types is not None:
             values["layer_types"] = list(self.layer_types)
         values["dense_layers"] = list(self.dense_layers)
-        return values
+        return values  # full_layers and sliding_layers: a dict of their fields, or None
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
@@ -400,6 +482,9 @@ class GPTConfig:
         for key in ("rope_scaling", "rope_local_scaling"):
             if isinstance(values.get(key), dict):
                 values[key] = RopeScaling.from_dict(values[key])
+        for key in ("full_layers", "sliding_layers"):
+            if isinstance(values.get(key), dict):
+                values[key] = LayerShape.from_dict(values[key])
         for key in ("layer_types", "dense_layers"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(values[key])

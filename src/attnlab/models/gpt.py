@@ -33,6 +33,7 @@ from attnlab.models.generation.prompts import check_prompt, positions_and_paddin
 from attnlab.models.parts import TransformerBlock, make_norm
 from attnlab.models.tokenizer import CharTokenizer
 from attnlab.models.weights import Checkpoint, fit
+from attnlab.nn.attention import SharedKV
 from attnlab.observe import Recorder
 
 if TYPE_CHECKING:
@@ -175,9 +176,16 @@ class GPT(nn.Module):
                 )
         x = self.drop_emb(x)
         rotary_positions = positions if self.config.rope else None
+        shared: dict[int | None, SharedKV] | None = {} if self.config.kv_shared_layers else None  # KV sharing
         for layer, block in enumerate(self.blocks):
             held = cache[layer] if cache is not None else None
-            x = block(x, visibility=visibility[block.att.visibility_key], positions=rotary_positions, cache=held)
+            x = block(
+                x,
+                visibility=visibility[block.att.visibility_key],
+                positions=rotary_positions,
+                cache=held,
+                shared=shared,
+            )
         if last_only:
             x = x[:, -1:]  # (B, 1, E)
         logits = self.out_head(self.final_norm(x))

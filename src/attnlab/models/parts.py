@@ -22,7 +22,7 @@ import torch.nn as nn
 from attnlab.cache import Cache
 from attnlab.functional.visibility import Visibility
 from attnlab.models.config import GPTConfig
-from attnlab.nn.attention import Attention
+from attnlab.nn.attention import Attention, SharedKV
 from attnlab.nn.latent import LatentAttention
 from attnlab.nn.recurrent import GatedDeltaNet, LinearAttention
 
@@ -148,6 +148,8 @@ def make_mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
     """GPT-2's GELU MLP (``ff.0``, ``ff.2``: the names its checkpoints keep), the gated FeedForward, or on a
     sparse layer the mixture of experts."""
     e, f = config.emb_dim, config.ff_dim
+    if config.double_wide_shared and config.kv_source(layer) is not None:
+        f = 2 * f  # Gemma 4's layers that share keys: an MLP twice as wide (use_double_wide_mlp)
     if config.num_experts and layer not in config.dense_layers:
         return MoEFeedForward(
             emb_dim=e,
@@ -189,6 +191,39 @@ def make_attention(config: GPTConfig, layer: int) -> LatentAttention:
     )
 
 
+def make_softmax(config: GPTConfig, layer: int) -> Attention:
+    """Layer ``layer``'s softmax attention: its type's own shape (``GPTConfig.layer_shape``), window and RoPE."""
+    shape, (rope_base, rope_scaling) = config.layer_shape(layer), config.layer_rope(layer)
+    return Attention(
+        d_in=config.emb_dim,
+        num_heads=config.n_heads,
+        num_kv_heads=shape.n_kv_heads,
+        head_dim=shape.head_dim,
+        qkv_bias=config.qkv_bias,
+        out_bias=config.bias,
+        dropout=config.drop_rate,
+        is_causal=True,
+        window=config.layer_window(layer),
+        rope=config.rope,
+        rope_base=rope_base,
+        rope_scaling=rope_scaling,
+        rotary_dim=shape.rotary_dim,
+        qk_norm=config.qk_norm,
+        qk_norm_over=config.qk_norm_over,
+        norm_eps=config.layer_norm_eps,
+        sinks=shape.sinks,
+        scale=config.attn_scale,
+        backend=config.backend,
+        output_gate=config.attn_output_gate,
+        value_dim=config.v_head_dim or None,
+        value_scale=config.value_scale,
+        keys_as_values=shape.keys_as_values,
+        v_norm=config.v_norm,
+        rope_proportion=shape.rope_proportion,
+        kv_source=shape.kv_source,
+    )
+
+
 class TransformerBlock(nn.Module):
     """Pre-norm: x + drop(att(norm1(x))), then x + drop(ff(norm2(x))); post-norm: x + drop(norm1(att(x))), then
     x + drop(norm2(ff(x))); sandwich: x + drop(post_norm1(att(norm1(x)))), then x + drop(post_norm2(ff(norm2(x)))).
@@ -198,7 +233,6 @@ class TransformerBlock(nn.Module):
     def __init__(self, config: GPTConfig, *, layer: int = 0) -> None:
         super().__init__()
         e = config.emb_dim
-        rope_base, rope_scaling = config.layer_rope(layer)
         kind = config.layer_type(layer)
         own = config.delta_norm_placement if kind == "delta" else None  # OLMo-Hybrid's: pre there, post elsewhere
         self.placement = own or config.norm_placement
@@ -220,28 +254,7 @@ class TransformerBlock(nn.Module):
                 negative_eigenvalues=config.delta_negative_eigenvalues,
             )
             if kind == "delta"
-            else Attention(
-                d_in=e,
-                num_heads=config.n_heads,
-                num_kv_heads=config.n_kv_heads,
-                head_dim=config.d_head,
-                qkv_bias=config.qkv_bias,
-                out_bias=config.bias,
-                dropout=config.drop_rate,
-                is_causal=True,
-                window=config.layer_window(layer),
-                rope=config.rope,
-                rope_base=rope_base,
-                rope_scaling=rope_scaling,
-                rotary_dim=config.rotary_dim,
-                qk_norm=config.qk_norm,
-                qk_norm_over=config.qk_norm_over,
-                norm_eps=config.layer_norm_eps,
-                sinks=config.sinks,
-                scale=config.attn_scale,
-                backend=config.backend,
-                output_gate=config.attn_output_gate,
-            )
+            else make_softmax(config, layer)
         )
         self.drop_resid = nn.Dropout(config.drop_rate)
         self.norm2 = make_norm(config)
@@ -250,17 +263,36 @@ class TransformerBlock(nn.Module):
             self.post_norm1, self.post_norm2 = make_norm(config), make_norm(config)
 
     def forward(
-        self, x: torch.Tensor, *, visibility: Visibility, positions: torch.Tensor | None, cache: Cache | None
+        self,
+        x: torch.Tensor,
+        *,
+        visibility: Visibility,
+        positions: torch.Tensor | None,
+        cache: Cache | None,
+        shared: dict[int | None, SharedKV] | None = None,
     ) -> torch.Tensor:
+        """``shared``: the keys the model's layers leave for the layers that share them (KV sharing), or None."""
         if self.placement == "post":
-            x = x + self._resid(self.norm1(self.att(x, visibility=visibility, positions=positions, cache=cache)))
+            x = x + self._resid(self.norm1(self._attend(x, visibility, positions, cache, shared)))
             return x + self._resid(self.norm2(self.ff(x)))
         if self.placement == "sandwich":
-            att = self.att(self.norm1(x), visibility=visibility, positions=positions, cache=cache)
+            att = self._attend(self.norm1(x), visibility, positions, cache, shared)
             x = x + self._resid(self.post_norm1(att))
             return x + self._resid(self.post_norm2(self.ff(self.norm2(x))))
-        x = x + self._resid(self.att(self.norm1(x), visibility=visibility, positions=positions, cache=cache))
+        x = x + self._resid(self._attend(self.norm1(x), visibility, positions, cache, shared))
         return x + self._resid(self.ff(self.norm2(x)))
+
+    def _attend(
+        self,
+        x: torch.Tensor,
+        visibility: Visibility,
+        positions: torch.Tensor | None,
+        cache: Cache | None,
+        shared: dict[int | None, SharedKV] | None,
+    ) -> torch.Tensor:
+        if shared is not None and isinstance(self.att, Attention):
+            return self.att(x, visibility=visibility, positions=positions, cache=cache, shared=shared)
+        return self.att(x, visibility=visibility, positions=positions, cache=cache)
 
     def _resid(self, x: torch.Tensor) -> torch.Tensor:
         """``drop_resid`` while it trains (its own flag: Monte-Carlo dropout turns on the dropouts alone); in

@@ -51,6 +51,15 @@ class ForwardArgs(NamedTuple):
     visibility: Visibility | None
 
 
+class SharedKV(NamedTuple):
+    """Keys (B, Hkv, Tk, D) and values (B, Hkv, Tk, Dv) a layer attended over, with their Visibility: what a later
+    layer that shares them (``kv_source``) attends over too."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    visibility: Visibility
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with GQA, RoPE and pluggable backends.
 
@@ -80,8 +89,16 @@ class Attention(nn.Module):
             that scale otherwise load with their own).
         output_gate: gated attention (Qwen3-Next): each head's context vector is multiplied elementwise by
             sigmoid(gate(x)) before out_proj, so a head can close on a token instead of putting its weight
-            somewhere (``gate``: d_in -> H * D, no bias).
+            somewhere (``gate``: d_in -> H * Dv, no bias).
         backend: "auto", "eager", "sdpa" or "flash".
+        value_dim: Dv, each value head's size where it is not D (MiMo-V2-Flash: 128 beside 192).
+        value_scale: every value times this before it is attended or cached (MiMo-V2-Flash).
+        keys_as_values: no value rows: the key projection's output, before its norm and RoPE, is the value
+            (Gemma 4's full layers, ``attention_k_eq_v``).
+        v_norm: each value head RMS-normed over Dv, without a weight (Gemma 4).
+        rope_proportion: proportional RoPE (Gemma 4's full layers), the fraction of the frequencies that turn.
+        kv_source: KV sharing (Gemma 4): this layer computes no keys or values and attends over those of layer
+            ``kv_source`` of its model, which the model hands it in ``shared`` (its cache holds nothing).
 
     Input (B, T, d_in); output (B, T, d_out), always a tensor. The weights
     come out through :class:`attnlab.observe.Recorder`, keyed by this
@@ -112,6 +129,12 @@ class Attention(nn.Module):
         scale: float | None = None,
         backend: Backend = "auto",
         output_gate: bool = False,
+        value_dim: int | None = None,
+        value_scale: float | None = None,
+        keys_as_values: bool = False,
+        v_norm: bool = False,
+        rope_proportion: float | None = None,
+        kv_source: int | None = None,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -122,6 +145,15 @@ class Attention(nn.Module):
             check_heads(d_out, num_heads)  # or pass head_dim explicitly
             head_dim = d_out // num_heads
         check_positive_int("head_dim", head_dim, limit=2**16)
+        value_dim = head_dim if value_dim is None else value_dim
+        check_positive_int("value_dim", value_dim, limit=2**16)
+        if keys_as_values and value_dim != head_dim:
+            raise ValueError(
+                f"keys_as_values makes each key its value: value_dim={value_dim} must be head_dim={head_dim}"
+            )
+        if kv_source is not None:
+            check_positive_int("kv_source", kv_source + 1, limit=4096)  # a layer index, 0 included
+        check_scale(value_scale)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         check_kv_heads(num_heads, num_kv_heads)
         check_dropout(dropout)
@@ -160,6 +192,12 @@ class Attention(nn.Module):
             scale=scale,
             backend=backend,
             output_gate=output_gate,
+            value_dim=value_dim,
+            value_scale=value_scale,
+            keys_as_values=keys_as_values,
+            v_norm=v_norm,
+            rope_proportion=rope_proportion,
+            kv_source=kv_source,
         )
         self.d_in, self.d_out = d_in, d_out
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -168,20 +206,33 @@ class Attention(nn.Module):
         self.scale = None if scale is None else float(scale)
         self.backend: Backend = backend
 
-        # One fused projection: rows [0, H*D) are W_query, then W_key, then W_value.
-        self.qkv = nn.Linear(d_in, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
-        self.out_proj = nn.Linear(num_heads * head_dim, d_out, bias=out_bias)
+        self.value_dim, self.value_scale, self.keys_as_values = value_dim, value_scale, keys_as_values
+        self.kv_source = kv_source
+        # One fused projection: rows [0, H*D) are W_query, then W_key (Hkv*D), then W_value (Hkv*Dv); a layer that
+        # reads another's keys has W_query alone, one whose keys are its values no W_value
+        own_kv = 0 if kv_source is not None else num_kv_heads
+        self.rows = (num_heads * head_dim, own_kv * head_dim, 0 if keys_as_values else own_kv * value_dim)
+        self.qkv = nn.Linear(d_in, sum(self.rows), bias=qkv_bias)
+        self.out_proj = nn.Linear(num_heads * value_dim, d_out, bias=out_bias)
         self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None  # (H,): gpt-oss's learned sinks
-        self.gate = nn.Linear(d_in, num_heads * head_dim, bias=False) if output_gate else None  # Qwen3-Next's
+        self.gate = nn.Linear(d_in, num_heads * value_dim, bias=False) if output_gate else None  # Qwen3-Next's
+        self.v_norm = nn.RMSNorm(value_dim, eps=norm_eps, elementwise_affine=False) if v_norm else None
         # Qwen3's QK-norm: one RMSNorm over head_dim, shared by the heads, for the queries and one for the keys
         if qk_norm_over not in ("head", "all"):
             raise ValueError(f"qk_norm_over must be 'head' or 'all', got {qk_norm_over!r}")
         whole = qk_norm_over == "all"
         self.qk_norm_over = qk_norm_over
         self.q_norm = nn.RMSNorm(head_dim * (num_heads if whole else 1), eps=norm_eps) if qk_norm else None
-        self.k_norm = nn.RMSNorm(head_dim * (num_kv_heads if whole else 1), eps=norm_eps) if qk_norm else None
+        keys_norm = qk_norm and kv_source is None
+        self.k_norm = nn.RMSNorm(head_dim * (num_kv_heads if whole else 1), eps=norm_eps) if keys_norm else None
         self.rotary = (
-            RotaryEmbedding(head_dim=head_dim, base=rope_base, scaling=rope_scaling, rotary_dim=rotary_dim)
+            RotaryEmbedding(
+                head_dim=head_dim,
+                base=rope_base,
+                scaling=rope_scaling,
+                rotary_dim=rotary_dim,
+                proportion=rope_proportion,
+            )
             if rope
             else None
         )
@@ -203,15 +254,28 @@ class Attention(nn.Module):
         return next(t for t in (*self.qkv.parameters(), *self.qkv.buffers())).device
 
     def split_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project x (B, T, d_in) into q (B, H, T, D), k and v (B, Hkv, T, D); QK-normed if the module has it."""
+        """Project x (B, T, d_in) into q (B, H, T, D), k (B, Hkv, T, D) and v (B, Hkv, T, Dv); QK-normed, values
+        normed and scaled, as the module has it (a layer that reads another's keys: k and v with no heads)."""
         b, t, _ = x.shape
         h, h_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        heads = self.qkv(x).view(b, t, h + 2 * h_kv, d).transpose(1, 2)  # (B, H + 2 Hkv, T, D): three ops, not nine
-        queries, keys, values = heads.split([h, h_kv, h_kv], dim=1)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
-        if self.q_norm is not None and self.k_norm is not None and self.qk_norm_over == "all":
-            queries, keys = _whole(self.q_norm, queries), _whole(self.k_norm, keys)  # over all heads, per token
-        elif self.q_norm is not None and self.k_norm is not None:
-            queries, keys = self.q_norm(queries), self.k_norm(keys)  # over D, per head and token
+        if self.rows == (h * d, h_kv * d, h_kv * d):
+            heads = self.qkv(x).view(b, t, h + 2 * h_kv, d).transpose(1, 2)  # (B, H + 2 Hkv, T, D): three ops, not nine
+            queries, keys, values = heads.split([h, h_kv, h_kv], dim=1)  # (B, H, T, D), (B, Hkv, T, D) twice
+        else:
+            q, k, v = self.qkv(x).split(self.rows, dim=-1)  # (B, T, H*D), (B, T, own Hkv*D), (B, T, own Hkv*Dv)
+            queries = q.view(b, t, h, d).transpose(1, 2)  # (B, H, T, D)
+            keys = k.view(b, t, -1, d).transpose(1, 2)  # (B, Hkv or 0, T, D)
+            values = keys if self.keys_as_values else v.view(b, t, -1, self.value_dim).transpose(1, 2)  # (.., Dv)
+        if self.v_norm is not None:
+            values = self.v_norm(values)  # over Dv, per head and token, before the keys are normed
+        if self.value_scale is not None:
+            values = values * self.value_scale
+        if self.q_norm is not None and self.qk_norm_over == "all":
+            queries = _whole(self.q_norm, queries)  # over all heads, per token
+            keys = keys if self.k_norm is None else _whole(self.k_norm, keys)
+        elif self.q_norm is not None:
+            queries = self.q_norm(queries)  # over D, per head and token
+            keys = keys if self.k_norm is None else self.k_norm(keys)
         return queries, keys, values
 
     def layer_state(self) -> LayerState:
@@ -219,9 +283,11 @@ class Attention(nn.Module):
         slides), in its dtype, on its device. ``attnlab.cache.ModelCache.build`` turns it and a cache name into
         the layer's cache: ``ModelCache.build([attn.layer_state()], "plain", rows=1, capacity=64)[0]``."""
         return LayerState(
-            kind="full" if self.window is None else "sliding",
+            kind="shared" if self.kv_source is not None else "full" if self.window is None else "sliding",
             kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
+            value_dim=None if self.value_dim == self.head_dim else self.value_dim,
+            source=self.kv_source,
             window=self.window,
             rotary=self.rotary,
             dtype=self.dtype,
@@ -239,6 +305,7 @@ class Attention(nn.Module):
         mask_mod: MaskMod | None = None,
         score_mod: ScoreMod | None = None,
         visibility: Visibility | None = None,
+        shared: dict[int | None, SharedKV] | None = None,
     ) -> torch.Tensor:
         """Attend over x (B, T, d_in), optionally after the tokens held in ``cache``.
 
@@ -258,6 +325,9 @@ class Attention(nn.Module):
                 at absolute positions; a score_mod's tensors get their gradients.
             visibility: one built by :meth:`visibility_for` (a model builds it once and
                 every layer shares it), instead of mask, document_ids and the mods.
+            shared: KV sharing, one dict per forward of a model: a layer that computes keys leaves them
+                there under its ``visibility_key`` (the last of each type wins), and a layer with
+                ``kv_source`` attends over them instead of its own (Gemma 4's ``shared_kv_states``).
 
         Returns:
             (B, T, d_out).
@@ -268,13 +338,23 @@ class Attention(nn.Module):
         """
         given = ForwardArgs(mask, positions, cache, document_ids, mask_mod, score_mod, visibility)  # in this order
         visibility, positions = self._prepare(x, given)  # everything checked: nothing is written before this
+        if self.kv_source is not None and (shared is None or self.visibility_key not in shared):
+            raise ValueError(
+                f"this layer reads layer {self.kv_source}'s keys and values (KV sharing), which its model hands it "
+                "in shared=: run it inside its model, after that layer"
+            )
         queries, keys, values = self.split_qkv(x)
         if self.rotary is not None:
             cos, sin = self.rotary(positions, dtype=queries.dtype)
-            queries, keys = apply_rotary(queries, cos, sin), apply_rotary(keys, cos, sin)
-        if cache is not None:
+            queries = apply_rotary(queries, cos, sin)
+            keys = keys if self.kv_source is not None else apply_rotary(keys, cos, sin)
+        if shared is not None and self.kv_source is not None:
+            keys, values, visibility = shared[self.visibility_key]  # the source layer's, after its cache's write
+        elif cache is not None:
             keys, values, key_pos = cache.update(keys, values)  # the only write; everything above is checked
             visibility = visibility.for_keys(key_pos)  # the next layer's cache returns the same positions: kept
+        if shared is not None and self.kv_source is None:
+            shared[self.visibility_key] = SharedKV(keys, values, visibility)
         out = self.attend(queries, keys, values, visibility=visibility, gate=self.gate_for(x))
         if cache is not None and cache.capabilities.observes:  # a cache that evicts by the attention its keys get
             cache.observe(queries, keys, values, visibility=visibility, scale=self.scale)
@@ -453,7 +533,7 @@ class Attention(nn.Module):
         """(B, H, T, D) context vectors -> heads side by side, through the output gate if the module has one
         (``gate``: its openings for the same tokens, :meth:`gate_for`), then out_proj: (B, T, d_out)."""
         b, _, t, _ = context_vec.shape
-        context_vec = context_vec.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, H*D)
+        context_vec = context_vec.transpose(1, 2).reshape(b, t, self.num_heads * self.value_dim)  # (B, T, H*Dv)
         if (gate is None) != (self.gate is None):
             raise ValueError(
                 "this Attention has an output gate: pass gate=module.gate_for(x) for the same tokens"
@@ -496,7 +576,8 @@ class Attention(nn.Module):
             f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, is_causal={self.is_causal}, window={self.window}, "
             f"rope={self.rotary is not None}, qk_norm={self.q_norm is not None}, sinks={self.sinks is not None}, "
-            f"scale={self.scale}, output_gate={self.gate is not None}, "
+            f"scale={self.scale}, output_gate={self.gate is not None}, value_dim={self.value_dim}, "
+            f"keys_as_values={self.keys_as_values}, v_norm={self.v_norm is not None}, kv_source={self.kv_source}, "
             f"backend={self.backend!r}"
         )
 

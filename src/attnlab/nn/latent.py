@@ -35,7 +35,7 @@ from attnlab.functional.mods import MaskMod, ScoreMod
 from attnlab.functional.registry import Backend, check_backend
 from attnlab.functional.rotary import RopeScaling, RotaryEmbedding, apply_rotary
 from attnlab.functional.visibility import Visibility
-from attnlab.nn.attention import Attention, ForwardArgs
+from attnlab.nn.attention import Attention, ForwardArgs, SharedKV
 
 
 class LatentAttention(Attention):
@@ -186,8 +186,12 @@ class LatentAttention(Attention):
         mask_mod: MaskMod | None = None,
         score_mod: ScoreMod | None = None,
         visibility: Visibility | None = None,
+        shared: dict[int | None, SharedKV] | None = None,
     ) -> torch.Tensor:
-        """As :meth:`Attention.forward`: the expanded form without a cache, the absorbed one over a latent cache."""
+        """As :meth:`Attention.forward`: the expanded form without a cache, the absorbed one over a latent cache.
+        No KV sharing: ``shared`` is refused."""
+        if shared is not None:
+            raise ValueError("latent attention keeps its own latents; KV sharing (shared=) is for softmax layers")
         given = ForwardArgs(mask, positions, cache, document_ids, mask_mod, score_mod, visibility)
         visibility, positions = self._prepare(x, given)  # everything checked: nothing is written before this
         if cache is not None and not isinstance(cache, LatentCache):

@@ -89,6 +89,8 @@ def holds(config: GPTConfig) -> bool:
     names none)."""
     if config.family in OWN:
         return bool(OWN[config.family].holds(config))
+    if config.shapes_layers:  # per-type shapes, value settings, KV sharing: read by the families in OWN only
+        return False
     if config.family in qwen.MODEL_TYPES:
         return qwen.holds(config, config.family)
     readers = {"llama": llama.holds, "mistral": mistral.holds, "gemma3_text": gemma.holds, "gpt_oss": gpt_oss.holds}

@@ -150,6 +150,7 @@ def holds(config: GPTConfig) -> bool:
         and config.rope != config.nope
         and config.rotary_dim is None
         and config.conv_kernel is not None
+        and not config.shapes_layers
         and config.delta_norm_eps == 1e-5
         and not (config.bias or config.qkv_bias or config.sinks or config.num_experts or config.attn_output_gate)
         and config.window is None

@@ -209,6 +209,7 @@ def holds(config: GPTConfig) -> bool:
         and not (config.bias or config.qkv_bias or config.sinks or config.num_experts)
         and config.window is None
         and config.score_mod is None
+        and not config.shapes_layers
         and set(config.layer_types or ()) <= {"delta", "full"}
     )
 
