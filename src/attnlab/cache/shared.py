@@ -33,8 +33,13 @@ class SharedCache(LayerCache):
         torch.nn.Module.__init__(self)  # nothing of a shape to check: it holds no tensor
         if not isinstance(of, Cache) or isinstance(of, SharedCache):
             raise TypeError(f"a shared layer reads the cache of a layer that computes keys, got {type(of).__name__}")
-        self.source, self.of = source, of
-        self.batch_size = getattr(of, "batch_size", 0)
+        self.source = source
+        self._of = (of,)  # not a submodule: its buffers are its source's, counted there once
+
+    @property
+    def of(self) -> Cache:
+        """The source layer's cache."""
+        return self._of[0]
 
     def next_positions(self, t: int) -> torch.Tensor:
         """The positions its source's next ``t`` tokens get: the same tokens."""
@@ -53,9 +58,8 @@ class SharedCache(LayerCache):
         """Nothing to cut back: its source is cropped as a layer of its own."""
 
     def rows(self, rows: list[int]) -> SharedCache:
-        """Sequences ``rows`` of its source (a paged source's view)."""
-        take = getattr(self.of, "rows", None)
-        return self if take is None else SharedCache(source=self.source, of=take(rows))
+        """Sequences ``rows`` of its source (a paged source's view: asked only when every layer has rows)."""
+        return SharedCache(source=self.source, of=self.of.rows(rows))  # type: ignore[attr-defined]
 
     def extra_repr(self) -> str:
         return f"source={self.source}"

@@ -179,13 +179,8 @@ class GPT(nn.Module):
         shared: dict[int | None, SharedKV] | None = {} if self.config.kv_shared_layers else None  # KV sharing
         for layer, block in enumerate(self.blocks):
             held = cache[layer] if cache is not None else None
-            x = block(
-                x,
-                visibility=visibility[block.att.visibility_key],
-                positions=rotary_positions,
-                cache=held,
-                shared=shared,
-            )
+            seen = visibility[block.att.visibility_key]
+            x = block(x, visibility=seen, positions=rotary_positions, cache=held, shared=shared)
         if last_only:
             x = x[:, -1:]  # (B, 1, E)
         logits = self.out_head(self.final_norm(x))
@@ -226,16 +221,9 @@ class GPT(nn.Module):
         return rows
 
     def set_layout(self, layout: str = "auto") -> dict[str, str]:
-        """Store every linear weight row by row ("rows", nn.Linear's own), column by column ("columns", the
-        layout of Hugging Face GPT-2's Conv1D), row by row with oneDNN's product in place of the BLAS's
-        ("onednn": inference on the CPU, float32 or bfloat16), row by row with a decode step's product by a
-        loop torch.compile writes ("gemv", :mod:`attnlab.linear.gemv`; a prompt's by oneDNN), row by row with a copy
-        oneDNN reorders once and reads ("packed", :mod:`attnlab.linear.packed`: twice the weights' memory), row by
-        row with a decode step's product by attnlab's C++ loop that asks memory for the next rows ahead
-        ("prefetch", :mod:`attnlab.linear.prefetch`; a prompt's by oneDNN), or in
-        whichever this machine streams fastest for its shape ("auto", measured once per process): the same
-        values, shapes and checkpoints, a faster decode where the measurement says so
-        (:mod:`attnlab.linear.layout`). Returns the layout each weight got."""
+        """Store every linear weight in ``layout`` ("rows", "columns", "onednn", "gemv", "packed", "prefetch", or
+        "auto": the fastest here, measured once per process; :mod:`attnlab.linear.layout` describes each): the same
+        values, shapes and checkpoints, a faster decode where measured so. Returns the layout each weight got."""
         from attnlab.linear.layout import set_layout
 
         return dict(set_layout(self, layout))  # type: ignore[arg-type]
