@@ -224,3 +224,14 @@ def test_a_layer_shape_refuses_what_it_cannot_be() -> None:
         LayerShape(rope_proportion=1.5)
     with pytest.raises(ValueError, match="unknown LayerShape fields"):
         LayerShape.from_dict({"heads": 2})
+
+
+def test_the_views_name_the_layer_whose_keys_a_shared_layer_reads() -> None:
+    from attnlab.explain.model_view import layer_kinds
+    from attnlab.explain.report_text import REPORT_TEXT
+
+    m = model(config())
+    en, zh = layer_kinds(m, REPORT_TEXT["en"]), layer_kinds(m, REPORT_TEXT["zh"])
+    assert en[4] == "sliding window of 6 · reads layer 2's keys and values (KV sharing): it caches nothing of its own"
+    assert "读取第 3 层的键和值" in zh[5] and "KV" not in zh[3]
+    assert all("KV sharing" not in kind for kind in en[:4])

@@ -52,11 +52,12 @@ def _layer_sections(
     sections = []
     windows = [block.att.window for block in model.blocks]
     types = [model.config.layer_type(i) for i in range(len(model.blocks))]
-    states, latent, sinks = [_state(block) for block in model.blocks], _latent(model), model.config.sinks
+    states, latent = [_state(block) for block in model.blocks], _latent(model)
     for layer, w in enumerate(weights):  # w: (H, T, T)
-        window = windows[layer]
-        kind = layer_kind(window, latent, txt, layer_type=types[layer], state=states[layer])
-        kinds_differ = any(windows) or latent is not None or set(types) != {"full"}
+        window, sinks = windows[layer], model.config.layer_shape(layer).sinks  # sinks by layer type (MiMo)
+        source = model.config.kv_source(layer)
+        kind = layer_kind(window, latent, txt, layer_type=types[layer], state=states[layer], source=source)
+        kinds_differ = any(windows) or latent is not None or set(types) != {"full"} or model.config.kv_shared_layers > 0
         heading = f"{title.format(layer=layer)} · {kind}" if kinds_differ else title.format(layer=layer)
         drawn = []
         if figures:

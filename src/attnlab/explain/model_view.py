@@ -69,14 +69,18 @@ def layer_kind(
     *,
     layer_type: str = "full",
     state: int | None = None,
+    source: int | None = None,
 ) -> str:
     """A layer's kind as the report and the view name it: full attention, or a sliding window (Mistral, Qwen2's
     pattern, Gemma 3's local and gpt-oss's banded layers); DeepSeek's latent attention says what it caches; a
     recurrent layer (the zoo's linear attention and Gated DeltaNet) says the size of its state (``state``
-    values, whatever the length) and that its weights are implicit."""
+    values, whatever the length) and that its weights are implicit; a layer that shares keys (Gemma 4) names
+    the layer whose keys it reads (``source``)."""
     if layer_type in ("linear", "delta"):
         return txt[f"layer_{layer_type}"].format(values=f"{state:,}" if state is not None else "?")
     kind = txt["layer_full"] if window is None else txt["layer_sliding"].format(window=window)
+    if source is not None:
+        kind += " · " + txt["layer_shared"].format(source=source)
     if latent is not None:
         kind = txt["layer_latent"].format(values=latent[0], heads=f"{latent[1]:,}") + (
             "" if window is None else f" · {kind}"
@@ -87,7 +91,14 @@ def layer_kind(
 def layer_kinds(model: GPT, txt: dict[str, str]) -> list[str]:
     """Every layer's kind (:func:`layer_kind`), read off the model's layers."""
     return [
-        layer_kind(block.att.window, _latent(model), txt, layer_type=model.config.layer_type(i), state=_state(block))
+        layer_kind(
+            block.att.window,
+            _latent(model),
+            txt,
+            layer_type=model.config.layer_type(i),
+            state=_state(block),
+            source=model.config.kv_source(i),
+        )
         for i, block in enumerate(model.blocks)
     ]
 
@@ -185,6 +196,6 @@ def _view(
         cache=cache or "",
         kinds=kinds,
         windows=windows,
-        sinks=model.config.sinks,
+        sinks=any(model.config.layer_shape(i).sinks for i in range(model.config.n_layers)),  # some types (MiMo)
         note=characters_note(tokenizer, text, REPORT_TEXT[lang], characters=characters),
     )

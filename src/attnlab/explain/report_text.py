@@ -52,6 +52,7 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "check_rows_sink": "rows sum to at most 1: the learned sinks take {share:.0%} of this layer's attention",
         "layer_full": "full attention",
         "layer_sliding": "sliding window of {window}",
+        "layer_shared": "reads layer {source}'s keys and values (KV sharing): it caches nothing of its own",
         "layer_latent": "latent attention, {values} values a token cached (its heads' keys and values: {heads})",
         "layer_linear": "linear attention: a state of {values} values, whatever the length; the weights shown are "
         "the ones it equals",
@@ -202,6 +203,7 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "check_rows_sink": "每行之和不超过 1：可学习的注意力汇聚点 (sink) 拿走本层 {share:.0%} 的注意力",
         "layer_full": "全注意力",
         "layer_sliding": "{window} 个 Token 的滑动窗口",
+        "layer_shared": "读取第 {source} 层的键和值 (KV 共享)：本层自己什么都不缓存",
         "layer_latent": "潜在注意力 (MLA)，每个 Token 缓存 {values} 个值 (各头的键和值共 {heads} 个)",
         "layer_linear": "线性注意力：状态固定为 {values} 个值，与长度无关；图中是它等价的权重",
         "layer_delta": "门控 DeltaNet：状态固定为 {values} 个值，与长度无关；图中是它等价的权重（不是 softmax，每行之和不一定为 1）",
