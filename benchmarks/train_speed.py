@@ -26,6 +26,7 @@ from _verdicts import judged
 from attnlab.bench.timing import NOISY, interleaved
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.tasks import TASK_MODELS
+from attnlab.nn.attention import Attention
 
 SHAPES = {"induction": (TASK_MODELS["induction"], 32), "text": (TASK_MODELS["text"], 32)}
 TARGET = 0.95  # issue 12: attnlab trains at least this fraction of the plain GPT's tokens/s
@@ -74,6 +75,7 @@ def copy_weights(ours: GPT, plain: PlainGPT) -> None:
         plain.wte.weight.copy_(ours.tok_emb.weight)
         plain.wpe.weight.copy_(ours.pos_emb.weight)
         for mine, theirs in zip(ours.blocks, plain.blocks, strict=True):
+            assert isinstance(mine.att, Attention)  # GPT-2's block: softmax attention
             theirs.ln_1.load_state_dict(mine.norm1.state_dict())
             theirs.ln_2.load_state_dict(mine.norm2.state_dict())
             theirs.c_attn.load_state_dict(mine.att.qkv.state_dict())

@@ -53,6 +53,7 @@ def layouts() -> dict[str, list[LayerState]]:
         "hybrid": [LayerState(kind="recurrent", kv_heads=2, head_dim=4, value_dim=4), full],
         "latent": [LayerState(kind="latent", kv_heads=1, head_dim=64, value_dim=48)],
         "shared": [full, LayerState(kind="shared", kv_heads=2, head_dim=4, source=0)],  # reads layer 0's keys
+        "convolution": [LayerState(kind="convolution", kv_heads=1, head_dim=4, conv=(4, 2)), full],  # LFM's
     }
 
 

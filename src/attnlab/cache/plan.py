@@ -28,12 +28,12 @@ from attnlab.cache.paged import BlockTable, PagedKVCache
 from attnlab.cache.quantized import QuantizedKVCache
 from attnlab.cache.shared import SharedCache
 from attnlab.cache.sink import SinkCache
-from attnlab.cache.state import StateCache
+from attnlab.cache.state import ConvolutionCache, StateCache
 
 # full: keys and values of every position; sliding: a ring of the window; latent: MLA's [c, k_pe] per token;
 # recurrent: a state of fixed size (with its short convolution's last inputs); shared: nothing, it reads an
-# earlier layer's keys (KV sharing). The rest have no cache yet: keys beside indexer keys (indexed), entries of
-# closed blocks (compressed), a layer of short convolutions alone (convolution).
+# earlier layer's keys (KV sharing); convolution: a layer of short convolutions alone (LFM), its last inputs. The
+# rest have no cache yet: keys beside indexer keys (indexed), entries of closed blocks (compressed).
 Kind = Literal["full", "sliding", "latent", "recurrent", "shared", "indexed", "compressed", "convolution"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
@@ -134,6 +134,14 @@ def _state(state: LayerState, sizes: Sizes) -> Cache:
     )
 
 
+def _convolution(state: LayerState, sizes: Sizes) -> Cache:
+    assert state.conv is not None  # a convolution layer declares its (channels, kernel - 1)
+    channels, held = state.conv
+    return ConvolutionCache(
+        batch_size=sizes.rows, channels=channels, kernel=held + 1, dtype=state.dtype, device=state.device
+    )
+
+
 def _shared(state: LayerState, sizes: Sizes) -> Cache:
     if state.source is None or not 0 <= state.source < len(sizes.made):
         raise ValueError(f"a shared layer reads an earlier layer's keys: source={state.source!r} names none")
@@ -186,6 +194,11 @@ TABLE: dict[tuple[str, str | None], Choice | str] = {
     ("recurrent", "prefix"): "the prefix cache shares paged blocks of keys and values between prompts, and a "
     "recurrent layer keeps a state instead, which no prompt can take from another: use the 'plain' cache",
     **{("shared", name): Choice(SharedCache, _shared) for name in (*CACHES, None)},  # its source's, whatever
+    **{("convolution", name): Choice(ConvolutionCache, _convolution) for name in CACHES},  # its last inputs
+    ("convolution", "prefix"): "the prefix cache shares paged blocks of keys and values between prompts, and a "
+    "convolution layer keeps its last inputs instead, which no prompt can take from another: use the 'plain' cache",
+    ("convolution", None): "a convolution layer keeps its own last inputs; a cache factory ({factory}) builds keys "
+    "and values, which it has none of: name a cache, or build the model's caches with make_caches()",
     ("recurrent", None): "a recurrent layer keeps its own state; a cache factory ({factory}) builds keys and "
     "values, which it has none of: name a cache, or build the model's caches with make_caches()",
     **{("latent", name): NOT_LATENT for name in (*CACHES, None)},
@@ -193,7 +206,7 @@ TABLE: dict[tuple[str, str | None], Choice | str] = {
     ("latent", "int8"): Choice(QuantizedLatentCache, _latent(8)),
     ("latent", "int4"): Choice(QuantizedLatentCache, _latent(4)),
 }
-KEEPS_ITS_OWN = ("sliding", "recurrent", "shared")  # kinds whose memory no named cache changes
+KEEPS_ITS_OWN = ("sliding", "recurrent", "shared", "convolution")  # kinds whose memory no named cache changes
 
 
 def choose(layers: Sequence[LayerState], cache: object) -> list[Choice]:

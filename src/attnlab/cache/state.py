@@ -116,3 +116,63 @@ class StateCache(LayerCache):
     def nbytes(self) -> int:
         """Bytes held: the same after 10 tokens as after 100,000."""
         return sum(t.numel() * t.element_size() for t in (self.matrix, self.normalizer, self.conv))
+
+
+class ConvolutionCache(LayerCache):
+    """What a layer of short convolutions alone keeps (LFM's "conv" layers): the convolution's last K - 1 inputs,
+    (B, C, K - 1), and the tokens read, whatever the length. No crop: the inputs before the last K - 1 are gone."""
+
+    capabilities = Capabilities()
+    keeps_its_own = True  # whatever cache is named
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        channels: int,
+        kernel: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__(batch_size=batch_size, num_kv_heads=1, head_dim=channels, dtype=dtype)
+        shape = (batch_size, channels, kernel - 1)
+        self.register_buffer("conv", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("_length", torch.zeros((), dtype=torch.long, device=device), persistent=False)
+        self.conv: torch.Tensor
+        self._length: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        """Tokens read."""
+        return int(self._length)
+
+    def next_positions(self, t: int) -> torch.Tensor:
+        return self._length + torch.arange(t, device=self.conv.device)
+
+    def conv_state(self) -> torch.Tensor | None:
+        """The last inputs to continue from: None before any token (zeros, as a padded convolution has them)."""
+        return self.conv if self.length else None
+
+    def write(self, conv: torch.Tensor, tokens: int) -> None:
+        """Keep the convolution's last inputs after ``tokens`` more tokens; checked before anything is written."""
+        if tuple(conv.shape) != tuple(self.conv.shape):
+            raise ValueError(
+                f"this convolution cache holds {tuple(self.conv.shape)} inputs, got {tuple(conv.shape)}: build it "
+                "from the layer's layer_state() (ModelCache.build)"
+            )
+        if torch.is_grad_enabled() and conv.requires_grad:
+            raise ValueError(
+                "the convolution's inputs require grad: decode under torch.no_grad(); train without a cache"
+            )
+        self.conv.copy_(conv)
+        self._length += tokens
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise TypeError(
+            "a ConvolutionCache keeps a convolution layer's last inputs, not keys and values: give it to a "
+            "GatedShortConvolution layer (a softmax Attention needs a KV cache)"
+        )
+
+    def nbytes(self) -> int:
+        """Bytes held: the same after 10 tokens as after 100,000."""
+        return self.conv.numel() * self.conv.element_size()

@@ -24,12 +24,14 @@ from attnlab.models.layer_shape import LayerShape, Resolved
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("pre", "post", "sandwich")
 MLPS = ("gelu", "swiglu", "geglu", "clamped_swiglu")
-LAYER_TYPES = ("full", "sliding", "linear", "delta")  # softmax layers; then layers with a state (nn/recurrent)
+LAYER_TYPES = ("full", "sliding", "linear", "delta", "conv")  # softmax layers; then layers with a state (nn/recurrent,
+# nn/convolution)
 # the Hugging Face model types a config can be saved as
 HYBRID_FAMILIES = (
     "qwen3_5_text",
     "qwen3_5",
     "olmo_hybrid",
+    "lfm3",
 )  # families whose checkpoints hold Gated DeltaNet layers and output gates
 FAMILIES: tuple[str, ...] = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")
 FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES)
@@ -123,7 +125,7 @@ class GPTConfig:
     qk_norm: bool = False
     rope_scaling: RopeScaling | None = None
     rotary_dim: int | None = None
-    layer_types: tuple[Literal["full", "sliding", "linear", "delta"], ...] | None = None
+    layer_types: tuple[Literal["full", "sliding", "linear", "delta", "conv"], ...] | None = None
     family: str | None = None
     # Gemma 3: "sandwich" norms (before and after each sublayer), GeGLU, embeddings times emb_scale (sqrt(emb_dim)),
     # the softmax scale (query_pre_attn_scalar ** -0.5), RoPE's theta and scaling on sliding layers, and
@@ -187,6 +189,10 @@ class GPTConfig:
     v_norm: bool = False
     kv_shared_layers: int = 0
     double_wide_shared: bool = False
+    # LFM3: "conv" layers (attnlab.nn.convolution: gated short convolutions of conv_kernel taps, with conv_bias) and
+    # an output gate with one opening a head on the softmax layers (attn_head_gate)
+    conv_bias: bool = False
+    attn_head_gate: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -237,7 +243,14 @@ class GPTConfig:
         ):
             raise ValueError(f"delta_norm_eps must be None or a float in (0, 1), got {self.delta_norm_eps!r}")
         flags = ("bias", "qk_norm", "sinks", "norm_topk_prob", "rope_interleave", "attn_output_gate", "nope")
-        for name in (*flags, "delta_negative_eigenvalues", "v_norm", "double_wide_shared"):
+        for name in (
+            *flags,
+            "delta_negative_eigenvalues",
+            "v_norm",
+            "double_wide_shared",
+            "conv_bias",
+            "attn_head_gate",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.hidden_dim is not None:
@@ -263,9 +276,11 @@ class GPTConfig:
                 raise ValueError(f"layer_types may hold {list(LAYER_TYPES)}, got {odd}")
             if "sliding" in self.layer_types and self.window is None:
                 raise ValueError("layer_types has 'sliding' layers but window is None: set window=<tokens>")
-            if self.kv_lora_rank is not None and {"linear", "delta"} & set(self.layer_types):
+            if "conv" in self.layer_types and self.conv_kernel is None:
+                raise ValueError("layer_types has 'conv' layers: set conv_kernel=<taps> (LFM's conv_L_cache)")
+            if self.kv_lora_rank is not None and {"linear", "delta", "conv"} & set(self.layer_types):
                 raise ValueError(
-                    "latent attention (kv_lora_rank) is on every layer; it takes no 'linear' or 'delta' layers"
+                    "latent attention (kv_lora_rank) is on every layer; it takes no 'linear', 'delta' or 'conv' layers"
                 )
         for name in ("emb_scale", "attn_scale", "rope_local_base", "final_softcap"):
             value = getattr(self, name)
@@ -325,7 +340,11 @@ class GPTConfig:
                 f"({self.delta_heads or self.n_heads}): each of those serves as many value heads"
             )
         self._check_shapes()
-        zoo = self.attn_output_gate or bool({"linear", "delta"} & set(self.layer_types or ()))
+        zoo = (
+            self.attn_output_gate
+            or self.attn_head_gate
+            or bool({"linear", "delta", "conv"} & set(self.layer_types or ()))
+        )
         if zoo and (self.family not in (None, *HYBRID_FAMILIES) or self.kv_lora_rank is not None):
             raise ValueError(
                 "attn_output_gate and 'linear' or 'delta' layers are the attention zoo's (saved in attnlab's own "
@@ -453,7 +472,7 @@ class GPTConfig:
             and not self.sinks
             and not self.shapes_layers
             and self.kv_lora_rank is None
-            and not self.attn_output_gate
+            and not (self.attn_output_gate or self.attn_head_gate)
             and self.layer_types in (None, ("full",) * self.n_layers)
         )
 

@@ -277,8 +277,10 @@ class GPT(nn.Module):
             )
         with Recorder(names=["attn_weights"]) as rec:
             self(idx, attention_mask=attention_mask)
-        # each (B, H, T, T): what the softmax gave the keys, a row summing to 1 minus its sink's share
-        return torch.stack([rec.get("attn_weights", module=f"trf_blocks.{n}.att") for n in range(len(self.blocks))])
+        # each (B, H, T, T): what the softmax gave the keys, a row summing to 1 minus its sink's share; a layer of
+        # one map for all its channels (a convolution's) shown in every head's place
+        maps = [rec.get("attn_weights", module=f"trf_blocks.{n}.att") for n in range(len(self.blocks))]
+        return torch.stack([w.expand(-1, self.config.n_heads, -1, -1) for w in maps])
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **overrides: object) -> GPT:

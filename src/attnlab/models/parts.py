@@ -23,6 +23,7 @@ from attnlab.cache import Cache
 from attnlab.functional.visibility import Visibility
 from attnlab.models.config import GPTConfig
 from attnlab.nn.attention import Attention, SharedKV
+from attnlab.nn.convolution import GatedShortConvolution
 from attnlab.nn.latent import LatentAttention
 from attnlab.nn.recurrent import GatedDeltaNet, LinearAttention
 
@@ -215,6 +216,7 @@ def make_softmax(config: GPTConfig, layer: int) -> Attention:
         scale=config.attn_scale,
         backend=config.backend,
         output_gate=config.attn_output_gate,
+        head_gate=config.attn_head_gate,
         value_dim=config.v_head_dim or None,
         value_scale=config.value_scale,
         keys_as_values=shape.keys_as_values,
@@ -237,7 +239,7 @@ class TransformerBlock(nn.Module):
         own = config.delta_norm_placement if kind == "delta" else None  # OLMo-Hybrid's: pre there, post elsewhere
         self.placement = own or config.norm_placement
         self.norm1 = make_norm(config)
-        self.att: Attention | LinearAttention | GatedDeltaNet = (
+        self.att: Attention | LinearAttention | GatedDeltaNet | GatedShortConvolution = (
             make_attention(config, layer)
             if config.kv_lora_rank is not None
             else LinearAttention(d_in=e, num_heads=config.n_heads, head_dim=config.d_head, out_bias=config.bias)
@@ -254,6 +256,8 @@ class TransformerBlock(nn.Module):
                 negative_eigenvalues=config.delta_negative_eigenvalues,
             )
             if kind == "delta"
+            else GatedShortConvolution(d_in=e, kernel=config.conv_kernel or 3, bias=config.conv_bias)
+            if kind == "conv"
             else make_softmax(config, layer)
         )
         self.drop_resid = nn.Dropout(config.drop_rate)

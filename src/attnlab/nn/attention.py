@@ -99,6 +99,8 @@ class Attention(nn.Module):
         rope_proportion: proportional RoPE (Gemma 4's full layers), the fraction of the frequencies that turn.
         kv_source: KV sharing (Gemma 4): this layer computes no keys or values and attends over those of layer
             ``kv_source`` of its model, which the model hands it in ``shared`` (its cache holds nothing).
+        head_gate: the output gate with one opening a head (LFM3's ``gate_proj``: d_in -> H): each head's context
+            vector times sigmoid(gate(x))_h. Not with ``output_gate``.
 
     Input (B, T, d_in); output (B, T, d_out), always a tensor. The weights
     come out through :class:`attnlab.observe.Recorder`, keyed by this
@@ -135,6 +137,7 @@ class Attention(nn.Module):
         v_norm: bool = False,
         rope_proportion: float | None = None,
         kv_source: int | None = None,
+        head_gate: bool = False,
     ) -> None:
         super().__init__()
         d_out = d_in if d_out is None else d_out
@@ -198,6 +201,7 @@ class Attention(nn.Module):
             v_norm=v_norm,
             rope_proportion=rope_proportion,
             kv_source=kv_source,
+            head_gate=head_gate,
         )
         self.d_in, self.d_out = d_in, d_out
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -215,7 +219,14 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d_in, sum(self.rows), bias=qkv_bias)
         self.out_proj = nn.Linear(num_heads * value_dim, d_out, bias=out_bias)
         self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None  # (H,): gpt-oss's learned sinks
-        self.gate = nn.Linear(d_in, num_heads * value_dim, bias=False) if output_gate else None  # Qwen3-Next's
+        if output_gate and head_gate:
+            raise ValueError("output_gate opens each dimension of a head and head_gate each head: choose one")
+        self.gate_per_head = head_gate  # LFM3's: one opening a head; Qwen3-Next's: one a dimension
+        self.gate = (
+            nn.Linear(d_in, num_heads * (1 if head_gate else value_dim), bias=False)
+            if output_gate or head_gate
+            else None
+        )
         self.v_norm = nn.RMSNorm(value_dim, eps=norm_eps, elementwise_affine=False) if v_norm else None
         # Qwen3's QK-norm: one RMSNorm over head_dim, shared by the heads, for the queries and one for the keys
         if qk_norm_over not in ("head", "all"):
@@ -504,7 +515,10 @@ class Attention(nn.Module):
 
     def gate_for(self, x: torch.Tensor) -> torch.Tensor | None:
         """The output gate's openings sigmoid(gate(x)), (B, T, H * D), or None for a module without one."""
-        return None if self.gate is None else torch.sigmoid(self.gate(x))
+        if self.gate is None:
+            return None
+        opened = torch.sigmoid(self.gate(x))  # (B, T, H * Dv), or (B, T, H) one a head
+        return opened.repeat_interleave(self.value_dim, dim=-1) if self.gate_per_head else opened  # (B, T, H * Dv)
 
     def attend(
         self,

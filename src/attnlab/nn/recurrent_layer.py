@@ -23,11 +23,59 @@ from attnlab.observe import note_unobserved, record
 RECURRENT_FORMS = ("recurrent", "parallel", "chunked")
 
 
-class RecurrentLayer(nn.Module):
-    """What the two recurrent layers share: the fused projection, the checks, the cache and the padding."""
+class StateLayer(nn.Module):
+    """A layer that carries a state along each row instead of attending (the recurrent layers, LFM's convolution
+    layers): causal by construction, it takes only a key padding mask, and knows which tokens are real."""
 
     window: ClassVar[None] = None  # no window: a block's visibility is keyed by it
     visibility_key: ClassVar[str] = "recurrent"
+
+    def visibility_for(
+        self,
+        x: torch.Tensor,
+        *,
+        mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        document_ids: torch.Tensor | None = None,
+        mask_mod: MaskMod | None = None,
+        score_mod: ScoreMod | None = None,
+    ) -> Visibility:
+        """Causal, with the key padding ``mask`` (B, 1, 1, Tk) a model passes; nothing else applies to a
+        recurrent layer, and anything else is refused here, before anything is written."""
+        name = type(self).__name__
+        if document_ids is not None:
+            raise ValueError(
+                f"{name} carries one state along each row: packed documents (document_ids) would read into each "
+                "other's state; train on one document a row"
+            )
+        if mask_mod is not None or score_mod is not None:
+            raise ValueError(
+                f"{name} has no scores for a mask_mod or score_mod to change; use them on softmax layers only"
+            )
+        b, t = x.shape[0], x.shape[1]
+        if mask is not None and (
+            mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[0] != b or mask.shape[1:3] != (1, 1)
+        ):
+            raise ValueError(
+                f"{name} takes only a key padding mask, bool (batch, 1, 1, tokens seen) = ({b}, 1, 1, ...); "
+                f"got {mask.dtype} {tuple(mask.shape)}"
+            )
+        q_pos = cache.next_positions(t) if cache is not None else torch.arange(t, device=x.device)
+        return Visibility(q_pos=q_pos, causal=True, mask=mask)
+
+    def _real(self, visibility: Visibility | None, b: int, t: int) -> torch.Tensor | None:
+        """(B, T) True on real tokens, from the key padding mask; None when nothing is padded."""
+        allowed = None if visibility is None else visibility.allowed
+        if allowed is None:
+            return None
+        if allowed.shape[-1] < t:
+            raise ValueError(f"the padding mask covers {allowed.shape[-1]} tokens, fewer than the {t} given")
+        return allowed[:, 0, 0, -t:].expand(b, t)  # (B, T)
+
+
+class RecurrentLayer(StateLayer):
+    """What the two recurrent layers share: the fused projection, the checks, the cache and the padding."""
+
     forms: ClassVar[tuple[str, ...]] = RECURRENT_FORMS
     normalizer: ClassVar[bool] = False
 
@@ -121,48 +169,6 @@ class RecurrentLayer(nn.Module):
     def conv_state_shape(self) -> tuple[int, int] | None:
         """(channels, kernel - 1) of the short convolution before the recurrence, or None without one."""
         return None
-
-    def visibility_for(
-        self,
-        x: torch.Tensor,
-        *,
-        mask: torch.Tensor | None = None,
-        cache: Cache | None = None,
-        document_ids: torch.Tensor | None = None,
-        mask_mod: MaskMod | None = None,
-        score_mod: ScoreMod | None = None,
-    ) -> Visibility:
-        """Causal, with the key padding ``mask`` (B, 1, 1, Tk) a model passes; nothing else applies to a
-        recurrent layer, and anything else is refused here, before anything is written."""
-        name = type(self).__name__
-        if document_ids is not None:
-            raise ValueError(
-                f"{name} carries one state along each row: packed documents (document_ids) would read into each "
-                "other's state; train on one document a row"
-            )
-        if mask_mod is not None or score_mod is not None:
-            raise ValueError(
-                f"{name} has no scores for a mask_mod or score_mod to change; use them on softmax layers only"
-            )
-        b, t = x.shape[0], x.shape[1]
-        if mask is not None and (
-            mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[0] != b or mask.shape[1:3] != (1, 1)
-        ):
-            raise ValueError(
-                f"{name} takes only a key padding mask, bool (batch, 1, 1, tokens seen) = ({b}, 1, 1, ...); "
-                f"got {mask.dtype} {tuple(mask.shape)}"
-            )
-        q_pos = cache.next_positions(t) if cache is not None else torch.arange(t, device=x.device)
-        return Visibility(q_pos=q_pos, causal=True, mask=mask)
-
-    def _real(self, visibility: Visibility | None, b: int, t: int) -> torch.Tensor | None:
-        """(B, T) True on real tokens, from the key padding mask; None when nothing is padded."""
-        allowed = None if visibility is None else visibility.allowed
-        if allowed is None:
-            return None
-        if allowed.shape[-1] < t:
-            raise ValueError(f"the padding mask covers {allowed.shape[-1]} tokens, fewer than the {t} given")
-        return allowed[:, 0, 0, -t:].expand(b, t)  # (B, T)
 
     def _check(self, x: object, cache: Cache | None) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_in:
