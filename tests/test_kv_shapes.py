@@ -4,6 +4,9 @@ reads) against the caches a tiny model really builds, and docs/benchmarks.md quo
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from attnlab import cli
@@ -13,7 +16,9 @@ from attnlab.cache.shared import SharedCache
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.families.shapes import shape
 from attnlab.models.layer_shape import LayerShape
+from benchmark_scripts import load
 
+ROOT = Path(__file__).resolve().parents[1]
 F32 = 4  # a recurrent state's bytes per number: float32 at least, as the StateCache keeps it
 
 
@@ -96,3 +101,41 @@ def test_memory_sets_a_qwen35_shape_against_every_layer_full(
         and f"a state of {delta_state(k_heads=16, dk=128, v_heads=16, dv=128, taps=4):,} B" in out
     )
     assert "against every layer full (at 131,072 tokens 6.00 GiB): 1.52 GiB here, 4.0x less" in out
+
+
+# ------------------------------------------------------------------------------------------------ the script
+
+
+def saved_run() -> dict[str, object]:
+    runs = sorted((ROOT / "benchmarks" / "results").glob("kv_shapes-*.json"))
+    assert runs, "no result file of benchmarks/kv_shapes.py in benchmarks/results/"
+    result: dict[str, object] = json.loads(runs[-1].read_text(encoding="utf-8"))
+    return result
+
+
+def test_docs_quote_the_committed_run_and_it_measured_every_shape() -> None:
+    """docs/benchmarks.md's table and sentences are what the script renders from the committed file."""
+    script = load("kv_shapes")
+    result = saved_run()
+    assert result["schema"] == script.SCHEMA and [r["name"] for r in result["rows"]] == list(script.SHAPES)  # type: ignore[index, union-attr]
+    assert script.problems(result) == []
+    assert script.render(result) in (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+
+
+def test_the_run_matches_the_meter_and_a_row_that_does_not_add_up_is_named() -> None:
+    script = load("kv_shapes")
+    result = saved_run()
+    row = next(r for r in result["rows"] if r["name"] == "qwen3.5-27b")  # type: ignore[union-attr]
+    assert row == script.measure("qwen3.5-27b", "Qwen/Qwen3.5-27B")  # the committed figures are today's meter's
+    at = row["at"][-1]
+    assert at["by_kind"] == {
+        "full": 16 * 4096 * 131_072,
+        "delta": 48 * delta_state(k_heads=16, dk=128, v_heads=48, dv=128, taps=4),
+    }
+    broken = json.loads(json.dumps(result))
+    broken["rows"][0]["at"][0]["by_kind"]["delta"] += 1
+    broken["rows"][1]["at"][1]["every_layer_full"] = broken["rows"][1]["at"][1]["total"]
+    assert [line.split(":")[0] for line in script.problems(broken)] == [
+        "qwen3.5-0.8b at 32,768",
+        "qwen3.5-4b at 131,072",
+    ]
