@@ -253,6 +253,8 @@ def test_decode_bytes_counts_what_a_step_of_each_family_reads() -> None:
         ("gemma-3-1b", 999_885_952, 0),
         ("gemma-3-27b", 27.0, 1),  # the text model (27.4B with the vision encoder)
         ("gpt-oss-20b", 20.91, 2),  # the gpt-oss model card's total, 3.61B of it active
+        ("qwen3.5-0.8b", 0.8, 1),  # its model card's language model (vision tower and MTP layer aside)
+        ("qwen3.5-27b", 27, 0),  # its model card's language model
         pytest.param("deepseek-v3", 671, 0, marks=pytest.mark.slow),  # 671B without its MTP module: 7 s on meta
     ],
 )

@@ -10,7 +10,9 @@ A latent attention layer (DeepSeek's MLA) stores its latent and its RoPE key ins
 A full layer holds every token; a sliding layer holds at most its ``window`` (attnlab's ring buffer,
 ``attnlab.cache.SlidingWindowCache``), so past the window it stops growing. A recurrent layer (the zoo's
 "linear" and "delta", ``attnlab.nn.recurrent``) holds a state of fixed size from the first token: per head a
-head_dim x head_dim matrix, and for linear attention a head_dim normalizer beside it. Grouped-query heads are why
+head_dim x head_dim matrix, and for linear attention a head_dim normalizer beside it. A layer that reads an earlier
+layer's keys (KV sharing, ``attnlab.cache.SharedCache``) keeps nothing: its keys are counted once, in that layer.
+Each softmax layer is counted in its own type's shape (``GPTConfig.layer_shape``). Grouped-query heads are why
 today's models are cheap here: Llama 3.2 1B keeps 8 KV heads of its 32 query heads.
 
 >>> from attnlab.models import GPTConfig
@@ -46,19 +48,22 @@ def element_size(dtype: str) -> int:
 
 @dataclass(frozen=True)
 class LayerKind:
-    """The layers of one kind ("full", "latent", "sliding" with its window, or a recurrent "linear" or "delta")
-    and what one of them stores per token, or, for a recurrent kind, whatever the tokens (``state_bytes``)."""
+    """The layers of one kind ("full", "latent", "sliding" with its window, a recurrent "linear" or "delta", or
+    "shared": reading another layer's keys) and what one of them stores per token, or, for a recurrent kind,
+    whatever the tokens (``state_bytes``)."""
 
     kind: str
     window: int | None
     layers: int
-    bytes_per_token: int  # one layer: 2 x n_kv_heads x head_dim x element size; 0 for a recurrent layer
+    bytes_per_token: int  # one layer: 2 x n_kv_heads x head_dim x element size; 0 for a recurrent or shared one
     state_bytes: int = 0  # one recurrent layer's state, the same after one token as after a million
 
     def held(self, tokens: int) -> int:
         """Tokens one layer of this kind holds after ``tokens`` tokens: all of them, or its window (a recurrent
         layer holds none: it has folded them into its state)."""
         if self.state_bytes:
+            return 0
+        if self.kind == "shared":  # it reads the keys another layer holds
             return 0
         return tokens if self.window is None else min(tokens, self.window)
 
@@ -117,19 +122,24 @@ class KVReport:
 
 
 def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKind, ...]:
-    """The config's layers grouped by kind (full first, then each window, then the recurrent kinds), with each
-    kind's bytes per token, or its state's bytes."""
+    """The config's layers grouped by kind (full first, then each window, the shared layers, then the recurrent
+    kinds), with each kind's bytes per token, or its state's bytes."""
     size = element_size(dtype)
-    per_token = 2 * (config.n_kv_heads or config.n_heads) * config.d_head * size
-    full = "full"
-    if config.kv_lora_rank is not None:  # MLA: the latent and the shared RoPE key, once for all heads
-        per_token, full = (config.kv_lora_rank + config.qk_rope_head_dim) * size, "latent"
     types = [config.layer_type(i) for i in range(config.n_layers)]
-    windows = [config.layer_window(i) for i, t in enumerate(types) if t in ("full", "sliding")]
-    kinds = [
-        LayerKind(kind=full if w is None else "sliding", window=w, layers=windows.count(w), bytes_per_token=per_token)
-        for w in sorted(set(windows), key=lambda w: -1 if w is None else w)
-    ]
+    softmax = [(i, config.layer_window(i)) for i, t in enumerate(types) if t in ("full", "sliding")]
+    own = [(i, w) for i, w in softmax if config.kv_source(i) is None]
+    shared = len(softmax) - len(own)  # KV sharing: they read an earlier layer's keys, counted with that layer
+    groups: dict[int | None, list[int]] = {}  # window (None: full) -> bytes a token of each such layer
+    for i, w in own:
+        groups.setdefault(w, []).append(softmax_bytes(config, i, size))
+    kinds = []
+    for w in sorted(groups, key=lambda w: -1 if w is None else w):
+        each = groups[w]
+        assert len(set(each)) == 1, f"layers of one kind with different shapes: {each}"  # shapes are per type
+        full = "latent" if config.kv_lora_rank is not None else "full"
+        kinds.append(LayerKind(full if w is None else "sliding", window=w, layers=len(each), bytes_per_token=each[0]))
+    if shared:
+        kinds.append(LayerKind("shared", None, shared, 0))
     state = config.n_heads * config.d_head * config.d_head  # a (D, D) matrix per head
     wide = max(size, 4)  # a recurrent state is kept in float32 at least, whatever the weights' dtype (StateCache)
     if "linear" in types:  # and its (D,) normalizer
@@ -138,6 +148,28 @@ def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKin
     if "delta" in types:
         kinds.append(LayerKind("delta", None, types.count("delta"), 0, state_bytes=delta_state(config) * wide))
     return tuple(kinds)
+
+
+def softmax_bytes(config: GPTConfig, layer: int, size: int) -> int:
+    """What one token adds to softmax layer ``layer``'s cache: its type's own key/value heads and head size
+    (``GPTConfig.layer_shape``), keys and values; a latent layer's latent and RoPE key, once for every head."""
+    if config.kv_lora_rank is not None:  # MLA
+        return (config.kv_lora_rank + config.qk_rope_head_dim) * size
+    shape = config.layer_shape(layer)
+    return 2 * shape.n_kv_heads * shape.head_dim * size
+
+
+def every_layer_full(config: GPTConfig, *, dtype: str = "bfloat16") -> int:
+    """Bytes a token adds to a model of the same layers, every one a full softmax layer shaped as this model's
+    full layers are (or, with none, as its first softmax layer): what a hybrid's design saves against."""
+    size = element_size(dtype)
+    softmax = [i for i in range(config.n_layers) if config.layer_type(i) in ("full", "sliding")]
+    if not softmax:
+        raise ValueError(
+            f"{config.n_layers} layers of {sorted(set(config.layer_types or ()))}: no softmax layer to shape them on"
+        )
+    full = [i for i in softmax if config.layer_window(i) is None]
+    return config.n_layers * softmax_bytes(config, (full or softmax)[0], size)
 
 
 def delta_state(config: GPTConfig) -> int:
@@ -188,7 +220,7 @@ def kv_report(config: GPTConfig, *, name: str, tokens: tuple[int, ...], dtype: s
         heads = expanded_head_values(config)
         instead = ("the expanded heads, as Hugging Face caches them", config.n_layers * heads * size)
     elif len(kinds) > 1 and kinds[0].kind == "full":  # a hybrid: sliding or recurrent layers beside full ones
-        instead = ("every layer full", config.n_layers * kinds[0].bytes_per_token)
+        instead = ("every layer full", every_layer_full(config, dtype=dtype))
     return KVReport(
         name=name,
         dtype=dtype,

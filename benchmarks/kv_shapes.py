@@ -1,0 +1,200 @@
+"""Issue 56, measured: what the hybrid families attnlab reads keep while they read 32k and 128k tokens, on the
+published shapes (``attnlab.models.families.shapes``), against a full-attention model of the same size.
+
+    .venv/bin/python benchmarks/kv_shapes.py [--smoke] [--json kv_shapes.json]
+    .venv/bin/python benchmarks/kv_shapes.py --render kv_shapes.json   # the docs/benchmarks.md section, from a run
+
+Nothing is loaded or timed: every figure is counted from each checkpoint's config.json fields, read by the
+family's own reader, with ``attnlab.bench.kv_bytes`` (``attnlab memory``'s meter), batch 1:
+
+- each kind of layer's state: a full layer's keys and values in bfloat16 (2 x its KV heads x head size x 2 bytes
+  a token), a Gated DeltaNet layer's state and its convolution's last inputs, kept in float32 whatever the
+  weights' dtype (as ``attnlab.cache.StateCache`` keeps it), the same after one token as after a million; a
+  sliding layer's window and a layer that reads an earlier layer's keys (KV sharing: 0 bytes) as the meter counts
+  them, for the families that have them;
+- against the same layers, every one a full softmax layer with the model's own full layers' KV heads and head
+  size (``attnlab.bench.kv_bytes.every_layer_full``): what the design saves.
+
+Before a run is written, each row's kinds must sum to its total and each hybrid must keep less than every layer
+full; the script exits 1 where one does not. ``--smoke`` counts two shapes, one of each family, writes the run to
+a temporary folder and reads it back (``make smoke``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from _runs import exit_with, finish, render_saved
+
+SCHEMA = "attnlab.kv_shapes/1"
+TOKENS = (32_768, 131_072)
+DTYPE = "bfloat16"  # what these checkpoints are published in: the keys' and values' bytes
+SHAPES = {  # attnlab's shape name -> the hub folder its config.json fields come from
+    "qwen3.5-0.8b": "Qwen/Qwen3.5-0.8B",
+    "qwen3.5-4b": "Qwen/Qwen3.5-4B",
+    "qwen3.5-9b": "Qwen/Qwen3.5-9B",
+    "qwen3.5-27b": "Qwen/Qwen3.5-27B",
+    "olmo-hybrid-7b": "allenai/Olmo-Hybrid-7B",
+}
+SMOKE = ("qwen3.5-0.8b", "olmo-hybrid-7b")
+
+
+def measure(name: str, repo: str) -> dict[str, Any]:
+    """One shape's row: its layers by kind, and at each of ``TOKENS`` what each kind keeps, the total and what
+    the same layers, every one full, would keep."""
+    from attnlab.bench.kv_bytes import every_layer_full, kv_report
+    from attnlab.models.families.shapes import shape
+
+    config = shape(name)
+    report = kv_report(config, name=name, tokens=TOKENS, dtype=DTYPE)
+    full = every_layer_full(config, dtype=DTYPE)
+    kinds = [
+        {
+            "kind": k.kind,
+            "window": k.window,
+            "layers": k.layers,
+            "bytes_per_token": k.bytes_per_token,
+            "state_bytes": k.state_bytes,
+        }
+        for k in report.kinds
+    ]
+    at = []
+    for point in report.at:
+        by_kind = {label: count * point.layer_bytes[label] for label, count in _counts(report).items()}
+        at.append(
+            {
+                "tokens": point.tokens,
+                "past_context": point.past_context,
+                "by_kind": by_kind,
+                "total": point.total,
+                "every_layer_full": full * point.tokens,
+            }
+        )
+    return {
+        "name": name,
+        "repo": repo,
+        "family": config.family,
+        "parameters": report.parameters,
+        "n_layers": config.n_layers,
+        "context_length": config.context_length,
+        "every_layer_full_per_token": full,
+        "kinds": kinds,
+        "at": at,
+    }
+
+
+def _counts(report: Any) -> dict[str, int]:
+    """Layers of each kind, by the label ``CacheAt`` keys them with ("full", "sliding 1024", "delta", ...)."""
+    return {k.kind if k.window is None else f"sliding {k.window}": k.layers for k in report.kinds}
+
+
+def run(*, smoke: bool) -> dict[str, Any]:
+    import torch
+
+    names = SMOKE if smoke else tuple(SHAPES)
+    return {
+        "schema": SCHEMA,
+        "command": " ".join(["benchmarks/kv_shapes.py", *sys.argv[1:]]),
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "dtype": DTYPE,
+        "tokens": list(TOKENS),
+        "rows": [measure(name, SHAPES[name]) for name in names],
+    }
+
+
+def problems(result: dict[str, Any]) -> list[str]:
+    """Rows whose kinds do not sum to their total, or that keep no less than every layer full."""
+    out = []
+    for row in result["rows"]:
+        for at in row["at"]:
+            if sum(at["by_kind"].values()) != at["total"]:
+                out.append(
+                    f"{row['name']} at {at['tokens']:,}: its kinds sum to {sum(at['by_kind'].values()):,} B, not {at['total']:,}"
+                )
+            if not at["total"] < at["every_layer_full"]:
+                out.append(f"{row['name']} at {at['tokens']:,}: {at['total']:,} B, no less than every layer full")
+    return out
+
+
+def _layers(row: dict[str, Any]) -> str:
+    """ "6 full, 18 delta": the layers by kind."""
+    return ", ".join(
+        f"{k['layers']} {k['kind']}" + (f" (window {k['window']:,})" if k["window"] else "") for k in row["kinds"]
+    )
+
+
+def render(result: dict[str, Any]) -> str:
+    """The table and what it says, every figure from the result."""
+    from attnlab.bench.kv_bytes import readable_bytes
+
+    lines = [
+        "| model | layers | parameters | tokens | state, by kind of layer | total | every layer full | less |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        counts = {k["kind"] if k["window"] is None else f"sliding {k['window']}": k["layers"] for k in row["kinds"]}
+        for at in row["at"]:
+            split = "; ".join(f"{counts[label]} {label}: {readable_bytes(b)}" for label, b in at["by_kind"].items())
+            past = f" (past its {row['context_length']:,})" if at["past_context"] else ""
+            lines.append(
+                f"| {row['repo']} | {_layers(row)} | {row['parameters'] / 1e9:.2f}B | {at['tokens']:,}{past} | {split} | "
+                f"{readable_bytes(at['total'])} | {readable_bytes(at['every_layer_full'])} | "
+                f"{at['every_layer_full'] / at['total']:.2f}x |"
+            )
+    lines.append("")
+    for row in result["rows"]:
+        growing = [k for k in row["kinds"] if k["window"] is None and k["bytes_per_token"]]  # every token, kept
+        per_token = sum(k["layers"] * k["bytes_per_token"] for k in growing)
+        if not per_token:
+            continue
+        last = row["at"][-1]
+        fixed = last["total"] - per_token * last["tokens"]  # what the other layers keep, whatever the tokens
+        keeping = sum(k["layers"] for k in growing)
+        lines.append(
+            f"- {row['repo']}: {keeping} of {row['n_layers']} layers keep every token's keys and values, "
+            f"{per_token:,} B a token against {row['every_layer_full_per_token']:,} B with every layer full; the "
+            f"other {row['n_layers'] - keeping} keep {readable_bytes(fixed)} in all at {last['tokens']:,} tokens, "
+            f"so the saving climbs toward {row['every_layer_full_per_token'] / per_token:.2f}x as the tokens grow."
+        )
+    lines.append(
+        f"\n`{result['command']}` ({result['date']}, torch {result['torch']}): counted from each checkpoint's "
+        f"config.json fields read by its family's reader (`attnlab.models.families.shapes`), batch 1; keys and "
+        f'values in {result["dtype"]}, a recurrent state in float32 as `StateCache` keeps it. "Every layer full": '
+        "the same layers, each a full softmax layer with the model's own full layers' KV heads and head size. "
+        "Nothing is loaded; the parameter count is the text model's, built on the meta device."
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="two shapes, the run written to a temporary folder")
+    parser.add_argument("--json", metavar="PATH", help="write the result here")
+    parser.add_argument("--render", metavar="PATH", help="print the table of a saved result, no run")
+    args = parser.parse_args()
+    if args.render:
+        render_saved(parser, args.render, SCHEMA, render)
+        return 0
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        parser.error(f"cannot write --json {args.json!r}: its folder does not exist")
+    result = run(smoke=args.smoke)
+    if not args.smoke:
+        return finish(args.json, result, render, problems(result), "kv_shapes")
+    with tempfile.TemporaryDirectory() as folder:  # the run written and read back, as --render reads it
+        path = Path(args.json or Path(folder) / "kv_shapes.json")
+        code = finish(str(path), result, render, problems(result), "kv_shapes")
+        if render(json.loads(path.read_text(encoding="utf-8"))) != render(result):
+            print("kv_shapes: the run read back renders otherwise", file=sys.stderr)
+            return 1
+    return code
+
+
+if __name__ == "__main__":
+    exit_with(main)
