@@ -8,11 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnlab import cli
 from attnlab.bench.kv_bytes import every_layer_full, kv_report
 from attnlab.cache import KVCache, SlidingWindowCache
 from attnlab.cache.shared import SharedCache
+from attnlab.cache.state import ConvolutionCache
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.families.shapes import shape
 from attnlab.models.layer_shape import LayerShape
@@ -88,6 +90,24 @@ def test_a_shared_layer_counts_nothing_and_each_type_its_own_shape_as_the_caches
     assert sum(kept) == at.total and len(shared) == 2
     assert all(not list(c.buffers(recurse=False)) for c in shared)  # a shared layer's cache holds no tensor
     assert every_layer_full(config, dtype="float32") == 4 * full  # the full layers' own shape, on every layer
+
+
+def test_the_meter_counts_what_the_caches_of_values_apart_and_convolution_layers_hold() -> None:
+    """MiMo's value heads of their own size and LFM's convolution layers: the meter's bytes at 20 tokens are the
+    buffers the model's caches hold after 20 tokens (float32)."""
+    config = GPTConfig(
+        vocab_size=64, context_length=64, emb_dim=32, n_heads=4, n_kv_heads=2, n_layers=4, rope=True, window=8,
+        layer_types=("conv", "sliding", "conv", "full"), v_head_dim=4, conv_kernel=3,
+    )  # fmt: skip
+    (at,) = kv_report(config, name="mixed", tokens=(20,), dtype="float32").at
+    model = GPT(config)
+    caches = model.make_caches(batch_size=1, max_len=20)
+    with torch.no_grad():
+        model(torch.zeros(1, 20, dtype=torch.long), caches=caches)
+    kv = [c.k_cache.nbytes + c.v_cache.nbytes for c in caches if isinstance(c, (KVCache, SlidingWindowCache))]
+    conv = [c.nbytes() for c in caches if isinstance(c, ConvolutionCache)]
+    assert kv == [8 * 2 * (8 + 4) * 4, 20 * 2 * (8 + 4) * 4] and conv == [32 * 2 * 4] * 2
+    assert at.total == sum(kv) + sum(conv)
 
 
 def test_memory_sets_a_qwen35_shape_against_every_layer_full(

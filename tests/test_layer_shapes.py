@@ -235,3 +235,19 @@ def test_the_views_name_the_layer_whose_keys_a_shared_layer_reads() -> None:
     assert en[4] == "sliding window of 6 · reads layer 2's keys and values (KV sharing): it caches nothing of its own"
     assert "读取第 3 层的键和值" in zh[5] and "KV" not in zh[3]
     assert all("KV sharing" not in kind for kind in en[:4])
+
+
+def test_values_of_their_own_size_decode_through_plain_and_paged_and_are_refused_elsewhere() -> None:
+    """MiMo-V2-Flash's values are narrower than its keys: the plain and paged caches keep them at their own
+    width; a cache that codes or moves values at the keys' width refuses the layer by name, before building."""
+    m = model(config(v_head_dim=4, value_scale=0.7, kv_shared_layers=0, double_wide_shared=False, full_layers=None))
+    with torch.no_grad():
+        whole = m(IDS)
+        for name in ("plain", "paged"):
+            cache = m.make_caches(batch_size=2, max_len=32, cache=name)
+            steps = [m(IDS[:, :12], caches=cache)] + [m(IDS[:, i : i + 1], caches=cache) for i in range(12, 20)]
+            assert float((torch.cat(steps, dim=1) - whole).abs().max()) < 1e-4, name
+    full_only = model(config(v_head_dim=4, layer_types=None, window=None, sliding_layers=None, full_layers=None))
+    for name in ("int8", "sink", "h2o"):
+        with pytest.raises(ValueError, match=f"the {name} cache keeps values as wide as keys; this layer's values"):
+            full_only.make_caches(batch_size=1, max_len=16, cache=name)

@@ -147,6 +147,9 @@ def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKin
         kinds.append(LayerKind("linear", None, types.count("linear"), 0, state_bytes=(state + extra) * wide))
     if "delta" in types:
         kinds.append(LayerKind("delta", None, types.count("delta"), 0, state_bytes=delta_state(config) * wide))
+    if "conv" in types:  # LFM's convolution layers: their last K - 1 inputs per channel, in the weights' dtype
+        held = config.emb_dim * ((config.conv_kernel or 1) - 1)
+        kinds.append(LayerKind("conv", None, types.count("conv"), 0, state_bytes=held * size))
     return tuple(kinds)
 
 
@@ -156,7 +159,8 @@ def softmax_bytes(config: GPTConfig, layer: int, size: int) -> int:
     if config.kv_lora_rank is not None:  # MLA
         return (config.kv_lora_rank + config.qk_rope_head_dim) * size
     shape = config.layer_shape(layer)
-    return 2 * shape.n_kv_heads * shape.head_dim * size
+    values = config.v_head_dim or shape.head_dim  # a value head's own size (MiMo-V2-Flash)
+    return shape.n_kv_heads * (shape.head_dim + values) * size
 
 
 def every_layer_full(config: GPTConfig, *, dtype: str = "bfloat16") -> int:

@@ -89,13 +89,22 @@ class LayerCache(nn.Module):
     capabilities: ClassVar[Capabilities] = Capabilities()
     keeps_its_own: ClassVar[bool] = False  # a window's ring, a recurrent state: kept whatever cache is named
 
-    def __init__(self, *, batch_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, *, batch_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, value_dim: int | None = None
+    ) -> None:
         super().__init__()
-        for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        value_dim = head_dim if value_dim is None else value_dim  # a value head's own size (MiMo-V2-Flash)
+        for name, value in (
+            ("batch_size", batch_size),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+            ("value_dim", value_dim),
+        ):
             check_positive_int(name, value, limit=2**20)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"cache dtype must be a floating-point torch.dtype, got {dtype!r}")
         self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
+        self.value_dim = value_dim
 
     def _held(self) -> torch.Tensor:
         """A tensor of what it holds, whose dtype and device the keys must have (it follows ``.to()``)."""
@@ -105,7 +114,10 @@ class LayerCache(nn.Module):
         """Refuse keys/values (``batch`` rows, default every row) that do not fit this cache; writes nothing."""
         batch = self.batch_size if batch is None else batch
         held = self._held()
-        for name, t in (("keys", k), ("values", v)):
+        for name, t, width, size in (
+            ("keys", k, self.head_dim, "head_dim"),
+            ("values", v, self.value_dim, "value_dim"),
+        ):
             if not isinstance(t, torch.Tensor) or t.dim() != 4:
                 shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(f"{name} must be a 4-D tensor (batch, kv_heads, T, head_dim), got {shape}")
@@ -114,10 +126,10 @@ class LayerCache(nn.Module):
                     f"this cache was built for batch_size={batch}, got {name} for a batch of {t.shape[0]}; "
                     "a cache holds one batch: build a new cache for this batch"
                 )
-            if (t.shape[1], t.shape[3]) != (self.num_kv_heads, self.head_dim):
+            if (t.shape[1], t.shape[3]) != (self.num_kv_heads, width):
                 raise ValueError(
-                    f"this cache holds num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}; got {name} with "
-                    f"{t.shape[1]} heads of head_dim {t.shape[3]}; build it from the layer's layer_state() (ModelCache.build)"
+                    f"this cache holds num_kv_heads={self.num_kv_heads}, {size}={width}; got {name} with "
+                    f"{t.shape[1]} heads of {size} {t.shape[3]}; build it from the layer's layer_state() (ModelCache.build)"
                 )
             if t.dtype != held.dtype:
                 raise TypeError(f"{name} are {t.dtype} but the cache holds {held.dtype}; build it with dtype={t.dtype}")

@@ -31,6 +31,7 @@ class FactoryArgs(TypedDict):
     batch_size: int
     num_kv_heads: int
     head_dim: int
+    value_dim: int  # a value head's size: head_dim, or its own (MiMo-V2-Flash)
     max_len: int  # the most tokens one sequence will hold (prompt and new ones)
     window: int | None  # the layer's sliding window
     dtype: torch.dtype
@@ -47,9 +48,18 @@ def _no_window(name: str, window: int | None) -> None:
         )
 
 
+def _same_width(name: str, kw: dict[str, Any]) -> None:
+    if kw.get("value_dim", kw["head_dim"]) != kw["head_dim"]:
+        raise ValueError(
+            f"the {name} cache keeps values as wide as keys; this layer's values are {kw['value_dim']} wide beside "
+            f"keys of {kw['head_dim']} (MiMo-V2-Flash's): use the 'plain' or 'paged' cache"
+        )
+
+
 def plain(**kw: Any) -> Cache:
     """The static cache (a ring buffer of ``window`` positions for a windowed layer)."""
     shape = dict(batch_size=kw["batch_size"], num_kv_heads=kw["num_kv_heads"], head_dim=kw["head_dim"])
+    shape["value_dim"] = kw.get("value_dim", kw["head_dim"])
     if kw["window"] is not None:
         return SlidingWindowCache(**shape, window=kw["window"], dtype=kw["dtype"], device=kw["device"])
     return KVCache(**shape, max_len=kw["max_len"], dtype=kw["dtype"], device=kw["device"])
@@ -69,6 +79,7 @@ def paged(*, num_blocks: int | None = None, table: BlockTable | None = None, **k
         table=table,
         dtype=kw["dtype"],
         device=kw["device"],
+        value_dim=kw.get("value_dim", kw["head_dim"]),
     )
 
 
@@ -87,6 +98,7 @@ def sink(*, sinks: int = 4, recent: int | None = None, **kw: Any) -> Cache:
     """StreamingLLM: ``sinks`` first tokens and the latest ``recent`` (default: context_length - sinks for a
     model, so that no distance exceeds what it was trained on; max_len - sinks for a bare layer)."""
     _no_window("sink", kw["window"])
+    _same_width("sink", kw)
     span = kw["context_length"] if kw["context_length"] is not None else kw["max_len"]
     recent = recent if recent is not None else max(1, span - sinks)
     return SinkCache(
@@ -104,6 +116,7 @@ def sink(*, sinks: int = 4, recent: int | None = None, **kw: Any) -> Cache:
 def quantized(*, bits: int = 8, group_size: int = 32, residual: int = 32, **kw: Any) -> Cache:
     """KIVI-style: keys per channel and values per token in ``bits`` bits, the latest ``residual`` tokens exact."""
     _no_window(f"int{bits}", kw["window"])
+    _same_width(f"int{bits}", kw)
     return QuantizedKVCache(
         batch_size=kw["batch_size"],
         num_kv_heads=kw["num_kv_heads"],
@@ -121,6 +134,7 @@ def evicting(*, policy: str = "h2o", budget: int | float = 0.5, **kw: Any) -> Ca
     """H2O or SnapKV keeping ``budget`` tokens: an int, or a fraction of max_len (default half)."""
     if kw["window"] is not None:  # a band (Mistral's window, gpt-oss's and Gemma 3's local layers)
         raise ValueError(band_refusal(policy, kw["window"]))
+    _same_width(policy, kw)
     if isinstance(budget, float):
         if not 0 < budget < 1:
             raise ValueError(f"a fractional budget must lie in (0, 1), got {budget}")

@@ -63,8 +63,11 @@ class _CacheBase(LayerCache):
         capacity: int,
         dtype: torch.dtype,
         device: torch.device | str | None,
+        value_dim: int | None = None,
     ) -> None:
-        super().__init__(batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
+        super().__init__(
+            batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, value_dim=value_dim
+        )
         elements = batch_size * num_kv_heads * capacity * head_dim
         if elements > 2**34:
             raise ValueError(
@@ -73,7 +76,8 @@ class _CacheBase(LayerCache):
             )
         shape = (batch_size, num_kv_heads, capacity, head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        values = (*shape[:3], self.value_dim)
+        self.register_buffer("v_cache", torch.zeros(values, dtype=dtype, device=device), persistent=False)
         self.register_buffer("_length", torch.zeros((), dtype=torch.long, device=device), persistent=False)
         self.k_cache: torch.Tensor
         self.v_cache: torch.Tensor
@@ -116,6 +120,7 @@ class KVCache(_CacheBase):
         max_len: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        value_dim: int | None = None,
     ) -> None:
         check_positive_int("max_len", max_len, limit=2**27)
         super().__init__(
@@ -125,6 +130,7 @@ class KVCache(_CacheBase):
             capacity=max_len,
             dtype=dtype,
             device=device,
+            value_dim=value_dim,
         )
         self.max_len = max_len
         vouch(self.k_cache)  # zeros: finite (attnlab.functional.finite); each write keeps or drops this
@@ -194,6 +200,7 @@ class SlidingWindowCache(_CacheBase):
         window: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        value_dim: int | None = None,
     ) -> None:
         check_positive_int("window", window, limit=2**27)
         super().__init__(
@@ -203,6 +210,7 @@ class SlidingWindowCache(_CacheBase):
             capacity=window,
             dtype=dtype,
             device=device,
+            value_dim=value_dim,
         )
         self.window = window
 

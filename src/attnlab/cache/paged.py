@@ -52,8 +52,11 @@ class PagedKVCache(LayerCache):
         table: BlockTable | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        value_dim: int | None = None,
     ) -> None:
-        super().__init__(batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
+        super().__init__(
+            batch_size=batch_size, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, value_dim=value_dim
+        )
         if table is None:
             table = BlockTable(
                 batch_size=batch_size, num_blocks=num_blocks, max_len=max_len, block_size=block_size, device=device
@@ -69,7 +72,8 @@ class PagedKVCache(LayerCache):
         # (R, Hkv, m, P, D), merge m and P into one axis as a view: a decode step copies each block once
         pool = (num_kv_heads, num_blocks, block_size, head_dim)
         self.register_buffer("k_pool", torch.zeros(pool, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v_pool", torch.zeros(pool, dtype=dtype, device=device), persistent=False)
+        values = (*pool[:3], self.value_dim)
+        self.register_buffer("v_pool", torch.zeros(values, dtype=dtype, device=device), persistent=False)
         self.k_pool: torch.Tensor
         self.v_pool: torch.Tensor
 
@@ -177,7 +181,7 @@ class PagedKVCache(LayerCache):
         table = self.block_table[index, :m].clamp(min=0)  # (R, m): an unused entry reads block 0, hidden
         shape = (len(index), self.num_kv_heads, m * p, self.head_dim)
         keys = self.k_pool[:, table].transpose(0, 1).reshape(shape)  # (Hkv, R, m, P, D) -> (R, Hkv, m * P, D), a view
-        values = self.v_pool[:, table].transpose(0, 1).reshape(shape)
+        values = self.v_pool[:, table].transpose(0, 1).reshape(*shape[:3], self.value_dim)
         slots = torch.arange(m * p, device=ends.device)[None, :]  # (1, S)
         return keys, values, torch.where(slots < ends[:, None], slots, -1)  # positions (R, S)
 

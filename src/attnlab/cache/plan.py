@@ -99,6 +99,7 @@ def factory_args(state: LayerState, sizes: Sizes) -> FactoryArgs:
         "batch_size": sizes.rows,
         "num_kv_heads": state.kv_heads,
         "head_dim": state.head_dim,
+        "value_dim": state.value_dim or state.head_dim,
         "max_len": sizes.capacity,
         "window": state.window,
         "dtype": state.dtype,
