@@ -245,6 +245,8 @@ def test_decode_bytes_counts_what_a_step_of_each_family_reads() -> None:
     assert step.weights == 4 * (16 + 2 * (attention + 2 * 16 + routed) + 16 + 100 * 16)  # one row; final norm; head
     assert step.kv == 4 * 2 * 10 * 2 * 8
     assert decode_bytes(moe, 10, element=2).weights == step.weights // 2
+    shared = GPTConfig(**shape | dict(n_layers=3), hidden_dim=32, kv_shared_layers=1)  # layer 2 reads layer 1's
+    assert decode_bytes(shared, 10).kv == 4 * 3 * 10 * 2 * 8  # stored twice, read three times
 
 
 @pytest.mark.parametrize(

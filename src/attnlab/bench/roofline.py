@@ -40,8 +40,9 @@ def decode_bytes(config: GPTConfig, position: float, *, element: int = 4) -> Ste
     """Bytes one decode step (batch 1) reads at ``position`` (tokens already cached), ``element`` bytes a number:
     the model's parameters, built on the meta device so any family counts as it is, less what a step leaves
     unread (each embedding table but one row, unless the head is tied to it and reads it whole; the experts
-    a token is not routed to), and each layer's keys and values (a sliding layer's within its window; a recurrent layer's state)."""
-    from attnlab.bench.kv_bytes import layer_kinds
+    a token is not routed to), and each layer's keys and values (a sliding layer's within its window; a recurrent layer's state;
+    a layer that shares keys reads its source's again)."""
+    from attnlab.bench.kv_bytes import layer_kinds, softmax_bytes
     from attnlab.models.gpt import GPT
     from attnlab.models.parts import MoEFeedForward
 
@@ -61,6 +62,11 @@ def decode_bytes(config: GPTConfig, position: float, *, element: int = 4) -> Ste
         / 4
         for k in kinds
     )
+    for layer in range(config.n_layers - config.kv_shared_layers, config.n_layers):  # KV sharing: stored once,
+        source = config.kv_source(layer)  # read again by every layer that shares them
+        assert source is not None
+        window = config.layer_window(source)
+        kv += (position if window is None else min(position, window)) * softmax_bytes(config, source, 4) / 4
     return StepBytes(weights=weights * element, kv=int(kv * element))
 
 
