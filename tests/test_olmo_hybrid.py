@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from transformers import OlmoHybridConfig, OlmoHybridForCausalLM
 
 from attnlab.functional.recurrent import gated_delta_rule
@@ -117,6 +118,24 @@ def test_save_pretrained_writes_the_files_names_and_transformers_reads_them(
     back = OlmoHybridForCausalLM.from_pretrained(tmp_path).eval()
     with torch.no_grad():
         torch.testing.assert_close(back(IDS).logits, hf_logits(positions, root), atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_a_folder_under_transformers_own_names_reads_the_same(root: str, tmp_path: Path) -> None:
+    """Released folders may hold transformers' own names (input_layernorm, post_attention_layernorm, one conv1d of
+    q, k and v), which transformers reads as it reads OLMo-core's: so does attnlab, with the same logits."""
+    tensors = load_file(str(hf_dir("rope", root) / "model.safetensors"))
+    renamed = {}
+    for key, tensor in tensors.items():
+        key = key.replace(".attention_layer_norm.", ".input_layernorm.")
+        renamed[key.replace(".feedforward_layer_norm.", ".post_attention_layernorm.")] = tensor
+    for i in (0, 2, 3):  # the delta layers: q's, k's and v's filters as one tensor
+        at = f"model.layers.{i}.linear_attn."
+        renamed[at + "conv1d.weight"] = torch.cat([renamed.pop(f"{at}{p}_conv1d.weight") for p in "qkv"])
+    (tmp_path / "config.json").write_text((hf_dir("rope", root) / "config.json").read_text())
+    save_file(renamed, str(tmp_path / "model.safetensors"))
+    assert "model.layers.0.input_layernorm.weight" in renamed
+    torch.testing.assert_close(GPT.from_pretrained(tmp_path)(IDS), hf_logits("rope", root), atol=1e-4, rtol=0)
 
 
 @torch.no_grad()

@@ -99,8 +99,28 @@ def _names(config: GPTConfig) -> list[tuple[tuple[str, ...], str]]:
     return out
 
 
+INTERNAL = {".input_layernorm.": ".attention_layer_norm.", ".post_attention_layernorm.": ".feedforward_layer_norm."}
+
+
+def _as_written(tensors: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+    """A folder under transformers' own names (``input_layernorm``, ``post_attention_layernorm``, one ``conv1d``
+    of q, k and v's channels), which transformers reads as it reads OLMo-core's: renamed to OLMo-core's here."""
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in tensors.items():
+        for theirs, ours in INTERNAL.items():
+            key = key.replace(theirs, ours)
+        if key.endswith("linear_attn.conv1d.weight") and tensor.shape[0] == sum(_qkv_rows(config, True)):
+            parts = tensor.split(_qkv_rows(config, True))  # (channels, 1, K): q's, k's, v's
+            out |= {key.replace("conv1d", f"{p}_conv1d"): part for p, part in zip("qkv", parts, strict=True)}
+            continue
+        out[key] = tensor
+    return out
+
+
 def from_hf(tensors: dict[str, torch.Tensor], config: GPTConfig) -> tuple[dict[str, Any], dict[str, str]]:
-    """The file's names to attnlab's (q, k and v stacked as rows); the rest as ``<unexpected>name``."""
+    """The file's names to attnlab's (q, k and v stacked as rows); the rest as ``<unexpected>name``. OLMo-core's
+    names, or transformers' own, which a folder may hold as well (:func:`_as_written`)."""
+    tensors = _as_written(tensors, config)
     out: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for theirs, ours in _names(config):
