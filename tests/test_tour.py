@@ -71,7 +71,20 @@ def test_tour_check_passes_and_covers_the_chapter(capsys: pytest.CaptureFixture[
     assert re.search(r"\d+ checks: the chapter matches the book, each variant does what it claims", out)
     keys = [s.key for s in build_tour("en")]
     assert keys[:2] == ["overview", "inputs"] and keys.index("summary") == keys.index("after") - 1
-    after = ["after", "gqa", "mla", "sliding", "sinks", "qk_norm", "gate", "linear", "deltanet", "zoo_run"]
+    after = [
+        "after",
+        "gqa",
+        "mla",
+        "sliding",
+        "sinks",
+        "qk_norm",
+        "gate",
+        "kv_share",
+        "linear",
+        "deltanet",
+        "short_conv",
+    ]
+    after.append("zoo_run")
     assert keys[keys.index("after") :] == after  # what came after the chapter, past its summary
     order = ["softmax", "softmax_overflow", "weights_init", "requires_grad", "recap_trainable", "causal_inf", "mha"]
     assert [keys.index(k) for k in order] == sorted(keys.index(k) for k in order)
@@ -207,6 +220,15 @@ def test_each_variant_after_the_chapter_is_checked_by_what_it_does(monkeypatch: 
             lambda q, k, g, beta: (q @ k.transpose(-1, -2)).tril() * beta[..., None, :],
         )
         assert _after_failures() == {"delta_negative"}
+    from attnlab.cache import plan
+    from attnlab.cache.state import ConvolutionCache
+
+    with monkeypatch.context() as m:  # a layer that shares keys given a cache of its own
+        m.setitem(plan.TABLE, ("shared", "plain"), plan.TABLE[("full", "plain")])
+        assert _after_failures() == {"share_cache"}
+    with monkeypatch.context() as m:  # a convolution that forgets its last inputs between calls
+        m.setattr(ConvolutionCache, "conv_state", lambda self: None)
+        assert _after_failures() == {"conv_state_held"}
     from attnlab.bench.zoo_result import DECODE, PROMPT
 
     assert after_state.HELD_AFTER == PROMPT + DECODE  # the tour reads the run's measured cache after these tokens

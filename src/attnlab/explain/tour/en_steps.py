@@ -269,6 +269,19 @@ STEPS: dict[str, tuple[str, str]] = {
         "Qwen3-Next mixes with a few full attention layers. The weights it equals can be negative even where every "
         "q . k is positive: a later write under a similar key took back part of an earlier one.",
     ),
+    "kv_share": (
+        "KV sharing: later layers read an earlier layer's keys",
+        "Gemma 4's last layers compute no keys or values at all: each reads those of the last earlier layer of its "
+        "kind, the ones that layer attended over. Its queries are its own; its cache is empty, so the cache of the "
+        "whole model is that of its first layers. Here a second layer shares the first one's two key/value heads.",
+    ),
+    "short_conv": (
+        "Gated short convolution: a layer that does not attend",
+        "LFM2 and LFM3 put layers between their attention layers that mix each token only with its last two: a "
+        "projection gives two gates, B and C, and the input x; the layer convolves B * x over three tokens, each "
+        "channel with its own three weights, and multiplies by C. It keeps no keys, only its last two inputs. Seen "
+        "as attention, its weights are zero beyond two tokens back (drawn here: their mean over the channels).",
+    ),
     "zoo_run": (
         "The attention zoo: every variant trained side by side",
         "`attnlab zoo` trains each variant on the same text, with the same parameters (within 5%), batches, "
