@@ -50,9 +50,9 @@ def what_came_after(add: Add, c: Checker) -> None:
     _sinks(add, c, x)
     _qk_norm(add, c, x)
     _gate(add, c, x)
-    _kv_share(add, c, x)
     _linear(add, c, x)
     _delta(add, c, x)
+    _kv_share(add, c, x)
     _short_conv(add, c, x)
     _zoo(add, c)
 
