@@ -32,6 +32,8 @@ HYBRID_FAMILIES = (
     "qwen3_5",
     "olmo_hybrid",
     "lfm3",
+    "qwen3_5_moe_text",
+    "qwen3_5_moe",
 )  # families whose checkpoints hold Gated DeltaNet layers and output gates
 FAMILIES: tuple[str, ...] = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")
 FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES)
@@ -157,6 +159,10 @@ class GPTConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     n_shared_experts: int = 0
+    # Qwen3.5-MoE: each shared expert's width when it is not moe_intermediate_size (shared_expert_intermediate_size),
+    # and its output opened per token by sigmoid(shared_gate(x)) (shared_expert_gate)
+    shared_expert_dim: int | None = None
+    shared_expert_gate: bool = False
     # The attention zoo (attnlab zoo): Qwen3-Next's output gate on every softmax layer (each head's context vector
     # times sigmoid(gate(x))); layer_types may also name "linear" (linear attention) and "delta" (Gated DeltaNet)
     # layers, whose memory is a state of fixed size (attnlab.nn.recurrent)
@@ -303,6 +309,15 @@ class GPTConfig:
                 )
             if self.moe_intermediate_size is not None:
                 check_positive_int("moe_intermediate_size", self.moe_intermediate_size, limit=2**20)
+        if self.shared_expert_dim is not None:
+            check_positive_int("shared_expert_dim", self.shared_expert_dim, limit=2**20)
+        if not isinstance(self.shared_expert_gate, bool):
+            raise TypeError(f"shared_expert_gate must be a bool, got {self.shared_expert_gate!r}")
+        if self.shared_expert_gate and not (self.num_experts and self.n_shared_experts):
+            raise ValueError(
+                f"shared_expert_gate opens a shared expert, and num_experts={self.num_experts}, n_shared_experts="
+                f"{self.n_shared_experts}: set both, or leave the gate out"
+            )
         if not isinstance(self.dense_layers, tuple) or any(
             isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers for i in self.dense_layers
         ):

@@ -58,6 +58,9 @@ class MoEFeedForward(nn.Module):
     when ``norm_topk_prob``: the softmax of the chosen scores, as the book computes it). Expert e is a SwiGLU
     of ``fc1[e]`` (gate), ``fc2[e]`` (up) and ``fc3[e]`` (down).
 
+    A shared expert (``shared_dim``: DeepSeek's, Qwen3.5-MoE's) runs on every token beside the routed ones; with
+    ``shared_gate`` (Qwen3.5-MoE's ``shared_expert_gate``) its output is scaled per token by sigmoid(shared_gate(x)).
+
     gpt-oss's experts (``clamped=True``) have biases, a router with a bias, and clamp their SwiGLU: the gate g
     at most 7, the up u within [-7, 7], then (u + 1) * g * sigmoid(1.702 g).
 
@@ -76,8 +79,11 @@ class MoEFeedForward(nn.Module):
         clamped: bool = False,
         grouped: tuple[int, int, float] | None = None,
         shared_dim: int = 0,
+        shared_gate: bool = False,
     ) -> None:
         super().__init__()
+        if shared_gate and not shared_dim:
+            raise ValueError(f"shared_gate=True opens a shared expert, and shared_dim={shared_dim!r}: give its width")
         self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
         self.norm_topk_prob, self.clamped = norm_topk_prob, clamped
         self.grouped = grouped  # DeepSeek-V3's router: (n_group, topk_group, routed_scaling_factor)
@@ -86,6 +92,7 @@ class MoEFeedForward(nn.Module):
         if grouped is not None:  # chooses, never weighs; float32 as the checkpoints keep it
             self.register_buffer("e_score_correction_bias", torch.zeros(num_experts))
         self.shared = FeedForward(emb_dim=emb_dim, hidden_dim=shared_dim) if shared_dim else None
+        self.shared_gate = nn.Linear(emb_dim, 1, bias=False) if shared_gate else None  # one opening a token
         self.fc1 = nn.ModuleList([nn.Linear(emb_dim, hidden_dim, bias=bias) for _ in range(num_experts)])
         self.fc2 = nn.ModuleList([nn.Linear(emb_dim, hidden_dim, bias=bias) for _ in range(num_experts)])
         self.fc3 = nn.ModuleList([nn.Linear(hidden_dim, emb_dim, bias=bias) for _ in range(num_experts)])
@@ -133,7 +140,7 @@ class MoEFeedForward(nn.Module):
             if token.numel():
                 out.index_add_(0, token, self.expert(e, flat[token]) * weights[token, slot, None])
         out = out.reshape(x.shape)  # (B, T, E)
-        return out if self.shared is None else out + self.shared(x)
+        return self._plus_shared(out, x)
 
     def every_expert(self, x: torch.Tensor) -> torch.Tensor:
         """The readable form: every expert on every token, weighted by the router (0 for the unchosen)."""
@@ -142,7 +149,16 @@ class MoEFeedForward(nn.Module):
         gating.scatter_(-1, chosen, weights)
         outputs = torch.stack([self.expert(e, x) for e in range(self.num_experts)], dim=-2)  # (B, T, experts, E)
         out = (gating[..., None] * outputs).sum(dim=-2)
-        return out if self.shared is None else out + self.shared(x)
+        return self._plus_shared(out, x)
+
+    def _plus_shared(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts' ``out`` plus the shared expert's output, opened by sigmoid(shared_gate(x)) if gated."""
+        if self.shared is None:
+            return out
+        shared = self.shared(x)  # (B, T, E)
+        if self.shared_gate is not None:
+            shared = torch.sigmoid(self.shared_gate(x)) * shared  # (B, T, 1) times (B, T, E)
+        return out + shared
 
 
 def make_mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
@@ -162,7 +178,8 @@ def make_mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
             grouped=(config.n_group, config.topk_group, config.routed_scaling_factor)
             if config.router == "grouped_sigmoid"
             else None,
-            shared_dim=config.n_shared_experts * (config.moe_intermediate_size or f),
+            shared_dim=config.n_shared_experts * (config.shared_expert_dim or config.moe_intermediate_size or f),
+            shared_gate=config.shared_expert_gate,
         )
     if config.mlp in ("swiglu", "geglu"):
         return FeedForward(emb_dim=e, hidden_dim=f, bias=config.bias, gelu=config.mlp == "geglu")

@@ -18,7 +18,19 @@ from typing import Any
 import torch
 
 from attnlab.models.config import GPTConfig
-from attnlab.models.families import deepseek, gemma, gpt2, gpt_oss, lfm3, llama, mistral, olmo_hybrid, qwen, qwen3_5
+from attnlab.models.families import (
+    deepseek,
+    gemma,
+    gpt2,
+    gpt_oss,
+    lfm3,
+    llama,
+    mistral,
+    olmo_hybrid,
+    qwen,
+    qwen3_5,
+    qwen3_5_moe,
+)
 from attnlab.models.families.rows import Rows
 
 __all__ = ["READERS", "Rows", "config_from_hf", "from_hf", "holds", "to_hf"]
@@ -28,9 +40,11 @@ READERS |= {kind: qwen.config_from_hf for kind in qwen.MODEL_TYPES} | {"gpt_oss"
 READERS |= {"deepseek_v3": deepseek.config_from_hf, "gpt2": gpt2.config_from_hf}
 READERS |= {kind: qwen3_5.config_from_hf for kind in qwen3_5.MODEL_TYPES} | {"olmo_hybrid": olmo_hybrid.config_from_hf}
 READERS |= {"lfm3": lfm3.config_from_hf}
+READERS |= {kind: qwen3_5_moe.config_from_hf for kind in qwen3_5_moe.MODEL_TYPES}
 # families whose names are their own (not the Llama layout's): each file's from_hf, to_hf and holds
 OWN: dict[str | None, Any] = {None: gpt2, "gpt2": gpt2, "olmo_hybrid": olmo_hybrid, "lfm3": lfm3}
 OWN |= {kind: qwen3_5 for kind in qwen3_5.MODEL_TYPES}
+OWN |= {kind: qwen3_5_moe for kind in qwen3_5_moe.MODEL_TYPES}
 
 
 def _names(config: GPTConfig) -> llama.Names:
@@ -91,6 +105,8 @@ def holds(config: GPTConfig) -> bool:
     if config.family in OWN:
         return bool(OWN[config.family].holds(config))
     if config.shapes_layers:  # per-type shapes, value settings, KV sharing: read by the families in OWN only
+        return False
+    if config.shared_expert_gate or config.shared_expert_dim is not None:  # Qwen3.5-MoE's shared expert: its file's
         return False
     if config.family in qwen.MODEL_TYPES:
         return qwen.holds(config, config.family)

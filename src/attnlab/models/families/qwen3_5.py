@@ -18,7 +18,8 @@ Three Gated DeltaNet layers to one softmax layer (``layer_types``: "linear_atten
 A hub folder is the multimodal wrapper: its text model is read (``model.language_model.*``), its vision tower
 (``model.visual.*``) is not loaded, and neither are the multi-token-prediction weights (``mtp.*``), which
 transformers' ``Qwen3_5ForCausalLM`` skips too. A model read from a wrapper is not saved back (the wrapper it came
-from cannot be written whole). Qwen3.5-MoE is not read yet.
+from cannot be written whole). Qwen3.5-MoE (``qwen3_5_moe.py``) is read and written through these functions: its
+experts are named by :func:`_mlp_names`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from attnlab.models.families import rope as rope_settings
 from attnlab.models.families.rows import Rows
 
 MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
+WRAPPERS = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}  # a multimodal folder's type: its text's
 KINDS: dict[str, Literal["delta", "full"]] = {"linear_attention": "delta", "full_attention": "full"}
 NOT_LOADED = ("mtp.", "model.visual.")  # multi-token prediction and the vision tower: read by no decoder here
 MROPE = ("mrope_section", "mrope_interleaved")  # one position for text in all three sections: plain RoPE
@@ -53,22 +55,28 @@ DELTA = {  # a Gated DeltaNet layer's tensors, by attnlab's name under att.
 def text_of(raw: dict[str, Any], where: Path) -> dict[str, Any]:
     """The text model's config: the config itself, or a wrapper's ``text_config`` with the wrapper's
     ``tie_word_embeddings`` (transformers ties the head by the top-level flag)."""
-    if raw.get("model_type") != "qwen3_5":
+    kind = raw.get("model_type")
+    if kind not in WRAPPERS:
         return raw
     text = raw.get("text_config")
     if not isinstance(text, dict):
-        raise ValueError(f"{str(where / 'config.json')!r} is a qwen3_5 wrapper without a text_config object")
+        raise ValueError(f"{str(where / 'config.json')!r} is a {kind} wrapper without a text_config object")
     tie = raw.get("tie_word_embeddings", False)  # the wrapper ties its head by its own flag, not the text config's
-    return {**text, "model_type": "qwen3_5_text", "tie_word_embeddings": tie}
+    return {**text, "model_type": WRAPPERS[str(kind)], "tie_word_embeddings": tie}
 
 
 def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
-    wrapper = raw.get("model_type") == "qwen3_5"
-    text = text_of(raw, where)
-    layer_types = llama.hybrid_layers({**text, "quantization_config": raw.get("quantization_config")}, where, KINDS)
+    return GPTConfig(**fields(raw, where, text_of(raw, where)), family=raw["model_type"])
+
+
+def fields(raw: dict[str, Any], where: Path, text: dict[str, Any]) -> dict[str, Any]:
+    """GPTConfig's fields but the family, for the text model ``text`` of the folder's config ``raw`` (``raw`` itself
+    or a wrapper's text_config), refused from the config alone: quantized weights, a layer type not read here."""
+    quantized = raw.get("quantization_config") or text.get("quantization_config")
+    layer_types = llama.hybrid_layers({**text, "quantization_config": quantized}, where, KINDS)
     llama.refuse(text, where, attention_bias=(None, False))
     common = llama.common(text, where, theta=None)
-    return GPTConfig(
+    return dict(
         **common,
         **_rope(text, where, common["head_dim"] or common["emb_dim"] // common["n_heads"]),
         qk_norm=True,
@@ -79,7 +87,6 @@ def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
         delta_value_heads=llama.need(text, "linear_num_value_heads", where),
         delta_value_dim=llama.need(text, "linear_value_head_dim", where),
         conv_kernel=llama.need(text, "linear_conv_kernel_dim", where),
-        family="qwen3_5" if wrapper else "qwen3_5_text",
     )
 
 
@@ -111,7 +118,7 @@ def _names(config: GPTConfig, prefix: str) -> list[tuple[str, str]]:
             (h + "input_layernorm.weight", b + "norm1.weight"),
             (h + "post_attention_layernorm.weight", b + "norm2.weight"),
         ]
-        out += [(f"{h}mlp.{p}_proj.weight", f"{b}ff.{fc}.weight") for p, fc in llama.FC.items()]
+        out += _mlp_names(config, h + "mlp.", b + "ff.")
         if kind == "delta":
             out += [(h + "linear_attn." + theirs, b + "att." + ours) for ours, theirs in DELTA.items()]
         else:
@@ -119,6 +126,19 @@ def _names(config: GPTConfig, prefix: str) -> list[tuple[str, str]]:
             out.append((h + "self_attn.o_proj.weight", b + "att.out_proj.weight"))
     if not config.tie_weights:
         out.append(("lm_head.weight", "out_head.weight"))
+    return out
+
+
+def _mlp_names(config: GPTConfig, theirs: str, ours: str) -> list[tuple[str, str]]:
+    """A layer's MLP: the dense SwiGLU; or (Qwen3.5-MoE) the router, the shared expert and its gate, and each
+    expert by its own names, as the file keeps them (transformers fuses the experts on load, splits them on save)."""
+    if not config.num_experts:
+        return [(f"{theirs}{p}_proj.weight", f"{ours}{fc}.weight") for p, fc in llama.FC.items()]
+    out = [(theirs + "gate.weight", ours + "gate.weight")]
+    out += [(f"{theirs}shared_expert.{p}_proj.weight", f"{ours}shared.{fc}.weight") for p, fc in llama.FC.items()]
+    out.append((theirs + "shared_expert_gate.weight", ours + "shared_gate.weight"))
+    for e in range(config.num_experts):
+        out += [(f"{theirs}experts.{e}.{p}_proj.weight", f"{ours}{fc}.{e}.weight") for p, fc in llama.FC.items()]
     return out
 
 
@@ -172,13 +192,18 @@ def _attention_prefixes(config: GPTConfig, prefix: str) -> list[str]:
 
 
 def to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The model's tensors under ``Qwen3_5ForCausalLM``'s names, q_proj interleaved back, zero-centred norms as
-    w - 1; and its config.json."""
-    if config.family != "qwen3_5_text":
+    """The model's tensors under ``Qwen3_5ForCausalLM``'s names (:func:`tensors`) and its config.json."""
+    return tensors(state, config), hf_config(config)
+
+
+def tensors(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+    """The model's tensors under the text model's names, q_proj interleaved back, zero-centred norms as w - 1;
+    refused, before anything is written, for a model read from a multimodal wrapper."""
+    if config.family in WRAPPERS:
         raise ValueError(
-            "this model was read from a Qwen3.5 multimodal folder whose vision tower attnlab did not load, so that "
-            "folder cannot be written back whole; save it as the text model alone with "
-            "GPT(model.config.with_(family='qwen3_5_text')) filled from model.state_dict()"
+            f"this model was read from a {config.family} multimodal folder whose vision tower attnlab did not load, "
+            "so that folder cannot be written back whole; save it as the text model alone with "
+            f"GPT(model.config.with_(family={WRAPPERS[config.family]!r})) filled from model.state_dict()"
         )
     out: dict[str, torch.Tensor] = {}
     for theirs, ours in _names(config, "model."):
@@ -193,20 +218,24 @@ def to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> tuple[dict[str, 
             pairs = torch.stack([q.view(h, d, -1), gate.view(h, d, -1)], dim=1)  # (H, 2, D, E)
             out |= {at + "q_proj.weight": pairs.reshape(2 * h * d, -1).contiguous()}
             out |= {at + "k_proj.weight": k.contiguous().clone(), at + "v_proj.weight": v.contiguous().clone()}
-    return out, hf_config(config)
+    return out
 
 
 def holds(config: GPTConfig) -> bool:
     """Whether ``Qwen3_5ForCausalLM`` holds this config exactly."""
+    return config.family in MODEL_TYPES and not config.num_experts and lays_out(config)
+
+
+def lays_out(config: GPTConfig) -> bool:
+    """Qwen3.5's layers, dense or MoE: Gated DeltaNet with its convolution beside gated softmax layers, QK-norm."""
     delta = config.conv_kernel is not None and config.delta_heads is not None
     return (
-        config.family in MODEL_TYPES
-        and delta
+        delta
         and (config.norm, config.norm_placement, config.mlp) == ("rmsnorm", "pre", "swiglu")
         and config.rope
         and config.qk_norm
         and config.attn_output_gate
-        and not (config.bias or config.qkv_bias or config.sinks or config.num_experts)
+        and not (config.bias or config.qkv_bias or config.sinks)
         and config.window is None
         and config.score_mod is None
         and not config.shapes_layers
