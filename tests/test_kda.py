@@ -34,7 +34,7 @@ def inputs(seed: int = 0, t: int = T, dtype: torch.dtype = torch.float64) -> tup
     return q / math.sqrt(DK), k, v, decay, torch.rand(B, H, t, generator=g, dtype=dtype)
 
 
-@pytest.mark.parametrize("chunk", [1, 8, 64])
+@pytest.mark.parametrize("chunk", [5, 64])  # 37 tokens: a short last chunk; one chunk of all
 def test_the_chunked_form_equals_the_recurrence(chunk: int) -> None:
     args = inputs()
     slow, slow_state = kimi_delta_rule(*args, form="recurrent")
@@ -197,3 +197,23 @@ def test_the_layer_refuses_what_it_cannot_run() -> None:
     without = ModelCache.build([kda_layer(conv_kernel=None).layer_state()], rows=1, capacity=4)[0]
     with torch.no_grad(), pytest.raises(ValueError, match=r"holds no convolution state; got \(1, 24, 3\)"):
         layer(torch.zeros(1, 1, 16), cache=without)
+
+
+def test_the_kv_bytes_meter_counts_a_kda_layer_as_the_cache_holds_it() -> None:
+    """A Kimi-like model (KDA, latent attention without RoPE, KDA): the meter's state for its KDA layers is the bytes
+    their StateCaches hold (a (D, D) state a head and the convolution's last 3 inputs of q, k and v), the same
+    after 1 token as after 10,000; its latent layer grows by its latent and RoPE key a token."""
+    from attnlab.bench.kv_bytes import layer_kinds
+    from attnlab.models import GPT, GPTConfig
+
+    config = GPTConfig(
+        vocab_size=64, emb_dim=32, n_heads=4, n_layers=3, drop_rate=0.0, norm="rmsnorm", mlp="swiglu", bias=False,
+        layer_types=("kda", "full", "kda"), kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+        nope=True, delta_heads=2, delta_head_dim=8, conv_kernel=4,
+    )  # fmt: skip
+    kinds = {k.kind: k for k in layer_kinds(config, dtype="float32")}
+    caches = GPT(config).make_caches(batch_size=1, max_len=8)
+    held = [caches[i].nbytes() for i in (0, 2)]
+    assert kinds["kda"].layers == 2 and held == [kinds["kda"].state_bytes] * 2 == [4 * (2 * 8 * 8 + 48 * 3)] * 2
+    assert kinds["kda"].layer_bytes(1) == kinds["kda"].layer_bytes(10_000)
+    assert kinds["latent"].layers == 1 and kinds["latent"].bytes_per_token == 4 * (16 + 8)

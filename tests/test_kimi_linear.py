@@ -265,4 +265,5 @@ def test_a_layer_in_neither_list_is_refused_by_name(root: str, tmp_path: Path) -
         del raw["layer_types"]
         raw["linear_attn_config"]["kda_layers"] = [1, 2]  # layer 4 is neither kda nor full
 
-    assert "[None] not read by attnlab" in _refused(root, tmp_path / "bad", edit)
+    said = _refused(root, tmp_path / "bad", edit)
+    assert "layers [4] (counted from 1) are in neither linear_attn_config.kda_layers nor full_attn_layers" in said

@@ -137,6 +137,10 @@ def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKin
         kinds.append(LayerKind("linear", None, types.count("linear"), 0, state_bytes=(state + extra) * wide))
     if "delta" in types:
         kinds.append(LayerKind("delta", None, types.count("delta"), 0, state_bytes=delta_state(config) * wide))
+    if "kda" in types:  # Kimi Delta Attention: a (D, D) state a head, and its convolution's last inputs of q, k, v
+        heads, d = config.delta_heads or config.n_heads, config.delta_head_dim or config.d_head
+        kda = heads * d * d + 3 * heads * d * (config.conv_kernel - 1 if config.conv_kernel else 0)
+        kinds.append(LayerKind("kda", None, types.count("kda"), 0, state_bytes=kda * wide))
     return tuple(kinds)
 
 

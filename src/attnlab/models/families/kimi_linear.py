@@ -112,6 +112,12 @@ def _layer_kinds(raw: dict[str, Any], values: dict[str, Any], where: Path) -> tu
                 if not (isinstance(layer, int) and 1 <= layer <= n):
                     raise ValueError(f"{_file(where)}: linear_attn_config.{key} counts layers 1..{n}, got {layer!r}")
                 named[layer - 1] = kind
+        if None in named:
+            gaps = [i + 1 for i, kind in enumerate(named) if kind is None]
+            raise ValueError(
+                f"{_file(where)}: layers {gaps} (counted from 1) are in neither linear_attn_config.kda_layers nor "
+                "full_attn_layers: attnlab reads a kind for every layer"
+            )
     if named is None:
         named = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n)]
     return llama.hybrid_layers({"num_hidden_layers": n, "layer_types": named}, where, KINDS)
@@ -269,7 +275,7 @@ def holds(config: GPTConfig) -> bool:
 
 def hf_config(config: GPTConfig) -> dict[str, Any]:
     """config.json under Moonshot's keys, as its checkpoints and transformers' save write them; attnlab's beside."""
-    types = config.layer_types or ()
+    types, dense = config.layer_types or (), config.dense_layers
     return {
         "architectures": ["KimiLinearForCausalLM"],
         "model_type": "kimi_linear",
@@ -302,6 +308,8 @@ def hf_config(config: GPTConfig) -> dict[str, Any]:
             "short_conv_kernel_size": config.conv_kernel,
         },
         "mlp_layer_types": ["dense" if i in config.dense_layers else "sparse" for i in range(config.n_layers)],
+        # Moonshot's own code reads these two, transformers mlp_layer_types: written where they say the same
+        **({"first_k_dense_replace": len(dense), "moe_layer_freq": 1} if dense == tuple(range(len(dense))) else {}),
         "num_experts": config.num_experts,
         "num_experts_per_token": config.num_experts_per_tok,
         "num_shared_experts": config.n_shared_experts,
