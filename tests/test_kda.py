@@ -1,5 +1,5 @@
 """Kimi Delta Attention (issue 56): the delta rule with a forget gate per channel (attnlab.functional.kda) and its
-layer (attnlab.nn.kda).
+layer (attnlab.nn.kda); and Kimi Linear's other new part, latent attention without RoPE (attnlab.nn.latent).
 
 The recurrent (readable) and chunked (fast) forms give the same numbers in float64, across calls that carry the
 state; both equal transformers' own plain-PyTorch KDA functions on random inputs; with one decay a head it is the
@@ -217,3 +217,27 @@ def test_the_kv_bytes_meter_counts_a_kda_layer_as_the_cache_holds_it() -> None:
     assert kinds["kda"].layers == 2 and held == [kinds["kda"].state_bytes] * 2 == [4 * (2 * 8 * 8 + 48 * 3)] * 2
     assert kinds["kda"].layer_bytes(1) == kinds["kda"].layer_bytes(10_000)
     assert kinds["latent"].layers == 1 and kinds["latent"].bytes_per_token == 4 * (16 + 8)
+
+
+@torch.no_grad()
+def test_latent_attention_without_rope_sees_no_positions_and_its_forms_agree() -> None:
+    """Kimi Linear's MLA (LatentAttention(rope=False)): its qk_rope_head_dim dimensions are kept and turned by
+    nothing, so the same tokens at other distances apart give the same output (with RoPE they do not), its cache
+    plans no rotary, and decoding over its latent cache (the absorbed form) equals the expanded form without one."""
+    from attnlab.nn.latent import LatentAttention
+
+    sizes = dict(d_in=16, num_heads=2, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6)
+    torch.manual_seed(0)
+    plain = LatentAttention(**sizes, rope=False).eval()  # type: ignore[arg-type]
+    turned = LatentAttention(**sizes).eval()  # type: ignore[arg-type]
+    turned.load_state_dict(plain.state_dict(), strict=False)
+    x, later = torch.randn(1, 7, 16), torch.tensor([0, 3, 9, 20, 41, 70, 100])  # farther apart than 0..6
+    whole = plain(x)
+    torch.testing.assert_close(plain(x, positions=later), whole)
+    assert float((turned(x, positions=later) - turned(x)).abs().max()) > 1e-3
+    assert plain.layer_state().rotary is None and turned.layer_state().rotary is not None
+    cache = ModelCache.build([plain.layer_state()], rows=1, capacity=8)[0]
+    steps = [plain(x[:, :4], cache=cache)] + [plain(x[:, t : t + 1], cache=cache) for t in range(4, 7)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole, atol=1e-5, rtol=1e-5)
+    with pytest.raises(TypeError, match="rope must be a bool"):
+        LatentAttention(**sizes, rope="no")  # type: ignore[arg-type]
