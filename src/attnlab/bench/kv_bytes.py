@@ -150,6 +150,10 @@ def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKin
     if "conv" in types:  # LFM's convolution layers: their last K - 1 inputs per channel, in the weights' dtype
         held = config.emb_dim * ((config.conv_kernel or 1) - 1)
         kinds.append(LayerKind("conv", None, types.count("conv"), 0, state_bytes=held * size))
+    if "kda" in types:  # Kimi Delta Attention: a (D, D) state a head, and its convolution's last inputs of q, k, v
+        heads, d = config.delta_heads or config.n_heads, config.delta_head_dim or config.d_head
+        kda = heads * d * d + 3 * heads * d * (config.conv_kernel - 1 if config.conv_kernel else 0)
+        kinds.append(LayerKind("kda", None, types.count("kda"), 0, state_bytes=kda * wide))
     return tuple(kinds)
 
 

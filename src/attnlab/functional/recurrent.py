@@ -197,7 +197,8 @@ def _check_gates(name: str, g: torch.Tensor, beta: torch.Tensor, *, chunked: boo
             "g of -inf (a full reset) cannot go through the chunked form (exp(G_i - G_j) would be exp(-inf + inf)): "
             "pass form='recurrent', or a finite g such as -30, which already decays the state by 1e-13"
         )
-    raise ValueError(f"{name}: {rule}; got {value:g} at (batch, head, token) {where}")
+    at = "(batch, head, token)" if len(where) == 3 else "(batch, head, token, channel)"  # a gate per channel: KDA's
+    raise ValueError(f"{name}: {rule}; got {value:g} at {at} {where}")
 
 
 def gated_delta_rule(

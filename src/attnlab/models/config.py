@@ -24,8 +24,8 @@ from attnlab.models.layer_shape import LayerShape, Resolved
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("pre", "post", "sandwich")
 MLPS = ("gelu", "swiglu", "geglu", "clamped_swiglu")
-LAYER_TYPES = ("full", "sliding", "linear", "delta", "conv")  # softmax layers; then layers with a state (nn/recurrent,
-# nn/convolution)
+LAYER_TYPES = ("full", "sliding", "linear", "delta", "kda", "conv")  # softmax layers; then layers with a state
+# (nn/recurrent, nn/kda, nn/convolution)
 # the Hugging Face model types a config can be saved as
 HYBRID_FAMILIES = (
     "qwen3_5_text",
@@ -36,7 +36,7 @@ HYBRID_FAMILIES = (
     "qwen3_5_moe",
 )  # families whose checkpoints hold Gated DeltaNet layers and output gates
 FAMILIES: tuple[str, ...] = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")
-FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES)
+FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES, "kimi_linear")
 ROUTERS = ("softmax", "grouped_sigmoid")
 
 SCORE_MODS = ("alibi", "learned-alibi", "softcap:<cap>")  # what GPTConfig(score_mod=...) can name
@@ -127,7 +127,7 @@ class GPTConfig:
     qk_norm: bool = False
     rope_scaling: RopeScaling | None = None
     rotary_dim: int | None = None
-    layer_types: tuple[Literal["full", "sliding", "linear", "delta", "conv"], ...] | None = None
+    layer_types: tuple[Literal["full", "sliding", "linear", "delta", "kda", "conv"], ...] | None = None
     family: str | None = None
     # Gemma 3: "sandwich" norms (before and after each sublayer), GeGLU, embeddings times emb_scale (sqrt(emb_dim)),
     # the softmax scale (query_pre_attn_scalar ** -0.5), RoPE's theta and scaling on sliding layers, and
@@ -175,6 +175,8 @@ class GPTConfig:
     delta_value_heads: int | None = None
     delta_value_dim: int | None = None
     conv_kernel: int | None = None
+    # Kimi Linear's "kda" layers (Kimi Delta Attention, attnlab.nn.kda) take their heads, head size, convolution and
+    # output norm's epsilon from these delta_* fields and conv_kernel too
     # OLMo-Hybrid: its Gated DeltaNet layers' beta in [0, 2] (negative eigenvalues), their output norm's epsilon and
     # their norms' placement (pre, while its softmax layers' are post), QK-norm over all heads at once ("all"), and
     # no positions at all on a model without RoPE (nope: no learned embeddings either)
@@ -329,10 +331,10 @@ class GPTConfig:
                 check_positive_int(name, getattr(self, name), limit=2**16)
             if self.q_lora_rank is not None:
                 check_positive_int("q_lora_rank", self.q_lora_rank, limit=2**20)
-            if not self.rope or self.qk_rope_head_dim % 2:
+            if self.rope == self.nope or (self.rope and self.qk_rope_head_dim % 2):  # nope: Kimi Linear's MLA
                 raise ValueError(
                     f"latent attention rotates its qk_rope_head_dim={self.qk_rope_head_dim} dimensions: set rope=True "
-                    "and an even qk_rope_head_dim"
+                    "and an even qk_rope_head_dim, or nope=True to turn none"
                 )
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {list(ROUTERS)}, got {self.router!r}")
@@ -355,6 +357,8 @@ class GPTConfig:
                 f"({self.delta_heads or self.n_heads}): each of those serves as many value heads"
             )
         self._check_shapes()
+        if "kda" in (self.layer_types or ()) and self.family not in (None, "kimi_linear"):
+            raise ValueError(f"'kda' layers are Kimi Linear's; family={self.family!r} has none: leave family None")
         zoo = (
             self.attn_output_gate
             or self.attn_head_gate
@@ -450,7 +454,7 @@ class GPTConfig:
         return self.window if self.layer_types[layer] == "sliding" else None
 
     def layer_type(self, layer: int) -> str:
-        """What layer ``layer`` is: "full", "sliding", "linear" or "delta"."""
+        """What layer ``layer`` is: "full", "sliding", "linear", "delta" or "kda"."""
         if self.layer_types is None:
             return "full" if self.window is None else "sliding"
         return self.layer_types[layer]

@@ -24,6 +24,7 @@ from attnlab.functional.visibility import Visibility
 from attnlab.models.config import GPTConfig
 from attnlab.nn.attention import Attention, SharedKV
 from attnlab.nn.convolution import GatedShortConvolution
+from attnlab.nn.kda import KimiDeltaAttention
 from attnlab.nn.latent import LatentAttention
 from attnlab.nn.recurrent import GatedDeltaNet, LinearAttention
 
@@ -203,9 +204,23 @@ def make_attention(config: GPTConfig, layer: int) -> LatentAttention:
         rope_base=rope_base,
         rope_scaling=rope_scaling,
         rope_interleave=config.rope_interleave,
+        rope=config.rope,
         window=config.layer_window(layer),
         scale=config.attn_scale,
         backend=config.backend,
+    )
+
+
+def make_kda(config: GPTConfig) -> KimiDeltaAttention:
+    """A "kda" layer (Kimi Linear): its heads, head size, convolution and output norm's epsilon from the config's
+    delta_* fields and conv_kernel."""
+    return KimiDeltaAttention(
+        d_in=config.emb_dim,
+        num_heads=config.delta_heads or config.n_heads,
+        head_dim=config.delta_head_dim or config.d_head,
+        out_bias=config.bias,
+        norm_eps=config.delta_norm_eps or config.layer_norm_eps,
+        conv_kernel=config.conv_kernel,
     )
 
 
@@ -256,8 +271,10 @@ class TransformerBlock(nn.Module):
         own = config.delta_norm_placement if kind == "delta" else None  # OLMo-Hybrid's: pre there, post elsewhere
         self.placement = own or config.norm_placement
         self.norm1 = make_norm(config)
-        self.att: Attention | LinearAttention | GatedDeltaNet | GatedShortConvolution = (
-            make_attention(config, layer)
+        self.att: Attention | LinearAttention | GatedDeltaNet | KimiDeltaAttention | GatedShortConvolution = (
+            make_kda(config)
+            if kind == "kda"
+            else make_attention(config, layer)
             if config.kv_lora_rank is not None
             else LinearAttention(d_in=e, num_heads=config.n_heads, head_dim=config.d_head, out_bias=config.bias)
             if kind == "linear"

@@ -15,7 +15,9 @@ for DeepSeek-V3) whatever the number of heads. Without a cache the expanded form
 
 Queries come from x directly (``q_proj``) or through their own low-rank latent (``q_a_proj``, ``q_a_layernorm``,
 ``q_b_proj``, when ``q_lora_rank`` is set). DeepSeek rotates interleaved pairs (2i, 2i+1) (``rope_interleave``):
-here the RoPE parts are de-interleaved first, then turned in the rotate-half layout, the same angles.
+here the RoPE parts are de-interleaved first, then turned in the rotate-half layout, the same angles. Kimi Linear's
+MLA turns nothing (``rope=False``): the P dimensions and the shared k_pe stay, as a part of every key that no
+position changes, and the layer sees no positions at all.
 
 Shapes: B = batch, T = tokens, S = keys, H = heads, R = kv_lora_rank, N, P, V as above.
 """
@@ -54,6 +56,7 @@ class LatentAttention(Attention):
         rope_base: float = 10000.0,
         rope_scaling: RopeScaling | None = None,
         rope_interleave: bool = True,
+        rope: bool = True,
         window: int | None = None,
         scale: float | None = None,
         backend: Backend = "auto",
@@ -67,6 +70,8 @@ class LatentAttention(Attention):
         if q_lora_rank is not None:
             check_positive_int("q_lora_rank", q_lora_rank, limit=2**20)
         check_backend(backend)
+        if not isinstance(rope, bool):
+            raise TypeError(f"rope must be a bool (False: Kimi Linear's MLA, which turns no dimension), got {rope!r}")
         h, n, p, v, r = num_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, kv_lora_rank
         self.settings: dict[str, Any] = {}  # not for the ring: ContextParallelAttention copies Attention's settings
         self.d_in = self.d_out = d_in
@@ -89,7 +94,8 @@ class LatentAttention(Attention):
         self.kv_a_layernorm = nn.RMSNorm(r, eps=1e-6)
         self.kv_b_proj = nn.Linear(r, h * (n + v), bias=False)
         self.out_proj = nn.Linear(h * v, d_in, bias=False)
-        self.rotary = RotaryEmbedding(head_dim=p, base=rope_base, scaling=rope_scaling)
+        # None: the P dimensions are a part of the key without position (Kimi Linear's MLA)
+        self.rotary = RotaryEmbedding(head_dim=p, base=rope_base, scaling=rope_scaling) if rope else None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -115,10 +121,12 @@ class LatentAttention(Attention):
         )
 
     def _turn(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """RoPE on the rope part (B, heads, T, P), de-interleaved first when the checkpoint pairs (2i, 2i+1)."""
+        """RoPE on the rope part (B, heads, T, P), de-interleaved first when the checkpoint pairs (2i, 2i+1); as
+        it is on a layer without RoPE."""
+        if self.rotary is None:
+            return x
         if self.rope_interleave:
             x = torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)  # (.., P): pairs (2i, 2i+1) as (i, i + P/2)
-        assert self.rotary is not None  # built in __init__: MLA always rotates its RoPE part
         cos, sin = self.rotary(positions, dtype=x.dtype)
         return apply_rotary(x, cos, sin)
 
@@ -208,5 +216,6 @@ class LatentAttention(Attention):
         return (
             f"d_in={self.d_in}, num_heads={self.num_heads}, kv_lora_rank={self.kv_lora_rank}, "
             f"qk_nope_head_dim={self.qk_nope_head_dim}, qk_rope_head_dim={self.qk_rope_head_dim}, "
-            f"v_head_dim={self.v_head_dim}, window={self.window}, backend={self.backend!r}"
+            f"v_head_dim={self.v_head_dim}, rope={self.rotary is not None}, window={self.window}, "
+            f"backend={self.backend!r}"
         )

@@ -33,10 +33,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnlab._checks import check_positive_int
 from attnlab.cache import Cache
 from attnlab.cache.state import StateCache
-from attnlab.functional.convolution import short_convolution
 from attnlab.functional.recurrent import (
     feature_map,
     gated_delta_rule,
@@ -172,15 +170,7 @@ class GatedDeltaNet(RecurrentLayer):
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
         self.norm = nn.RMSNorm(dv, eps=norm_eps)  # over each head's output, shared by the heads
         self.negative_eigenvalues = negative_eigenvalues
-        self.conv: nn.Conv1d | None = None
-        if conv_kernel is not None:
-            check_positive_int("conv_kernel", conv_kernel, limit=64)
-            channels = self.qkv.out_features
-            self.conv = nn.Conv1d(channels, channels, conv_kernel, groups=channels, bias=False)  # weight (C, 1, K)
-
-    @property
-    def conv_state_shape(self) -> tuple[int, int] | None:
-        return None if self.conv is None else (self.conv.out_channels, self.conv.kernel_size[0] - 1)
+        self.add_convolution(conv_kernel)
 
     def gates(self, x: torch.Tensor, visibility: Visibility | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """g (log decay, <= 0) and beta, each (B, Hv, T); a padded token's are 0 (no decay, nothing written)."""
@@ -191,22 +181,6 @@ class GatedDeltaNet(RecurrentLayer):
         if real is not None:
             g, beta = g.where(real[..., None], 0.0), beta.where(real[..., None], 0.0)
         return g.transpose(1, 2), beta.transpose(1, 2)  # (B, Hv, T), in the state's dtype
-
-    def convolved(
-        self, x: torch.Tensor, visibility: Visibility | None, cache: Cache | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The projected q, k and v (B, T, C), through the short convolution and silu where the layer has one,
-        a padded token's inputs zeroed (as the zeros before a row's first token); and the convolution's state
-        after them (None without a convolution)."""
-        qkv = self.qkv(x)  # (B, T, C)
-        if self.conv is None:
-            return qkv, None
-        real = self._real(visibility, x.shape[0], x.shape[1])
-        if real is not None:
-            qkv = qkv.where(real[..., None], 0.0)
-        before = cache.conv_state() if isinstance(cache, StateCache) else None
-        out, after = short_convolution(qkv, self.conv.weight[:, 0], state=before)
-        return F.silu(out), after
 
     def forward(
         self,

@@ -12,10 +12,12 @@ from typing import ClassVar
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from attnlab._checks import check_positive_int
 from attnlab.cache import Cache, LayerState
 from attnlab.cache.state import StateCache
+from attnlab.functional.convolution import short_convolution
 from attnlab.functional.mods import MaskMod, ScoreMod
 from attnlab.functional.visibility import Visibility
 from attnlab.observe import note_unobserved, record
@@ -114,6 +116,7 @@ class RecurrentLayer(StateLayer):
         # rows: W_query (H * D), W_key (H * D), W_value (Hv * Dv)
         self.qkv = nn.Linear(d_in, 2 * num_heads * head_dim + value_heads * value_dim, bias=False)
         self.out_proj = nn.Linear(value_heads * value_dim, d_in, bias=out_bias)
+        self.conv: nn.Conv1d | None = None  # a short convolution before the recurrence: add_convolution
 
     @property
     def dtype(self) -> torch.dtype:
@@ -165,10 +168,34 @@ class RecurrentLayer(StateLayer):
             device=self.device,
         )
 
+    def add_convolution(self, kernel: int | None) -> None:
+        """A short causal convolution of ``kernel`` taps over the projected q, k and v, each channel its own filter
+        (``conv``, weight (C, 1, K): Qwen3.5's, OLMo-Hybrid's and Kimi Delta Attention's), or none (None)."""
+        if kernel is not None:
+            check_positive_int("conv_kernel", kernel, limit=64)
+            channels = self.qkv.out_features
+            self.conv = nn.Conv1d(channels, channels, kernel, groups=channels, bias=False)  # weight (C, 1, K)
+
     @property
     def conv_state_shape(self) -> tuple[int, int] | None:
         """(channels, kernel - 1) of the short convolution before the recurrence, or None without one."""
-        return None
+        return None if self.conv is None else (self.conv.out_channels, self.conv.kernel_size[0] - 1)
+
+    def convolved(
+        self, x: torch.Tensor, visibility: Visibility | None, cache: Cache | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The projected q, k and v (B, T, C), through the short convolution and silu where the layer has one,
+        a padded token's inputs zeroed (as the zeros before a row's first token); and the convolution's state
+        after them (None without a convolution)."""
+        qkv = self.qkv(x)  # (B, T, C)
+        if self.conv is None:
+            return qkv, None
+        real = self._real(visibility, x.shape[0], x.shape[1])
+        if real is not None:
+            qkv = qkv.where(real[..., None], 0.0)
+        before = cache.conv_state() if isinstance(cache, StateCache) else None
+        out, after = short_convolution(qkv, self.conv.weight[:, 0], state=before)
+        return F.silu(out), after
 
     def _check(self, x: object, cache: Cache | None) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_in:

@@ -4,7 +4,8 @@ GPT-2 (``gpt2.py``, Conv1D weights transposed), the book's own models (``book.py
 the from-scratch Llama 3 and Qwen3, whose state dicts carry no config), the families that name their tensors as
 Llama does (``llama.py``: Llama 3; ``mistral.py``; ``qwen.py``: Qwen2, Qwen3, Qwen3-MoE;
 ``gemma.py``: Gemma 3; ``gpt_oss.py``, whose experts are fused), DeepSeek-V3 with its latent attention
-(``deepseek.py``). Every family reads RoPE's
+(``deepseek.py``), the hybrids (``qwen3_5.py``, ``olmo_hybrid.py``; ``kimi_linear.py``: Kimi Delta Attention beside
+MLA without RoPE). Every family reads RoPE's
 settings, per layer type where the config has them so, through ``rope.py``: each key read as transformers reads
 it, or refused by name (``tests/test_rope_settings.py``). A new family is one new file, its entry in ``READERS``
 and its parity test (``tests/test_families.py``).
@@ -23,6 +24,7 @@ from attnlab.models.families import (
     gemma,
     gpt2,
     gpt_oss,
+    kimi_linear,
     lfm3,
     llama,
     mistral,
@@ -41,10 +43,12 @@ READERS |= {"deepseek_v3": deepseek.config_from_hf, "gpt2": gpt2.config_from_hf}
 READERS |= {kind: qwen3_5.config_from_hf for kind in qwen3_5.MODEL_TYPES} | {"olmo_hybrid": olmo_hybrid.config_from_hf}
 READERS |= {"lfm3": lfm3.config_from_hf}
 READERS |= {kind: qwen3_5_moe.config_from_hf for kind in qwen3_5_moe.MODEL_TYPES}
+READERS |= {"kimi_linear": kimi_linear.config_from_hf}
 # families whose names are their own (not the Llama layout's): each file's from_hf, to_hf and holds
 OWN: dict[str | None, Any] = {None: gpt2, "gpt2": gpt2, "olmo_hybrid": olmo_hybrid, "lfm3": lfm3}
 OWN |= {kind: qwen3_5 for kind in qwen3_5.MODEL_TYPES}
 OWN |= {kind: qwen3_5_moe for kind in qwen3_5_moe.MODEL_TYPES}
+OWN["kimi_linear"] = kimi_linear
 
 
 def _names(config: GPTConfig) -> llama.Names:

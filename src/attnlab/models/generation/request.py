@@ -236,7 +236,7 @@ def _check_proposer(model: Any, proposer: Proposer) -> None:
     if draft is not None and not isinstance(draft, type(model)):
         raise TypeError(f"draft must be a GPT (a smaller model with the same vocabulary), got {type(draft).__name__}")
     for who, m in (("the model", model), ("the draft model", draft)):
-        recurrent = sorted({t for t in (m.config.layer_types or ()) if t in ("linear", "delta")} if m else ())
+        recurrent = sorted({t for t in (m.config.layer_types or ()) if t in ("linear", "delta", "kda")} if m else ())
         if recurrent:
             raise ValueError(
                 f"speculative decoding crops the cache after each pass; {who} has {recurrent} layers, whose "
