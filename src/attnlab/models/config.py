@@ -34,7 +34,7 @@ HYBRID_FAMILIES = (
     "lfm3",
 )  # families whose checkpoints hold Gated DeltaNet layers and output gates
 FAMILIES: tuple[str, ...] = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")
-FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES)
+FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES, "mimo_v2_flash")
 ROUTERS = ("softmax", "grouped_sigmoid")
 
 SCORE_MODS = ("alibi", "learned-alibi", "softcap:<cap>")  # what GPTConfig(score_mod=...) can name

@@ -18,7 +18,19 @@ from typing import Any
 import torch
 
 from attnlab.models.config import GPTConfig
-from attnlab.models.families import deepseek, gemma, gpt2, gpt_oss, lfm3, llama, mistral, olmo_hybrid, qwen, qwen3_5
+from attnlab.models.families import (
+    deepseek,
+    gemma,
+    gpt2,
+    gpt_oss,
+    lfm3,
+    llama,
+    mimo_v2_flash,
+    mistral,
+    olmo_hybrid,
+    qwen,
+    qwen3_5,
+)
 from attnlab.models.families.rows import Rows
 
 __all__ = ["READERS", "Rows", "config_from_hf", "from_hf", "holds", "to_hf"]
@@ -27,10 +39,11 @@ READERS = {"llama": llama.config_from_hf, "mistral": mistral.config_from_hf, "ge
 READERS |= {kind: qwen.config_from_hf for kind in qwen.MODEL_TYPES} | {"gpt_oss": gpt_oss.config_from_hf}
 READERS |= {"deepseek_v3": deepseek.config_from_hf, "gpt2": gpt2.config_from_hf}
 READERS |= {kind: qwen3_5.config_from_hf for kind in qwen3_5.MODEL_TYPES} | {"olmo_hybrid": olmo_hybrid.config_from_hf}
-READERS |= {"lfm3": lfm3.config_from_hf}
+READERS |= {"lfm3": lfm3.config_from_hf, "mimo_v2_flash": mimo_v2_flash.config_from_hf}
 # families whose names are their own (not the Llama layout's): each file's from_hf, to_hf and holds
 OWN: dict[str | None, Any] = {None: gpt2, "gpt2": gpt2, "olmo_hybrid": olmo_hybrid, "lfm3": lfm3}
 OWN |= {kind: qwen3_5 for kind in qwen3_5.MODEL_TYPES}
+OWN["mimo_v2_flash"] = mimo_v2_flash
 
 
 def _names(config: GPTConfig) -> llama.Names:
