@@ -298,3 +298,20 @@ def test_the_caches_keep_values_of_their_own_width_and_the_meter_counts_them(roo
     assert at.total == sum(c.k_cache.nbytes + c.v_cache.nbytes for c in held) == 4 * (2 * 20 * 20 + 3 * 8 * 40)
     with pytest.raises(ValueError, match="the int8 cache keeps values as wide as keys"):
         ours.generate(PROMPTS, 2, cache="int8")
+
+
+def test_the_published_shape_has_its_309b_parameters_and_15b_active() -> None:
+    """MiMo-V2-Flash's model card: 309B parameters, 15B active. By hand: each of 256 experts is 3 x 4096 x 2048 on
+    47 sparse layers, 8 of them active a token; the meter reads 9 full layers of 4 KV heads and 39 sliding ones of
+    8 (keys of 192, values of 128) at a window of 129."""
+    from attnlab.bench.kv_bytes import softmax_bytes
+    from attnlab.models.families.shapes import shape
+    from attnlab.models.gpt import count_parameters
+
+    config = shape("mimo-v2-flash")
+    total = count_parameters(config)
+    idle = 47 * (256 - 8) * 3 * 4096 * 2048
+    assert round(total / 1e9) == 309 and round((total - idle) / 1e9) == 15
+    types = config.layer_types or ()
+    assert (types.count("full"), types.count("sliding"), config.window) == (9, 39, 129)
+    assert (softmax_bytes(config, 0, 2), softmax_bytes(config, 1, 2)) == (4 * 320 * 2, 8 * 320 * 2)
