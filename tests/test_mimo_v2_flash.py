@@ -140,12 +140,38 @@ def test_logits_equal_transformers_past_the_window(variant: str, root: str) -> N
 
 
 @torch.no_grad()
+def test_every_backend_that_returns_a_rows_log_sum_exp_gives_the_same_logits(root: str) -> None:
+    """Eager and flash read the sliding layers' sinks off each row's log-sum-exp, over values narrower than the
+    keys; sdpa and flex return none, and are refused by name rather than run without the sinks."""
+    from attnlab.functional.registry import BACKENDS
+
+    theirs = hf("default", root)(PROMPTS).logits
+    for backend in BACKENDS:
+        ours = GPT.from_pretrained(hf_dir("default", root), backend=backend)
+        if backend in ("sdpa", "flex"):
+            with pytest.raises(ValueError, match=f"which the {backend} backend does not return"):
+                ours(PROMPTS)
+            continue
+        assert float((ours(PROMPTS) - theirs).abs().max()) < 1e-4, backend
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_greedy_tokens_equal_transformers_generate_through_every_cache(variant: str, root: str) -> None:
     theirs = hf(variant, root).generate(PROMPTS, max_new_tokens=16, do_sample=False, pad_token_id=0)
     ours = GPT.from_pretrained(hf_dir(variant, root))
     for cache in ("plain", "paged"):
         assert torch.equal(ours.generate(PROMPTS, 16, cache=cache), theirs), cache
+
+
+@torch.no_grad()
+def test_a_left_padded_row_decodes_as_it_does_alone(root: str) -> None:
+    """Padding is no key for a sliding layer's ring or its sinks' row either."""
+    ours = GPT.from_pretrained(hf_dir("default", root))
+    alone = ours.generate(PROMPTS[:1, :40], 12)
+    padded = torch.cat([torch.zeros(1, 7, dtype=torch.long), PROMPTS[:1, :40]], dim=1)
+    mask = (torch.arange(47) >= 7).long()[None]
+    assert torch.equal(ours.generate(padded, 12, attention_mask=mask)[:, 7:], alone)
 
 
 @torch.no_grad()
