@@ -341,3 +341,14 @@ def test_the_published_shape_has_its_309b_parameters_and_15b_active() -> None:
     types = config.layer_types or ()
     assert (types.count("full"), types.count("sliding"), config.window) == (9, 39, 129)
     assert (softmax_bytes(config, 0, 2), softmax_bytes(config, 1, 2)) == (4 * 320 * 2, 8 * 320 * 2)
+
+
+@torch.no_grad()
+def test_the_views_show_the_sinks_share_on_the_sliding_layers_only(root: str) -> None:
+    """The weights the views draw: a full layer's rows sum to 1, a sliding layer's to 1 less its sinks' share."""
+    ours = GPT.from_pretrained(hf_dir("default", root))
+    sums = ours.attention_weights(PROMPTS[:, :12]).sum(-1)  # (L, B, H, T)
+    for layer in (0, 3):
+        assert torch.allclose(sums[layer], torch.ones_like(sums[layer]), atol=1e-5)
+    for layer in (1, 2, 4):
+        assert float(sums[layer].max()) < 1 and float(1 - sums[layer].mean()) > 0.05  # sinks near e^1 each
