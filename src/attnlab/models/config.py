@@ -36,7 +36,7 @@ HYBRID_FAMILIES = (
     "qwen3_5_moe",
 )  # families whose checkpoints hold Gated DeltaNet layers and output gates
 FAMILIES: tuple[str, ...] = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")
-FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES, "kimi_linear")
+FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES, "kimi_linear", "mimo_v2_flash")
 ROUTERS = ("softmax", "grouped_sigmoid")
 
 SCORE_MODS = ("alibi", "learned-alibi", "softcap:<cap>")  # what GPTConfig(score_mod=...) can name

@@ -27,6 +27,7 @@ from attnlab.models.families import (
     kimi_linear,
     lfm3,
     llama,
+    mimo_v2_flash,
     mistral,
     olmo_hybrid,
     qwen,
@@ -41,7 +42,7 @@ READERS = {"llama": llama.config_from_hf, "mistral": mistral.config_from_hf, "ge
 READERS |= {kind: qwen.config_from_hf for kind in qwen.MODEL_TYPES} | {"gpt_oss": gpt_oss.config_from_hf}
 READERS |= {"deepseek_v3": deepseek.config_from_hf, "gpt2": gpt2.config_from_hf}
 READERS |= {kind: qwen3_5.config_from_hf for kind in qwen3_5.MODEL_TYPES} | {"olmo_hybrid": olmo_hybrid.config_from_hf}
-READERS |= {"lfm3": lfm3.config_from_hf}
+READERS |= {"lfm3": lfm3.config_from_hf, "mimo_v2_flash": mimo_v2_flash.config_from_hf}
 READERS |= {kind: qwen3_5_moe.config_from_hf for kind in qwen3_5_moe.MODEL_TYPES}
 READERS |= {"kimi_linear": kimi_linear.config_from_hf}
 # families whose names are their own (not the Llama layout's): each file's from_hf, to_hf and holds
@@ -49,6 +50,7 @@ OWN: dict[str | None, Any] = {None: gpt2, "gpt2": gpt2, "olmo_hybrid": olmo_hybr
 OWN |= {kind: qwen3_5 for kind in qwen3_5.MODEL_TYPES}
 OWN |= {kind: qwen3_5_moe for kind in qwen3_5_moe.MODEL_TYPES}
 OWN["kimi_linear"] = kimi_linear
+OWN["mimo_v2_flash"] = mimo_v2_flash
 
 
 def _names(config: GPTConfig) -> llama.Names:

@@ -80,12 +80,7 @@ def names(config: GPTConfig) -> llama.Names:
         if i in config.dense_layers:
             out += [((f"{h}mlp.{p}_proj.weight",), f"{b}ff.{fc}.weight") for p, fc in llama.FC.items()]
             continue
-        out += [
-            ((h + "mlp.gate.weight",), b + "ff.gate.weight"),
-            ((h + "mlp.gate.e_score_correction_bias",), b + "ff.e_score_correction_bias"),
-        ]
-        for e in range(config.num_experts):
-            out += [((f"{h}mlp.experts.{e}.{p}_proj.weight",), f"{b}ff.{fc}.{e}.weight") for p, fc in llama.FC.items()]
+        out += routed_names(h, b, config)
         if config.n_shared_experts:
             out += [
                 ((f"{h}mlp.shared_experts.{p}_proj.weight",), f"{b}ff.shared.{fc}.weight") for p, fc in llama.FC.items()
@@ -93,6 +88,18 @@ def names(config: GPTConfig) -> llama.Names:
     out.append((("model.norm.weight",), "final_norm.weight"))
     if not config.tie_weights:
         out.append((("lm_head.weight",), "out_head.weight"))
+    return out
+
+
+def routed_names(h: str, b: str, config: GPTConfig) -> llama.Names:
+    """A layer's router and routed experts (prefix ``h`` in the file, ``b`` in attnlab): the gate, its correction
+    bias, and per expert e ``mlp.experts.e.{gate,up,down}_proj`` (MiMo-V2-Flash's too)."""
+    out: llama.Names = [
+        ((h + "mlp.gate.weight",), b + "ff.gate.weight"),
+        ((h + "mlp.gate.e_score_correction_bias",), b + "ff.e_score_correction_bias"),
+    ]
+    for e in range(config.num_experts):
+        out += [((f"{h}mlp.experts.{e}.{p}_proj.weight",), f"{b}ff.{fc}.{e}.weight") for p, fc in llama.FC.items()]
     return out
 
 

@@ -242,6 +242,24 @@ SHAPES: dict[str, dict[str, Any]] = {
         "attention_bias": False,
         "rope_parameters": {"rope_theta": None},
     },
+    "mimo-v2-flash": {  # XiaomiMiMo/MiMo-V2-Flash as transformers reads it: the first layer and every sixth full
+        # (9 of 4 KV heads), 39 sliding (8 KV heads, sinks, 128 keys + the query), thetas 5e6 and 1e4 on 0.334 of
+        # a head, layer 0 dense (MiMoV2FlashConfig's defaults, which are this checkpoint's); its MTP layers aside
+        "model_type": "mimo_v2_flash",
+        "vocab_size": 152576,
+        "hidden_size": 4096,
+        "intermediate_size": 16384,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 4,
+        "head_dim": 192,
+        "v_head_dim": 128,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 2048,
+        "sliding_window_size": 128,
+        "tie_word_embeddings": False,
+    },
 }
 
 
