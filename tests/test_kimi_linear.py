@@ -267,3 +267,20 @@ def test_a_layer_in_neither_list_is_refused_by_name(root: str, tmp_path: Path) -
 
     said = _refused(root, tmp_path / "bad", edit)
     assert "layers [4] (counted from 1) are in neither linear_attn_config.kda_layers nor full_attn_layers" in said
+
+
+@torch.no_grad()
+def test_the_views_name_each_layer_and_draw_the_kda_layers_implicit_weights(root: str) -> None:
+    """attention_weights holds a KDA layer's implicit weights (lower triangular, not a softmax), and the views name
+    it by its state, not as the model's latent layers."""
+    from attnlab.explain.model_view import layer_kinds
+    from attnlab.explain.report_text import REPORT_TEXT
+
+    ours = GPT.from_pretrained(hf_dir(root))
+    weights = ours.attention_weights(IDS[:1, :10])  # (L, 1, H, T, T)
+    kinds = layer_kinds(ours, REPORT_TEXT["en"])
+    types = ours.config.layer_types or ()
+    for layer, kind in enumerate(types):
+        upper = weights[layer, 0].triu(1)
+        assert float(upper.abs().max()) == 0, layer  # nothing reads a later token
+        assert kinds[layer].startswith("Kimi Delta Attention" if kind == "kda" else "latent attention"), kinds[layer]

@@ -71,8 +71,8 @@ def test_tour_check_passes_and_covers_the_chapter(capsys: pytest.CaptureFixture[
     assert re.search(r"\d+ checks: the chapter matches the book, each variant does what it claims", out)
     keys = [s.key for s in build_tour("en")]
     assert keys[:2] == ["overview", "inputs"] and keys.index("summary") == keys.index("after") - 1
-    after = ["after", "gqa", "mla", "sliding", "sinks", "qk_norm", "gate", "linear", "deltanet", "kv_share"]
-    after += ["short_conv", "zoo_run"]
+    after = ["after", "gqa", "mla", "sliding", "sinks", "qk_norm", "gate", "linear", "deltanet", "kda"]
+    after += ["kv_share", "short_conv", "zoo_run"]
     assert keys[keys.index("after") :] == after  # what came after the chapter, past its summary
     order = ["softmax", "softmax_overflow", "weights_init", "requires_grad", "recap_trainable", "causal_inf", "mha"]
     assert [keys.index(k) for k in order] == sorted(keys.index(k) for k in order)
@@ -214,6 +214,16 @@ def test_each_variant_after_the_chapter_is_checked_by_what_it_does(monkeypatch: 
     with monkeypatch.context() as m:  # a layer that shares keys given a cache of its own
         m.setitem(plan.TABLE, ("shared", "plain"), plan.TABLE[("full", "plain")])
         assert _after_failures() == {"share_cache"}
+    import attnlab.explain.tour.after_shared as after_shared
+
+    with monkeypatch.context() as m:  # a per-channel decay that decays every channel by the first one's
+        real = after_shared.kimi_delta_rule
+        m.setattr(
+            after_shared,
+            "kimi_delta_rule",
+            lambda q, k, v, g, beta, form: real(q, k, v, g[..., :1].expand_as(g), beta, form=form),
+        )
+        assert _after_failures() == {"kda_channels"}
     with monkeypatch.context() as m:  # a convolution that forgets its last inputs between calls
         m.setattr(ConvolutionCache, "conv_state", lambda self: None)
         assert _after_failures() == {"conv_state_held"}

@@ -68,7 +68,7 @@ def _layer_sections(
                 w, labels, title=heading, axes=axes, head_title=txt["head"], head_titles=named, annotate=t <= 8
             )
             drawn = [page_figure(fig, heading)]
-        checks = [] if types[layer] in ("delta", "conv") else [_rows_check(w, txt, sinks=sinks)]  # not a softmax
+        checks = [] if types[layer] in ("delta", "kda", "conv") else [_rows_check(w, txt, sinks=sinks)]  # not a softmax
         checks.append(holds(txt["check_upper"], bool((w[:, upper] == 0).all())))
         if window is not None:
             checks.append(holds(txt["check_window"].format(window=window), int((w > 0).sum(-1).max()) <= window))

@@ -76,7 +76,7 @@ def layer_kind(
     recurrent layer (the zoo's linear attention and Gated DeltaNet) says the size of its state (``state``
     values, whatever the length) and that its weights are implicit; a layer that shares keys (Gemma 4) names
     the layer whose keys it reads (``source``)."""
-    if layer_type in ("linear", "delta", "conv"):
+    if layer_type in ("linear", "delta", "kda", "conv"):
         return txt[f"layer_{layer_type}"].format(values=f"{state:,}" if state is not None else "?")
     kind = txt["layer_full"] if window is None else txt["layer_sliding"].format(window=window)
     if source is not None:

@@ -53,6 +53,8 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "layer_full": "full attention",
         "layer_sliding": "sliding window of {window}",
         "layer_shared": "reads layer {source}'s keys and values (KV sharing): it caches nothing of its own",
+        "layer_kda": "Kimi Delta Attention: a state of {values} values, whatever the length, each key channel "
+        "forgetting at its own rate; the weights shown are the ones it equals (not a softmax)",
         "layer_conv": "gated short convolution: its last {values} inputs, whatever the length; the weights shown "
         "are the ones it equals, averaged over its channels",
         "layer_latent": "latent attention, {values} values a token cached (its heads' keys and values: {heads})",
@@ -206,6 +208,7 @@ REPORT_TEXT: dict[str, dict[str, str]] = {
         "layer_full": "全注意力",
         "layer_sliding": "{window} 个 Token 的滑动窗口",
         "layer_shared": "读取第 {source} 层的键和值 (KV 共享)：本层自己什么都不缓存",
+        "layer_kda": "Kimi Delta Attention：状态固定为 {values} 个值，与长度无关，每个键通道以自己的速度遗忘；图中是它等价的权重（不是 softmax）",
         "layer_conv": "门控短卷积：只保留最近的 {values} 个输入值，与长度无关；图中是它等价的权重（各通道的平均）",
         "layer_latent": "潜在注意力 (MLA)，每个 Token 缓存 {values} 个值 (各头的键和值共 {heads} 个)",
         "layer_linear": "线性注意力：状态固定为 {values} 个值，与长度无关；图中是它等价的权重",

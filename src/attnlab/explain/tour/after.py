@@ -19,7 +19,7 @@ import torch
 
 from attnlab import book
 from attnlab.cache import ModelCache, SlidingWindowCache
-from attnlab.explain.tour.after_shared import _kv_share, _short_conv
+from attnlab.explain.tour.after_shared import _kda, _kv_share, _short_conv
 from attnlab.explain.tour.after_state import _cache_bytes, _delta, _linear, _zoo
 from attnlab.explain.tour.core import Add, Checker, fmt
 from attnlab.nn.attention import Attention
@@ -52,6 +52,7 @@ def what_came_after(add: Add, c: Checker) -> None:
     _gate(add, c, x)
     _linear(add, c, x)
     _delta(add, c, x)
+    _kda(add, c, x)
     _kv_share(add, c, x)
     _short_conv(add, c, x)
     _zoo(add, c)

@@ -1,6 +1,7 @@
-"""Tour, part 4, two of today's ways to keep less: layers that share one layer's keys (Gemma 4's KV sharing), and
-layers that do not attend at all but mix each token with its last few (LFM's gated short convolution), each
-checked on the chapter's six tokens as ``after.py`` checks the softmax variants.
+"""Tour, part 4, today's ways to keep less: layers that share one layer's keys (Gemma 4's KV sharing), a delta
+rule that forgets each key channel at its own rate (Kimi Delta Attention), and layers that do not attend at all
+but mix each token with its last few (LFM's gated short convolution), each checked on the chapter's six tokens as
+``after.py`` checks the softmax variants.
 
 Shapes: B = batch, H = heads, T = tokens, D = head size, C = channels, K = kernel size.
 """
@@ -14,8 +15,11 @@ from attnlab.cache.state import ConvolutionCache
 from attnlab.explain.tour.after_state import _cache_bytes
 from attnlab.explain.tour.core import Add, Checker, fmt
 from attnlab.functional.convolution import short_convolution_reference
+from attnlab.functional.kda import kimi_delta_rule
+from attnlab.functional.recurrent import gated_delta_rule
 from attnlab.nn.attention import Attention, SharedKV
 from attnlab.nn.convolution import GatedShortConvolution
+from attnlab.nn.kda import KimiDeltaAttention
 from attnlab.observe import Recorder
 
 
@@ -100,4 +104,51 @@ def _short_conv(add: Add, c: Checker, x: torch.Tensor) -> None:
             torch.allclose(steps, out, atol=1e-10) and torch.allclose(held[0], h[0, -2:].T, atol=1e-12),
         ),
         heat=weights.float(),
+    )
+
+
+def _kda(add: Add, c: Checker, x: torch.Tensor) -> None:
+    f64 = torch.float64
+    key = torch.tensor([0.6, 0.8], dtype=f64)  # one key, written once with value [1, 2], then 5 tokens of nothing
+    k = torch.zeros(1, 1, 6, 2, dtype=f64)
+    k[0, 0, 0] = key
+    v = torch.zeros(1, 1, 6, 2, dtype=f64)
+    v[0, 0, 0] = torch.tensor([1.0, 2.0], dtype=f64)
+    beta = torch.zeros(1, 1, 6, dtype=f64)
+    beta[0, 0, 0] = 1.0
+    g = torch.tensor([-1.0, 0.0], dtype=f64).expand(1, 1, 6, 2)  # channel 0 forgets e^-1 a token, channel 1 nothing
+    _, state = kimi_delta_rule(k, k, v, g, beta, form="recurrent")  # (1, 1, 2, 2)
+    fast, kept = state[0, 0, 0], state[0, 0, 1]  # what each key channel still holds of [1, 2]
+    same = torch.full((1, 1, 6, 2), -0.3, dtype=f64)  # one decay for both channels: Gated DeltaNet's scalar gate
+    unit = torch.nn.functional.normalize(
+        torch.randn(1, 1, 6, 2, generator=torch.Generator().manual_seed(1), dtype=f64), dim=-1
+    )
+    per_channel, _ = kimi_delta_rule(unit, unit, unit, same, torch.full((1, 1, 6), 0.5, dtype=f64), form="recurrent")
+    scalar, _ = gated_delta_rule(
+        unit, unit, unit, same[..., 0], torch.full((1, 1, 6), 0.5, dtype=f64), form="recurrent"
+    )
+    torch.manual_seed(123)
+    layer = KimiDeltaAttention(d_in=3, num_heads=1, head_dim=3, chunk_size=4, conv_kernel=None).double()
+    with Recorder() as rec, torch.no_grad():
+        chunked = layer(x.double())
+    layer.form = "recurrent"
+    with torch.no_grad():
+        recurrent = layer(x.double())
+    weights = rec.get("attn_weights")[0]  # (1, 6, 6): the implicit weights, some negative
+    add(
+        "kda",
+        "S = diag(exp(g_t)) @ S                        # " + c.say("cm_channel_decay") + "\n"
+        "S = S + beta_t * outer(k_t, v_t - S.T @ k_t)  # " + c.say("cm_delta") + "\n"
+        "out_t = S.T @ q_t",
+        c.say("kda_kept", fast=[round(float(t), 4) for t in fast], kept=[round(float(t), 4) for t in kept])
+        + "\n"
+        + fmt(weights[0].float()),
+        c.holds(
+            "kda_channels",
+            torch.allclose(fast, 0.6 * torch.tensor([1.0, 2.0], dtype=f64) * torch.exp(torch.tensor(-5.0, dtype=f64)))
+            and torch.allclose(kept, 0.8 * torch.tensor([1.0, 2.0], dtype=f64), atol=1e-12),
+        ),
+        c.holds("kda_scalar", torch.allclose(per_channel, scalar, atol=1e-12)),
+        c.holds("kda_forms", torch.allclose(chunked, recurrent, atol=1e-10)),
+        heat=weights.abs().float(),
     )

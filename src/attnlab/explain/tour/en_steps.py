@@ -269,6 +269,13 @@ STEPS: dict[str, tuple[str, str]] = {
         "Qwen3-Next mixes with a few full attention layers. The weights it equals can be negative even where every "
         "q . k is positive: a later write under a similar key took back part of an earlier one.",
     ),
+    "kda": (
+        "Kimi Delta Attention: each key channel forgets at its own rate",
+        "Gated DeltaNet decays a head's whole state by one number a token. Kimi Linear's KDA gives every key "
+        "channel, every row of the state, its own decay, computed from the token: a head can keep some features for "
+        "thousands of tokens and forget others within a few. Here a key of two channels is written once; after five "
+        "tokens the channel that decays holds almost nothing of it and the other all of it.",
+    ),
     "kv_share": (
         "KV sharing: later layers read an earlier layer's keys",
         "Gemma 4's last layers compute no keys or values at all: each reads those of the last earlier layer of its "
