@@ -37,6 +37,7 @@ HYBRID_FAMILIES = (
 )  # families whose checkpoints hold Gated DeltaNet layers and output gates
 FAMILIES: tuple[str, ...] = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")
 FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES, "kimi_linear", "mimo_v2_flash")
+FAMILIES += ("gemma4_text", "gemma4")  # Gemma 4: its text model, and the multimodal wrapper's
 ROUTERS = ("softmax", "grouped_sigmoid")
 
 SCORE_MODS = ("alibi", "learned-alibi", "softcap:<cap>")  # what GPTConfig(score_mod=...) can name
@@ -201,6 +202,11 @@ class GPTConfig:
     # an output gate with one opening a head on the softmax layers (attn_head_gate)
     conv_bias: bool = False
     attn_head_gate: bool = False
+    # Gemma 4 (attnlab.models.per_layer, attnlab.models.moe_beside): per-layer embeddings of ple_dim a layer, a
+    # mixture of num_experts experts beside every layer's MLP (moe_beside), a scalar on each layer's output
+    ple_dim: int = 0
+    moe_beside: bool = False
+    layer_scalar: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -258,6 +264,8 @@ class GPTConfig:
             "double_wide_shared",
             "conv_bias",
             "attn_head_gate",
+            "moe_beside",
+            "layer_scalar",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -388,6 +396,14 @@ class GPTConfig:
             raise ValueError(f"value_scale must be None or a number > 0, got {self.value_scale!r}")
         if self.kv_lora_rank is None and self.v_head_dim:
             check_positive_int("v_head_dim", self.v_head_dim, limit=2**16)
+        if isinstance(self.ple_dim, bool) or not isinstance(self.ple_dim, int) or not 0 <= self.ple_dim <= 2**16:
+            raise ValueError(f"ple_dim must be an int in [0, 65536] (0: no per-layer embeddings), got {self.ple_dim!r}")
+        if self.moe_beside and not self.num_experts:
+            raise ValueError("moe_beside puts a mixture of experts beside each MLP: set num_experts with it")
+        if self.moe_beside and self.norm_placement == "post":
+            raise ValueError(
+                "moe_beside adds experts beside an MLP on norm2(x): use norm_placement 'pre' or 'sandwich'"
+            )
         k = self.kv_shared_layers
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < self.n_layers:
             raise ValueError(
@@ -464,7 +480,8 @@ class GPTConfig:
         """Whether a layer type has its own shape, values are scaled, normed or sized apart, or layers share keys:
         what only the families that read those settings (Gemma 4, MiMo-V2-Flash) can be saved as."""
         kept = (self.full_layers, self.sliding_layers, self.value_scale, self.v_norm, self.kv_shared_layers)
-        return kept != (None, None, None, False, 0) or (self.kv_lora_rank is None and self.v_head_dim != 0)
+        gemma4 = (self.ple_dim, self.moe_beside, self.layer_scalar) != (0, False, False)  # Gemma 4's own parts
+        return kept != (None, None, None, False, 0) or gemma4 or (self.kv_lora_rank is None and self.v_head_dim != 0)
 
     @property
     def is_gpt2(self) -> bool:

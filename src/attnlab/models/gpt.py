@@ -30,7 +30,7 @@ from attnlab.models.config import GPTConfig, score_mod_from_name
 from attnlab.models.generation import GenerateOptions, ManyOptions, decode, request_for
 from attnlab.models.generation.decode import by_position
 from attnlab.models.generation.prompts import check_prompt, positions_and_padding
-from attnlab.models.parts import TransformerBlock, make_norm
+from attnlab.models.parts import TransformerBlock, make_norm, make_ple
 from attnlab.models.tokenizer import CharTokenizer
 from attnlab.models.weights import Checkpoint, fit
 from attnlab.nn.attention import SharedKV
@@ -63,6 +63,7 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.emb_dim)
         self.pos_emb = None if config.rope or config.nope else nn.Embedding(config.context_length, config.emb_dim)
         self.drop_emb = nn.Dropout(config.drop_rate)
+        self.ple = make_ple(config)  # Gemma 4's per-layer embeddings, or None
         self.trf_blocks = nn.ModuleList([TransformerBlock(config, layer=n) for n in range(config.n_layers)])
         self.final_norm = make_norm(config)
         self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False)
@@ -159,6 +160,7 @@ class GPT(nn.Module):
         x = self.tok_emb(ids)  # (B, T, E)
         if self.config.emb_scale is not None:
             x = x * self.config.emb_scale  # Gemma's sqrt(emb_dim)
+        ple = None if self.ple is None else self.ple(ids, x)  # (B, T, L, P): Gemma 4's per-layer inputs
         if self.pos_emb is not None:
             x = x + self.pos_emb(positions)  # positions (T,) or (B, T) broadcast
         if self.score_mod is not None:
@@ -180,7 +182,7 @@ class GPT(nn.Module):
         for layer, block in enumerate(self.blocks):
             held = cache[layer] if cache is not None else None
             seen = visibility[block.att.visibility_key]
-            x = block(x, visibility=seen, positions=rotary_positions, cache=held, shared=shared)
+            x = block(x, visibility=seen, positions=rotary_positions, cache=held, shared=shared, per_layer=ple)
         if last_only:
             x = x[:, -1:]  # (B, 1, E)
         logits = self.out_head(self.final_norm(x))

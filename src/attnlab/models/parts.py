@@ -6,7 +6,10 @@ whatever the family:
 - GPT-2 (chapter 4): LayerNorm before each sublayer, a 4x GELU MLP (``ff.0``, ``ff.2``) with biases;
 - Llama 3, Mistral, Qwen2 and Qwen3 (the book's Llama 3 and Qwen3 chapters): RMSNorm before each sublayer and
   the gated ``FeedForward`` (``fc1`` the gate, ``fc2`` up, ``fc3`` down), no biases;
-- ``norm_placement="post"`` (OLMo 2): each sublayer's output is normed before it is added back.
+- ``norm_placement="post"`` (OLMo 2): each sublayer's output is normed before it is added back;
+- Gemma 4: experts beside the MLP (``moe_beside.py``), then a per-layer input and a scalar (``per_layer.py``).
+
+The MLPs themselves (FeedForward, MoEFeedForward) are ``mlp.py``'s.
 
 The attention is ``attnlab.Attention`` with the layer's own window from the config's pattern, so every backend,
 cache and the Recorder work in every family.
@@ -22,6 +25,9 @@ import torch.nn as nn
 from attnlab.cache import Cache
 from attnlab.functional.visibility import Visibility
 from attnlab.models.config import GPTConfig
+from attnlab.models.mlp import FeedForward, MoEFeedForward
+from attnlab.models.moe_beside import MoEBeside
+from attnlab.models.per_layer import LayerEnd, PerLayerEmbedding
 from attnlab.nn.attention import Attention, SharedKV
 from attnlab.nn.convolution import GatedShortConvolution
 from attnlab.nn.kda import KimiDeltaAttention
@@ -37,138 +43,13 @@ def make_norm(config: GPTConfig, size: int | None = None) -> nn.Module:
     return nn.LayerNorm(size, eps=config.layer_norm_eps)
 
 
-class FeedForward(nn.Module):
-    """The book's Llama 3 FeedForward, SwiGLU (Shazeer, 2020): fc3(silu(fc1(x)) * fc2(x)), (B, T, E) -> (B, T, E);
-    ``gelu=True``: GeGLU, with the tanh GELU on the gate (Gemma's)."""
-
-    def __init__(self, *, emb_dim: int, hidden_dim: int, bias: bool = False, gelu: bool = False) -> None:
-        super().__init__()
-        self.act = nn.GELU(approximate="tanh") if gelu else nn.SiLU()
-        self.fc1 = nn.Linear(emb_dim, hidden_dim, bias=bias)  # the gate (Hugging Face's gate_proj)
-        self.fc2 = nn.Linear(emb_dim, hidden_dim, bias=bias)  # up_proj
-        self.fc3 = nn.Linear(hidden_dim, emb_dim, bias=bias)  # down_proj
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc3(self.act(self.fc1(x)) * self.fc2(x))  # (B, T, F) -> (B, T, E)
-
-
-class MoEFeedForward(nn.Module):
-    """A mixture of experts, in the names of the book's Qwen3 ``MoEFeedForward``: a router (``gate``) scores the
-    ``num_experts`` experts for each token, the ``num_experts_per_tok`` best run, and their outputs are summed
-    weighted by the softmax of the router's scores (over all experts, then renormalized over the chosen ones
-    when ``norm_topk_prob``: the softmax of the chosen scores, as the book computes it). Expert e is a SwiGLU
-    of ``fc1[e]`` (gate), ``fc2[e]`` (up) and ``fc3[e]`` (down).
-
-    A shared expert (``shared_dim``: DeepSeek's, Qwen3.5-MoE's) runs on every token beside the routed ones; with
-    ``shared_gate`` (Qwen3.5-MoE's ``shared_expert_gate``) its output is scaled per token by sigmoid(shared_gate(x)).
-
-    gpt-oss's experts (``clamped=True``) have biases, a router with a bias, and clamp their SwiGLU: the gate g
-    at most 7, the up u within [-7, 7], then (u + 1) * g * sigmoid(1.702 g).
-
-    ``forward`` runs each expert on the tokens routed to it; :meth:`every_expert` is the book's readable form,
-    every expert on every token and the unchosen weighted 0, tested equal.
-    """
-
-    def __init__(
-        self,
-        *,
-        emb_dim: int,
-        hidden_dim: int,
-        num_experts: int,
-        num_experts_per_tok: int,
-        norm_topk_prob: bool = True,
-        clamped: bool = False,
-        grouped: tuple[int, int, float] | None = None,
-        shared_dim: int = 0,
-        shared_gate: bool = False,
-    ) -> None:
-        super().__init__()
-        if shared_gate and not shared_dim:
-            raise ValueError(f"shared_gate=True opens a shared expert, and shared_dim={shared_dim!r}: give its width")
-        self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
-        self.norm_topk_prob, self.clamped = norm_topk_prob, clamped
-        self.grouped = grouped  # DeepSeek-V3's router: (n_group, topk_group, routed_scaling_factor)
-        bias = clamped  # gpt-oss's experts and router have biases; Qwen3-MoE's and DeepSeek's none
-        self.gate = nn.Linear(emb_dim, num_experts, bias=bias)
-        if grouped is not None:  # chooses, never weighs; float32 as the checkpoints keep it
-            self.register_buffer("e_score_correction_bias", torch.zeros(num_experts))
-        self.shared = FeedForward(emb_dim=emb_dim, hidden_dim=shared_dim) if shared_dim else None
-        self.shared_gate = nn.Linear(emb_dim, 1, bias=False) if shared_gate else None  # one opening a token
-        self.fc1 = nn.ModuleList([nn.Linear(emb_dim, hidden_dim, bias=bias) for _ in range(num_experts)])
-        self.fc2 = nn.ModuleList([nn.Linear(emb_dim, hidden_dim, bias=bias) for _ in range(num_experts)])
-        self.fc3 = nn.ModuleList([nn.Linear(hidden_dim, emb_dim, bias=bias) for _ in range(num_experts)])
-
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The chosen experts (B, T, k) of each token and their weights (B, T, k), in x's dtype."""
-        if self.grouped is not None:
-            return self._route_in_groups(x)
-        probs = torch.softmax(self.gate(x).float(), dim=-1)  # (B, T, num_experts), in float32 as Qwen3-MoE
-        weights, chosen = probs.topk(self.num_experts_per_tok, dim=-1)  # (B, T, k)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return chosen, weights.to(x.dtype)
-
-    def _route_in_groups(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """DeepSeek-V3: sigmoid scores; the correction bias added to choose (the best topk_group groups by the sum
-        of their two best, then the best k experts in them), the unbiased scores to weigh, times the factor."""
-        assert self.grouped is not None
-        n_group, topk_group, factor = self.grouped
-        scores = torch.sigmoid(self.gate(x).float())  # (B, T, experts)
-        correction = self.get_buffer("e_score_correction_bias")  # (experts,)
-        choice = scores + correction.float()
-        groups = choice.unflatten(-1, (n_group, -1))  # (B, T, n_group, experts / n_group)
-        best = groups.topk(2, dim=-1).values.sum(-1).topk(topk_group, dim=-1).indices  # (B, T, topk_group)
-        kept = torch.zeros(groups.shape[:-1], dtype=torch.bool, device=x.device).scatter_(-1, best, True)
-        choice = groups.masked_fill(~kept[..., None], float("-inf")).flatten(-2)  # (B, T, experts)
-        chosen = choice.topk(self.num_experts_per_tok, dim=-1).indices  # (B, T, k)
-        weights = scores.gather(-1, chosen)
-        if self.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return chosen, (weights * factor).to(x.dtype)
-
-    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        if self.clamped:  # gpt-oss
-            g, u = self.fc1[e](x).clamp(max=7.0), self.fc2[e](x).clamp(-7.0, 7.0)
-            return self.fc3[e]((u + 1) * (g * torch.sigmoid(1.702 * g)))
-        return self.fc3[e](nn.functional.silu(self.fc1[e](x)) * self.fc2[e](x))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        chosen, weights = self.route(x)
-        flat, out = x.reshape(-1, x.shape[-1]), torch.zeros_like(x).reshape(-1, x.shape[-1])  # (B*T, E)
-        chosen, weights = chosen.reshape(-1, chosen.shape[-1]), weights.reshape(-1, weights.shape[-1])  # (B*T, k)
-        for e in range(self.num_experts):
-            token, slot = (chosen == e).nonzero(as_tuple=True)  # the tokens routed to e, and where in their top-k
-            if token.numel():
-                out.index_add_(0, token, self.expert(e, flat[token]) * weights[token, slot, None])
-        out = out.reshape(x.shape)  # (B, T, E)
-        return self._plus_shared(out, x)
-
-    def every_expert(self, x: torch.Tensor) -> torch.Tensor:
-        """The readable form: every expert on every token, weighted by the router (0 for the unchosen)."""
-        chosen, weights = self.route(x)
-        gating = torch.zeros(*x.shape[:-1], self.num_experts, dtype=x.dtype, device=x.device)  # (B, T, experts)
-        gating.scatter_(-1, chosen, weights)
-        outputs = torch.stack([self.expert(e, x) for e in range(self.num_experts)], dim=-2)  # (B, T, experts, E)
-        out = (gating[..., None] * outputs).sum(dim=-2)
-        return self._plus_shared(out, x)
-
-    def _plus_shared(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The routed experts' ``out`` plus the shared expert's output, opened by sigmoid(shared_gate(x)) if gated."""
-        if self.shared is None:
-            return out
-        shared = self.shared(x)  # (B, T, E)
-        if self.shared_gate is not None:
-            shared = torch.sigmoid(self.shared_gate(x)) * shared  # (B, T, 1) times (B, T, E)
-        return out + shared
-
-
 def make_mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
     """GPT-2's GELU MLP (``ff.0``, ``ff.2``: the names its checkpoints keep), the gated FeedForward, or on a
     sparse layer the mixture of experts."""
     e, f = config.emb_dim, config.ff_dim
     if config.double_wide_shared and config.kv_source(layer) is not None:
         f = 2 * f  # Gemma 4's layers that share keys: an MLP twice as wide (use_double_wide_mlp)
-    if config.num_experts and layer not in config.dense_layers:
+    if config.num_experts and not config.moe_beside and layer not in config.dense_layers:
         return MoEFeedForward(
             emb_dim=e,
             hidden_dim=config.moe_intermediate_size or f,
@@ -186,6 +67,27 @@ def make_mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
         return FeedForward(emb_dim=e, hidden_dim=f, bias=config.bias, gelu=config.mlp == "geglu")
     return nn.Sequential(
         nn.Linear(e, f, bias=config.bias), nn.GELU(approximate="tanh"), nn.Linear(f, e, bias=config.bias)
+    )
+
+
+def make_beside(config: GPTConfig) -> MoEBeside | None:
+    """Gemma 4's experts beside each MLP (``moe_beside``), or None."""
+    if not config.moe_beside:
+        return None
+    f = config.moe_intermediate_size or config.ff_dim
+    k = config.num_experts_per_tok
+    return MoEBeside(
+        emb_dim=config.emb_dim, hidden_dim=f, num_experts=config.num_experts, k=k, eps=config.layer_norm_eps
+    )
+
+
+def make_ple(config: GPTConfig) -> PerLayerEmbedding | None:
+    """The model's per-layer embeddings (``ple_dim`` > 0: Gemma 4's PLE), or None."""
+    if not config.ple_dim:
+        return None
+    c = config
+    return PerLayerEmbedding(
+        vocab_size=c.vocab_size, emb_dim=c.emb_dim, n_layers=c.n_layers, ple_dim=c.ple_dim, eps=c.layer_norm_eps
     )
 
 
@@ -299,6 +201,14 @@ class TransformerBlock(nn.Module):
         self.ff = make_mlp(config, layer)
         if self.placement == "sandwich":  # Gemma's: a norm after each sublayer too, before it is added back
             self.post_norm1, self.post_norm2 = make_norm(config), make_norm(config)
+        self.moe = make_beside(config)  # Gemma 4's experts beside the MLP, or None
+        self.end = (  # Gemma 4's per-layer input and layer scalar, or None
+            LayerEnd(
+                layer=layer, emb_dim=e, ple_dim=config.ple_dim, scalar=config.layer_scalar, eps=config.layer_norm_eps
+            )
+            if config.ple_dim or config.layer_scalar
+            else None
+        )
 
     def forward(
         self,
@@ -308,17 +218,35 @@ class TransformerBlock(nn.Module):
         positions: torch.Tensor | None,
         cache: Cache | None,
         shared: dict[int | None, SharedKV] | None = None,
+        per_layer: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``shared``: the keys the model's layers leave for the layers that share them (KV sharing), or None."""
+        """``shared``: the keys the model's layers leave for the layers that share them (KV sharing), or None;
+        ``per_layer``: every layer's per-layer input (B, T, L, P) where the model has them (Gemma 4's PLE)."""
+        x = self._layer(x, visibility, positions, cache, shared)
+        return x if self.end is None else self.end(x, per_layer)
+
+    def _layer(
+        self,
+        x: torch.Tensor,
+        visibility: Visibility,
+        positions: torch.Tensor | None,
+        cache: Cache | None,
+        shared: dict[int | None, SharedKV] | None,
+    ) -> torch.Tensor:
         if self.placement == "post":
             x = x + self._resid(self.norm1(self._attend(x, visibility, positions, cache, shared)))
             return x + self._resid(self.norm2(self.ff(x)))
         if self.placement == "sandwich":
             att = self._attend(self.norm1(x), visibility, positions, cache, shared)
             x = x + self._resid(self.post_norm1(att))
-            return x + self._resid(self.post_norm2(self.ff(self.norm2(x))))
+            return x + self._resid(self.post_norm2(self._mlp(x)))
         x = x + self._resid(self._attend(self.norm1(x), visibility, positions, cache, shared))
-        return x + self._resid(self.ff(self.norm2(x)))
+        return x + self._resid(self._mlp(x))
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP on norm2(x), and the experts beside it where the layer has them (Gemma 4's, on x itself)."""
+        out = self.ff(self.norm2(x))
+        return out if self.moe is None else self.moe(x, out)
 
     def _attend(
         self,

@@ -22,6 +22,7 @@ from attnlab.models.config import GPTConfig
 from attnlab.models.families import (
     deepseek,
     gemma,
+    gemma4,
     gpt2,
     gpt_oss,
     kimi_linear,
@@ -51,6 +52,8 @@ OWN |= {kind: qwen3_5 for kind in qwen3_5.MODEL_TYPES}
 OWN |= {kind: qwen3_5_moe for kind in qwen3_5_moe.MODEL_TYPES}
 OWN["kimi_linear"] = kimi_linear
 OWN["mimo_v2_flash"] = mimo_v2_flash
+READERS |= dict.fromkeys(gemma4.MODEL_TYPES, gemma4.config_from_hf)
+OWN |= dict.fromkeys(gemma4.MODEL_TYPES, gemma4)
 
 
 def _names(config: GPTConfig) -> llama.Names:
