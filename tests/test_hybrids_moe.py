@@ -284,9 +284,7 @@ def test_the_routed_experts_and_the_gated_shared_expert_equal_the_readable_form(
     """MoEFeedForward with a gated shared expert: each expert on its tokens (forward) gives every expert on every
     token weighted by the router (every_expert), outputs and gradients, and the gate acts on both."""
     torch.manual_seed(0)
-    moe = MoEFeedForward(
-        emb_dim=16, hidden_dim=24, num_experts=6, num_experts_per_tok=2, shared_dim=20, shared_gate=True
-    )
+    moe = MoEFeedForward(emb_dim=16, hidden_dim=24, num_experts=6, num_experts_per_tok=2, shared=(20, True))
     x = torch.randn(2, 7, 16, requires_grad=True)
     routed, every = moe(x), moe.every_expert(x)
     torch.testing.assert_close(routed, every)
@@ -303,8 +301,8 @@ def test_the_routed_experts_and_the_gated_shared_expert_equal_the_readable_form(
 
 
 def test_a_shared_expert_gate_without_a_shared_expert_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"shared_gate=True opens a shared expert, and shared_dim=0"):
-        MoEFeedForward(emb_dim=16, hidden_dim=24, num_experts=4, num_experts_per_tok=2, shared_gate=True)
+    with pytest.raises(ValueError, match=r"shared=\(0, True\): a gate opens a shared expert, which needs a width"):
+        MoEFeedForward(emb_dim=16, hidden_dim=24, num_experts=4, num_experts_per_tok=2, shared=(0, True))
     moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8)
     with pytest.raises(ValueError, match=r"shared_expert_gate opens a shared expert.*n_shared_experts=0"):
         GPTConfig(**moe, shared_expert_gate=True)

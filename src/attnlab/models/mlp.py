@@ -33,8 +33,8 @@ class MoEFeedForward(nn.Module):
     when ``norm_topk_prob``: the softmax of the chosen scores, as the book computes it). Expert e is a SwiGLU
     of ``fc1[e]`` (gate), ``fc2[e]`` (up) and ``fc3[e]`` (down).
 
-    A shared expert (``shared_dim``: DeepSeek's, Qwen3.5-MoE's) runs on every token beside the routed ones; with
-    ``shared_gate`` (Qwen3.5-MoE's ``shared_expert_gate``) its output is scaled per token by sigmoid(shared_gate(x)).
+    A shared expert (``shared``'s width: DeepSeek's, Qwen3.5-MoE's) runs on every token beside the routed ones;
+    gated (Qwen3.5-MoE's ``shared_expert_gate``), its output is scaled per token by sigmoid(shared_gate(x)).
 
     gpt-oss's experts (``clamped=True``) have biases, a router with a bias, and clamp their SwiGLU: the gate g
     at most 7, the up u within [-7, 7], then (u + 1) * g * sigmoid(1.702 g).
@@ -53,12 +53,14 @@ class MoEFeedForward(nn.Module):
         norm_topk_prob: bool = True,
         clamped: bool = False,
         grouped: tuple[int, int, float] | None = None,
-        shared_dim: int = 0,
-        shared_gate: bool = False,
+        shared: tuple[int, bool] = (0, False),
     ) -> None:
         super().__init__()
+        shared_dim, shared_gate = shared  # the shared expert's width (0: none) and whether a gate opens it
         if shared_gate and not shared_dim:
-            raise ValueError(f"shared_gate=True opens a shared expert, and shared_dim={shared_dim!r}: give its width")
+            raise ValueError(
+                f"shared={shared!r}: a gate opens a shared expert, which needs a width: give (width, True)"
+            )
         self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
         self.norm_topk_prob, self.clamped = norm_topk_prob, clamped
         self.grouped = grouped  # DeepSeek-V3's router: (n_group, topk_group, routed_scaling_factor)

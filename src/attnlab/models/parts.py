@@ -19,6 +19,8 @@ Shapes: B = batch, T = tokens, E = emb_dim, F = the MLP's hidden width.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 
@@ -60,8 +62,10 @@ def make_mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
             grouped=(config.n_group, config.topk_group, config.routed_scaling_factor)
             if config.router == "grouped_sigmoid"
             else None,
-            shared_dim=config.n_shared_experts * (config.shared_expert_dim or config.moe_intermediate_size or f),
-            shared_gate=config.shared_expert_gate,
+            shared=(
+                config.n_shared_experts * (config.shared_expert_dim or config.moe_intermediate_size or f),
+                config.shared_expert_gate,
+            ),
         )
     if config.mlp in ("swiglu", "geglu"):
         return FeedForward(emb_dim=e, hidden_dim=f, bias=config.bias, gelu=config.mlp == "geglu")
@@ -222,43 +226,27 @@ class TransformerBlock(nn.Module):
     ) -> torch.Tensor:
         """``shared``: the keys the model's layers leave for the layers that share them (KV sharing), or None;
         ``per_layer``: every layer's per-layer input (B, T, L, P) where the model has them (Gemma 4's PLE)."""
-        x = self._layer(x, visibility, positions, cache, shared)
-        return x if self.end is None else self.end(x, per_layer)
-
-    def _layer(
-        self,
-        x: torch.Tensor,
-        visibility: Visibility,
-        positions: torch.Tensor | None,
-        cache: Cache | None,
-        shared: dict[int | None, SharedKV] | None,
-    ) -> torch.Tensor:
+        extra: dict[str, Any] = {"shared": shared} if shared is not None and isinstance(self.att, Attention) else {}
         if self.placement == "post":
-            x = x + self._resid(self.norm1(self._attend(x, visibility, positions, cache, shared)))
-            return x + self._resid(self.norm2(self.ff(x)))
-        if self.placement == "sandwich":
-            att = self._attend(self.norm1(x), visibility, positions, cache, shared)
+            x = x + self._resid(
+                self.norm1(self.att(x, visibility=visibility, positions=positions, cache=cache, **extra))
+            )
+            x = x + self._resid(self.norm2(self.ff(x)))
+        elif self.placement == "sandwich":
+            att = self.att(self.norm1(x), visibility=visibility, positions=positions, cache=cache, **extra)
             x = x + self._resid(self.post_norm1(att))
-            return x + self._resid(self.post_norm2(self._mlp(x)))
-        x = x + self._resid(self._attend(self.norm1(x), visibility, positions, cache, shared))
-        return x + self._resid(self._mlp(x))
+            x = x + self._resid(self.post_norm2(self._mlp(x)))
+        else:
+            x = x + self._resid(
+                self.att(self.norm1(x), visibility=visibility, positions=positions, cache=cache, **extra)
+            )
+            x = x + self._resid(self._mlp(x))
+        return x if self.end is None else self.end(x, per_layer)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP on norm2(x), and the experts beside it where the layer has them (Gemma 4's, on x itself)."""
         out = self.ff(self.norm2(x))
         return out if self.moe is None else self.moe(x, out)
-
-    def _attend(
-        self,
-        x: torch.Tensor,
-        visibility: Visibility,
-        positions: torch.Tensor | None,
-        cache: Cache | None,
-        shared: dict[int | None, SharedKV] | None,
-    ) -> torch.Tensor:
-        if shared is not None and isinstance(self.att, Attention):
-            return self.att(x, visibility=visibility, positions=positions, cache=cache, shared=shared)
-        return self.att(x, visibility=visibility, positions=positions, cache=cache)
 
     def _resid(self, x: torch.Tensor) -> torch.Tensor:
         """``drop_resid`` while it trains (its own flag: Monte-Carlo dropout turns on the dropouts alone); in

@@ -17,6 +17,9 @@ keep less, or to see further:
 ``linear``              linear attention (Katharopoulos et al.): a state of fixed size, no softmax
 ``deltanet``            Gated DeltaNet (Yang et al.): a state written by the delta rule, with a decay
 ``hybrid``              3 Gated DeltaNet layers to 1 gated full layer (Qwen3-Next)
+``hybrid-conv``         the hybrid with Qwen3.5's short convolution of 4 taps before each delta rule
+``kda``                 Kimi Delta Attention (Kimi Linear): the delta rule with a decay per key channel
+``kv-share``            KV sharing (Gemma 4): the last 2 layers read layer 1's keys and values, caching none
 ======================  ===========================================================================
 
 Every variant is the same decoder (``attnlab.models.GPT``: 4 layers of 64 dimensions, 4 heads, RoPE, bytes
@@ -138,6 +141,27 @@ VARIANTS: dict[str, Variant] = {
             "3 个门控 DeltaNet 层配 1 个带门控的全局层",
             "Qwen3-Next",
             {"layer_types": ("delta", "delta", "delta", "full"), "attn_output_gate": True},
+        ),
+        Variant(
+            "hybrid-conv",
+            "the hybrid with a short convolution of 4 taps before each delta rule",
+            "混合模型，每个 delta 规则之前加 4 个抽头的短卷积",
+            "Qwen3.5",
+            {"layer_types": ("delta", "delta", "delta", "full"), "attn_output_gate": True, "conv_kernel": 4},
+        ),
+        Variant(
+            "kda",
+            "Kimi Delta Attention: a decay per key channel",
+            "Kimi Delta Attention：每个键通道各自衰减",
+            "Kimi Linear",
+            {"layer_types": ("kda",) * 4, "conv_kernel": 4},
+        ),
+        Variant(
+            "kv-share",
+            "the last 2 layers read layer 1's keys and values",
+            "最后 2 层读取第 1 层的键和值",
+            "Gemma 4",
+            {"kv_shared_layers": 2},
         ),
     )
 }
