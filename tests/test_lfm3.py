@@ -216,3 +216,14 @@ def test_the_views_draw_a_convolution_layers_implicit_weights(root: str) -> None
     reach = torch.ones(12, 12, dtype=torch.bool).tril().triu(-2)  # the token and its 2 predecessors
     assert float(conv[:, ~reach].abs().max()) == 0 and float(conv[:, reach].abs().min()) > 0
     assert layer_kinds(ours, REPORT_TEXT["en"])[0].startswith("gated short convolution: its last 64 inputs")
+
+
+def test_only_what_lfm3s_config_json_can_say_is_saved_as_lfm3(root: str) -> None:
+    """holds: the config.json written reads back as the same config; a setting LFM3 has not (values scaled, KV
+    sharing, per-layer embeddings) keeps the model out of the family rather than saving it without that setting."""
+    from attnlab.models.families import lfm3
+
+    config = GPT.from_pretrained(hf_dir("other", root)).config
+    assert lfm3.holds(config)
+    for changes in ({"value_scale": 0.5}, {"kv_shared_layers": 1}, {"ple_dim": 4}, {"layer_scalar": True}):
+        assert not lfm3.holds(config.with_(**changes)), changes

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from attnlab.models.config import GPTConfig
-from attnlab.models.families import llama
-from attnlab.models.families.lfm3 import _entry as rope_entry
+from attnlab.models.families import llama, rope
 from attnlab.models.layer_shape import LayerShape
 
 KINDS: dict[str, Literal["full", "sliding"]] = {"full_attention": "full", "sliding_attention": "sliding"}
@@ -112,7 +111,7 @@ def _rope(raw: dict[str, Any], where: Path, types: tuple[str, ...]) -> dict[str,
             f"{_file(where)}: a gemma4_text rope_parameters holds one entry per attention type ({list(ROPE)}), "
             f"got {given!r:.120}"
         )
-    read = {kind: rope_entry(dict(given.get(kind) or ROPE[kind]), where, kind, raw) for kind in ROPE}
+    read = {kind: rope.typed_entry(dict(given.get(kind) or ROPE[kind]), where, kind, raw) for kind in ROPE}
     (base, scaling, full), (local, local_scaling, sliding) = read["full_attention"], read["sliding_attention"]
     slides = "sliding" in types
     return dict(

@@ -37,21 +37,6 @@ ROPE = {  # Lfm3Config's defaults, per attention type
 FF = {"w1": "fc1", "w3": "fc2", "w2": "fc3"}  # LFM's MLP by the book's names: gate, up, down
 
 
-def _entry(given: dict[str, Any], where: Path, kind: str, raw: dict[str, Any]) -> tuple[float, Any, float | None]:
-    """One attention type's theta, scaling and proportion (a proportional RoPE's turning share, or None)."""
-    if given.get("rope_type") != "proportional":
-        theta, scaling = rope.entry(given, where, theta=10000.0, max_positions=rope.max_positions(raw), layer=kind)
-        return theta, scaling, None
-    unread = sorted(set(given) - {"rope_type", "rope_theta", "partial_rotary_factor", "factor"})
-    share, factor, base = given.get("partial_rotary_factor", 1.0), given.get("factor", 1.0), given.get("rope_theta")
-    if unread or not (isinstance(base, (int, float)) and base > 1) or not 0 < share <= 1 or not factor > 0:
-        raise ValueError(
-            f"{str(where / 'config.json')!r}: rope_parameters[{kind!r}] is a proportional RoPE attnlab reads with "
-            f"rope_theta > 1, partial_rotary_factor in (0, 1] and factor > 0 only; got {given!r:.120}"
-        )
-    return float(base), None if factor == 1 else RopeScaling(kind="linear", factor=float(factor)), float(share)
-
-
 def _rope(raw: dict[str, Any], where: Path, types: tuple[str, ...]) -> dict[str, Any]:
     given = raw.get("rope_parameters") or ROPE
     if not isinstance(given, dict) or set(given) - set(ROPE):
@@ -59,7 +44,7 @@ def _rope(raw: dict[str, Any], where: Path, types: tuple[str, ...]) -> dict[str,
             f"{str(where / 'config.json')!r}: an lfm3 rope_parameters holds one entry per attention type "
             f"({list(ROPE)}), got {given!r:.120}"
         )
-    read = {kind: _entry(dict(given.get(kind) or ROPE[kind]), where, kind, raw) for kind in ROPE}
+    read = {kind: rope.typed_entry(dict(given.get(kind) or ROPE[kind]), where, kind, raw) for kind in ROPE}
     (base, scaling, full), (local, local_scaling, sliding) = read["full_attention"], read["sliding_attention"]
     return dict(
         rope_base=base,
@@ -132,24 +117,15 @@ def to_hf(state: dict[str, torch.Tensor], config: GPTConfig) -> tuple[dict[str, 
 
 
 def holds(config: GPTConfig) -> bool:
-    """Whether ``Lfm3ForCausalLM`` holds this config exactly."""
-    shapes = (config.full_layers, config.sliding_layers)
-    return (
-        config.family == "lfm3"
-        and (config.norm, config.mlp) == ("rmsnorm", "swiglu")
-        and config.norm_placement in ("pre", "sandwich")
-        and config.rope
-        and config.qk_norm
-        and config.conv_kernel is not None
-        and not (config.bias or config.qkv_bias or config.sinks or config.num_experts or config.attn_output_gate)
-        and config.rotary_dim is None
-        and config.score_mod is None
-        and (config.value_scale, config.v_norm, config.kv_shared_layers, config.v_head_dim) == (None, False, 0, 0)
-        and all(s is None or s == LayerShape(rope_proportion=s.rope_proportion) for s in shapes)
-        and (config.rope_local_base is not None) == ("sliding" in (config.layer_types or ()))
-        and set(config.layer_types or ()) <= {"conv", "sliding", "full"}
-        and all(s is None or s.kind == "linear" for s in (config.rope_scaling, config.rope_local_scaling))
-    )
+    """Whether ``Lfm3ForCausalLM`` holds this config exactly: its config.json reads back as the same config (training
+    settings aside), so nothing the family cannot write (experts, KV sharing, values apart...) is lost."""
+    if config.family != "lfm3" or config.layer_types is None:
+        return False
+    try:
+        again = config_from_hf(hf_config(config), Path("."))
+    except (ValueError, TypeError):
+        return False
+    return again == config.with_(drop_rate=0.0, backend="auto")
 
 
 def _written(base: float, scaling: RopeScaling | None, shape: LayerShape | None) -> dict[str, Any]:

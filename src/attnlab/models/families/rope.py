@@ -177,3 +177,22 @@ def written(base: float, scaling: RopeScaling | None) -> dict[str, Any]:
     if scaling.kind in ("llama3", "yarn"):
         out["original_max_position_embeddings"] = scaling.original_context_length
     return out
+
+
+def typed_entry(
+    given: dict[str, Any], where: Path, kind: str, raw: dict[str, Any]
+) -> tuple[float, RopeScaling | None, float | None]:
+    """One layer type's ``rope_parameters`` entry (``kind``) as theta, scaling and proportion: :func:`entry`'s, or a
+    proportional RoPE's (Gemma 4's and LFM3's full layers: rope_theta, partial_rotary_factor, factor, the frequencies
+    over the whole head and all but that share zero, then divided by factor as transformers does)."""
+    if given.get("rope_type") != "proportional":
+        theta, scaling = entry(given, where, theta=10000.0, max_positions=max_positions(raw), layer=kind)
+        return theta, scaling, None
+    unread = sorted(set(given) - {"rope_type", "rope_theta", "partial_rotary_factor", "factor"})
+    share, factor, base = given.get("partial_rotary_factor", 1.0), given.get("factor", 1.0), given.get("rope_theta")
+    if unread or not (isinstance(base, (int, float)) and base > 1) or not 0 < share <= 1 or not factor > 0:
+        raise ValueError(
+            f"{str(where / 'config.json')!r}: rope_parameters[{kind!r}] is a proportional RoPE attnlab reads with "
+            f"rope_theta > 1, partial_rotary_factor in (0, 1] and factor > 0 only; got {given!r:.120}"
+        )
+    return float(base), None if factor == 1 else RopeScaling(kind="linear", factor=float(factor)), float(share)
