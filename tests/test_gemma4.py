@@ -224,6 +224,19 @@ def test_the_wrappers_text_model_is_read_and_its_towers_are_not(root: str) -> No
     assert ours.generate(PROMPTS, 16).tolist() == theirs.tolist()
 
 
+@torch.no_grad()
+def test_a_wrapper_whose_images_attend_both_ways_reads_its_text_as_causal(root: str, tmp_path: Path) -> None:
+    """use_bidirectional_attention="vision" (the larger Gemma 4 checkpoints): image tokens see each other both
+    ways, text stays causal; on text alone transformers' wrapper gives what attnlab does."""
+    raw = json.loads((wrapper_dir(root) / "config.json").read_text())
+    raw["text_config"]["use_bidirectional_attention"] = "vision"
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    (tmp_path / "model.safetensors").symlink_to(wrapper_dir(root) / "model.safetensors")
+    wrapper = Gemma4ForConditionalGeneration.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert wrapper.config.text_config.use_bidirectional_attention == "vision"
+    assert float((GPT.from_pretrained(tmp_path)(PROMPTS) - wrapper(input_ids=PROMPTS).logits).abs().max()) < 1e-4
+
+
 def test_saving_a_model_read_from_the_wrapper_is_refused_and_writes_nothing(root: str, tmp_path: Path) -> None:
     ours = GPT.from_pretrained(wrapper_dir(root))
     with pytest.raises(ValueError, match="vision and audio towers"):

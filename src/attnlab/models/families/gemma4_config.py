@@ -25,7 +25,9 @@ ROPE = {  # Gemma4TextConfig's defaults, per attention type
 }
 OWN_KEYS = ("head_dim", "num_key_value_heads")  # what a per_layer_config entry may set
 REFUSED: dict[str, tuple[object, ...]] = {  # read only at these values (None: the key absent)
-    "use_bidirectional_attention": (None,),
+    # "vision": image tokens see each other both ways, text stays causal (transformers 5.24's Gemma4Model masks
+    # text-only input causally and its layers stay causal but for "all"): attnlab reads text, so it reads it
+    "use_bidirectional_attention": (None, "vision"),
     "attention_bias": (None, False),
     "hidden_activation": (None, "gelu_pytorch_tanh"),
 }
