@@ -245,6 +245,16 @@ def test_decode_bytes_counts_what_a_step_of_each_family_reads() -> None:
     assert step.weights == 4 * (16 + 2 * (attention + 2 * 16 + routed) + 16 + 100 * 16)  # one row; final norm; head
     assert step.kv == 4 * 2 * 10 * 2 * 8
     assert decode_bytes(moe, 10, element=2).weights == step.weights // 2
+    ple = GPTConfig(**shape, hidden_dim=32, tie_weights=True, layer_types=("full", "sliding"), window=4, ple_dim=4)
+    # Gemma 4's per-layer embeddings: the projection, its norm, one row of the (V, L*P) table; each layer's gate,
+    # projection and post norm
+    added = 16 * 2 * 4 + 4 + 2 * 4 + 2 * (16 * 4 + 4 * 16 + 16)
+    assert decode_bytes(ple, 10).weights == decode_bytes(dense, 10).weights + 4 * added
+    beside = ple.with_(ple_dim=0, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, moe_beside=True)
+    # Gemma 4's experts beside each MLP: the router (its projection, scale and per-expert scale), three norms, and
+    # the 2 of 4 fused experts (gate and up 2 x 8 x 16, down 16 x 8) a token is routed to
+    added = 2 * (16 * 4 + 16 + 4 + 3 * 16 + 2 * (2 * 8 * 16 + 16 * 8))
+    assert decode_bytes(beside, 10).weights == decode_bytes(dense, 10).weights + 4 * added
     shared = GPTConfig(**shape | dict(n_layers=3), hidden_dim=32, kv_shared_layers=1)  # layer 2 reads layer 1's
     assert decode_bytes(shared, 10).kv == 4 * 3 * 10 * 2 * 8  # stored twice, read three times
 

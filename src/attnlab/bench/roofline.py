@@ -44,17 +44,22 @@ def decode_bytes(config: GPTConfig, position: float, *, element: int = 4) -> Ste
     a layer that shares keys reads its source's again)."""
     from attnlab.bench.kv_bytes import layer_kinds, softmax_bytes
     from attnlab.models.gpt import GPT
-    from attnlab.models.parts import MoEFeedForward
+    from attnlab.models.mlp import MoEFeedForward
+    from attnlab.models.moe_beside import MoEBeside
 
     with torch.device("meta"):  # shapes only
         model = GPT(config)
     weights = sum(p.numel() for p in model.parameters())  # a tied head once
     tables = [model.tok_emb] if model.out_head.weight is not model.tok_emb.weight else []
     tables += [model.pos_emb] if model.pos_emb is not None else []
+    tables += [model.ple.embed] if model.ple is not None else []  # Gemma 4's per-layer table: a token's row
     weights -= sum(t.weight.numel() - t.weight.shape[1] for t in tables)  # one row each
     for moe in (m for m in model.modules() if isinstance(m, MoEFeedForward)):
         experts = sum(p.numel() for part in (moe.fc1, moe.fc2, moe.fc3) for p in part.parameters())
         weights -= experts * (moe.num_experts - moe.num_experts_per_tok) // moe.num_experts
+    for beside in (m for m in model.modules() if isinstance(m, MoEBeside)):  # Gemma 4's experts beside the MLP
+        fused = beside.experts.gate_up_proj.numel() + beside.experts.down_proj.numel()
+        weights -= fused * (beside.experts.num_experts - beside.router.k) // beside.experts.num_experts
     kinds = layer_kinds(config, dtype="float32")  # 4 bytes a value: bytes_per_token // 4 values
     kv = sum(  # a recurrent layer reads its whole state, whatever the position
         k.layers
