@@ -40,6 +40,7 @@ FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES, "kimi_linear", "mimo_v2_flash")
 FAMILIES += ("gemma4_text", "gemma4")  # Gemma 4: its text model, and the multimodal wrapper's
 ROUTERS = ("softmax", "grouped_sigmoid")
 
+
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig:
     """The book's GPT_CONFIG_124M by default; ``tie_weights`` shares tok_emb with out_head (as GPT-2 does)."""
