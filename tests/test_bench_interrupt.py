@@ -20,10 +20,17 @@ def _attnlab() -> str:
     return str(found) if found.exists() else str(shutil.which("attnlab"))
 
 
+def _as_in_a_terminal() -> None:
+    """Ctrl-C as a terminal delivers it: a suite run as a background job starts its children with SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_prints_the_rows_finished_writes_them_and_names_what_was_left(tmp_path: Path) -> None:
     out = tmp_path / "caches.json"
     argv = [_attnlab(), "bench", "--caches", "int8", "int4", "h2o", "--model", "text", "--quick", "--json", str(out)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_in_a_terminal
+    )
     assert proc.stdout is not None
     said = [proc.stdout.readline()]
     while said[-1] and not said[-1].startswith("[1/"):  # the first row (plain) is finished: the next one runs
