@@ -21,6 +21,7 @@ import torch
 from attnlab.functional.registry import Backend
 from attnlab.hf.bridge import NAME, PerLayer, Settings, check_settings, hf_attention, put
 from attnlab.hf.checks import check_model, watch
+from attnlab.hf.model_states import STATES, field
 
 __all__ = ["NAME", "Use", "cache", "register", "use"]
 
@@ -119,7 +120,7 @@ def use(
     register()
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     layers = int(getattr(text, "num_hidden_layers", 0) or 0) or None
-    _check_layers(mask_mod, score_mod, layers)
+    _check_layers(mask_mod, score_mod, layers, kinds=[str(kind) for kind in field(text, "layer_types") or []])
     check_model(model, text, settings, layers)
     before = config._attn_implementation
     if before != NAME:
@@ -136,10 +137,22 @@ def use(
     return Use(model, before, settings_before)
 
 
-def _check_layers(mask_mod: Any, score_mod: Any, layers: int | None) -> None:
+def _check_layers(mask_mod: Any, score_mod: Any, layers: int | None, *, kinds: list[str] | None = None) -> None:
+    """Mods by layer index name layers the model has, and (given each layer's type) softmax attention layers: a
+    mod on a Gated DeltaNet or convolution layer would change nothing, silently."""
     for name, mod in (("mask_mod", mask_mod), ("score_mod", score_mod)):
         if isinstance(mod, dict) and layers is not None and any(k >= layers for k in mod):
             raise ValueError(f"{name} names layers {sorted(mod)}, but the model has {layers} (0 to {layers - 1})")
+        if not isinstance(mod, dict) or not kinds or len(kinds) != layers:
+            continue
+        others = [k for k in sorted(mod) if kinds[k] in STATES]
+        if others:
+            softmax = [k for k, kind in enumerate(kinds) if kind not in STATES]
+            raise ValueError(
+                f"{name} names layers {others}, of types {[kinds[k] for k in others]}, which compute no attention "
+                f"scores for a mod to read (attnlab runs this model's softmax attention layers alone): name among "
+                f"its attention layers {softmax}"
+            )
 
 
 try:  # "import attnlab.hf" is enough for from_pretrained(..., attn_implementation="attnlab")

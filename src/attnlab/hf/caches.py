@@ -29,6 +29,7 @@ from attnlab.cache import CACHES
 from attnlab.cache import capabilities_of as capabilities
 from attnlab.hf.checks import CheckedCache, watch
 from attnlab.hf.layer import AttnlabLayer, positioned
+from attnlab.hf.model_states import check_states, check_widths, field
 from attnlab.hf.rotation import ModelRotation
 
 __all__ = ["NOT_HERE", "AttnlabCacheForHF", "AttnlabLayer", "cache"]
@@ -144,8 +145,11 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
             ``sinks=``/``recent=`` for sink).
 
     Raises:
-        ValueError: a name not offered here (with the reason), a model whose every layer slides, or an evicting
-            cache for a model whose attention does not run through attnlab.
+        ValueError: a name not offered here (with the reason), a model whose every layer slides, a layer whose
+            state is not keys and values (Gated DeltaNet, Kimi Delta Attention, a short convolution, DeepSeek's
+            latent), a cache that cannot keep the model's values beside its keys (MiMo-V2-Flash's narrower values
+            in a quantized cache), a sink or evicting cache on a model that shares keys across layers, or one for
+            a model whose attention does not run through attnlab; all before any layer is written.
 
     The model's decoder gets a forward pre-hook, once (:mod:`attnlab.hf.checks`): each forward asks the cache
     what it would refuse (rows, length, window, pads among a sink cache's sinks) before its first layer writes.
@@ -162,24 +166,27 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
     if config is None or not hasattr(config, "num_hidden_layers"):
         raise TypeError(f"attnlab.hf.cache takes a transformers model, got {type(model).__name__}")
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if getattr(text, "kv_lora_rank", None):
-        raise ValueError(
-            "this model's latent attention (DeepSeek's MLA) hands transformers' cache full keys and values of "
-            "different widths, not the latent: load it with attnlab.models.GPT.from_pretrained(path), whose latent "
-            "cache keeps kv_lora_rank + rope values a token (int8 and int4 too)"
-        )
+    kinds = [str(kind) for kind in field(text, "layer_types") or []]
+    window: Any = field(text, "sliding_window")
+    if not kinds:
+        kinds = ["sliding_attention" if window else "full_attention"] * text.num_hidden_layers
+    check_states(kinds, latent=bool(field(text, "kv_lora_rank")))
     longest = int(getattr(text, "max_position_embeddings", 4096) or 4096)
     span = min(longest, 4096) if max_len is None else max_len
     if isinstance(span, bool) or not isinstance(span, int) or span < 1:
         raise ValueError(f"max_len must be a whole number of positions >= 1, got {max_len!r}")
-    kinds = list(getattr(text, "layer_types", None) or [])
-    window: Any = getattr(text, "sliding_window", None)
-    if not kinds:
-        kinds = ["sliding_attention" if window else "full_attention"] * text.num_hidden_layers
     if all(k != "full_attention" for k in kinds):
         raise ValueError(
             f"every layer of this model slides (window {window}): each keeps the ring of its window, so the {name} "
             "cache would apply to no layer"
+        )
+    shared = field(text, "num_kv_shared_layers")
+    if positioned(caps) and isinstance(shared, int) and shared > 0:
+        raise ValueError(
+            f"the {name} cache keeps its keys at positions only the layer that wrote them is read at, and this "
+            f"model's last {shared} layers read earlier layers' keys and values (KV sharing, Gemma 4's "
+            "num_kv_shared_layers): use 'plain', 'int8' or 'int4', or attnlab.models.GPT.from_pretrained(path), "
+            "whose caches plan the shared layers"
         )
     if positioned(caps) and config._attn_implementation != "attnlab":
         why = "weighs the attention its keys get, which transformers' own attention never hands a cache"
@@ -190,13 +197,12 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
             "attn_implementation='attnlab' (or call attnlab.hf.use(model) first)"
         )
     rotary = ModelRotation(model, text) if caps.past_context else None  # a sink cache turns its sinks by it
-    layers: list[Any] = []
-    for kind in kinds:
-        if kind == "sliding_attention":
-            layers.append(DynamicSlidingWindowLayer(sliding_window=int(window)))
-        elif kind == "full_attention":
-            layers.append(AttnlabLayer(name=name, max_len=span, options=options, rotary=rotary))
-        else:
-            raise ValueError(f"a {kind!r} layer has no KV cache attnlab.hf.cache can give it")
+    layers: list[Any] = [
+        DynamicSlidingWindowLayer(sliding_window=int(window))
+        if kind == "sliding_attention"
+        else AttnlabLayer(name=name, max_len=span, options=options, rotary=rotary)
+        for kind in kinds
+    ]
+    check_widths(text, next(layer for layer in layers if isinstance(layer, AttnlabLayer)))
     watch(model)  # its forwards ask this cache what it refuses before their first layer writes (attnlab.hf.checks)
     return AttnlabCacheForHF(layers, name)

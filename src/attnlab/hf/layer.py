@@ -56,9 +56,13 @@ class AttnlabLayer(CacheLayerMixin):
         self._last: Returned | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        b, h_kv, _, d = key_states.shape
+        """The layer's cache, shaped by this layer's own first keys and values: a model's layer types may differ
+        in key/value heads, head size and value size (MiMo-V2-Flash's values are narrower than its keys, Gemma 4's
+        full layers wider than its sliding ones), so nothing is read from another layer or the config."""
+        b, h_kv, _, d = key_states.shape  # (B, Hkv, T, D)
+        dv = value_states.shape[-1]  # (B, Hkv, T, Dv)
         self.batch = b
-        self.inner = self._made(b, h_kv, d, key_states.dtype, key_states.device)
+        self.inner = self._made(b, h_kv, d, key_states.dtype, key_states.device, value_dim=dv)
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
@@ -110,12 +114,28 @@ class AttnlabLayer(CacheLayerMixin):
         if padding is not None and not bool(padding[:, :first].all()):  # columns: positions 0, 1, ...
             raise ValueError(sink_padding(first))
 
-    def _made(self, rows: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> AttnlabCache:
+    def _made(
+        self,
+        rows: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        *,
+        value_dim: int | None = None,
+    ) -> AttnlabCache:
         """This layer's cache, made where every cache is made (``ModelCache.build``); one value wide and empty, it
         answers what the cache would refuse before the first keys arrive."""
-        # a full layer's state; rotary: a sink cache's, the model's own rotation
+        # a full layer's state; value_dim: where its values are not as wide as its keys; rotary: a sink cache's,
+        # the model's own rotation
         state = LayerState(
-            kind="full", kv_heads=kv_heads, head_dim=head_dim, rotary=self.rotary, dtype=dtype, device=device
+            kind="full",
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            value_dim=value_dim,
+            rotary=self.rotary,
+            dtype=dtype,
+            device=device,
         )
         return ModelCache.build([state], self.factory, rows=rows, capacity=self.max_len)[0]
 

@@ -19,7 +19,10 @@ from typing import Any
 
 import torch
 
+from attnlab.hf.model_states import field
+
 FIXED = ("default", "linear", "llama3", "yarn")  # frequencies fixed (YaRN's scaling of cos and sin is divided out)
+MOVING = ("dynamic", "longrope")  # frequencies that move with the length seen
 
 
 class ModelRotation:
@@ -44,18 +47,21 @@ class ModelRotation:
         if apply is None:
             raise ValueError(f"{module.__name__} has no apply_rotary_pos_emb to turn a sink cache's keys with")
         self.apply: Any = apply
+        # apply_rotary_pos_emb(q, k, cos, sin) turns a pair; Gemma 4's apply_rotary_pos_emb(x, cos, sin) one tensor
+        self._one = list(inspect.signature(apply).parameters)[1:2] == ["cos"]
         params = getattr(config, "rope_parameters", None) or {}
         if isinstance(params.get("full_attention"), dict):  # one set a layer type (Gemma 3): the full layers'
             params = params["full_attention"]
         kind = params.get("rope_type", "default")
         if kind not in FIXED:
+            why = "whose frequencies change with the length seen" if kind in MOVING else "which is not read here"
             raise ValueError(
-                f"this model's RoPE is {kind!r}, whose frequencies change with the length seen, so a sink's key "
-                f"cannot be turned on by the model's rotation: a sink cache takes RoPE of types {list(FIXED)}"
+                f"this model's RoPE is {kind!r}, {why}, so a sink's key cannot be turned on by the model's "
+                f"rotation: a sink cache takes RoPE of types {list(FIXED)}"
             )
         takes_type = "layer_type" in inspect.signature(self.embedding.forward).parameters
         self._type = ("full_attention",) if takes_type else ()
-        probe = torch.randn(1, 1, 1, int(getattr(config, "head_dim", None) or 0) or self._width(config))
+        probe = torch.randn(1, 1, 1, self._width(model, config))
         cos, _ = self._angles(probe, torch.zeros(1, dtype=torch.long))
         self.scaling = cos[..., :1]  # cos(0) = 1, times the scaling a RoPE variant folds into cos and sin
         twice = self.rotate(self.rotate(probe, torch.tensor([3])), torch.tensor([5]))
@@ -63,8 +69,18 @@ class ModelRotation:
             raise ValueError("this model's rotary rotations do not add up (3 then 5 is not 8): no sink cache for it")
 
     @staticmethod
-    def _width(config: Any) -> int:
-        return int(config.hidden_size) // int(config.num_attention_heads)
+    def _width(model: torch.nn.Module, config: Any) -> int:
+        """The head size of the layers a sink cache holds, the full ones: a full layer's attention module's own
+        (Gemma 4's ``global_head_dim``), else the config's head_dim (None where it is one per layer), else
+        hidden_size / heads."""
+        kinds = list(field(config, "layer_types") or [])
+        full = {i for i, kind in enumerate(kinds) if kind == "full_attention"}
+        for module in model.modules():
+            index, size = getattr(module, "layer_idx", None), getattr(module, "head_dim", None)
+            if isinstance(index, int) and isinstance(size, int) and (not full or index in full):
+                return size
+        head = field(config, "head_dim")
+        return int(head) if isinstance(head, int) else int(config.hidden_size) // int(config.num_attention_heads)
 
     def _angles(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self.embedding(x, positions.reshape(1, -1).to(x.device), *self._type)  # (1, T, R) each
@@ -75,5 +91,8 @@ class ModelRotation:
         cos, sin = self._angles(x, positions)
         scale = self.scaling.to(cos)
         turned: torch.Tensor
-        turned, _ = self.apply(x, x, cos / scale, sin / scale)  # its cos/sin (1, T, R) unsqueezed to (1, 1, T, R)
+        if self._one:
+            turned = self.apply(x, cos / scale, sin / scale)  # its cos/sin (1, T, R) unsqueezed to (1, 1, T, R)
+        else:
+            turned, _ = self.apply(x, x, cos / scale, sin / scale)  # the same, for a pair
         return turned
