@@ -70,6 +70,7 @@ def test_rotary_matches_complex_rotation() -> None:
     torch.testing.assert_close(got, torch.cat([z.real, z.imag], dim=-1))
 
 
+@pytest.mark.slow  # slow by nature (seconds: a whole run, a process or a memory probe); stage 1 keeps its budget
 def test_flash_memory_stays_linear_and_far_below_the_score_matrix() -> None:
     torch.manual_seed(0)
     peaks = {}

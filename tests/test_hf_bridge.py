@@ -208,6 +208,7 @@ def test_h2o_keeps_its_budget_of_the_keys_attention_weighed_heaviest(root: str) 
     assert heavy.min() > 0 and 0 in kept.tolist()  # the first token, a sink, is among the heavy hitters
 
 
+@pytest.mark.slow  # slow by nature (seconds: a whole run, a process or a memory probe); stage 1 keeps its budget
 @torch.no_grad()
 def test_a_sink_cache_in_transformers_goes_past_the_context_as_attnlabs_own_does() -> None:
     """The shipped text model as a transformers GPT-NeoX reads 400 tokens through a sink cache of 4 + 124 (its

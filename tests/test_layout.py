@@ -213,6 +213,7 @@ def lscpu_last_level_cache() -> int:
     return max(levels, default=(0, 0))[1] if levels else 0
 
 
+@pytest.mark.slow  # slow by nature (seconds: a whole run, a process or a memory probe); stage 1 keeps its budget
 def test_the_stream_probe_cycles_through_more_distinct_memory_than_the_last_level_cache(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -319,6 +319,7 @@ def test_every_layer_and_head_is_observable_and_equals_hugging_faces(
         GPT.from_pretrained(hf_dir, backend="sdpa").attention_weights(idx)
 
 
+@pytest.mark.slow  # slow by nature (seconds: a whole run, a process or a memory probe); stage 1 keeps its budget
 def test_a_book_checkpoint_generates_and_explains_from_the_command_line(
     hf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -93,15 +93,15 @@ def test_speculation_refuses_what_it_cannot_do_before_running() -> None:
         m.generate(prompt.repeat(2, 1), 4, lookup=2)
     with pytest.raises(ValueError, match="not both"):
         m.generate(prompt, 4, lookup=2, draft=m)
-    with pytest.raises(ValueError, match="on the plain cache"):
+    with pytest.raises(ValueError, match="goes back after a refused guess; a PagedKVCache cannot: a row's blocks"):
         m.generate(prompt, 4, lookup=2, cache="paged")
+    for cache, why in (("h2o", "a refused guess may already have evicted a key"), ("int8", "ages an older token")):
+        with pytest.raises(ValueError, match=why):
+            m.generate(prompt, 4, lookup=2, cache=cache)
     with pytest.raises(ValueError, match="the draft model's vocabulary \\(32\\) must be the model's \\(64\\)"):
         torch.manual_seed(0)
         other = GPT(GPTConfig(vocab_size=32, context_length=64, emb_dim=16, n_heads=2, n_layers=1, rope=True))
         m.generate(prompt, 4, draft=other)
-    windowed = GPT(GPTConfig(vocab_size=64, context_length=64, emb_dim=16, n_heads=2, n_layers=1, rope=True, window=8))
-    with pytest.raises(ValueError, match="a sliding window \\(window=8\\)"):
-        windowed.generate(prompt[:, :10], 4, lookup=2)
     for rope in (False, True):  # learned positions end there; rotary ones were not trained past it either
         with pytest.raises(ValueError, match="48 tokens and max_new_tokens is 82: 129 positions to run, more than "):
             model(rope=rope).generate(prompt, 128 - 48 + 2, lookup=4)

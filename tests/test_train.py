@@ -306,6 +306,7 @@ def test_what_the_docs_say_of_the_shipped_run_is_computed_from_its_log() -> None
     assert f"{log.eval_loss[-1] + 1.0:.2f}" in describe_run(swapped, REPORT_TEXT["en"])
 
 
+@pytest.mark.slow  # slow by nature (seconds: a whole run, a process or a memory probe); stage 1 keeps its budget
 def test_the_shipped_log_shows_the_phase_change_and_came_from_this_code() -> None:
     log = read_log(locate("induction"))
     assert log is not None

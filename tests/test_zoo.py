@@ -52,6 +52,7 @@ def test_mla_and_the_hybrid_keep_what_their_formulas_say() -> None:
         assert measured == held(1056) + 4 * lengths.element_size(), config.layer_types
 
 
+@pytest.mark.slow  # slow by nature (seconds: a whole run, a process or a memory probe); stage 1 keeps its budget
 def test_a_smoke_run_writes_a_file_its_table_and_plot_are_drawn_from(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

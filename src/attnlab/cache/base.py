@@ -34,11 +34,12 @@ if TYPE_CHECKING:
 class Capabilities:
     """What a cache can do; a model's cache can do what every one of its layers can."""
 
-    crop: bool = False  # cut back to its first n tokens (speculation refuses a cache that cannot)
+    crop: bool = False  # go back to an earlier token (speculation refuses a cache that cannot): reach, crop
     rows: bool = False  # sequences admitted, run and released on their own (a paged pool)
     past_context: bool = False  # generation may go past context_length (with rotary positions)
     observes: bool = False  # weighs the attention its keys get (Attention calls observe after attending)
     shares_prefixes: bool = False  # a prompt may start from blocks an earlier one filled (admitted one a pass)
+    marks: bool = False  # goes back only to a mark (a recurrent state): the loop marks where it may go back
 
     def __and__(self, other: Capabilities) -> Capabilities:
         return Capabilities(
@@ -47,6 +48,7 @@ class Capabilities:
             past_context=self.past_context and other.past_context,
             observes=self.observes or other.observes,  # not a capability to share: any layer that observes
             shares_prefixes=self.shares_prefixes and other.shares_prefixes,
+            marks=self.marks or other.marks,  # not shared either: any layer that goes back only to a mark
         )
 
 
@@ -88,6 +90,8 @@ class LayerCache(nn.Module):
 
     capabilities: ClassVar[Capabilities] = Capabilities()
     keeps_its_own: ClassVar[bool] = False  # a window's ring, a recurrent state: kept whatever cache is named
+    # why it cannot go back to an earlier token, where it cannot (the refusal of speculative decoding names it)
+    why_no_crop: ClassVar[str] = "speculative decoding needs a cache that can (the plain one)"
 
     def __init__(
         self, *, batch_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, value_dim: int | None = None
@@ -149,11 +153,19 @@ class LayerCache(nn.Module):
         """How many tokens the next call may bring (None: any number that fits)."""
         return None
 
+    def mark(self) -> None:
+        """A pass whose last tokens may be refused starts here (speculative decoding): a cache that goes back by
+        returning to this point remembers it; one that crops to any token needs nothing."""
+
+    def reach(self, n: int) -> int:
+        """The most tokens, at most ``n``, this cache can go back to holding exactly (:meth:`crop`): ``n`` for a
+        cache that crops to any token; a recurrent state's mark, whose accepted tokens then run again."""
+        if not self.capabilities.crop:
+            raise ValueError(f"a {type(self).__name__} cannot go back to {n} tokens: {self.why_no_crop}")
+        return n
+
     def crop(self, n: int) -> None:
-        raise ValueError(
-            f"a {type(self).__name__} cannot be cropped back to {n} tokens (speculative decoding needs a cache that "
-            "can: the plain one)"
-        )
+        raise ValueError(f"a {type(self).__name__} cannot be cropped back to {n} tokens: {self.why_no_crop}")
 
     def observe(
         self,

@@ -55,6 +55,10 @@ class EvictingCache(LayerCache):
     """
 
     capabilities = Capabilities(observes=True)
+    why_no_crop = (
+        "a refused guess may already have evicted a key (each token it takes pushes the least-weighted one out), "
+        "and the key is gone: speculative decoding needs a cache that keeps every token ('plain')"
+    )
 
     def __init__(
         self,

@@ -181,14 +181,19 @@ class KVCache(_CacheBase):
 
 
 class SlidingWindowCache(_CacheBase):
-    """The last ``window`` positions in a ring buffer, for sliding-window attention.
+    """The last ``window`` positions in a ring buffer, for sliding-window attention, and room for ``spare`` more.
 
-    Position p lives in slot p % window. A decode step (one token) writes its
-    slot in place and returns the ring itself; a chunk of T > 1 tokens returns
-    the ring followed by the chunk (its first queries still need the keys the
-    chunk overwrites), then writes the chunk's last ``window`` positions.
+    Position p lives in slot p % C, C = window + spare. A decode step (one token) writes its slot in place and
+    returns the ring itself; a chunk of T > 1 tokens returns the ring followed by the chunk (its first queries
+    still need the keys the chunk overwrites), then writes the chunk's last C positions. The attention's window
+    (by positions) hides every slot older than the window.
+
+    The spare slots are what lets it go back (speculative decoding): a pass of guesses writes at most ``spare``
+    tokens past what will be kept, so after :meth:`crop` to any of the last ``spare`` tokens, the window before
+    it is still whole. A slot a refused guess wrote then reads as a position older than any window that follows.
     """
 
+    capabilities = Capabilities(crop=True)
     keeps_its_own = True  # whatever cache is named; its ring runs on past any length
 
     def __init__(
@@ -198,47 +203,65 @@ class SlidingWindowCache(_CacheBase):
         num_kv_heads: int,
         head_dim: int,
         window: int,
+        spare: int = 0,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
         value_dim: int | None = None,
     ) -> None:
         check_positive_int("window", window, limit=2**27)
+        if isinstance(spare, bool) or not isinstance(spare, int) or not 0 <= spare <= 2**16:
+            raise ValueError(f"spare must be an int in [0, 65536], the most guesses a pass refuses; got {spare!r}")
         super().__init__(
             batch_size=batch_size,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
-            capacity=window,
+            capacity=window + spare,
             dtype=dtype,
             device=device,
             value_dim=value_dim,
         )
-        self.window = window
+        self.window, self.spare, self.slots = window, spare, window + spare
 
     def positions(self) -> torch.Tensor:
-        """Absolute positions held, in slot order (-1 for an empty slot), (window,)."""
-        slots = torch.arange(self.window, device=self.k_cache.device)
+        """Absolute positions held, in slot order (-1 for an empty slot), (C,)."""
+        slots = torch.arange(self.slots, device=self.k_cache.device)
         newest = self._length - 1
-        held = newest - (newest - slots) % self.window  # the latest position p <= newest with p % W == slot
+        held = newest - (newest - slots) % self.slots  # the latest position p <= newest with p % C == slot
         return torch.where(held >= 0, held, -1)
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Append k, v (B, Hkv, T, D); return keys, values (B, Hkv, S, D) and their positions (S,), -1 empty.
 
-        S = window for one token, window + T for a chunk.
+        S = C for one token, C + T for a chunk.
         """
         self.check(k, v)
-        t, w = k.shape[2], self.window
+        t, c = k.shape[2], self.slots
         new = self.next_positions(t)
         if t == 1:  # a decode step: in place, no concatenation
-            self.k_cache.index_copy_(2, new % w, k)
-            self.v_cache.index_copy_(2, new % w, v)
+            self.k_cache.index_copy_(2, new % c, k)
+            self.v_cache.index_copy_(2, new % c, v)
             self._length.add_(1)
             return self.k_cache, self.v_cache, self.positions()
-        k_all = torch.cat([self.k_cache, k], dim=2)  # (B, Hkv, W + T, D): the ring as it was, then the chunk
+        k_all = torch.cat([self.k_cache, k], dim=2)  # (B, Hkv, C + T, D): the ring as it was, then the chunk
         v_all = torch.cat([self.v_cache, v], dim=2)
         positions = torch.cat([self.positions(), new])
-        last = new[-w:]  # only the chunk's last W positions survive in the ring
-        self.k_cache.index_copy_(2, last % w, k[:, :, -last.numel() :])
-        self.v_cache.index_copy_(2, last % w, v[:, :, -last.numel() :])
+        last = new[-c:]  # only the chunk's last C positions survive in the ring
+        self.k_cache.index_copy_(2, last % c, k[:, :, -last.numel() :])
+        self.v_cache.index_copy_(2, last % c, v[:, :, -last.numel() :])
         self._length.add_(t)
         return k_all, v_all, positions
+
+    def reach(self, n: int) -> int:
+        """``n`` itself, for any of the last ``spare`` tokens (what a pass may refuse); further back is refused."""
+        length = self.length
+        if isinstance(n, bool) or not isinstance(n, int) or not max(0, length - self.spare) <= n <= length:
+            raise ValueError(
+                f"this ring holds {length} tokens and room for {self.spare} refused ones: it can go back to "
+                f"{max(0, length - self.spare)}..{length}, not {n!r}; build it with spare >= the guesses of a pass "
+                "(ModelCache.build(..., spare=k))"
+            )
+        return n
+
+    def crop(self, n: int) -> None:
+        """Hold the first ``n`` tokens again: the window before ``n`` is whole (``reach`` says how far back)."""
+        self._length.fill_(self.reach(n))

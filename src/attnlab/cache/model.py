@@ -14,7 +14,8 @@ layers' types:
 
 - ``rows``: sequences admitted, run and released on their own (paged
   layers, which then share one :class:`~attnlab.cache.paged.BlockTable`);
-- ``crop``: cut back after a speculative pass;
+- ``crop``: go back after a speculative pass (:meth:`mark` before it, :meth:`crop` after: a ring to any of its
+  spare tokens, a recurrent state to its mark, whose kept tokens run again);
 - ``past_context``: runs past the model's context (sinks, with RoPE);
 - ``shares_prefixes``: a prompt starts from blocks an earlier one filled, so
   prompts are admitted one a pass (a prefix cache).
@@ -92,6 +93,7 @@ class ModelCache:
         rows: int,
         capacity: int,
         context_length: int | None = None,
+        spare: int = 0,
     ) -> ModelCache:
         """The model cache for ``layers`` (each layer's declared state, in order) and the user's ``cache``.
 
@@ -104,6 +106,8 @@ class ModelCache:
             rows: sequences it holds at once.
             capacity: the most tokens one sequence will hold (prompt and new ones).
             context_length: what the model was trained on (a sink cache's window is sized by it).
+            spare: the most tokens a speculative pass may go back by (a sliding layer's ring keeps that many slots
+                more, so its window is whole after any of them is refused): the guesses of a pass, plus one.
 
         Raises:
             ValueError: a name that applies to no layer, or to a layer that cannot keep it, with the reason.
@@ -113,7 +117,7 @@ class ModelCache:
         check_positive_int("rows", rows, limit=2**20)
         check_positive_int("capacity", capacity, limit=2**27)
         chosen = choose(layers, cache)
-        sizes = sizes_for(layers, chosen, cache, rows=rows, capacity=capacity, context=context_length)
+        sizes = sizes_for(layers, chosen, cache, rows=rows, capacity=capacity, context=context_length, spare=spare)
         for state, choice in zip(layers, chosen, strict=True):
             sizes.made.append(choice.make(state, sizes))
         return _KINDS.get(cache_name(cache) or "", ModelCache)(sizes.made)
@@ -147,12 +151,23 @@ class ModelCache:
         rooms = [r for r in (layer.room() for layer in self.layers) if r is not None]
         return min(rooms) if rooms else None
 
-    def crop(self, n: int) -> None:
-        """Keep every layer's first ``n`` tokens (a speculative pass's refused guesses go)."""
-        if not self.capabilities.crop:
-            raise ValueError("this cache cannot be cropped back; speculative decoding needs the plain cache")
+    def mark(self) -> None:
+        """A pass whose last tokens may be refused starts here: each layer that goes back to a mark keeps one."""
         for layer in self.layers:
-            layer.crop(n)  # type: ignore[attr-defined]  # capabilities.crop: every layer has it
+            if isinstance(layer, LayerCache):
+                layer.mark()
+
+    def crop(self, n: int) -> int:
+        """Go back to the first ``n`` tokens, or as near before as every layer can (a recurrent state: its mark);
+        how many every layer holds now. Checked whole before any layer changes; the tokens between run again."""
+        if not self.capabilities.crop:
+            refusing = next(c for c in self.layers if not (isinstance(c, LayerCache) and c.capabilities.crop))
+            why = refusing.why_no_crop if isinstance(refusing, LayerCache) else "a cache of one's own declares nothing"
+            raise ValueError(f"this cache cannot go back to an earlier token: a {type(refusing).__name__}: {why}")
+        to = min(layer.reach(n) for layer in self.layers)  # type: ignore[attr-defined]  # capabilities.crop: all do
+        for layer in self.layers:
+            layer.crop(to)  # type: ignore[attr-defined]
+        return to
 
     def admit(self, row: int, tokens: list[int], *, total: int) -> int:
         """Sequence ``row`` starts on ``tokens`` and will hold ``total``; how many it holds already (0 here)."""

@@ -21,7 +21,7 @@ import torch
 
 from attnlab.cache.base import Cache, LayerCache
 from attnlab.cache.evicting import EvictingCache
-from attnlab.cache.factories import CACHES, FactoryArgs, band_refusal, cache_factory, cache_name, knobs_of, paged, plain
+from attnlab.cache.factories import CACHES, FactoryArgs, band_refusal, cache_factory, cache_name, knobs_of, paged
 from attnlab.cache.kv import KVCache, SlidingWindowCache
 from attnlab.cache.latent import LatentCache, QuantizedLatentCache
 from attnlab.cache.paged import BlockTable, PagedKVCache
@@ -83,6 +83,7 @@ class Sizes:
     knobs: dict[str, Any]  # the knobs set on a named cache
     table: BlockTable | None  # the one block table of the paged layers
     made: list[Cache]  # the layers' caches made so far, in order: a shared layer's reads its source's
+    spare: int = 0  # the most tokens a speculative pass goes back by: a ring keeps as many slots more
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,17 @@ def _paged(state: LayerState, sizes: Sizes) -> Cache:
 
 
 def _ring(state: LayerState, sizes: Sizes) -> Cache:
-    return plain(**factory_args(state, sizes))
+    assert state.window is not None  # a sliding layer declares its window
+    return SlidingWindowCache(
+        batch_size=sizes.rows,
+        num_kv_heads=state.kv_heads,
+        head_dim=state.head_dim,
+        value_dim=state.value_dim or state.head_dim,
+        window=state.window,
+        spare=sizes.spare,
+        dtype=state.dtype,
+        device=state.device,
+    )
 
 
 def _state(state: LayerState, sizes: Sizes) -> Cache:
@@ -247,7 +258,14 @@ def _applies_to_none(name: str, layers: Sequence[LayerState]) -> str:
 
 
 def sizes_for(
-    layers: Sequence[LayerState], chosen: list[Choice], cache: object, *, rows: int, capacity: int, context: int | None
+    layers: Sequence[LayerState],
+    chosen: list[Choice],
+    cache: object,
+    *,
+    rows: int,
+    capacity: int,
+    context: int | None,
+    spare: int = 0,
 ) -> Sizes:
     """The sizes of one build, with the one block table its paged layers write through (None without any)."""
     knobs, table = knobs_of(cache), None
@@ -256,4 +274,6 @@ def sizes_for(
         share = 2 if cache_name(cache) == "prefix" else 1  # a prefix tree keeps what finished rows leave
         blocks = knobs["num_blocks"] if "num_blocks" in knobs else share * rows * -(-capacity // 16)
         table = BlockTable(batch_size=rows, num_blocks=blocks, max_len=capacity, device=paging[0].device)
-    return Sizes(rows, capacity, context, cache_factory(cache), knobs, table, [])
+    if isinstance(spare, bool) or not isinstance(spare, int) or not 0 <= spare <= 2**16:
+        raise ValueError(f"spare must be an int in [0, 65536], the most tokens a pass goes back by; got {spare!r}")
+    return Sizes(rows, capacity, context, cache_factory(cache), knobs, table, [], spare)

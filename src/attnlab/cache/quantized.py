@@ -88,6 +88,12 @@ class QuantizedKVCache(_CacheBase):
         dtype, device: of the exact tokens and of what ``update`` returns.
     """
 
+    why_no_crop = (
+        "each guess it takes ages an older token out of its exact window into codes, and going back cannot make "
+        "that token exact again (a run that never saw the guess would still hold it exact): speculative decoding "
+        "needs the 'plain' cache"
+    )
+
     def __init__(
         self,
         *,

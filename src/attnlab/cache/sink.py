@@ -57,6 +57,10 @@ class SinkCache(_CacheBase):
     """
 
     capabilities = Capabilities(past_context=True)  # with rotary positions; learned ones end at context_length
+    why_no_crop = (
+        "a refused guess may already have pushed the oldest recent token out of its window, and that token is "
+        "gone: speculative decoding needs a cache that keeps every token ('plain')"
+    )
 
     def __init__(
         self,

@@ -7,8 +7,11 @@ DeltaNet) also keeps the convolution's last K - 1 inputs per channel (``attnlab.
 cache holds those tensors and the number of tokens read into them, so the layer's positions and the model's
 decode loop see the same ``next_positions`` as from any other cache.
 
-It cannot be cropped back: the state after n tokens is not kept once more are read, so speculative decoding
-refuses a model with a recurrent layer (its capabilities say so).
+Going back (speculative decoding): the state after each token is not kept, so :meth:`StateCache.mark` keeps a
+copy of the state at the start of a pass of guesses, and a refused guess sends the state back to that mark
+(:meth:`reach` answers the mark; :meth:`crop` restores it bitwise). The decode loop then runs the guesses the model
+kept again in its next pass, beside its new ones: a pass whose guesses are all kept goes back nowhere. The mark
+costs one copy of the state, whatever the length. ``ConvolutionCache`` goes back the same way.
 
 Shapes: B = batch, H = heads, Dk = key size, Dv = value size, C = convolved channels, K = kernel size.
 """
@@ -20,12 +23,64 @@ import torch
 from attnlab.cache.base import Capabilities, LayerCache
 
 
-class StateCache(LayerCache):
+class _Marks(LayerCache):
+    """Going back to a mark: a copy of every buffer and the length at the start of a pass of guesses."""
+
+    capabilities = Capabilities(crop=True, marks=True)
+    keeps_its_own = True  # whatever cache is named; it runs on past any length
+    _length: torch.Tensor
+    _marked: list[torch.Tensor] | None = None  # the copy, made at the first mark (not buffers: never saved)
+    _marked_length: int | None = None
+
+    def _kept(self) -> list[torch.Tensor]:
+        """The tensors a mark copies (the length beside them)."""
+        raise NotImplementedError
+
+    def mark(self) -> None:
+        """Keep a copy of the state here (allocated at the first mark: one more state's bytes)."""
+        marked = self._marked
+        if marked is None:
+            self._marked = [t.clone() for t in self._kept()]
+            self._marked_length = int(self._length)
+            return
+        for copy, now in zip(marked, self._kept(), strict=True):
+            copy.copy_(now)
+        self._marked_length = int(self._length)
+
+    def reach(self, n: int) -> int:
+        """``n`` when it is every token read; else the mark, if ``n`` is at or after it (the tokens between run
+        again); else refused."""
+        length = int(self._length)
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= length:
+            raise ValueError(f"crop(n) needs 0 <= n <= length ({length}), got {n!r}")
+        if n == length:
+            return n
+        marked = self._marked_length
+        if marked is None or not marked <= n:
+            raise ValueError(
+                f"a {type(self).__name__} keeps no state before its latest {length - (marked or 0)} tokens"
+                + ("" if marked is None else f" (its mark is at {marked})")
+                + f": it cannot go back to {n}; mark() before a pass whose tokens may be refused"
+            )
+        return marked
+
+    def crop(self, n: int) -> None:
+        """Go back to ``reach(n)`` tokens: the state there, bitwise (its mark's copy)."""
+        to = self.reach(n)
+        if to == int(self._length):
+            return
+        for now, copy in zip(self._kept(), self._marked or [], strict=True):
+            now.copy_(copy)
+        self._length.fill_(to)
+
+    def marked_nbytes(self) -> int:
+        """Bytes the mark's copy holds (0 before the first mark): what going back costs."""
+        return sum(t.numel() * t.element_size() for t in self._marked or [])
+
+
+class StateCache(_Marks):
     """The recurrent state of one layer: (B, H, Dk, Dv), with a normalizer (B, H, Dk) when ``normalizer`` and the
     convolution's inputs (B, C, K - 1) when ``conv`` is (C, K - 1)."""
-
-    capabilities = Capabilities()
-    keeps_its_own = True  # whatever cache is named; it runs on past any length
 
     def __init__(
         self,
@@ -61,6 +116,9 @@ class StateCache(LayerCache):
     def length(self) -> int:
         """Tokens read into the state."""
         return int(self._length)
+
+    def _kept(self) -> list[torch.Tensor]:
+        return [self.matrix, self.normalizer, self.conv]
 
     def next_positions(self, t: int) -> torch.Tensor:
         return self._length + torch.arange(t, device=self.matrix.device)
@@ -118,12 +176,9 @@ class StateCache(LayerCache):
         return sum(t.numel() * t.element_size() for t in (self.matrix, self.normalizer, self.conv))
 
 
-class ConvolutionCache(LayerCache):
+class ConvolutionCache(_Marks):
     """What a layer of short convolutions alone keeps (LFM's "conv" layers): the convolution's last K - 1 inputs,
-    (B, C, K - 1), and the tokens read, whatever the length. No crop: the inputs before the last K - 1 are gone."""
-
-    capabilities = Capabilities()
-    keeps_its_own = True  # whatever cache is named
+    (B, C, K - 1), and the tokens read, whatever the length. It goes back to a mark, as a StateCache does."""
 
     def __init__(
         self,
@@ -145,6 +200,9 @@ class ConvolutionCache(LayerCache):
     def length(self) -> int:
         """Tokens read."""
         return int(self._length)
+
+    def _kept(self) -> list[torch.Tensor]:
+        return [self.conv]
 
     def next_positions(self, t: int) -> torch.Tensor:
         return self._length + torch.arange(t, device=self.conv.device)

@@ -76,15 +76,18 @@ class GPT(nn.Module):
     def blocks(self) -> list[TransformerBlock]:
         return [cast(TransformerBlock, block) for block in self.trf_blocks]  # nn.ModuleList yields plain Modules
 
-    def make_caches(self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain") -> ModelCache:
+    def make_caches(
+        self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain", spare: int = 0
+    ) -> ModelCache:
         """The model's cache for ``batch_size`` rows of up to ``max_len`` tokens, from a name in
         ``attnlab.cache.CACHES`` or a factory: ``ModelCache.build`` over each layer's declared state (a sliding
-        layer keeps its window's ring, a recurrent layer its state, whichever of attnlab's caches is named)."""
+        layer keeps its window's ring, a recurrent layer its state, whichever of attnlab's caches is named);
+        ``spare``: the most tokens a speculative pass goes back by."""
         check_positive_int("batch_size", batch_size, limit=2**20)
         check_positive_int("max_len", max_len, limit=2**27)
         layers = [block.att.layer_state() for block in self.blocks]
         return ModelCache.build(
-            layers, cache, rows=batch_size, capacity=max_len, context_length=self.config.context_length
+            layers, cache, rows=batch_size, capacity=max_len, context_length=self.config.context_length, spare=spare
         )
 
     def forward(

@@ -66,6 +66,7 @@ class Counts:
     passes: int = 0
     guessed: int = 0
     kept: int = 0
+    rerun: int = 0  # tokens run again: a recurrent state went back to its mark, before guesses it kept
 
 
 @dataclass
@@ -134,6 +135,8 @@ def _passes(
                 left = stop.max_new_tokens - (len(row.tokens) - row.prompt)  # a pass yields up to k + 1 tokens
                 guesses[slot] = proposer.propose(row.tokens, min(proposer.k, left - 1), sampling)
                 counts.guessed += len(guesses[slot][0])
+                if cache is not None and guesses[slot][0]:  # a pass that guesses nothing goes back nowhere
+                    counts.passes += _mark(model, cache, row, device)
             said = {s: g for s, (g, _) in guesses.items()}
             logits = _forward(model, cache, fed, said, step, device)
             counts.passes += 1
@@ -149,6 +152,20 @@ def _passes(
             cache.abort()
             for slot in running if not together else ():
                 cache.release(slot)
+
+
+def _mark(model: Decoder, cache: ModelCache, row: Row, device: torch.device) -> int:
+    """Mark where a pass of guesses may go back to; the passes this ran (0 or 1). A layer that goes back only to a
+    mark (a recurrent state) gets it just before the last token the row holds for certain: the tokens before it
+    run first, on their own, so a refused guess sends the state back by at most the pass's guesses and one."""
+    if cache.capabilities.marks and len(row.tokens) - row.held > 1:
+        ids = torch.tensor([row.tokens[row.held : -1]], device=device)  # (1, T)
+        feed(model, cache, ids, torch.arange(row.held, len(row.tokens) - 1, device=device)[None])
+        row.held = len(row.tokens) - 1
+        cache.mark()
+        return 1
+    cache.mark()
+    return 0
 
 
 def _draw(
@@ -174,10 +191,11 @@ def _take(
         kept = len(drawn[slot]) - 1  # guesses kept, before the token of the model's own
         if cache is not None:
             row.held = fed_to + kept
-            if proposer is not None:
+            if proposer is not None:  # back to what was kept, or to the mark before it (those tokens run again)
                 counts.kept += kept
-                cache.crop(row.held)
-                proposer.crop(row.held)
+                row.held = cache.crop(row.held)
+                counts.rerun += fed_to + kept - row.held
+                proposer.crop(fed_to + kept)  # the text it may hold: its refused guesses go
             cache.written(slot, row.tokens + drawn[slot][:kept])  # what it holds: what was fed and kept
         if row.done:
             row.tokens.append(stop.eos_id if stop.eos_id is not None else drawn[slot][0])

@@ -10,7 +10,8 @@ model's distribution), so a pass yields at least one token and up to k + 1.
   earlier occurrence of the last few tokens in the text so far. Free to make;
   it pays on text that repeats its context (code, a quote given again).
 - :class:`Draft`: a smaller model with the same vocabulary proposes k tokens,
-  one at a time, with its own cache, cropped back to what the model kept.
+  one at a time, with its own cache, taken back to what the model kept (of any
+  kind of layer: its rings keep room for its guesses, its states a mark).
 
 A proposer is anything with ``k``, ``propose`` and ``crop`` (:class:`Proposer`);
 the loop counts its passes and guesses (``decode(...).counts``).
@@ -37,7 +38,7 @@ class Proposer(Protocol):
         ...
 
     def crop(self, held: int) -> None:
-        """The model's cache holds the first ``held`` tokens now."""
+        """The text's first ``held`` tokens are settled (the guesses after them were refused)."""
         ...
 
 
@@ -64,7 +65,7 @@ class Lookup:
         return lookup_guess(tokens, want, self.ngram), None
 
     def crop(self, held: int) -> None:
-        """The model's cache holds the first ``held`` tokens now (a lookup holds nothing of its own)."""
+        """The text's first ``held`` tokens are settled (a lookup holds nothing of its own)."""
 
 
 class Draft:
@@ -81,11 +82,13 @@ class Draft:
         """``want`` guesses, one draft step each, and the distributions they were drawn from (None: greedy)."""
         guesses: list[int] = []
         qs: list[torch.Tensor] = []
-        if self.cache is None:
-            self.cache = self.model.make_caches(batch_size=1, max_len=self.capacity)
+        if self.cache is None:  # its rings keep room for the guesses it feeds, which the model may refuse
+            self.cache = self.model.make_caches(batch_size=1, max_len=self.capacity, spare=self.k)
         feed = tokens[self.held :]
         device = next(self.model.parameters()).device
-        for _ in range(want):
+        for step in range(want):
+            if step == 1:  # what it holds now is the text: a refused guess sends a recurrent state back here
+                self.cache.mark()
             logits = self.model(torch.tensor([feed], device=device), caches=self.cache, last_only=True)[0, -1]
             self.held += len(feed)
             x, q = sampling.guess(logits)
@@ -95,7 +98,8 @@ class Draft:
         return guesses, qs or None
 
     def crop(self, held: int) -> None:
-        """The model kept the first ``held`` tokens: the draft's cache keeps no more."""
+        """The text's first ``held`` tokens are settled: the draft's cache keeps no more (or goes back to its mark,
+        the text at the pass's start; the next guesses feed it the rest)."""
         self.held = min(self.held, held)
         if self.cache is not None:
-            self.cache.crop(self.held)
+            self.held = self.cache.crop(self.held)

@@ -24,6 +24,7 @@ from attnlab.cache import (
     CACHES,
     CacheFactory,
     Capabilities,
+    LayerCache,
     ModelCache,
     PrefixCache,
     SinkCache,
@@ -31,6 +32,7 @@ from attnlab.cache import (
     cache_name,
     capabilities_of,
 )
+from attnlab.cache.plan import choose
 from attnlab.linear.quantized import Int8Linear
 from attnlab.models.generation.prompts import many_rows, prompt_rows
 from attnlab.models.generation.proposers import Draft, Lookup, Proposer
@@ -142,9 +144,13 @@ class Request:
                     f"speculative decoding runs one sequence at a time (its passes accept different numbers of "
                     f"tokens per sequence); got a batch of {len(self.prompts)}: call it per prompt"
                 )
+            if caps is not None and not caps.crop:
+                raise ValueError(
+                    f"speculative decoding (lookup=, draft=) goes back after a refused guess; {_no_crop(model, self.cache)}"
+                )
             raise ValueError(
-                "speculative decoding (lookup=, draft=) runs one unpadded sequence on the plain cache, which it "
-                "crops after each pass: drop attention_mask, use_cache=False and cache="
+                "speculative decoding (lookup=, draft=) runs one unpadded sequence on a cache it can take back "
+                "to an earlier token after each pass: drop attention_mask and use_cache=False"
             )
         limit = config.context_length if draft is None else min(config.context_length, draft.config.context_length)
         if not (config.rope and caps is not None and caps.past_context) and self.longest > limit:
@@ -177,7 +183,8 @@ class Request:
         elif cache is not None and not isinstance(cache, ModelCache):
             shared = self.slots is not None or (caps is not None and caps.shares_prefixes)  # sized to the tokens
             capacity = self.longest if shared else self.capacity
-            cache = model.make_caches(batch_size=rows, max_len=capacity, cache=cache)
+            spare = 0 if self.proposer is None else self.proposer.k + 1  # a pass goes back by its guesses + 1
+            cache = model.make_caches(batch_size=rows, max_len=capacity, cache=cache, spare=spare)
         if isinstance(cache, PrefixCache):
             cache.bind(model)
         sink = cache[0] if cache is not None else None
@@ -189,6 +196,17 @@ class Request:
                 "cache"
             )
         return cache
+
+
+def _no_crop(model: Any, cache: CacheChoice) -> str:
+    """Why the first layer of ``cache`` that cannot go back cannot, as its class declares."""
+    if isinstance(cache, ModelCache):
+        classes: list[Any] = [type(c) for c in cache.layers]
+    else:
+        classes = [c.cls for c in choose([block.att.layer_state() for block in model.blocks], cache)]
+    refusing = next(c for c in classes if not c.capabilities.crop)
+    why = refusing.why_no_crop if issubclass(refusing, LayerCache) else "a cache of one's own declares nothing"
+    return f"a {refusing.__name__} cannot: {why}"
 
 
 def planned(model: Any, cache: CacheChoice) -> Capabilities | None:
@@ -226,31 +244,17 @@ def _check_compile(model: Any, request: Request) -> None:
 
 
 def _check_proposer(model: Any, proposer: Proposer) -> None:
-    """What a proposer asks of the model (and a draft of itself), before anything is made."""
-    if model.config.window is not None:
-        raise ValueError(
-            f"speculative decoding crops the cache after each pass; a sliding window (window={model.config.window}) "
-            "keeps a ring that cannot be cropped: decode without lookup or draft"
-        )
+    """What a proposer asks of the model (and a draft of itself), before anything is made. Every kind of layer
+    goes back after a refused guess (a ring to any of its spare slots, a recurrent state to its mark); the
+    caches that cannot say why when the request is checked against them."""
     draft = proposer.model if isinstance(proposer, Draft) else None
     if draft is not None and not isinstance(draft, type(model)):
         raise TypeError(f"draft must be a GPT (a smaller model with the same vocabulary), got {type(draft).__name__}")
-    for who, m in (("the model", model), ("the draft model", draft)):
-        recurrent = sorted({t for t in (m.config.layer_types or ()) if t in ("linear", "delta", "kda")} if m else ())
-        if recurrent:
-            raise ValueError(
-                f"speculative decoding crops the cache after each pass; {who} has {recurrent} layers, whose "
-                "recurrent state cannot be cut back to an earlier token: decode without lookup or draft"
-            )
-    if draft is None:
-        return
-    if draft.config.vocab_size != model.config.vocab_size:
+    if draft is not None and draft.config.vocab_size != model.config.vocab_size:
         raise ValueError(
             f"the draft model's vocabulary ({draft.config.vocab_size}) must be the model's ({model.config.vocab_size}):"
             " its guesses are token ids of the model"
         )
-    if draft.config.window is not None:
-        raise ValueError("the draft model has a sliding window, whose cache cannot be cropped: use another draft")
 
 
 def _check_many(model: Any, request: Request) -> Capabilities:
