@@ -7,17 +7,19 @@ published shapes (``attnlab.models.families.shapes``), against a full-attention 
 Nothing is loaded or timed: every figure is counted from each checkpoint's config.json fields, read by the
 family's own reader, with ``attnlab.bench.kv_bytes`` (``attnlab memory``'s meter), batch 1:
 
-- each kind of layer's state: a full layer's keys and values in bfloat16 (2 x its KV heads x head size x 2 bytes
-  a token), a Gated DeltaNet layer's state and its convolution's last inputs, kept in float32 whatever the
-  weights' dtype (as ``attnlab.cache.StateCache`` keeps it), the same after one token as after a million; a
-  sliding layer's window and a layer that reads an earlier layer's keys (KV sharing: 0 bytes) as the meter counts
-  them, for the families that have them;
+- each kind of layer's state: a full layer's keys and values in bfloat16 (its KV heads x (key + value size) x 2
+  bytes a token, keys kept beside values where they are one projection, Gemma 4's K = V); a latent layer's latent
+  and RoPE key (MLA, Kimi Linear); a sliding layer's window; a layer that reads an earlier layer's keys and
+  values (KV sharing, Gemma 4) as 0 bytes, its keys counted in the layer it reads; a Gated DeltaNet or Kimi Delta
+  Attention layer's state and its convolution's last inputs, kept in float32 whatever the weights' dtype (as
+  ``attnlab.cache.StateCache`` keeps it), the same after one token as after a million;
 - against the same layers, every one a full softmax layer with the model's own full layers' KV heads and head
-  size (``attnlab.bench.kv_bytes.every_layer_full``): what the design saves.
+  size, or, where those are latent, every one a latent layer (``attnlab.bench.kv_bytes.every_layer_full``): what
+  the design saves.
 
 Before a run is written, each row's kinds must sum to its total and each hybrid must keep less than every layer
-full; the script exits 1 where one does not. ``--smoke`` counts two shapes, one of each family, writes the run to
-a temporary folder and reads it back (``make smoke``).
+full; the script exits 1 where one does not. ``--smoke`` counts three shapes (Qwen3.5, OLMo-Hybrid, Gemma 4's
+shared layers), writes the run to a temporary folder and reads it back (``make smoke``).
 """
 
 from __future__ import annotations
@@ -35,21 +37,33 @@ from _runs import exit_with, finish, render_saved
 SCHEMA = "attnlab.kv_shapes/1"
 TOKENS = (32_768, 131_072)
 DTYPE = "bfloat16"  # what these checkpoints are published in: the keys' and values' bytes
-SHAPES = {  # attnlab's shape name -> the hub folder its config.json fields come from
-    "qwen3.5-0.8b": "Qwen/Qwen3.5-0.8B",
-    "qwen3.5-4b": "Qwen/Qwen3.5-4B",
-    "qwen3.5-9b": "Qwen/Qwen3.5-9B",
-    "qwen3.5-27b": "Qwen/Qwen3.5-27B",
-    "olmo-hybrid-7b": "allenai/Olmo-Hybrid-7B",
+SHAPES = (  # attnlab's shape names; the hub folder each comes from is the table's (shapes.SOURCES)
+    "qwen3.5-0.8b",
+    "qwen3.5-4b",
+    "qwen3.5-9b",
+    "qwen3.5-27b",
+    "olmo-hybrid-7b",
+    "gemma-4-e2b",
+    "gemma-4-e4b",
+    "gemma-4-26b-a4b",
+    "gemma-4-31b",
+    "kimi-linear-48b-a3b",
+    "mimo-v2-flash",
+)
+SMOKE = ("qwen3.5-0.8b", "olmo-hybrid-7b", "gemma-4-e2b")
+RECURRENT = {  # a recurrent kind's name in a sentence
+    "delta": "Gated DeltaNet",
+    "kda": "Kimi Delta Attention",
+    "linear": "linear attention",
+    "conv": "convolution",
 }
-SMOKE = ("qwen3.5-0.8b", "olmo-hybrid-7b")
 
 
-def measure(name: str, repo: str) -> dict[str, Any]:
+def measure(name: str) -> dict[str, Any]:
     """One shape's row: its layers by kind, and at each of ``TOKENS`` what each kind keeps, the total and what
-    the same layers, every one full, would keep."""
+    the same layers, every one full (or latent, where the model's full layers are), would keep."""
     from attnlab.bench.kv_bytes import every_layer_full, kv_report
-    from attnlab.models.families.shapes import shape
+    from attnlab.models.families.shapes import SOURCES, shape
 
     config = shape(name)
     report = kv_report(config, name=name, tokens=TOKENS, dtype=DTYPE)
@@ -78,11 +92,14 @@ def measure(name: str, repo: str) -> dict[str, Any]:
         )
     return {
         "name": name,
-        "repo": repo,
+        "repo": SOURCES[name],
         "family": config.family,
         "parameters": report.parameters,
+        # Gemma 4's per-layer embeddings: one (vocabulary, layers x width) table, looked up, never multiplied
+        "per_layer_table": config.vocab_size * config.n_layers * config.ple_dim,
         "n_layers": config.n_layers,
         "context_length": config.context_length,
+        "baseline": "every layer latent" if config.kv_lora_rank is not None else "every layer full",
         "every_layer_full_per_token": full,
         "kinds": kinds,
         "at": at,
@@ -97,7 +114,7 @@ def _counts(report: Any) -> dict[str, int]:
 def run(*, smoke: bool) -> dict[str, Any]:
     import torch
 
-    names = SMOKE if smoke else tuple(SHAPES)
+    names = SMOKE if smoke else SHAPES
     return {
         "schema": SCHEMA,
         "command": " ".join(["benchmarks/kv_shapes.py", *sys.argv[1:]]),
@@ -105,7 +122,7 @@ def run(*, smoke: bool) -> dict[str, Any]:
         "torch": torch.__version__,
         "dtype": DTYPE,
         "tokens": list(TOKENS),
-        "rows": [measure(name, SHAPES[name]) for name in names],
+        "rows": [measure(name) for name in names],
     }
 
 
@@ -119,14 +136,70 @@ def problems(result: dict[str, Any]) -> list[str]:
                     f"{row['name']} at {at['tokens']:,}: its kinds sum to {sum(at['by_kind'].values()):,} B, not {at['total']:,}"
                 )
             if not at["total"] < at["every_layer_full"]:
-                out.append(f"{row['name']} at {at['tokens']:,}: {at['total']:,} B, no less than every layer full")
+                out.append(f"{row['name']} at {at['tokens']:,}: {at['total']:,} B, no less than {row['baseline']}")
     return out
+
+
+def _label(kind: dict[str, Any]) -> str:
+    return kind["kind"] if kind["window"] is None else f"sliding {kind['window']}"
 
 
 def _layers(row: dict[str, Any]) -> str:
     """ "6 full, 18 delta": the layers by kind."""
     return ", ".join(
         f"{k['layers']} {k['kind']}" + (f" (window {k['window']:,})" if k["window"] else "") for k in row["kinds"]
+    )
+
+
+def _parameters(row: dict[str, Any]) -> str:
+    """ "4.63B", or with per-layer embeddings "4.63B (2.28B without its per-layer table)"."""
+    total = f"{row['parameters'] / 1e9:.2f}B"
+    if not row["per_layer_table"]:
+        return total
+    return f"{total} ({(row['parameters'] - row['per_layer_table']) / 1e9:.2f}B without its per-layer table)"
+
+
+def _others(row: dict[str, Any], at: dict[str, Any]) -> list[str]:
+    """What each kind of layer that does not keep every token keeps, at ``at``'s tokens."""
+    from attnlab.bench.kv_bytes import readable_bytes
+
+    out = []
+    for k in row["kinds"]:
+        held = readable_bytes(at["by_kind"][_label(k)])
+        if k["window"] is not None:
+            out.append(
+                f"{k['layers']} sliding layers keep their last {k['window']:,} tokens' keys and values, {held} in all "
+                f"from {k['window']:,} tokens on"
+            )
+        elif k["kind"] == "shared":
+            out.append(
+                f"{k['layers']} shared layers keep 0 B of their own: each reads the keys and values of the last "
+                "earlier layer of its type, counted there"
+            )
+        elif k["state_bytes"]:
+            out.append(
+                f"{k['layers']} {RECURRENT.get(k['kind'], k['kind'])} layers keep a state of fixed size, {held} in "
+                "all whatever the tokens"
+            )
+    return out
+
+
+def _sentence(row: dict[str, Any]) -> str | None:
+    """What the row says: the layers that keep every token, against the baseline, what the others keep, and the
+    bound the saving climbs toward."""
+    growing = [k for k in row["kinds"] if k["window"] is None and k["bytes_per_token"]]  # every token, kept
+    per_token = sum(k["layers"] * k["bytes_per_token"] for k in growing)
+    if not per_token:
+        return None
+    what = "latent and RoPE key" if {k["kind"] for k in growing} == {"latent"} else "keys and values"
+    keeping = sum(k["layers"] for k in growing)
+    last = row["at"][-1]
+    return (
+        f"- {row['repo']}: {keeping} of {row['n_layers']} layers keep every token's {what}, {per_token:,} B a token "
+        f"against {row['every_layer_full_per_token']:,} B with {row['baseline']}; "
+        + "; ".join(_others(row, last))
+        + "; so the saving climbs toward "
+        f"{row['every_layer_full_per_token'] / per_token:.2f}x as the tokens grow."
     )
 
 
@@ -139,35 +212,24 @@ def render(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
-        counts = {k["kind"] if k["window"] is None else f"sliding {k['window']}": k["layers"] for k in row["kinds"]}
+        counts = {_label(k): k["layers"] for k in row["kinds"]}
+        latent = " (every layer latent)" if row["baseline"] == "every layer latent" else ""
         for at in row["at"]:
             split = "; ".join(f"{counts[label]} {label}: {readable_bytes(b)}" for label, b in at["by_kind"].items())
             past = f" (past its {row['context_length']:,})" if at["past_context"] else ""
             lines.append(
-                f"| {row['repo']} | {_layers(row)} | {row['parameters'] / 1e9:.2f}B | {at['tokens']:,}{past} | {split} | "
-                f"{readable_bytes(at['total'])} | {readable_bytes(at['every_layer_full'])} | "
+                f"| {row['repo']} | {_layers(row)} | {_parameters(row)} | {at['tokens']:,}{past} | {split} | "
+                f"{readable_bytes(at['total'])} | {readable_bytes(at['every_layer_full'])}{latent} | "
                 f"{at['every_layer_full'] / at['total']:.2f}x |"
             )
     lines.append("")
-    for row in result["rows"]:
-        growing = [k for k in row["kinds"] if k["window"] is None and k["bytes_per_token"]]  # every token, kept
-        per_token = sum(k["layers"] * k["bytes_per_token"] for k in growing)
-        if not per_token:
-            continue
-        last = row["at"][-1]
-        fixed = last["total"] - per_token * last["tokens"]  # what the other layers keep, whatever the tokens
-        keeping = sum(k["layers"] for k in growing)
-        lines.append(
-            f"- {row['repo']}: {keeping} of {row['n_layers']} layers keep every token's keys and values, "
-            f"{per_token:,} B a token against {row['every_layer_full_per_token']:,} B with every layer full; the "
-            f"other {row['n_layers'] - keeping} keep {readable_bytes(fixed)} in all at {last['tokens']:,} tokens, "
-            f"so the saving climbs toward {row['every_layer_full_per_token'] / per_token:.2f}x as the tokens grow."
-        )
+    lines += [line for line in map(_sentence, result["rows"]) if line]
     lines.append(
         f"\n`{result['command']}` ({result['date']}, torch {result['torch']}): counted from each checkpoint's "
-        f"config.json fields read by its family's reader (`attnlab.models.families.shapes`), batch 1; keys and "
-        f'values in {result["dtype"]}, a recurrent state in float32 as `StateCache` keeps it. "Every layer full": '
-        "the same layers, each a full softmax layer with the model's own full layers' KV heads and head size. "
+        f"config.json fields read by its family's reader (`attnlab.models.families.shapes`), batch 1; keys, values "
+        f'and latents in {result["dtype"]}, a recurrent state in float32 as `StateCache` keeps it. "Every layer '
+        "full\": the same layers, each a full softmax layer with the model's own full layers' KV heads and head "
+        "size (no window, no sharing); where the full layers are latent (MLA), each a latent layer of their shape. "
         "Nothing is loaded; the parameter count is the text model's, built on the meta device."
     )
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """The KV bytes meter on the hybrid families' published shapes (benchmarks/kv_shapes.py, issue 56): each figure
 worked out here by hand from the config.json numbers, a shared layer counted once (in the layer whose keys it
-reads) against the caches a tiny model really builds, and docs/benchmarks.md quoting the committed run."""
+reads) against the caches a tiny model really builds, the parameter counts against the published names, and
+docs/benchmarks.md quoting the committed run."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import pytest
 import torch
 
 from attnlab import cli
-from attnlab.bench.kv_bytes import every_layer_full, kv_report
+from attnlab.bench.kv_bytes import cache_at, every_layer_full, kv_report, layer_kinds
 from attnlab.cache import KVCache, SlidingWindowCache
+from attnlab.cache.latent import LatentCache
 from attnlab.cache.shared import SharedCache
-from attnlab.cache.state import ConvolutionCache
+from attnlab.cache.state import ConvolutionCache, StateCache
 from attnlab.models import GPT, GPTConfig
-from attnlab.models.families.shapes import shape
+from attnlab.models.families import config_from_hf
+from attnlab.models.families.shapes import SHAPES, SOURCES, shape
+from attnlab.models.gpt import count_parameters
 from attnlab.models.layer_shape import LayerShape
 from benchmark_scripts import load
 
@@ -110,6 +114,155 @@ def test_the_meter_counts_what_the_caches_of_values_apart_and_convolution_layers
     assert at.total == sum(kv) + sum(conv)
 
 
+@pytest.mark.parametrize(
+    ("name", "layers", "full", "sliding", "shared", "kv_heads", "global_kv_heads", "window"),
+    [  # config.json's numbers; full and sliding count the layers before the shared ones (layers - shared)
+        ("gemma-4-e2b", 35, 3, 12, 20, 1, 1, 512),  # 4 sliding : 1 full, layers 0..14 own: full 4, 9, 14
+        ("gemma-4-e4b", 42, 4, 20, 18, 2, 2, 512),  # 5 : 1, layers 0..23 own: full 5, 11, 17, 23
+        ("gemma-4-31b", 60, 10, 50, 0, 16, 4, 1024),  # 5 : 1; K = V on the full layers, 4 global KV heads
+        ("gemma-4-26b-a4b", 30, 5, 25, 0, 8, 2, 1024),  # 5 : 1; K = V, 2 global KV heads
+    ],
+)
+def test_each_gemma4_shape_keeps_its_own_layers_keys_and_its_shared_layers_nothing(
+    name: str, layers: int, full: int, sliding: int, shared: int, kv_heads: int, global_kv_heads: int, window: int
+) -> None:
+    """Sliding layers of 256-wide heads, full layers of 512 (global_head_dim); K = V still keeps keys beside values
+    (the keys are normed and turned, the values normed alone), so both are counted; a shared layer keeps 0 B."""
+    config = shape(name)
+    report = kv_report(config, name=name, tokens=(32_768, 131_072))
+    one_full, one_sliding = 2 * global_kv_heads * 512 * 2, 2 * kv_heads * 256 * 2  # bytes a token, bfloat16
+    expected = [("full", None, full, one_full), ("sliding", window, sliding, one_sliding)]
+    expected += [("shared", None, shared, 0)] if shared else []
+    assert [(k.kind, k.window, k.layers, k.bytes_per_token) for k in report.kinds] == expected
+    for at in report.at:
+        assert at.total == full * one_full * at.tokens + sliding * one_sliding * window
+    assert every_layer_full(config) == layers * one_full
+    assert (config.family, config.context_length) == ("gemma4", 262_144 if shared == 0 else 131_072)
+
+
+def test_kimi_linear_keeps_seven_latents_a_token_and_twenty_kda_states() -> None:
+    """linear_attn_config's lists, counted from 1: latent attention on 4, 8, ..., 24 and 27, Kimi Delta Attention
+    on the other 20. A latent layer keeps 512 + 64 values a token; a KDA layer a (128, 128) matrix for each of 32
+    heads and its q, k and v convolutions' last 3 inputs, in float32."""
+    config = shape("kimi-linear-48b-a3b")
+    assert [i for i in range(27) if config.layer_type(i) == "full"] == [3, 7, 11, 15, 19, 23, 26]
+    kinds = layer_kinds(config)  # the report's kinds, without its parameter count (7 s of experts on meta)
+    kda = (32 * 128 * 128 + 3 * 32 * 128 * (4 - 1)) * F32
+    assert [(k.kind, k.layers, k.bytes_per_token, k.state_bytes) for k in kinds] == [
+        ("latent", 7, (512 + 64) * 2, 0),
+        ("kda", 20, 0, kda),
+    ]
+    assert cache_at(kinds, 131_072, context_length=config.context_length).total == 7 * 1152 * 131_072 + 20 * kda
+    assert every_layer_full(config) == 27 * 1152  # every layer latent: the model's full layers are
+
+
+def held(caches: list[object]) -> int:
+    """What a model's caches hold after a forward, by kind: keys and values, latents, states; a shared layer's
+    cache holds no tensor of its own."""
+    total = 0
+    for c in caches:
+        if isinstance(c, (KVCache, SlidingWindowCache)):
+            total += c.k_cache.nbytes + c.v_cache.nbytes
+        elif isinstance(c, LatentCache):
+            total += c.latent.nbytes
+        elif isinstance(c, (StateCache, ConvolutionCache)):
+            total += c.nbytes()
+        else:
+            assert isinstance(c, SharedCache) and not list(c.buffers(recurse=False)), type(c)
+    return total
+
+
+TINY_GEMMA4 = {  # keys as values on the full layers, their own head size and KV heads, the last 2 layers shared
+    "model_type": "gemma4_text", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+    "global_head_dim": 24, "num_global_key_value_heads": 1, "attention_k_eq_v": True, "sliding_window": 8,
+    "layer_types": ["sliding_attention", "full_attention"] * 3, "num_kv_shared_layers": 2,
+    "hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": 64, "max_position_embeddings": 64,
+}  # fmt: skip
+TINY_KIMI = {  # layer 3 latent (counted from 1), the others Kimi Delta Attention
+    "model_type": "kimi_linear", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+    "moe_intermediate_size": 16, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 12, "num_experts": 4,
+    "num_experts_per_token": 2, "model_max_length": 64,
+    "linear_attn_config": {"head_dim": 8, "num_heads": 4, "short_conv_kernel_size": 4, "kda_layers": [1, 2, 4],
+                           "full_attn_layers": [3]},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("raw", "total"),
+    [
+        # 2 full layers own (1 KV head: a key of 24 and a value of 24), 20 tokens; 2 sliding (2 of 8), 8 tokens
+        (TINY_GEMMA4, 2 * 20 * 1 * (24 + 24) * F32 + 2 * 8 * 2 * (8 + 8) * F32),
+        # 1 latent layer: 16 + 8 values a token; 3 KDA layers: 4 heads of (8, 8) and 3 x 4 x 8 channels x 3 inputs
+        (TINY_KIMI, 20 * (16 + 8) * F32 + 3 * (4 * 8 * 8 + 3 * 4 * 8 * 3) * F32),
+    ],
+    ids=["gemma4", "kimi_linear"],
+)
+def test_the_meter_counts_what_the_caches_of_a_config_json_hold(raw: dict[str, object], total: int) -> None:
+    """Through the family's reader, as a downloaded folder: the meter's bytes at 20 tokens are the buffers the
+    model's caches hold after reading 20 tokens (float32), by hand."""
+    config = config_from_hf(raw, Path("tiny"))
+    (at,) = kv_report(config, name="tiny", tokens=(20,), dtype="float32").at
+    model = GPT(config)
+    caches = model.make_caches(batch_size=1, max_len=20)
+    with torch.no_grad():
+        model(torch.zeros(1, 20, dtype=torch.long), caches=caches)
+    assert held(caches) == at.total == total
+
+
+def test_the_gemma4_shapes_have_their_names_parameter_counts() -> None:
+    """31B is 30.x B; 26B-A4B 25.x B in all and 4 B a token (8 of 128 experts, each 3 x 2816 x 704 on 30 layers);
+    E2B and E4B are 2.x and 4.x B without their per-layer embedding table (262,144 rows of layers x 256)."""
+    assert int(count_parameters(shape("gemma-4-31b")) / 1e9) == 30
+    total = count_parameters(shape("gemma-4-26b-a4b"))
+    idle = 30 * (128 - 8) * 3 * 2816 * 704
+    assert int(total / 1e9) == 25 and round((total - idle) / 1e9) == 4
+    for name, layers, effective in (("gemma-4-e2b", 35, 2), ("gemma-4-e4b", 42, 4)):
+        table = 262_144 * layers * 256
+        assert int((count_parameters(shape(name)) - table) / 1e9) == effective, name
+
+
+@pytest.mark.slow  # 256 experts on 26 layers, built on the meta device: 7 s
+def test_kimi_linear_is_48b_without_its_embeddings_and_3b_a_token() -> None:
+    """The name's 48B is the count without the embedding table and the untied head (163,840 x 2,304 each): with
+    them the config counts 49.1B. A token runs 8 of 256 experts (3 x 2304 x 1024 each) on 26 sparse layers."""
+    total = count_parameters(shape("kimi-linear-48b-a3b"))
+    embeddings = 2 * 163_840 * 2304
+    idle = 26 * (256 - 8) * 3 * 2304 * 1024
+    assert round(total / 1e9, 1) == 49.1 and round((total - embeddings) / 1e9) == 48
+    assert round((total - idle) / 1e9) == 3
+
+
+@pytest.mark.slow  # transformers' import: 3 s
+def test_transformers_reads_each_new_shape_as_attnlab_does() -> None:
+    """The table's config fields read by transformers' own config classes: the same layer types, the same shape
+    per layer (head size, KV heads), the same layers sharing keys, the same windows and context."""
+    from transformers import Gemma4Config, KimiLinearConfig
+
+    for name in ("gemma-4-e2b", "gemma-4-e4b", "gemma-4-31b", "gemma-4-26b-a4b"):
+        hf, ours = Gemma4Config.from_dict(SHAPES[name]).text_config, shape(name)
+        kinds = [{"full_attention": "full", "sliding_attention": "sliding"}[t] for t in hf.layer_types]
+        assert [ours.layer_type(i) for i in range(ours.n_layers)] == kinds, name
+        shapes = [(c.head_dim, c.num_key_value_heads) for c in hf.per_layer_config]
+        ours_shapes = [(s.head_dim, s.n_kv_heads) for s in map(ours.layer_shape, range(ours.n_layers))]
+        assert ours_shapes == shapes, name
+        assert [ours.kv_source(i) is not None for i in range(ours.n_layers)] == [
+            m == "reuse" for m in hf.kv_sharing_modes
+        ], name
+        assert (ours.window, ours.context_length) == (hf.sliding_window, hf.max_position_embeddings), name
+    hf_kimi, kimi = KimiLinearConfig.from_dict(SHAPES["kimi-linear-48b-a3b"]), shape("kimi-linear-48b-a3b")
+    assert [kimi.layer_type(i) for i in range(27)] == [
+        {"full_attention": "full", "linear_attention": "kda"}[t] for t in hf_kimi.layer_types
+    ]
+    assert (kimi.delta_heads, kimi.delta_head_dim, kimi.conv_kernel, kimi.kv_lora_rank) == (
+        hf_kimi.linear_num_heads, hf_kimi.linear_head_dim, hf_kimi.linear_conv_kernel_dim, hf_kimi.kv_lora_rank
+    )  # fmt: skip
+    assert kimi.context_length == hf_kimi.max_position_embeddings == 1_048_576
+    default = KimiLinearConfig()  # its class defaults are this checkpoint's, but for the layers: 6 full, not 7
+    assert [i for i, t in enumerate(default.layer_types) if t == "full_attention"] == [4, 8, 12, 16, 20, 24]
+
+
 def test_memory_sets_a_qwen35_shape_against_every_layer_full(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -146,7 +299,7 @@ def test_the_run_matches_the_meter_and_a_row_that_does_not_add_up_is_named() -> 
     script = load("kv_shapes")
     result = saved_run()
     row = next(r for r in result["rows"] if r["name"] == "qwen3.5-27b")  # type: ignore[union-attr]
-    assert row == script.measure("qwen3.5-27b", "Qwen/Qwen3.5-27B")  # the committed figures are today's meter's
+    assert row == script.measure("qwen3.5-27b")  # the committed figures are today's meter's
     at = row["at"][-1]
     assert at["by_kind"] == {
         "full": 16 * 4096 * 131_072,
@@ -159,3 +312,27 @@ def test_the_run_matches_the_meter_and_a_row_that_does_not_add_up_is_named() -> 
         "qwen3.5-0.8b at 32,768",
         "qwen3.5-4b at 131,072",
     ]
+
+
+def test_the_sentences_read_right_for_shared_latent_and_kda_layers() -> None:
+    """The committed run's words for the kinds the Gemma 4 and Kimi Linear rows bring: shared layers at 0 B,
+    latents in place of keys and values, and the KDA state; each row's source is the table's."""
+    script = load("kv_shapes")
+    result = saved_run()
+    text = script.render(result)
+    assert [r["repo"] for r in result["rows"]] == [SOURCES[name] for name in script.SHAPES]  # type: ignore[union-attr]
+    e2b = next(line for line in text.splitlines() if line.startswith("- google/gemma-4-E2B-it:"))
+    assert "3 of 35 layers keep every token's keys and values, 6,144 B a token against 71,680 B" in e2b
+    assert "20 shared layers keep 0 B of their own: each reads the keys and values of the last earlier" in e2b
+    kimi = next(line for line in text.splitlines() if line.startswith("- moonshotai/Kimi-Linear-48B-A3B-Instruct:"))
+    assert "7 of 27 layers keep every token's latent and RoPE key, 8,064 B a token against 31,104 B with every " in kimi
+    assert "layer latent; 20 Kimi Delta Attention layers keep a state of fixed size" in kimi
+    assert "| 4.63B (2.28B without its per-layer table) |" in text and "GiB (every layer latent) |" in text
+    assert "keys and values" not in kimi and "shared" not in kimi
+
+
+def test_the_committed_gemma4_row_is_todays_meter() -> None:
+    script = load("kv_shapes")
+    rows = {r["name"]: r for r in saved_run()["rows"]}  # type: ignore[union-attr]
+    assert rows["gemma-4-e2b"] == script.measure("gemma-4-e2b")
+    assert rows["gemma-4-e2b"]["per_layer_table"] == 262_144 * 35 * 256

@@ -1,266 +1,42 @@
 """The shapes of published checkpoints whose families attnlab reads from a Hugging Face config.json: the fields
 of their config.json that fix the shape, by name, read by the family's own reader (``config_from_hf``) exactly
 as a downloaded folder would be. Nothing is downloaded: these are numbers, with random weights wherever a model
-is built from them. ``attnlab memory --model gemma-3-27b`` sizes a cache from them.
+is built from them. ``attnlab memory --model gemma-3-27b`` sizes a cache from them; ``benchmarks/kv_shapes.py``
+counts the hybrids' state on them.
 
-The parameter counts they give are checked against the published ones (tests/test_kv_bytes.py).
+The table is data: ``attnlab/data/shapes/published.json``, each entry its config fields (``SHAPES``), the hub
+folder they come from (``SOURCES``) and how they are read (``NOTES``). The parameter counts they give are checked
+against the published ones (tests/test_kv_bytes.py, tests/test_kv_shapes.py).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from attnlab.models.config import GPTConfig
 
-# Qwen3.5's RoPE: a quarter of each 256-wide head turns, theta 1e7; its mrope sections are one position on text
-QWEN3_5_ROPE = {
-    "rope_type": "default",
-    "rope_theta": 10000000,
-    "partial_rotary_factor": 0.25,
-    "mrope_interleaved": True,
-    "mrope_section": [11, 11, 10],
-}
+TABLE = Path(__file__).resolve().parents[2] / "data" / "shapes" / "published.json"
+SCHEMA = "attnlab.shapes/1"
 
-SHAPES: dict[str, dict[str, Any]] = {
-    "gemma-3-1b": {  # google/gemma-3-1b-pt
-        "model_type": "gemma3_text",
-        "vocab_size": 262144,
-        "hidden_size": 1152,
-        "intermediate_size": 6912,
-        "num_hidden_layers": 26,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 1,
-        "head_dim": 256,
-        "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "rope_local_base_freq": 10000.0,
-        "sliding_window": 512,
-        "sliding_window_pattern": 6,
-        "query_pre_attn_scalar": 256,
-        "final_logit_softcapping": None,
-        "attn_logit_softcapping": None,
-        "hidden_activation": "gelu_pytorch_tanh",
-    },
-    "gemma-3-27b": {  # google/gemma-3-27b-pt, its text_config
-        "model_type": "gemma3_text",
-        "vocab_size": 262208,
-        "hidden_size": 5376,
-        "intermediate_size": 21504,
-        "num_hidden_layers": 62,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 16,
-        "head_dim": 128,
-        "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "rope_local_base_freq": 10000.0,
-        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
-        "sliding_window": 1024,
-        "sliding_window_pattern": 6,
-        "query_pre_attn_scalar": 168,
-        "final_logit_softcapping": None,
-        "attn_logit_softcapping": None,
-        "hidden_activation": "gelu_pytorch_tanh",
-    },
-    "gpt-oss-20b": {  # openai/gpt-oss-20b
-        "model_type": "gpt_oss",
-        "vocab_size": 201088,
-        "hidden_size": 2880,
-        "intermediate_size": 2880,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 8,
-        "head_dim": 64,
-        "num_local_experts": 32,
-        "num_experts_per_tok": 4,
-        "sliding_window": 128,
-        "layer_types": ["sliding_attention", "full_attention"] * 12,
-        "rope_theta": 150000,
-        "rope_scaling": {
-            "rope_type": "yarn",
-            "factor": 32.0,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "truncate": False,
-            "original_max_position_embeddings": 4096,
-        },
-        "max_position_embeddings": 131072,
-        "attention_bias": True,
-        "tie_word_embeddings": False,
-        "rms_norm_eps": 1e-5,
-        "swiglu_limit": 7.0,
-    },
-    "deepseek-v3": {  # deepseek-ai/DeepSeek-V3 (its multi-token-prediction layer aside)
-        "model_type": "deepseek_v3",
-        "vocab_size": 129280,
-        "hidden_size": 7168,
-        "intermediate_size": 18432,
-        "moe_intermediate_size": 2048,
-        "num_hidden_layers": 61,
-        "num_attention_heads": 128,
-        "num_key_value_heads": 128,
-        "n_shared_experts": 1,
-        "n_routed_experts": 256,
-        "routed_scaling_factor": 2.5,
-        "kv_lora_rank": 512,
-        "q_lora_rank": 1536,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 128,
-        "qk_nope_head_dim": 128,
-        "n_group": 8,
-        "topk_group": 4,
-        "num_experts_per_tok": 8,
-        "first_k_dense_replace": 3,
-        "norm_topk_prob": True,
-        "max_position_embeddings": 163840,
-        "rope_theta": 10000,
-        "rope_scaling": {
-            "type": "yarn",
-            "factor": 40,
-            "beta_fast": 32,
-            "beta_slow": 1,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-            "original_max_position_embeddings": 4096,
-        },
-        "tie_word_embeddings": False,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-    },
-    "qwen3.5-0.8b": {  # Qwen/Qwen3.5-0.8B, the hub's multimodal wrapper: its text model
-        "model_type": "qwen3_5",
-        "tie_word_embeddings": True,
-        "text_config": {
-            "vocab_size": 248320,
-            "hidden_size": 1024,
-            "intermediate_size": 3584,
-            "num_hidden_layers": 24,
-            "num_attention_heads": 8,
-            "num_key_value_heads": 2,
-            "head_dim": 256,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 16,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "linear_conv_kernel_dim": 4,
-            "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 6,
-            "max_position_embeddings": 262144,
-            "rms_norm_eps": 1e-6,
-            "attention_bias": False,
-            "rope_parameters": QWEN3_5_ROPE,
-        },
-    },
-    "qwen3.5-4b": {  # Qwen/Qwen3.5-4B
-        "model_type": "qwen3_5",
-        "tie_word_embeddings": True,
-        "text_config": {
-            "vocab_size": 248320,
-            "hidden_size": 2560,
-            "intermediate_size": 9216,
-            "num_hidden_layers": 32,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 4,
-            "head_dim": 256,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 32,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "linear_conv_kernel_dim": 4,
-            "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 8,
-            "max_position_embeddings": 262144,
-            "rms_norm_eps": 1e-6,
-            "attention_bias": False,
-            "rope_parameters": QWEN3_5_ROPE,
-        },
-    },
-    "qwen3.5-9b": {  # Qwen/Qwen3.5-9B
-        "model_type": "qwen3_5",
-        "tie_word_embeddings": False,
-        "text_config": {
-            "vocab_size": 248320,
-            "hidden_size": 4096,
-            "intermediate_size": 12288,
-            "num_hidden_layers": 32,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 4,
-            "head_dim": 256,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 32,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "linear_conv_kernel_dim": 4,
-            "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 8,
-            "max_position_embeddings": 262144,
-            "rms_norm_eps": 1e-6,
-            "attention_bias": False,
-            "rope_parameters": QWEN3_5_ROPE,
-        },
-    },
-    "qwen3.5-27b": {  # Qwen/Qwen3.5-27B
-        "model_type": "qwen3_5",
-        "tie_word_embeddings": False,
-        "text_config": {
-            "vocab_size": 248320,
-            "hidden_size": 5120,
-            "intermediate_size": 17408,
-            "num_hidden_layers": 64,
-            "num_attention_heads": 24,
-            "num_key_value_heads": 4,
-            "head_dim": 256,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 48,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "linear_conv_kernel_dim": 4,
-            "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 16,
-            "max_position_embeddings": 262144,
-            "rms_norm_eps": 1e-6,
-            "attention_bias": False,
-            "rope_parameters": QWEN3_5_ROPE,
-        },
-    },
-    "olmo-hybrid-7b": {  # allenai/Olmo-Hybrid-7B: no RoPE at all (rope_theta null), 30 heads of 128
-        "model_type": "olmo_hybrid",
-        "vocab_size": 100352,
-        "hidden_size": 3840,
-        "intermediate_size": 11008,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 30,
-        "num_key_value_heads": 30,
-        "linear_num_key_heads": 30,
-        "linear_num_value_heads": 30,
-        "linear_key_head_dim": 96,
-        "linear_value_head_dim": 192,
-        "linear_conv_kernel_dim": 4,
-        "linear_allow_neg_eigval": True,
-        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 8,
-        "max_position_embeddings": 65536,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "rope_parameters": {"rope_theta": None},
-    },
-    "mimo-v2-flash": {  # XiaomiMiMo/MiMo-V2-Flash as transformers reads it: the first layer and every sixth full
-        # (9 of 4 KV heads), 39 sliding (8 KV heads, sinks, 128 keys + the query), thetas 5e6 and 1e4 on 0.334 of
-        # a head, layer 0 dense (MiMoV2FlashConfig's defaults, which are this checkpoint's); its MTP layers aside
-        "model_type": "mimo_v2_flash",
-        "vocab_size": 152576,
-        "hidden_size": 4096,
-        "intermediate_size": 16384,
-        "num_hidden_layers": 48,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 4,
-        "head_dim": 192,
-        "v_head_dim": 128,
-        "n_routed_experts": 256,
-        "num_experts_per_tok": 8,
-        "moe_intermediate_size": 2048,
-        "sliding_window_size": 128,
-        "tie_word_embeddings": False,
-    },
-}
+
+def _load(path: Path) -> dict[str, dict[str, Any]]:
+    """The table's entries by shape name, each with its ``config`` object and its ``source``."""
+    table = json.loads(path.read_text(encoding="utf-8"))
+    if table.get("schema") != SCHEMA:
+        raise ValueError(f"{path} has schema {table.get('schema')!r}, expected {SCHEMA!r}")
+    entries: dict[str, dict[str, Any]] = table["shapes"]
+    for name, entry in entries.items():
+        if not isinstance(entry.get("config"), dict) or not isinstance(entry.get("source"), str):
+            raise ValueError(f"{path}: shape {name!r} needs a config object and a source string")
+    return entries
+
+
+_ENTRIES = _load(TABLE)
+SHAPES: dict[str, dict[str, Any]] = {name: entry["config"] for name, entry in _ENTRIES.items()}
+SOURCES: dict[str, str] = {name: entry["source"] for name, entry in _ENTRIES.items()}
+NOTES: dict[str, str] = {name: entry.get("note", "") for name, entry in _ENTRIES.items()}
 
 
 def shape(name: str) -> GPTConfig:
@@ -269,4 +45,4 @@ def shape(name: str) -> GPTConfig:
 
     if name not in SHAPES:
         raise ValueError(f"unknown shape {name!r}; known: {list(SHAPES)}")
-    return config_from_hf(SHAPES[name], Path(name))
+    return config_from_hf(json.loads(json.dumps(SHAPES[name])), Path(name))  # a copy: no reader edits the table
