@@ -8,10 +8,11 @@ greedy:
 - **hybrid**: Qwen3.5's pattern, 3 Gated DeltaNet layers with a short convolution to 1 full layer;
 - **sliding**: Gemma 3's, 5 sliding layers of window 64 to 1 full layer.
 
-Two texts each: **copies**, a prompt that is the model's own greedy continuation, given again (a random
-model falls into a cycle; the cycle continues, so lookup's guesses are kept, as on text that repeats its
-context), and **does not copy**, 64 random tokens continued for as few tokens as the run asks (lookup's
-guesses are mostly refused: what going back costs when speculation does not pay).
+Two texts each: **copies**, a prompt that is the model's own greedy continuation after 448 tokens (a random
+model falls into a cycle, and the cycle continues, so lookup's guesses are kept as on text that repeats its
+context, as far as the cycle is short), and **does not copy**, 64 random tokens continued (lookup's guesses
+are refused until the model's text starts to repeat itself: what going back costs when speculation pays
+little). The share of guesses kept is printed beside each: it, not the label, says how much each text copied.
 
 Each case is decoded plainly and with ``lookup=4``; the tokens must be plain greedy's (else an error, not a
 row). It reports the passes, the guesses kept, the tokens run again (a recurrent state goes back to its mark
@@ -58,7 +59,7 @@ def model(kind: str) -> GPT:
 
 def texts(m: GPT, new: int) -> dict[str, torch.Tensor]:
     start = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(1))
-    own = m.generate(start, 256)[:, -128:]  # (1, 128): the model's own continuation, in its cycle by now
+    own = m.generate(start, 448)[:, -128:]  # (1, 128): the model's own continuation, in its cycle by now
     return {"copies": own, "does not copy": start}
 
 

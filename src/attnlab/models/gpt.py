@@ -79,16 +79,13 @@ class GPT(nn.Module):
     def make_caches(
         self, *, batch_size: int, max_len: int, cache: str | CacheFactory = "plain", spare: int = 0
     ) -> ModelCache:
-        """The model's cache for ``batch_size`` rows of up to ``max_len`` tokens, from a name in
-        ``attnlab.cache.CACHES`` or a factory: ``ModelCache.build`` over each layer's declared state (a sliding
-        layer keeps its window's ring, a recurrent layer its state, whichever of attnlab's caches is named);
-        ``spare``: the most tokens a speculative pass goes back by."""
+        """The model's cache for ``batch_size`` rows of up to ``max_len`` tokens (``spare``: the most a speculative
+        pass goes back by), from a name in ``attnlab.cache.CACHES`` or a factory: ``ModelCache.build`` over each
+        layer's declared state (a sliding layer keeps its ring, a recurrent layer its state, whatever is named)."""
         check_positive_int("batch_size", batch_size, limit=2**20)
         check_positive_int("max_len", max_len, limit=2**27)
-        layers = [block.att.layer_state() for block in self.blocks]
-        return ModelCache.build(
-            layers, cache, rows=batch_size, capacity=max_len, context_length=self.config.context_length, spare=spare
-        )
+        layers, context = [block.att.layer_state() for block in self.blocks], self.config.context_length
+        return ModelCache.build(layers, cache, rows=batch_size, capacity=max_len, context_length=context, spare=spare)
 
     def forward(
         self,
