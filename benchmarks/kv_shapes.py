@@ -12,7 +12,8 @@ family's own reader, with ``attnlab.bench.kv_bytes`` (``attnlab memory``'s meter
   and RoPE key (MLA, Kimi Linear); a sliding layer's window; a layer that reads an earlier layer's keys and
   values (KV sharing, Gemma 4) as 0 bytes, its keys counted in the layer it reads; a Gated DeltaNet or Kimi Delta
   Attention layer's state and its convolution's last inputs, kept in float32 whatever the weights' dtype (as
-  ``attnlab.cache.StateCache`` keeps it), the same after one token as after a million;
+  ``attnlab.cache.StateCache`` keeps it), the same after one token as after a million; an LFM3 convolution
+  layer's last K - 1 inputs of each channel (``ConvolutionCache``, in the weights' dtype), as fixed;
 - against the same layers, every one a full softmax layer with the model's own full layers' KV heads and head
   size, or, where those are latent, every one a latent layer (``attnlab.bench.kv_bytes.every_layer_full``): what
   the design saves.
@@ -49,7 +50,11 @@ SHAPES = (  # attnlab's shape names; the hub folder each comes from is the table
     "gemma-4-31b",
     "kimi-linear-48b-a3b",
     "mimo-v2-flash",
+    "lfm3-1.7b",  # Lfm3Config's defaults, under the checkpoint name its docstring gives (the table's note)
 )
+DEFAULTS = {  # shapes whose fields are a config class's defaults, not a downloaded config.json
+    "lfm3-1.7b": "transformers 5.24's Lfm3Config defaults, under the checkpoint name its docstring gives",
+}
 SMOKE = ("qwen3.5-0.8b", "olmo-hybrid-7b", "gemma-4-e2b")
 RECURRENT = {  # a recurrent kind's name in a sentence
     "delta": "Gated DeltaNet",
@@ -98,6 +103,7 @@ def measure(name: str) -> dict[str, Any]:
         # Gemma 4's per-layer embeddings: one (vocabulary, layers x width) table, looked up, never multiplied
         "per_layer_table": config.vocab_size * config.n_layers * config.ple_dim,
         "n_layers": config.n_layers,
+        "conv_kernel": config.conv_kernel,  # K: a convolution layer keeps its last K - 1 inputs
         "context_length": config.context_length,
         "baseline": "every layer latent" if config.kv_lora_rank is not None else "every layer full",
         "every_layer_full_per_token": full,
@@ -176,6 +182,12 @@ def _others(row: dict[str, Any], at: dict[str, Any]) -> list[str]:
                 f"{k['layers']} shared layers keep 0 B of their own: each reads the keys and values of the last "
                 "earlier layer of its type, counted there"
             )
+        elif k["kind"] == "conv":
+            taps = row["conv_kernel"] - 1
+            out.append(
+                f"{k['layers']} convolution layers keep their last {taps} inputs of each channel (a kernel of "
+                f"{row['conv_kernel']}), a state of fixed size, {held} in all whatever the tokens"
+            )
         elif k["state_bytes"]:
             out.append(
                 f"{k['layers']} {RECURRENT.get(k['kind'], k['kind'])} layers keep a state of fixed size, {held} in "
@@ -203,6 +215,12 @@ def _sentence(row: dict[str, Any]) -> str | None:
     )
 
 
+def _defaults(result: dict[str, Any]) -> str:
+    """ "; LiquidAI/LFM3-1.7B's: ..., not a downloaded config.json": each row whose fields are not a checkpoint's."""
+    said = [f"{row['repo']}'s: {DEFAULTS[row['name']]}" for row in result["rows"] if row["name"] in DEFAULTS]
+    return "".join(f"; {line}, not a downloaded config.json" for line in said)
+
+
 def render(result: dict[str, Any]) -> str:
     """The table and what it says, every figure from the result."""
     from attnlab.bench.kv_bytes import readable_bytes
@@ -226,8 +244,9 @@ def render(result: dict[str, Any]) -> str:
     lines += [line for line in map(_sentence, result["rows"]) if line]
     lines.append(
         f"\n`{result['command']}` ({result['date']}, torch {result['torch']}): counted from each checkpoint's "
-        f"config.json fields read by its family's reader (`attnlab.models.families.shapes`), batch 1; keys, values "
-        f'and latents in {result["dtype"]}, a recurrent state in float32 as `StateCache` keeps it. "Every layer '
+        f"config.json fields read by its family's reader (`attnlab.models.families.shapes`{_defaults(result)}), "
+        f"batch 1; keys, values and latents in {result['dtype']}, a recurrent state in float32 as `StateCache` "
+        f"keeps it, a convolution layer's last inputs in {result['dtype']}. \"Every layer "
         "full\": the same layers, each a full softmax layer with the model's own full layers' KV heads and head "
         "size (no window, no sharing); where the full layers are latent (MLA), each a latent layer of their shape. "
         "Nothing is loaded; the parameter count is the text model's, built on the meta device."

@@ -187,6 +187,11 @@ TINY_KIMI = {  # layer 3 latent (counted from 1), the others Kimi Delta Attentio
     "linear_attn_config": {"head_dim": 8, "num_heads": 4, "short_conv_kernel_size": 4, "kda_layers": [1, 2, 4],
                            "full_attn_layers": [3]},
 }  # fmt: skip
+TINY_LFM3 = {  # convolutions of kernel 3 between a sliding layer (window 8) and a full one
+    "model_type": "lfm3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "conv_L_cache": 3, "sliding_window": 8,
+    "layer_types": ["conv", "sliding_attention", "conv", "full_attention"], "max_position_embeddings": 64,
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -196,8 +201,10 @@ TINY_KIMI = {  # layer 3 latent (counted from 1), the others Kimi Delta Attentio
         (TINY_GEMMA4, 2 * 20 * 1 * (24 + 24) * F32 + 2 * 8 * 2 * (8 + 8) * F32),
         # 1 latent layer: 16 + 8 values a token; 3 KDA layers: 4 heads of (8, 8) and 3 x 4 x 8 channels x 3 inputs
         (TINY_KIMI, 20 * (16 + 8) * F32 + 3 * (4 * 8 * 8 + 3 * 4 * 8 * 3) * F32),
+        # 1 full layer (2 KV heads of 8), 20 tokens; 1 sliding, 8 tokens; 2 conv layers: 32 channels x 2 inputs
+        (TINY_LFM3, 20 * 2 * 2 * 8 * F32 + 8 * 2 * 2 * 8 * F32 + 2 * 32 * (3 - 1) * F32),
     ],
-    ids=["gemma4", "kimi_linear"],
+    ids=["gemma4", "kimi_linear", "lfm3"],
 )
 def test_the_meter_counts_what_the_caches_of_a_config_json_hold(raw: dict[str, object], total: int) -> None:
     """Through the family's reader, as a downloaded folder: the meter's bytes at 20 tokens are the buffers the
@@ -221,6 +228,61 @@ def test_the_gemma4_shapes_have_their_names_parameter_counts() -> None:
     for name, layers, effective in (("gemma-4-e2b", 35, 2), ("gemma-4-e4b", 42, 4)):
         table = 262_144 * layers * 256
         assert int((count_parameters(shape(name)) - table) / 1e9) == effective, name
+
+
+LFM3_FULL, LFM3_SLIDING = [2, 6, 10, 14, 18, 22], [4, 8, 12, 16, 20]  # Lfm3Config's pattern: i % 4 == 2, 0 (i > 0)
+
+
+def test_lfm3_keeps_six_full_layers_five_windows_and_thirteen_convolutions() -> None:
+    """Lfm3Config's defaults: 4 KV heads of 128 on every attention layer, a window of 256 on the sliding ones, and
+    13 convolution layers that keep their last 7 - 1 inputs of each of 2,048 channels, in the weights' dtype."""
+    config = shape("lfm3-1.7b")
+    kinds = {"full": LFM3_FULL, "sliding": LFM3_SLIDING}
+    assert [config.layer_type(i) for i in range(24)] == [
+        next((k for k, at in kinds.items() if i in at), "conv") for i in range(24)
+    ]
+    one = 2 * 4 * 128 * 2  # keys and values, bfloat16: bytes a token, one attention layer
+    conv = 2048 * (7 - 1) * 2  # bfloat16, as ConvolutionCache keeps the weights' dtype
+    kept = layer_kinds(config)
+    assert [(k.kind, k.window, k.layers, k.bytes_per_token, k.state_bytes) for k in kept] == [
+        ("full", None, 6, one, 0),
+        ("sliding", 256, 5, one, 0),
+        ("conv", None, 13, 0, conv),
+    ]
+    at = cache_at(kept, 131_072, context_length=config.context_length)
+    assert at.total == 6 * one * 131_072 + 5 * one * 256 + 13 * conv
+    assert every_layer_full(config) == 24 * one
+
+
+def lfm3_parameters() -> int:
+    """Lfm3Config's defaults counted by hand: the tied embedding, 24 SwiGLU MLPs of 7,680, four sandwich norms a
+    layer and the final one; 11 attention layers (q and o 2,048 x 2,048, k and v 2,048 x 512, QK-norms of 128, a
+    gate of one opening a head); 13 convolution layers (in_proj to B, C and x, a depthwise kernel of 7, out_proj)."""
+    d, vocab, hidden = 2048, 128_000, 7680
+    attention = 2 * d * d + 2 * d * 4 * 128 + 2 * 128 + d * 16
+    convolution = d * 3 * d + d * 7 + d * d
+    return vocab * d + 24 * (3 * d * hidden + 4 * d) + d + 11 * attention + 13 * convolution
+
+
+def test_lfm3_has_its_names_parameter_count() -> None:
+    """1,728,801,536 parameters: 1.7B to the digits "LFM3-1.7B" gives."""
+    total = count_parameters(shape("lfm3-1.7b"))
+    assert total == lfm3_parameters() == 1_728_801_536
+    assert round(total / 1e9, 1) == 1.7
+
+
+@pytest.mark.slow  # transformers' import and a model on the meta device: 4 s
+def test_the_lfm3_shape_is_lfm3configs_defaults_as_transformers_builds_them() -> None:
+    """The table's fields are the class's defaults: Lfm3Config() read by attnlab's reader is the table's config,
+    and Lfm3ForCausalLM built from it holds the parameters counted by hand."""
+    from transformers import Lfm3Config, Lfm3ForCausalLM
+
+    default = Lfm3Config()
+    assert config_from_hf(default.to_dict(), Path("defaults")) == shape("lfm3-1.7b")
+    assert default.layer_types == SHAPES["lfm3-1.7b"]["layer_types"]
+    with torch.device("meta"):
+        model = Lfm3ForCausalLM(default)
+    assert sum(p.numel() for p in model.parameters()) == lfm3_parameters()
 
 
 @pytest.mark.slow  # 256 experts on 26 layers, built on the meta device: 7 s
@@ -331,8 +393,23 @@ def test_the_sentences_read_right_for_shared_latent_and_kda_layers() -> None:
     assert "keys and values" not in kimi and "shared" not in kimi
 
 
+def test_the_lfm3_sentence_says_what_a_convolution_layer_keeps() -> None:
+    """A convolution layer keeps its last K - 1 inputs, of fixed size; the run says its fields are the config
+    class's defaults, not a downloaded config.json."""
+    script = load("kv_shapes")
+    text = script.render(saved_run())
+    lfm3 = next(line for line in text.splitlines() if line.startswith("- LiquidAI/LFM3-1.7B:"))
+    assert "6 of 24 layers keep every token's keys and values, 12,288 B a token against 49,152 B" in lfm3
+    assert "5 sliding layers keep their last 256 tokens' keys and values, 2.50 MiB in all" in lfm3
+    conv = "13 convolution layers keep their last 6 inputs of each channel (a kernel of 7), a state of fixed size, "
+    assert conv + "312 KiB in all whatever the tokens" in lfm3 and 13 * 2048 * 6 * 2 == 312 * 1024
+    assert "LiquidAI/LFM3-1.7B's: transformers 5.24's Lfm3Config defaults" in text
+    assert "not a downloaded config.json" in text
+
+
 def test_the_committed_gemma4_row_is_todays_meter() -> None:
     script = load("kv_shapes")
     rows = {r["name"]: r for r in saved_run()["rows"]}  # type: ignore[union-attr]
     assert rows["gemma-4-e2b"] == script.measure("gemma-4-e2b")
     assert rows["gemma-4-e2b"]["per_layer_table"] == 262_144 * 35 * 256
+    assert rows["lfm3-1.7b"] == script.measure("lfm3-1.7b")
