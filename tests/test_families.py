@@ -505,6 +505,7 @@ print(read, anon() - before)
 """
 
 
+@pytest.mark.slow  # seconds long: stage 1 keeps its 4-minute budget
 def test_safetensors_are_read_lazily_so_loading_holds_one_copy(tmp_path: Path) -> None:
     """A 29 MB Llama: reading its checkpoint allocates almost nothing (the file is memory-mapped, and q, k and v
     are copied into the fused rows only when the model is filled); the loaded model holds one copy."""

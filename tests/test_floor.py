@@ -187,6 +187,7 @@ def test_fullgraph_compile_with_rope_and_the_eager_backend() -> None:
     torch.testing.assert_close(compiled(x), attn(x), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # seconds long: stage 1 keeps its 4-minute budget
 def test_explain_sets_no_global_state() -> None:
     """Importing explain picks no matplotlib backend, and building reports leaves torch's generator alone."""
     code = (

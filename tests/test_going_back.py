@@ -138,6 +138,7 @@ def test_lookup_on_every_kind_of_layer_gives_greedys_tokens_in_fewer_passes() ->
     assert 0 < counts.rerun < counts.kept, counts  # a refused pass sends the states back: kept tokens run again
 
 
+@pytest.mark.slow  # seconds long: stage 1 keeps its 4-minute budget
 @torch.no_grad()
 def test_a_draft_of_another_kind_gives_greedys_tokens_both_ways() -> None:
     hybrid, full = every_kind(seed=2), every_kind(seed=3, layer_types=("full",) * 6, window=None)
@@ -147,6 +148,7 @@ def test_a_draft_of_another_kind_gives_greedys_tokens_both_ways() -> None:
         assert torch.equal(m.generate(prompt, 24, draft=draft, draft_tokens=3), greedy)
 
 
+@pytest.mark.slow  # seconds long: stage 1 keeps its 4-minute budget
 @torch.no_grad()
 def test_bfloat16_speculation_on_every_kind_keeps_greedys_tokens_and_float32_states() -> None:
     m = every_kind(seed=1).to(torch.bfloat16)

@@ -132,6 +132,7 @@ def rows_of_every_kind(d_in: int) -> torch.Tensor:
     return x
 
 
+@pytest.mark.slow  # seconds long: stage 1 keeps its 4-minute budget
 @pytest.mark.parametrize("fast", [True, False])
 def test_a_rows_output_in_a_call_is_its_output_alone_bitwise(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """fast: several rows rounded and multiplied here at once (what this x86 build does); else one by one (where

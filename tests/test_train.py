@@ -339,6 +339,7 @@ def _stop_after(steps: int):  # type: ignore[no-untyped-def]
 # ---- the commands ----
 
 
+@pytest.mark.slow  # seconds long: stage 1 keeps its 4-minute budget
 def test_train_then_heads_then_explain_then_resume_from_the_command_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

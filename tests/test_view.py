@@ -94,6 +94,7 @@ def test_a_long_text_keeps_exactly_the_lines_it_draws(monkeypatch: pytest.Monkey
         AttentionView(tokens=[str(i) for i in range(t)], weights=w)
 
 
+@pytest.mark.slow  # seconds long: stage 1 keeps its 4-minute budget
 def test_twelve_layers_of_twelve_heads_at_256_tokens_open_and_answer_within_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

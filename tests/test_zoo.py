@@ -118,6 +118,7 @@ def test_zoo_models_are_named_and_a_missing_one_says_how_to_train_it(
     assert "train it with attnlab zoo mla --minutes 2 (every zoo run" in err
 
 
+@pytest.mark.slow  # seconds long: stage 1 keeps its 4-minute budget
 def test_a_smoke_run_never_replaces_a_trained_model(tmp_path: Path) -> None:
     models = tmp_path / "models"
     (models / "mqa").mkdir(parents=True)
