@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def _attnlab() -> str:
     found = Path(sys.executable).parent / "attnlab"
@@ -25,6 +27,7 @@ def _as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 def test_ctrl_c_prints_the_rows_finished_writes_them_and_names_what_was_left(tmp_path: Path) -> None:
     out = tmp_path / "caches.json"
     argv = [_attnlab(), "bench", "--caches", "int8", "int4", "h2o", "--model", "text", "--quick", "--json", str(out)]

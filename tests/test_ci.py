@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 
 
@@ -16,6 +18,7 @@ def test_ci_run_exports_ci_true_before_make_test() -> None:
     assert "export CI=true" in script and script.index("export CI=true") < script.index("make test")
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 def test_a_skip_fails_under_ci_and_stays_a_skip_outside(tmp_path: Path) -> None:
     shutil.copy(REPO / "tests" / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_needs_a_browser.py").write_text(

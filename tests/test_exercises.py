@@ -135,6 +135,7 @@ def test_the_expected_values_are_the_books_own() -> None:
     torch.testing.assert_close(v2, torch.tensor(golden.SA_V2_OUTPUT), atol=golden.ATOL, rtol=0)
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 def test_the_readers_code_runs_in_a_process_of_its_own(tmp_path: Path) -> None:
     """An answer that breaks torch and exits, or records where it ran: the checker's process is untouched."""
     marker = tmp_path / "pid.txt"

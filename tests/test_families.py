@@ -524,6 +524,7 @@ def test_safetensors_are_read_lazily_so_loading_holds_one_copy(tmp_path: Path) -
     assert loaded < 1.3 * size, (loaded, size)
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 @torch.no_grad()
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_a_compiled_decode_step_is_one_graph_over_full_and_sliding_layers(family: str, root: str) -> None:

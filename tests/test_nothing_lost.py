@@ -506,6 +506,7 @@ def test_a_shape_too_big_to_train_is_refused_with_the_figures_before_anything_is
     assert _peak_rss_mib() - before < 256 and not out.exists()
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 def test_slips_through_the_console_script_are_one_line(tmp_path: Path) -> None:
     import subprocess
 

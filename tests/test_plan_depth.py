@@ -45,6 +45,7 @@ def test_no_capability_is_probed_by_name_and_gpt_py_reads_in_one_sitting() -> No
     assert structure.source_lines()["models/gpt.py"] <= 320
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 def test_the_probe_scan_sees_a_probe() -> None:
     """The scan that finds none finds one put in a copy of the tree (a test that cannot fail proves nothing)."""
     import shutil

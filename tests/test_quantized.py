@@ -154,6 +154,7 @@ def test_a_rows_output_in_a_call_is_its_output_alone_bitwise(fast: bool, monkeyp
         assert float((alone[:7] - want).abs().amax(dim=1).div(want.abs().amax(dim=1) + 1e-3).max()) < 0.03
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 def test_many_rows_are_rounded_by_one_compiled_kernel_with_the_readable_numbers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -257,6 +257,7 @@ def _disagreements(rank: int) -> dict[str, str]:
     return said
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 @pytest.mark.parametrize(
     "size",
     [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)],  # processes
@@ -284,6 +285,7 @@ def test_ring_attention_equals_one_process(size: int) -> None:
                 assert err < 1e-10, (rank, name, err)
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 def test_the_ring_command_starts_its_ranks_and_says_when_a_length_does_not_fit(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -339,6 +341,7 @@ def _one_rank_vanishes_and_the_other_reports_late() -> None:
         raise
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 @pytest.mark.parametrize("fn", [_one_rank_vanishes, _one_rank_vanishes_and_the_other_reports_late])
 def test_a_rank_that_vanishes_ends_every_rank(fn: Callable[[], None]) -> None:
     """Rank 1 exits without a word while rank 0 waits for it in a barrier: an error at once, naming rank 1, not

@@ -59,6 +59,7 @@ def test_bad_input_is_refused_by_name() -> None:
     assert 12 * 12 * 257 * 256 // 2 < MAX_VIEW_BYTES  # the budget case below fits as bytes
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 def test_a_long_text_keeps_exactly_the_lines_it_draws(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the page's budget, each row keeps its keys of weight at least 0.01 (the lines the head view draws)
     and each pattern's picture comes pooled; past it even so, the error says by how much."""
@@ -209,6 +210,7 @@ def test_a_model_report_takes_a_text_past_its_grids_into_its_view(monkeypatch: p
         report_module.model_report(model, tokenizer, "ab" * 10, name="induction", figures=False)
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 def test_tokens_with_replacement_patterns_show_verbatim_and_each_layer_strikes_its_own_keys(tmp_path: Path) -> None:
     """JavaScript's String.replace reads "$&", "$'", "$`" and "$$" in its replacement; the status line must not,
     nor fill a placeholder a token carries ("{w}"); a layer strikes out the keys its own cache let go."""
@@ -276,6 +278,7 @@ def test_the_view_strikes_out_each_layers_own_evicted_keys(cache: str) -> None:
         assert struck == evicted[layer], layer
 
 
+@pytest.mark.slow  # slow by nature (a process, a compile or a whole view): stage 1 keeps its budget
 def test_the_view_names_each_layers_kind_outlines_its_window_and_says_the_sinks_share(tmp_path: Path) -> None:
     """gpt-oss's shape: a banded layer (window 4) then a full one, learned sinks set off zero. The layer menu and
     the model view say each layer's kind, the banded layer's patterns carry its window's outline in orange (the
