@@ -171,14 +171,14 @@ def test_every_zoo_variant_speculates_exactly(variant: str) -> None:
     torch.manual_seed(2)
     draft = GPT(zoo_config("hybrid-conv" if variant != "hybrid-conv" else "mha").with_(drop_rate=0.0)).eval()
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12] * 2 + [5, 6, 7, 8, 9]])  # 21 tokens; the window is 32
-    greedy = m.generate(prompt, 64, use_cache=False)  # 85 positions: every ring wraps
-    assert torch.equal(m.generate(prompt, 64, lookup=4), greedy)
-    assert torch.equal(m.generate(prompt, 64, draft=draft, draft_tokens=3), greedy)
+    greedy = m.generate(prompt, 48)  # 69 positions: every ring wraps (plain greedy equals no cache: test_models)
+    assert torch.equal(m.generate(prompt, 48, lookup=4), greedy)
+    assert torch.equal(m.generate(prompt, 48, draft=draft, draft_tokens=3), greedy)
 
 
-@pytest.mark.slow  # 2,000 draws
+@pytest.mark.slow  # 1,000 draws
 def test_sampling_through_a_draft_on_recurrent_layers_gives_the_models_distribution() -> None:
-    """The first two new tokens, drawn 2,000 times with a draft of one guess, against the model's own joint
+    """The first two new tokens, drawn 1,000 times with a draft of one guess, against the model's own joint
     distribution p(x1) p(x2 | x1) (chi-square over the 25 pairs at the 0.1% level, seeded). Where the guess is
     refused, x2 is drawn after the states went back to their mark: a state that kept the refused guess would
     draw x2 from another distribution."""
@@ -186,14 +186,14 @@ def test_sampling_through_a_draft_on_recurrent_layers_gives_the_models_distribut
     changes["layer_types"] = ("delta", "sliding", "kda")
     m, draft = every_kind(1, **changes), every_kind(2, **changes)
     with torch.no_grad():  # weights three times as large: the states sway the next token (a state that kept the
-        for p in m.parameters():  # refused guess then scores about 155 here, against 15)
+        for p in m.parameters():  # refused guess then scores about 148 here, against 8)
             p.mul_(3.0)
     prompt = torch.tensor([[0, 3, 1, 4]])
     with torch.no_grad():
         first = torch.softmax(m(prompt)[0, -1], dim=-1)  # (5,)
         after = torch.softmax(m(torch.cat([prompt.repeat(5, 1), torch.arange(5)[:, None]], dim=1))[:, -1], dim=-1)
     joint = (first[:, None] * after).flatten()  # (25,): p(x1) p(x2 | x1)
-    generator, n, counts = torch.Generator().manual_seed(0), 2_000, torch.zeros(25)
+    generator, n, counts = torch.Generator().manual_seed(0), 1_000, torch.zeros(25)
     for _ in range(n):
         out = m.generate(prompt, 2, draft=draft, draft_tokens=1, temperature=1.0, generator=generator)
         counts[int(out[0, 4]) * 5 + int(out[0, 5])] += 1
