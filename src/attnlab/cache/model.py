@@ -54,6 +54,15 @@ def combined(classes: Sequence[Any], *, shares_prefixes: bool = False) -> Capabi
     return replace(together, shares_prefixes=True) if shares_prefixes else together
 
 
+def why_no_crop(caches: Sequence[Any]) -> str:
+    """Why the first of ``caches`` (layer caches, or the classes a plan chose) that cannot go back cannot, as its
+    class declares."""
+    refusing = next(c for c in caches if not c.capabilities.crop)
+    cls = refusing if isinstance(refusing, type) else type(refusing)
+    why = cls.why_no_crop if issubclass(cls, LayerCache) else "a cache of one's own declares nothing"
+    return f"a {cls.__name__} cannot: {why}"
+
+
 class ModelCache:
     """Every layer's cache; the paged ones share one block table.
 
@@ -161,9 +170,7 @@ class ModelCache:
         """Go back to the first ``n`` tokens, or as near before as every layer can (a recurrent state: its mark);
         how many every layer holds now. Checked whole before any layer changes; the tokens between run again."""
         if not self.capabilities.crop:
-            refusing = next(c for c in self.layers if not (isinstance(c, LayerCache) and c.capabilities.crop))
-            why = refusing.why_no_crop if isinstance(refusing, LayerCache) else "a cache of one's own declares nothing"
-            raise ValueError(f"this cache cannot go back to an earlier token: a {type(refusing).__name__}: {why}")
+            raise ValueError(f"this cache cannot go back to an earlier token: {why_no_crop(self.layers)}")
         to = min(layer.reach(n) for layer in self.layers)  # type: ignore[attr-defined]  # capabilities.crop: all do
         for layer in self.layers:
             layer.crop(to)  # type: ignore[attr-defined]

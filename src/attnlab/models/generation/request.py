@@ -24,7 +24,6 @@ from attnlab.cache import (
     CACHES,
     CacheFactory,
     Capabilities,
-    LayerCache,
     ModelCache,
     PrefixCache,
     SinkCache,
@@ -32,6 +31,7 @@ from attnlab.cache import (
     cache_name,
     capabilities_of,
 )
+from attnlab.cache.model import why_no_crop
 from attnlab.cache.plan import choose
 from attnlab.linear.quantized import Int8Linear
 from attnlab.models.generation.prompts import many_rows, prompt_rows
@@ -199,14 +199,10 @@ class Request:
 
 
 def _no_crop(model: Any, cache: CacheChoice) -> str:
-    """Why the first layer of ``cache`` that cannot go back cannot, as its class declares."""
+    """Why the first layer of ``cache`` (made, or as the plan would make it) that cannot go back cannot."""
     if isinstance(cache, ModelCache):
-        classes: list[Any] = [type(c) for c in cache.layers]
-    else:
-        classes = [c.cls for c in choose([block.att.layer_state() for block in model.blocks], cache)]
-    refusing = next(c for c in classes if not c.capabilities.crop)
-    why = refusing.why_no_crop if issubclass(refusing, LayerCache) else "a cache of one's own declares nothing"
-    return f"a {refusing.__name__} cannot: {why}"
+        return why_no_crop(cache.layers)
+    return why_no_crop([c.cls for c in choose([block.att.layer_state() for block in model.blocks], cache)])
 
 
 def planned(model: Any, cache: CacheChoice) -> Capabilities | None:
