@@ -256,9 +256,9 @@ def test_removing_a_feature_moves_the_logits(family: str, changes: dict[str, obj
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_cache_that_applies_gives_the_uncached_tokens(family: str, root: str) -> None:
     """Lossless caches always; the lossy ones sized to hold all 31 positions (their loss is the cache lab's to
-    measure). A sliding layer keeps its window's ring whichever cache is named, which then applies to the full
-    layers (Qwen2's first); a cache that would apply to no layer (Mistral's every layer slides) is refused, and
-    so is prefix sharing, which needs paged blocks in every layer."""
+    measure). A sliding layer keeps its window's ring whichever cache is named but 'paged' and 'prefix' (every key in
+    blocks, the window masking the rest), which then applies to the full layers (Qwen2's first); a cache that would
+    apply to no layer (Mistral's every layer slides) is refused. MLA's latents are kept plain, coded, or in blocks."""
     model = GPT.from_pretrained(hf_dir(family, root))
     prompt = IDS[:1]
     uncached = model.generate(prompt, 12, use_cache=False)
@@ -269,7 +269,7 @@ def test_every_cache_that_applies_gives_the_uncached_tokens(family: str, root: s
     sliding = model.config.window is not None
     every_layer_slides = sliding and model.config.layer_types is None
     for name in CACHES:
-        if (name == "prefix" and sliding) or (name != "plain" and every_layer_slides):
+        if name not in ("plain", "paged", "prefix") and every_layer_slides:
             with pytest.raises(ValueError, match=f"the {name} cache does not keep a sliding window's ring"):
                 model.generate(prompt, 12, cache=sized.get(name, name))  # type: ignore[arg-type]
             continue
@@ -277,19 +277,14 @@ def test_every_cache_that_applies_gives_the_uncached_tokens(family: str, root: s
             latent = functools.partial(CACHES[name], group_size=4)  # 20 values a token: five groups of 4
             assert model.generate(prompt, 12, cache=latent).tolist() == uncached.tolist(), name
             continue
-        if name != "plain" and model.config.kv_lora_rank is not None:
-            with pytest.raises(ValueError, match=r"cache is not built for latents; use 'plain', 'int8' or 'int4'"):
+        if name not in ("plain", "paged", "prefix") and model.config.kv_lora_rank is not None:
+            match = r"cache is not built for latents; use 'plain', 'int8', 'int4', 'paged' or 'prefix'"
+            with pytest.raises(ValueError, match=match):
                 model.generate(prompt, 12, cache=sized.get(name, name))  # type: ignore[arg-type]
             continue
         assert model.generate(prompt, 12, cache=sized.get(name, name)).tolist() == uncached.tolist(), name  # type: ignore[arg-type]
-    if model.config.kv_lora_rank is not None:
-        return  # generate_many runs on paged blocks, which latents do not have yet
-    if sliding:
-        with pytest.raises(ValueError, match=r"ring buffer per row|every layer of this model slides"):
-            model.generate_many([IDS[0].tolist(), IDS[1, :7].tolist()], 4, slots=1)
-    else:
-        many = model.generate_many([IDS[0].tolist(), IDS[1, :7].tolist()], 6, slots=1)
-        assert many[0] == uncached[0, 20 : 18 + 8].tolist()[:6]
+    many = model.generate_many([IDS[0].tolist(), IDS[1, :7].tolist()], 6, slots=1)  # rows of every kind, paged
+    assert many[0] == uncached[0, 20 : 18 + 8].tolist()[:6]
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ import test_hybrids
 import test_kimi_linear
 import test_lfm3
 import test_mimo_v2_flash
+from attnlab.cache import PrefixCache
 from attnlab.models import GPT
 from attnlab.models.generation import decode
 from attnlab.models.generation.request import request_for
@@ -45,3 +46,25 @@ def test_each_family_speculates_exactly(family: str, tmp_path: Path) -> None:
     assert [t for drawn in decoding for _, t in drawn] == greedy[0, 48:].tolist()
     assert decoding.counts.guessed > 0, decoding.counts  # lookup guessed, so the states went back where refused
     assert torch.equal(model.generate(prompt, 24, draft=model, draft_tokens=3), greedy)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", list(FOLDERS))
+def test_each_family_reuses_a_prefix_and_batches_rows_exactly(family: str, tmp_path: Path) -> None:
+    """A prefix cache on each family: a second prompt sharing 48 tokens runs only its own (every layer kind: KDA,
+    Gated DeltaNet, convolutions, sliding, KV-sharing, latent), and gets the plain cache's tokens; continuous
+    batching gives each prompt what it gets alone."""
+    folder, ids = FOLDERS[family]
+    model = GPT.from_pretrained(folder(str(tmp_path))).eval()
+    shared = torch.cat([ids[:1, :24], ids[:1, :24]], dim=1)  # (1, 48): three blocks of 16, past every window
+    first, second = torch.cat([shared, ids[:1, :5]], dim=1), torch.cat([shared, ids[:1, 5:12]], dim=1)
+    store = PrefixCache.for_model(model, batch_size=1, max_len=80)
+    model.generate(first, 4, cache=store)
+    seen: list[int] = []
+    model.blocks[0].register_forward_pre_hook(lambda _, args: seen.append(args[0].shape[1]))
+    warm = model.generate(second, 16, cache=store)
+    assert seen[0] == 7  # the shared 48 tokens are run by no layer
+    assert torch.equal(warm, model.generate(second, 16))
+    prompts = [first[0].tolist(), second[0, :9].tolist(), second[0].tolist()]
+    alone = [model.generate(torch.tensor([p]), 5)[0, len(p) :].tolist() for p in prompts]
+    assert model.generate_many(prompts, 5, slots=2, cache="prefix") == alone

@@ -345,10 +345,12 @@ def test_a_padded_rows_implicit_weights_are_zero_not_nan() -> None:
     torch.testing.assert_close(weights[0, 1, :, 2:].sum(-1), torch.ones(4, 4, dtype=torch.float64))
 
 
-def test_generate_many_refuses_a_recurrent_state_by_name() -> None:
+def test_generate_many_runs_a_recurrent_state_per_row() -> None:
+    """Rows admitted and released on their own, each with its own state: what each prompt gets alone."""
     model = zoo_model(("delta", "full"))
-    with pytest.raises(ValueError, match="this model's recurrent layers keep a state per row, which cannot"):
-        model.generate_many([[1, 2], [3]], 3, cache="paged")
+    prompts = [[1, 2], [3], [4, 5, 6, 7]]
+    alone = [model.generate(torch.tensor([p]), 3)[0, len(p) :].tolist() for p in prompts]
+    assert model.generate_many(prompts, 3, slots=2, cache="paged") == alone
 
 
 def test_a_decay_or_write_share_out_of_range_is_refused_by_name() -> None:

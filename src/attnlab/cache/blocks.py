@@ -20,6 +20,7 @@ Shapes: B = batch, R = rows written, T = new tokens, M = blocks a sequence may h
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -77,6 +78,7 @@ class BlockTable:
         self.free: deque[int] = deque(range(num_blocks))
         self.layers = 0  # the caches that write through it: a write is done once they all did
         self.pending: Write | None = None
+        self.freed: list[Callable[[int], None]] = []  # told when a block goes back: what was kept with it goes too
 
     def shape(self) -> tuple[int, int, int, int]:
         return self.batch_size, self.num_blocks, self.block_size, self.blocks_per_seq
@@ -162,6 +164,8 @@ class BlockTable:
         for row, slot, block, source in reversed(write.taken if write is not None else []):
             self.refcount[block] -= 1
             self.free.appendleft(block)
+            for told in self.freed:
+                told(block)
             if source is None:
                 self.held[row].pop()
                 self.table[row, slot] = -1
@@ -186,6 +190,8 @@ class BlockTable:
         self.refcount[block] -= 1
         if self.refcount[block] == 0:
             self.free.append(block)
+            for told in self.freed:
+                told(block)
 
     def fork(self, src: int, dst: int) -> None:
         """Sequence ``dst`` continues from ``src``'s tokens, sharing its blocks until one of them writes."""

@@ -40,6 +40,7 @@ from attnlab.cache.factories import CACHES, CacheFactory, cache_name
 from attnlab.cache.paged import BlockTable, PagedKVCache
 from attnlab.cache.plan import LayerState, choose, sizes_for
 from attnlab.cache.prefix import PrefixTree
+from attnlab.cache.row_states import _Rows
 
 
 def combined(classes: Sequence[Any], *, shares_prefixes: bool = False) -> Capabilities:
@@ -78,9 +79,14 @@ class ModelCache:
         self.layers = layers
         self.capabilities = combined([type(c) for c in layers], shares_prefixes=self.shares_prefixes)
         paged = [c for c in layers if isinstance(c, PagedKVCache)]
-        self.table: BlockTable | None = paged[0].table if paged else None
+        self.states = [c for c in layers if isinstance(c, _Rows)]  # a state per row, written through the table
+        self.table: BlockTable | None = paged[0].table if paged else self.states[0].table if self.states else None
         for layer in paged[1:]:  # caches made by hand: every layer then writes through the first one's table
             layer.share(paged[0].table)
+        if any(state.table is not self.table for state in self.states):
+            raise ValueError(
+                "a model cache's row states write through its one block table: build it with ModelCache.build"
+            )
 
     @staticmethod
     def plan(layers: Sequence[LayerState], cache: str | CacheFactory = "plain") -> Capabilities:
@@ -178,9 +184,13 @@ class ModelCache:
 
     def admit(self, row: int, tokens: list[int], *, total: int) -> int:
         """Sequence ``row`` starts on ``tokens`` and will hold ``total``; how many it holds already (0 here)."""
-        if self.table is not None:
-            self.table.release(row)
+        self.release(row)
         return 0
+
+    def stops(self, row: int, t: int) -> list[int]:
+        """Where ``t`` tokens fed to sequence ``row`` must end a call before their end (none here): a prefix cache
+        keeps a recurrent state only where a call ends, at each block's end."""
+        return []
 
     def written(self, row: int, tokens: list[int]) -> None:
         """Sequence ``row`` now holds ``tokens`` (a prefix cache remembers their full blocks)."""
@@ -189,6 +199,8 @@ class ModelCache:
         """Sequence ``row`` is done: its blocks go back (a cache without rows keeps its batch whole)."""
         if self.table is not None:
             self.table.release(row)
+        for state in self.states:
+            state.release(row)
 
     def abort(self) -> None:
         """A forward failed between layers: a paged write planned but not made by every layer is undone."""
@@ -211,6 +223,38 @@ class PrefixCache(PrefixTree, ModelCache):
         if self.table is None or not self.capabilities.rows:
             raise TypeError("a PrefixCache's layers must all be PagedKVCache (build it: ModelCache.build)")
         self.grow(self.table)
+
+    def resumes_at(self, block: int) -> bool:
+        """A prompt may start after ``block`` when every row-state layer kept its state at that block's end."""
+        return all(state.has(block) for state in self.states)
+
+    def kept_at(self, row: int, depth: int, block: int) -> None:
+        """The tree holds sequence ``row``'s block ``depth`` as ``block``: each row-state layer's state there with it."""
+        for state in self.states:
+            state.keep(row, depth, block)
+
+    def admit(self, row: int, tokens: list[int], *, total: int | None = None) -> int:
+        reused = PrefixTree.admit(self, row, tokens, total=total)
+        for state in self.states if reused else ():  # the state after the last block taken
+            state.resume(row, self.blocks.held[row][-1])
+        return reused
+
+    def release(self, row: int) -> None:
+        PrefixTree.release(self, row)
+        for state in self.states:
+            state.release(row)
+
+    def stops(self, row: int, t: int) -> list[int]:
+        """Each block's end among ``t`` tokens fed to sequence ``row`` (with row-state layers: their states are
+        kept where a call ends), as counts of the tokens fed before it."""
+        if not self.states:
+            return []
+        held, size = self.blocks.length[row], self.block_size
+        return list(range(size - held % size, t, size))
+
+    def kept_nbytes(self) -> int:
+        """Bytes of recurrent and convolution states kept at block ends (what resuming after a block costs)."""
+        return sum(state.kept_nbytes() for state in self.states)
 
     @classmethod
     def for_model(cls, model: Any, *, batch_size: int, max_len: int, num_blocks: int | None = None) -> PrefixCache:

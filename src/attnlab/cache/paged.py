@@ -211,3 +211,43 @@ class PagedRows:
 
     def observe(self, *args: object, **kwargs: object) -> None:
         """Paged blocks weigh nothing."""
+
+
+class PagedLatentCache(PagedKVCache):
+    """MLA's latents, [c, k_pe] per token (``kv_lora_rank + rope_dim`` values), in paged blocks: the keys of one
+    head, whose first ``kv_lora_rank`` values are the values (stored once, as ``LatentCache`` stores them).
+
+    Args:
+        kv_lora_rank, rope_dim: the latent's two parts; the rest as :class:`PagedKVCache`.
+    """
+
+    def __init__(self, *, kv_lora_rank: int, rope_dim: int, **pool: Any) -> None:
+        super().__init__(num_kv_heads=1, head_dim=kv_lora_rank + rope_dim, value_dim=kv_lora_rank, **pool)
+        self.kv_lora_rank = kv_lora_rank
+        self.v_pool = self.k_pool.new_zeros(0)  # the values are the latents' first kv_lora_rank: none kept apart
+
+    def write(
+        self, rows: tuple[int, ...], k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write the latents k (R, 1, T, R + P) of ``rows`` (v, their first R values, is not kept apart)."""
+        self.check(k, v, batch=len(rows))
+        plan = self.table.plan(rows, k.shape[2])
+        for source, block in plan.copies:
+            self.k_pool[:, block].copy_(self.k_pool[:, source])
+        self.k_pool[:, plan.blocks, plan.offsets] = k.transpose(0, 1)  # (1, R, T, R + P) into (1, N, P, R + P)
+        self.table.wrote(plan)
+        return self.gathered(plan.index, plan.ends)
+
+    def gathered(
+        self, index: torch.Tensor | None = None, ends: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The latents of rows ``index`` (R, 1, S, R + P), their first kv_lora_rank as values, and positions."""
+        index = torch.arange(self.batch_size, device=self.lengths.device) if index is None else index
+        ends = self.lengths[index] if ends is None else ends
+        p = self.block_size
+        m = max(1, -(-int(ends.max()) // p)) if len(index) else 1
+        table = self.block_table[index, :m].clamp(min=0)  # (R, m)
+        shape = (len(index), 1, m * p, self.head_dim)
+        latents = self.k_pool[:, table].transpose(0, 1).reshape(shape)  # (1, R, m, P, R + P) -> (R, 1, m * P, R + P)
+        slots = torch.arange(m * p, device=ends.device)[None, :]  # (1, S)
+        return latents, latents[..., : self.kv_lora_rank], torch.where(slots < ends[:, None], slots, -1)

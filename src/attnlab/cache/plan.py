@@ -7,218 +7,89 @@ of their own). :data:`TABLE` maps (kind, name) to a :class:`Choice` (the
 class a layer gets, whose declared capabilities the plan reads, and how it is
 made) or to a refusal with its reason. A name applies to the layers that hold
 keys and values; a sliding layer keeps the ring of its window and a recurrent
-layer its state whatever is named, and a name that would then apply to no
-layer is refused (:func:`choose`).
+layer its state whatever is named (but 'paged' and 'prefix', whose rows run on
+their own: a window in blocks, a state per row), and a name that would then
+apply to no layer is refused (:func:`choose`). The makers and the declared
+:class:`LayerState` live in ``attnlab.cache.makers``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from collections.abc import Sequence
 
-import torch
-
-from attnlab.cache.base import Cache, LayerCache
+from attnlab.cache.base import LayerCache
 from attnlab.cache.evicting import EvictingCache
-from attnlab.cache.factories import CACHES, FactoryArgs, band_refusal, cache_factory, cache_name, knobs_of, paged
+from attnlab.cache.factories import CACHES, band_refusal, cache_factory, cache_name, knobs_of
 from attnlab.cache.kv import KVCache, SlidingWindowCache
 from attnlab.cache.latent import LatentCache, QuantizedLatentCache
-from attnlab.cache.paged import BlockTable, PagedKVCache
+from attnlab.cache.makers import (
+    KINDS,
+    Choice,
+    LayerState,
+    Sizes,
+    make_convolution,
+    make_latent,
+    make_named,
+    make_paged,
+    make_paged_latent,
+    make_paged_window,
+    make_ring,
+    make_row_convolution,
+    make_row_state,
+    make_shared,
+    make_state,
+)
+from attnlab.cache.paged import BlockTable, PagedKVCache, PagedLatentCache
 from attnlab.cache.quantized import QuantizedKVCache
+from attnlab.cache.row_states import PagedConvolutionCache, PagedStateCache
 from attnlab.cache.shared import SharedCache
 from attnlab.cache.sink import SinkCache
 from attnlab.cache.state import ConvolutionCache, StateCache
 
-# full: keys and values of every position; sliding: a ring of the window; latent: MLA's [c, k_pe] per token;
-# recurrent: a state of fixed size (with its short convolution's last inputs); shared: nothing, it reads an
-# earlier layer's keys (KV sharing); convolution: a layer of short convolutions alone (LFM), its last inputs. The
-# rest have no cache yet: keys beside indexer keys (indexed), entries of closed blocks (compressed).
-Kind = Literal["full", "sliding", "latent", "recurrent", "shared", "indexed", "compressed", "convolution"]
-KINDS: tuple[str, ...] = get_args(Kind)
+__all__ = ["KINDS", "TABLE", "Choice", "LayerState", "Sizes", "choose", "sizes_for"]
 
-
-@dataclass(frozen=True, kw_only=True)
-class LayerState:
-    """What one layer keeps between calls, declared by its attention module; sizes are per sequence.
-
-    Args:
-        kind: one of ``KINDS``.
-        kv_heads: key/value heads (a latent layer: 1; a recurrent layer: its heads).
-        head_dim: the width of a key (a latent layer: kv_lora_rank + rope_dim; a recurrent state's Dk).
-        value_dim: the width of a value where it differs (a latent layer's kv_lora_rank, a state's Dv).
-        window: the sliding window, or None.
-        rotary: the layer's RotaryEmbedding, or None (a sink cache turns its sinks with it).
-        normalizer: a recurrent state with linear attention's (Dk,) normalizer.
-        conv: (channels, kernel - 1) of a short causal convolution before the recurrence (Qwen3.5), or None.
-        source: a "shared" layer's: the layer whose keys and values it reads (KV sharing, Gemma 4).
-        dtype, device: of what it keeps.
-    """
-
-    kind: Kind
-    kv_heads: int
-    head_dim: int
-    value_dim: int | None = None
-    window: int | None = None
-    rotary: Any = None
-    normalizer: bool = False
-    conv: tuple[int, int] | None = None
-    source: int | None = None
-    dtype: torch.dtype = torch.float32
-    device: torch.device | str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"a layer's state is of one kind among {list(KINDS)}, got {self.kind!r}")
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """What every layer's cache of one build shares: the rows, each row's capacity, and the user's choice."""
-
-    rows: int
-    capacity: int
-    context_length: int | None
-    factory: Callable[..., Any]  # the user's, knobs included
-    knobs: dict[str, Any]  # the knobs set on a named cache
-    table: BlockTable | None  # the one block table of the paged layers
-    made: list[Cache]  # the layers' caches made so far, in order: a shared layer's reads its source's
-    spare: int = 0  # the most tokens a speculative pass goes back by: a ring keeps as many slots more
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What a layer gets: ``cls``, whose capabilities it declares, made by ``make``."""
-
-    cls: type[LayerCache]
-    make: Callable[[LayerState, Sizes], Cache]
-    pages: bool = False  # writes through the model's one block table
-
-
-def factory_args(state: LayerState, sizes: Sizes) -> FactoryArgs:
-    return {
-        "batch_size": sizes.rows,
-        "num_kv_heads": state.kv_heads,
-        "head_dim": state.head_dim,
-        "value_dim": state.value_dim or state.head_dim,
-        "max_len": sizes.capacity,
-        "window": state.window,
-        "dtype": state.dtype,
-        "device": state.device,
-        "rotary": state.rotary,
-        "context_length": sizes.context_length,
-    }
-
-
-def _named(state: LayerState, sizes: Sizes) -> Cache:
-    made: Cache = sizes.factory(**factory_args(state, sizes))
-    return made
-
-
-def _paged(state: LayerState, sizes: Sizes) -> Cache:
-    return paged(**factory_args(state, sizes), table=sizes.table)
-
-
-def _ring(state: LayerState, sizes: Sizes) -> Cache:
-    assert state.window is not None  # a sliding layer declares its window
-    return SlidingWindowCache(
-        batch_size=sizes.rows,
-        num_kv_heads=state.kv_heads,
-        head_dim=state.head_dim,
-        value_dim=state.value_dim or state.head_dim,
-        window=state.window,
-        spare=sizes.spare,
-        dtype=state.dtype,
-        device=state.device,
-    )
-
-
-def _state(state: LayerState, sizes: Sizes) -> Cache:
-    return StateCache(
-        batch_size=sizes.rows,
-        num_heads=state.kv_heads,
-        key_dim=state.head_dim,
-        value_dim=state.value_dim or state.head_dim,
-        normalizer=state.normalizer,
-        conv=state.conv,
-        dtype=state.dtype,
-        device=state.device,
-    )
-
-
-def _convolution(state: LayerState, sizes: Sizes) -> Cache:
-    assert state.conv is not None  # a convolution layer declares its (channels, kernel - 1)
-    channels, held = state.conv
-    return ConvolutionCache(
-        batch_size=sizes.rows, channels=channels, kernel=held + 1, dtype=state.dtype, device=state.device
-    )
-
-
-def _shared(state: LayerState, sizes: Sizes) -> Cache:
-    if state.source is None or not 0 <= state.source < len(sizes.made):
-        raise ValueError(f"a shared layer reads an earlier layer's keys: source={state.source!r} names none")
-    return SharedCache(source=state.source, of=sizes.made[state.source])
-
-
-def _latent(bits: int | None) -> Callable[[LayerState, Sizes], Cache]:
-    """MLA's latent cache, exact (``bits`` None) or coded in ``bits`` bits (its one knob: group_size)."""
-
-    def make(state: LayerState, sizes: Sizes) -> Cache:
-        rank = state.value_dim or state.head_dim
-        shape: dict[str, Any] = dict(batch_size=sizes.rows, kv_lora_rank=rank, rope_dim=state.head_dim - rank)
-        shape.update(max_len=sizes.capacity, dtype=state.dtype, device=state.device)
-        if bits is None:
-            return LatentCache(**shape)
-        unknown = sorted(set(sizes.knobs) - {"group_size"})
-        if unknown:
-            raise ValueError(
-                f"a latent layer's int{bits} cache codes each token's latent whole (no residual ring): it takes "
-                f"group_size only, got {unknown}"
-            )
-        return QuantizedLatentCache(**shape, bits=bits, **sizes.knobs)
-
-    return make
-
+ROWS = ("paged", "prefix")  # the caches whose rows are admitted, run and released on their own
 
 NOT_LATENT = (
     "a latent attention layer keeps its latent cache (kv_lora_rank + qk_rope_head_dim values a token), plain or "
-    "quantized: the {name} cache is not built for latents; use 'plain', 'int8' or 'int4'"
+    "quantized, or in paged blocks: the {name} cache is not built for latents; use 'plain', 'int8', 'int4', 'paged' "
+    "or 'prefix'"
 )
 FULL: dict[str, Choice] = {  # what a named cache is on a layer of keys and values
-    "plain": Choice(KVCache, _named),
-    "paged": Choice(PagedKVCache, _paged, pages=True),
-    "prefix": Choice(PagedKVCache, _paged, pages=True),  # under the tree of ModelCache.build's PrefixCache
-    "sink": Choice(SinkCache, _named),
-    "int8": Choice(QuantizedKVCache, _named),
-    "int4": Choice(QuantizedKVCache, _named),
-    "h2o": Choice(EvictingCache, _named),
-    "snapkv": Choice(EvictingCache, _named),
+    "plain": Choice(KVCache, make_named),
+    "paged": Choice(PagedKVCache, make_paged, pages=True),
+    "prefix": Choice(PagedKVCache, make_paged, pages=True),  # under the tree of ModelCache.build's PrefixCache
+    "sink": Choice(SinkCache, make_named),
+    "int8": Choice(QuantizedKVCache, make_named),
+    "int4": Choice(QuantizedKVCache, make_named),
+    "h2o": Choice(EvictingCache, make_named),
+    "snapkv": Choice(EvictingCache, make_named),
 }
 # (kind, name) -> the layer's cache, or why not; name None: a factory of the user's own
 TABLE: dict[tuple[str, str | None], Choice | str] = {
     **{("full", name): choice for name, choice in FULL.items()},
-    ("full", None): Choice(LayerCache, _named),  # the user's factory, which declares nothing to plan with
-    **{("sliding", name): Choice(SlidingWindowCache, _ring) for name in CACHES},  # its ring, whatever is named
-    ("sliding", "prefix"): "the prefix cache does not keep a sliding window's ring; a layer with window={window} "
-    "needs the 'plain' cache (a ring buffer of the window): prefix sharing needs paged blocks in every layer",
-    ("sliding", None): Choice(LayerCache, _named),  # the user's factory gets the window and decides
-    **{("recurrent", name): Choice(StateCache, _state) for name in CACHES},  # its state, whatever is named
-    ("recurrent", "prefix"): "the prefix cache shares paged blocks of keys and values between prompts, and a "
-    "recurrent layer keeps a state instead, which no prompt can take from another: use the 'plain' cache",
-    **{("shared", name): Choice(SharedCache, _shared) for name in (*CACHES, None)},  # its source's, whatever
-    **{("convolution", name): Choice(ConvolutionCache, _convolution) for name in CACHES},  # its last inputs
-    ("convolution", "prefix"): "the prefix cache shares paged blocks of keys and values between prompts, and a "
-    "convolution layer keeps its last inputs instead, which no prompt can take from another: use the 'plain' cache",
+    ("full", None): Choice(LayerCache, make_named),  # the user's factory, which declares nothing to plan with
+    **{("sliding", name): Choice(SlidingWindowCache, make_ring) for name in CACHES},  # its ring, whatever is named
+    ("sliding", None): Choice(LayerCache, make_named),  # the user's factory gets the window and decides
+    **{("recurrent", name): Choice(StateCache, make_state) for name in CACHES},  # its state, whatever is named
+    **{("shared", name): Choice(SharedCache, make_shared) for name in (*CACHES, None)},  # its source's, whatever
+    **{("convolution", name): Choice(ConvolutionCache, make_convolution) for name in CACHES},  # its last inputs
+    # paged rows come and go, each at its own length: a window in blocks, a state per row (kept at block ends)
+    **{("sliding", name): Choice(PagedKVCache, make_paged_window, pages=True) for name in ROWS},
+    **{("recurrent", name): Choice(PagedStateCache, make_row_state, pages=True) for name in ROWS},
+    **{("convolution", name): Choice(PagedConvolutionCache, make_row_convolution, pages=True) for name in ROWS},
     ("convolution", None): "a convolution layer keeps its own last inputs; a cache factory ({factory}) builds keys "
     "and values, which it has none of: name a cache, or build the model's caches with make_caches()",
     ("recurrent", None): "a recurrent layer keeps its own state; a cache factory ({factory}) builds keys and "
     "values, which it has none of: name a cache, or build the model's caches with make_caches()",
     **{("latent", name): NOT_LATENT for name in (*CACHES, None)},
-    ("latent", "plain"): Choice(LatentCache, _latent(None)),
-    ("latent", "int8"): Choice(QuantizedLatentCache, _latent(8)),
-    ("latent", "int4"): Choice(QuantizedLatentCache, _latent(4)),
+    ("latent", "plain"): Choice(LatentCache, make_latent(None)),
+    ("latent", "int8"): Choice(QuantizedLatentCache, make_latent(8)),
+    ("latent", "int4"): Choice(QuantizedLatentCache, make_latent(4)),
+    **{("latent", name): Choice(PagedLatentCache, make_paged_latent, pages=True) for name in ROWS},
 }
 KEEPS_ITS_OWN = ("sliding", "recurrent", "shared", "convolution")  # kinds whose memory no named cache changes
+# but for the paged ones, whose rows each run at their own length
 
 
 def choose(layers: Sequence[LayerState], cache: object) -> list[Choice]:
@@ -228,7 +99,7 @@ def choose(layers: Sequence[LayerState], cache: object) -> list[Choice]:
     if not layers or not all(isinstance(s, LayerState) for s in layers):
         raise TypeError("layers must be a non-empty sequence of LayerState, one per layer (attention.layer_state())")
     name = cache_name(cache)
-    if name not in (None, "plain") and all(s.kind in KEEPS_ITS_OWN for s in layers):
+    if name not in (None, "plain", *ROWS) and all(s.kind in KEEPS_ITS_OWN for s in layers):
         raise ValueError(_applies_to_none(name, layers))
     chosen = []
     for state in layers:
@@ -276,4 +147,4 @@ def sizes_for(
         table = BlockTable(batch_size=rows, num_blocks=blocks, max_len=capacity, device=paging[0].device)
     if isinstance(spare, bool) or not isinstance(spare, int) or not 0 <= spare <= 2**16:
         raise ValueError(f"spare must be an int in [0, 65536], the most tokens a pass goes back by; got {spare!r}")
-    return Sizes(rows, capacity, context, cache_factory(cache), knobs, table, [], spare)
+    return Sizes(rows, capacity, context, cache_factory(cache), knobs, table, [], spare, cache_name(cache) == "prefix")

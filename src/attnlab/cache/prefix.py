@@ -126,6 +126,8 @@ class PrefixTree:
                 break
             node = child
             matched.append(node)
+        while matched and not self.resumes_at(matched[-1].block):  # a layer kept no state there: start earlier
+            matched.pop()
         self.clock += 1
         for held in matched:
             held.used = self.clock
@@ -137,6 +139,13 @@ class PrefixTree:
         self.in_tree[row] = len(matched)
         self.make_room()
         return reused
+
+    def resumes_at(self, block: int) -> bool:
+        """Whether a prompt may start after ``block`` (a model cache with row states says where it kept them)."""
+        return True
+
+    def kept_at(self, row: int, depth: int, block: int) -> None:
+        """Sequence ``row``'s block ``depth`` is the tree's ``block`` (a model cache with row states keeps theirs)."""
 
     def written(self, row: int, tokens: list[int]) -> None:
         """Sequence ``row`` holds ``tokens``: when that filled a block, put its full blocks in the tree."""
@@ -159,6 +168,7 @@ class PrefixTree:
                 self.blocks.hold(child.block)
                 node.children[key] = child
             child.used = self.clock
+            self.kept_at(row, depth, child.block)
             node = child
 
     def release(self, row: int) -> None:

@@ -32,6 +32,7 @@ import torch.nn as nn
 from attnlab._checks import check_positive_int
 from attnlab.cache import Cache, LayerState
 from attnlab.cache.latent import LatentCache
+from attnlab.cache.paged import PagedLatentCache, PagedRows
 from attnlab.functional.attention import attention
 from attnlab.functional.mods import MaskMod, ScoreMod
 from attnlab.functional.registry import Backend, check_backend
@@ -202,9 +203,10 @@ class LatentAttention(Attention):
             raise ValueError("latent attention keeps its own latents; KV sharing (shared=) is for softmax layers")
         given = ForwardArgs(mask, positions, cache, document_ids, mask_mod, score_mod, visibility)
         visibility, positions = self._prepare(x, given)  # everything checked: nothing is written before this
-        if cache is not None and not isinstance(cache, LatentCache):
+        if cache is not None and not _holds_latents(cache):
             raise TypeError(
-                f"a latent attention layer keeps a LatentCache (ModelCache.build from its layer_state()), got {type(cache).__name__}"
+                "a latent attention layer keeps a LatentCache or PagedLatentCache (ModelCache.build from its "
+                f"layer_state()), got {type(cache).__name__}"
             )
         q_nope, q_pe, latents = self.project(x, positions)
         if cache is None:
@@ -219,3 +221,9 @@ class LatentAttention(Attention):
             f"v_head_dim={self.v_head_dim}, rope={self.rotary is not None}, window={self.window}, "
             f"backend={self.backend!r}"
         )
+
+
+def _holds_latents(cache: Cache) -> bool:
+    """A cache of MLA's latents: its own, or one in paged blocks (whole, or some of its rows)."""
+    paged = cache.cache if isinstance(cache, PagedRows) else cache
+    return isinstance(cache, LatentCache) or isinstance(paged, PagedLatentCache)

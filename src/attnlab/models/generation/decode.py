@@ -138,6 +138,8 @@ def _passes(
                 if cache is not None and guesses[slot][0]:  # a pass that guesses nothing goes back nowhere
                     counts.passes += _mark(model, cache, row, device)
             said = {s: g for s, (g, _) in guesses.items()}
+            if cache is not None and cache.capabilities.rows:
+                counts.passes += _to_stops(model, cache, fed, device)
             logits = _forward(model, cache, fed, said, step, device)
             counts.passes += 1
             drawn = _draw(sampling, logits, guesses)
@@ -166,6 +168,20 @@ def _mark(model: Decoder, cache: ModelCache, row: Row, device: torch.device) -> 
         return 1
     cache.mark()
     return 0
+
+
+def _to_stops(model: Decoder, cache: ModelCache, fed: dict[int, Row], device: torch.device) -> int:
+    """Run each row's tokens up to the last place its cache asks a call to end (a prefix cache keeps a recurrent
+    state only where a call ends: at each block's end), a call a piece; the passes this ran."""
+    ran = 0
+    for slot, row in fed.items():
+        start = row.held
+        for stop in cache.stops(slot, len(row.tokens) - row.held):
+            ids = torch.tensor([row.tokens[row.held : start + stop]], device=device)  # (1, T)
+            positions = torch.arange(row.held, start + stop, device=device)[None]  # (1, T)
+            model.step(ids, positions, cache.views([slot]), last_only=True)
+            row.held, ran = start + stop, ran + 1
+    return ran
 
 
 def _draw(

@@ -266,19 +266,9 @@ def _check_many(model: Any, request: Request) -> Capabilities:
         raise ValueError(f"generate_many runs on 'paged' or 'prefix' blocks (or a PrefixCache), got cache={cache!r}")
     caps = planned(model, cache)
     assert caps is not None
-    if not caps.rows:
-        kinds = {block.att.layer_state().kind for block in model.blocks}
-        kept = " and ".join(
-            what
-            for kind, what in (
-                ("sliding", "sliding layers keep a ring buffer per row"),
-                ("recurrent", "recurrent layers keep a state per row"),
-            )
-            if kind in kinds
-        )
-        raise ValueError(
-            f"generate_many admits and releases rows of paged blocks, and this model's {kept}, which cannot: "
-            "call generate per prompt (or in one padded batch)"
+    if not caps.rows:  # every layer kind has rows under 'paged' and 'prefix' (a ring's window in blocks, a state
+        raise ValueError(  # per row); a cache of one's own declares nothing
+            f"generate_many admits and releases rows on their own, which this cache cannot: {cache!r}"
         )
     return caps
 
