@@ -101,6 +101,7 @@ def test_the_states_kept_at_block_ends_cost_what_their_shapes_say_and_go_with_th
     assert store.kept_nbytes() == 0 and all(not s.blocks for s in store.states)
 
 
+@pytest.mark.slow  # three generations; the resume rule's effect is in the first test
 @torch.no_grad()
 def test_a_block_whose_state_was_let_go_is_not_resumed_from() -> None:
     m = every_kind()
@@ -122,6 +123,7 @@ def test_a_block_whose_state_was_let_go_is_not_resumed_from() -> None:
     assert all(state.has(deepest.block) for state in store.states)  # the run kept it again, for the tree's block
 
 
+@pytest.mark.slow  # ten generations
 @torch.no_grad()
 def test_continuous_batching_on_every_kind_gives_each_prompt_what_it_gets_alone() -> None:
     m = every_kind()
