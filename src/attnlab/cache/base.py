@@ -153,6 +153,23 @@ class LayerCache(nn.Module):
         """How many tokens the next call may bring (None: any number that fits)."""
         return None
 
+    def begin(self) -> bool:
+        """A pass starts (``ModelCache.begin``): keep what :meth:`undo` needs to come back here, cheaply (a length;
+        what a write overwrites, as it overwrites it). False: this cache cannot come back (its writes reshape what
+        it holds), and a model cache that a pass left halfway through it refuses to go on."""
+        return False
+
+    def undo(self) -> None:
+        """A pass failed before every layer wrote: back to how :meth:`begin` found it, bitwise."""
+
+    def commit(self) -> None:
+        """The pass ended whole: what :meth:`begin` kept goes."""
+
+    def touched(self) -> bool:
+        """After a failed pass, for a cache that cannot undo: whether it wrote since :meth:`begin` (True unless it
+        can tell)."""
+        return True
+
     def mark(self) -> None:
         """A pass whose last tokens may be refused starts here (speculative decoding): a cache that goes back by
         returning to this point remembers it; one that crops to any token needs nothing."""

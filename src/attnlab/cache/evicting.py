@@ -105,6 +105,22 @@ class EvictingCache(LayerCache):
     def next_positions(self, t: int) -> torch.Tensor:
         return self.seen + torch.arange(t, device=self.positions.device)
 
+    _begun: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, list[list[int]]] | None = None
+
+    def begin(self) -> bool:
+        """A pass starts: every write here makes new tensors (a concatenation, a gather), so keeping the ones
+        held now (no copy) is all :meth:`undo` needs."""
+        self._begun = (self.keys, self.values, self.positions, self.scores, self.seen, [list(e) for e in self.evicted])
+        return True
+
+    def undo(self) -> None:
+        if self._begun is not None:
+            self.keys, self.values, self.positions, self.scores, self.seen, self.evicted = self._begun
+        self._begun = None
+
+    def commit(self) -> None:
+        self._begun = None
+
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Append k, v (B, Hkv, T, D); return every token held, (B, Hkv, S, D), and positions (B, S)."""
         self.check(k, v)

@@ -99,6 +99,25 @@ class _CacheBase(LayerCache):
         """Forget everything; the buffers are kept (and overwritten)."""
         self._length.zero_()
 
+    _begun: torch.Tensor | None = None  # the length when a pass began (KVCache's begin: all its undo needs)
+
+    def begin(self) -> bool:
+        """Here (sink, quantized): the length, to tell whether a failed pass wrote; their writes reshape what they
+        hold (a window's sinks, a group coded), so they cannot undo. KVCache and the ring can."""
+        self._begun = self._length.clone()
+        return False
+
+    def touched(self) -> bool:
+        return self._begun is None or not torch.equal(self._length, self._begun)
+
+    def undo(self) -> None:
+        if self._begun is not None:
+            self._length.copy_(self._begun)  # what a write put past it is overwritten by the next
+        self.commit()
+
+    def commit(self) -> None:
+        self._begun = None
+
 
 class KVCache(_CacheBase):
     """A static cache of up to ``max_len`` positions, written in place.
@@ -135,6 +154,10 @@ class KVCache(_CacheBase):
         self.max_len = max_len
         vouch(self.k_cache)  # zeros: finite (attnlab.functional.finite); each write keeps or drops this
         vouch(self.v_cache)
+
+    def begin(self) -> bool:
+        self._begun = self._length.clone()
+        return True
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Append k, v (B, Hkv, T, D); return the keys and values held, with their positions.
@@ -237,6 +260,9 @@ class SlidingWindowCache(_CacheBase):
         self.check(k, v)
         t, c = k.shape[2], self.slots
         new = self.next_positions(t)
+        if self._overwritten is not None:  # a pass began: what this write overwrites is kept for undo
+            slots = new[-c:] % c
+            self._overwritten.append((slots, self.k_cache.index_select(2, slots), self.v_cache.index_select(2, slots)))
         if t == 1:  # a decode step: in place, no concatenation
             self.k_cache.index_copy_(2, new % c, k)
             self.v_cache.index_copy_(2, new % c, v)
@@ -250,6 +276,21 @@ class SlidingWindowCache(_CacheBase):
         self.v_cache.index_copy_(2, last % c, v[:, :, -last.numel() :])
         self._length.add_(t)
         return k_all, v_all, positions
+
+    _overwritten: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None  # (slots, keys, values)
+
+    def begin(self) -> bool:
+        self._begun, self._overwritten = self._length.clone(), []
+        return True
+
+    def undo(self) -> None:
+        for slots, keys, values in reversed(self._overwritten or []):  # the slots as they were, latest write first
+            self.k_cache.index_copy_(2, slots, keys)
+            self.v_cache.index_copy_(2, slots, values)
+        super().undo()
+
+    def commit(self) -> None:
+        self._begun, self._overwritten = None, None
 
     def reach(self, n: int) -> int:
         """``n`` itself, for any of the last ``spare`` tokens (what a pass may refuse); further back is refused."""

@@ -95,6 +95,21 @@ class LatentCache(LayerCache):
     def reset(self) -> None:
         self._length.zero_()
 
+    _begun: torch.Tensor | None = None
+
+    def begin(self) -> bool:
+        """A pass starts: its length is all :meth:`undo` needs (a write goes past it; codes and scales too)."""
+        self._begun = self._length.clone()
+        return True
+
+    def undo(self) -> None:
+        if self._begun is not None:
+            self._length.copy_(self._begun)
+        self.commit()
+
+    def commit(self) -> None:
+        self._begun = None
+
 
 class QuantizedLatentCache(LatentCache):
     """A :class:`LatentCache` whose latents are stored in ``bits`` (8 or 4) bits per value, per token in groups

@@ -133,6 +133,11 @@ class PagedKVCache(LayerCache):
     def release(self, row: int) -> None:
         self.table.release(row)
 
+    def begin(self) -> bool:
+        """A pass starts: the block table undoes a write not every layer made (``BlockTable.abort``), and what a
+        write put in the pool past a row's length is overwritten by the next: nothing to keep here."""
+        return True
+
     # ---- the protocol ----
 
     def next_positions(self, t: int) -> torch.Tensor:

@@ -69,6 +69,22 @@ class _Rows:
         """Each row's next ``t`` positions, (B, T)."""
         return self.table.next_positions(list(range(self.batch_size)), t).to(self._length.device)
 
+    _overwritten: list[tuple[torch.Tensor, list[torch.Tensor]]] | None = None  # (rows, their tensors) this pass
+
+    def begin(self) -> bool:
+        """A pass starts: each write keeps the rows it overwrites, for :meth:`undo`."""
+        self._overwritten = []
+        return True
+
+    def undo(self) -> None:
+        for index, before in reversed(self._overwritten or []):
+            for now, then in zip(self._tensors(), before, strict=True):
+                now.index_copy_(0, index, then)
+        self._overwritten = None
+
+    def commit(self) -> None:
+        self._overwritten = None
+
     def blocks_freed(self, block: int) -> None:
         """The block table let ``block`` go: what was kept at its end goes with it."""
         self.blocks.pop(block, None)
@@ -115,8 +131,11 @@ class _Rows:
         """``rows`` now hold ``tensors`` (R, ...), after ``tokens`` more tokens each: through the block table, and
         kept where a row reached a block's end."""
         plan = self.table.plan(tuple(rows), tokens)  # refused (nothing changed) if the rows cannot hold them
+        index = plan.index.to(tensors[0].device)
+        if self._overwritten is not None:  # a pass began: the rows as they were, for undo
+            self._overwritten.append((index, [now.index_select(0, index) for now in self._tensors()]))
         for now, new in zip(self._tensors(), tensors, strict=True):
-            now.index_copy_(0, plan.index.to(now.device), new)
+            now.index_copy_(0, index, new)
         size = self.table.block_size
         for n, row in enumerate(rows):
             end = self.table.length[row] + tokens

@@ -57,6 +57,10 @@ class SharedCache(LayerCache):
     def crop(self, n: int) -> None:
         """Nothing to cut back: its source is cropped as a layer of its own."""
 
+    def begin(self) -> bool:
+        """Nothing of its own to undo: its source undoes its writes."""
+        return True
+
     def rows(self, rows: list[int]) -> SharedCache:
         """Sequences ``rows`` of its source (a paged source's view: asked only when every layer has rows)."""
         return SharedCache(source=self.source, of=self.of.rows(rows))  # type: ignore[attr-defined]

@@ -77,6 +77,29 @@ class _Marks(LayerCache):
         """Bytes the mark's copy holds (0 before the first mark): what going back costs."""
         return sum(t.numel() * t.element_size() for t in self._marked or [])
 
+    _before: list[torch.Tensor] | None = None  # the state when a pass began, copied at its first write
+    _armed: bool = False
+
+    def begin(self) -> bool:
+        """A pass starts: the first write copies the state it replaces, for :meth:`undo` (one copy of the state a
+        call, as a write is)."""
+        self._armed, self._before = True, None
+        return True
+
+    def _keep_before(self) -> None:
+        """Called by a write before it changes anything."""
+        if self._armed and self._before is None:
+            self._before = [t.clone() for t in (*self._kept(), self._length)]
+
+    def undo(self) -> None:
+        if self._before is not None:  # it wrote in the pass
+            for now, then in zip((*self._kept(), self._length), self._before, strict=True):
+                now.copy_(then)
+        self.commit()
+
+    def commit(self) -> None:
+        self._armed, self._before = False, None
+
 
 class StateCache(_Marks):
     """The recurrent state of one layer: (B, H, Dk, Dv), with a normalizer (B, H, Dk) when ``normalizer`` and the
@@ -158,6 +181,7 @@ class StateCache(_Marks):
                 "the state requires grad, but a cache is for inference: decode under torch.no_grad() (or "
                 "torch.inference_mode()); train without a cache"
             )
+        self._keep_before()
         self.matrix.copy_(matrix)
         if normalizer is not None:
             self.normalizer.copy_(normalizer)
@@ -222,6 +246,7 @@ class ConvolutionCache(_Marks):
             raise ValueError(
                 "the convolution's inputs require grad: decode under torch.no_grad(); train without a cache"
             )
+        self._keep_before()
         self.conv.copy_(conv)
         self._length += tokens
 

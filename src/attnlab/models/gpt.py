@@ -23,6 +23,7 @@ import torch.nn as nn
 
 from attnlab._checks import check_positive_int
 from attnlab.cache import Cache, CacheFactory, ModelCache
+from attnlab.cache.model import passing
 from attnlab.functional.mods import MaskMod, ScoreMod, chain_scores, check_document_ids, document_positions
 from attnlab.functional.visibility import Visibility
 from attnlab.models.checkpoints import read_book, read_checkpoint, save_gpt
@@ -125,7 +126,7 @@ class GPT(nn.Module):
                     f"position {last} is past the model's context_length {self.config.context_length}; "
                     "GPT-2's learned position embeddings end there: shorten the input"
                 )
-        try:
+        with passing(caches):  # a call that fails (Ctrl-C too) leaves every layer's cache as it was
             return self.step(
                 idx,
                 positions,
@@ -136,10 +137,6 @@ class GPT(nn.Module):
                 mask_mod=mask_mod,
                 score_mod=score_mod,
             )
-        except BaseException:  # Ctrl-C too
-            if isinstance(caches, ModelCache):  # a paged write some layers made is undone
-                caches.abort()
-            raise
 
     def step(
         self,

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import torch
 
 from attnlab.cache import Cache, ModelCache
+from attnlab.cache.model import passing
 from attnlab.models.generation.request import Request, Stop
 from attnlab.models.generation.sampling import Sampling
 
@@ -135,12 +136,13 @@ def _passes(
                 left = stop.max_new_tokens - (len(row.tokens) - row.prompt)  # a pass yields up to k + 1 tokens
                 guesses[slot] = proposer.propose(row.tokens, min(proposer.k, left - 1), sampling)
                 counts.guessed += len(guesses[slot][0])
-                if cache is not None and guesses[slot][0]:  # a pass that guesses nothing goes back nowhere
-                    counts.passes += _mark(model, cache, row, device)
             said = {s: g for s, (g, _) in guesses.items()}
-            if cache is not None and cache.capabilities.rows:
-                counts.passes += _to_stops(model, cache, fed, device)
-            logits = _forward(model, cache, fed, said, step, device)
+            with passing(cache):  # a pass that fails halfway leaves every layer as it was before it
+                if cache is not None and any(said.values()):  # a pass that guesses nothing goes back nowhere
+                    counts.passes += _mark(model, cache, next(iter(fed.values())), device)
+                if cache is not None and cache.capabilities.rows:
+                    counts.passes += _to_stops(model, cache, fed, device)
+                logits = _forward(model, cache, fed, said, step, device)
             counts.passes += 1
             drawn = _draw(sampling, logits, guesses)
             yield _take(request, cache, fed, drawn, counts)
