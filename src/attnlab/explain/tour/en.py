@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from attnlab.explain.tour.en_steps import STEPS as STEPS  # each step's title and explanation
+from attnlab.explain.tour.en_steps import STEPS as CHAPTER_STEPS
+from attnlab.explain.tour.en_steps_after import STEPS as AFTER_STEPS
+
+STEPS: dict[str, tuple[str, str]] = {**CHAPTER_STEPS, **AFTER_STEPS}  # each step's title and explanation, in order
 
 VALUES: dict[str, str] = {
     "after": "gqa, mqa       share keys and values between heads          Llama 3, Qwen3\n"

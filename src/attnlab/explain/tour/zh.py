@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from attnlab.explain.tour.zh_steps import STEPS as STEPS  # each step's title and explanation
+from attnlab.explain.tour.zh_steps import STEPS as CHAPTER_STEPS
+from attnlab.explain.tour.zh_steps_after import STEPS as AFTER_STEPS
+
+STEPS: dict[str, tuple[str, str]] = {**CHAPTER_STEPS, **AFTER_STEPS}  # each step's title and explanation, in order
 
 VALUES: dict[str, str] = {
     "after": "gqa, mqa       多个头共享键和值                      Llama 3, Qwen3\n"
