@@ -89,6 +89,29 @@ STEPS: dict[str, tuple[str, str]] = {
         "channel with its own three weights, and multiplies by C. It keeps no keys, only its last two inputs. Seen "
         "as attention, its weights are zero beyond two tokens back (drawn here: their mean over the channels).",
     ),
+    "ring_back": (
+        "Going back on a ring: a refused guess leaves no trace",
+        "Speculative decoding makes generation faster without changing one token: something cheap guesses the next "
+        "few tokens (`lookup=` copies them from the text so far, `draft=` asks a small model), and the model checks "
+        "them all in one pass, keeping each guess it would have chosen itself, up to the first it would not. The "
+        'pass wrote every guess into the cache, so a refused one must leave no trace. Here the prompt is "Your '
+        'journey starts"; the pass reads "with" and the guesses "one journey starts"; say the model keeps '
+        '"one", refuses "journey" (and "starts", which came after it) and gives "step" itself. A sliding '
+        'window\'s ring of only 3 slots could not take the pass back: it wrote over "with", which the next window '
+        "reads. With 3 spare slots the ring crops to 5 tokens, and each slot a refused guess wrote reads as empty or "
+        "as a position older than every window to come (starts@0).",
+    ),
+    "state_back": (
+        "Going back on a recurrent state: a mark, then the kept tokens again",
+        "A recurrent layer rewrites its state at every token and keeps no earlier one, so it cannot be cropped "
+        "like a cache of keys. Instead the decode loop marks it before a pass: one copy of the state, whatever the "
+        'length, made just before "with", the last token held for certain, which the pass reads to check the '
+        "first guess. After the pass, crop(5) cannot stop at 5 tokens: it goes back to the mark, 3 tokens, and "
+        'puts the copy back bit for bit; the tokens kept since, "with one", run again (in the next pass, beside '
+        "its new guesses). The numbers are head 0's state in a Gated DeltaNet layer of seed 123: the refused "
+        '"journey starts" moved them, and once gone back and run again they are, bit for bit, those of a run that '
+        "never saw the guesses.",
+    ),
     "zoo_run": (
         "The attention zoo: every variant trained side by side",
         "`attnlab zoo` trains each variant on the same text, with the same parameters (within 5%), batches, "
