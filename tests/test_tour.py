@@ -72,7 +72,7 @@ def test_tour_check_passes_and_covers_the_chapter(capsys: pytest.CaptureFixture[
     keys = [s.key for s in build_tour("en")]
     assert keys[:2] == ["overview", "inputs"] and keys.index("summary") == keys.index("after") - 1
     after = ["after", "gqa", "mla", "sliding", "sinks", "qk_norm", "gate", "linear", "deltanet", "kda"]
-    after += ["kv_share", "short_conv", "zoo_run"]
+    after += ["kv_share", "short_conv", "ring_back", "state_back", "zoo_run"]
     assert keys[keys.index("after") :] == after  # what came after the chapter, past its summary
     order = ["softmax", "softmax_overflow", "weights_init", "requires_grad", "recap_trainable", "causal_inf", "mha"]
     assert [keys.index(k) for k in order] == sorted(keys.index(k) for k in order)
@@ -173,11 +173,14 @@ def test_unknown_language_is_refused() -> None:
 
 
 def _after_failures() -> set[str]:
-    """The keys of the checks that fail in the part after the chapter."""
-    labels = {label: key for key, label in en.CHECKS.items()}
+    """The keys of the checks that fail in the part after the chapter (a label with its words filled in too)."""
+    labels = {
+        re.compile(".*".join(map(re.escape, re.split(r"\{[^}]*\}", label)))): key for key, label in en.CHECKS.items()
+    }
     steps = build_tour("en")
     after = [s for s in steps[[s.key for s in steps].index("after") :]]
-    return {labels.get(c.label, c.label) for s in after for c in s.checks if not c.ok}
+    failed = [c.label for s in after for c in s.checks if not c.ok]
+    return {next((key for p, key in labels.items() if p.fullmatch(label)), label) for label in failed}
 
 
 def test_each_variant_after_the_chapter_is_checked_by_what_it_does(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,6 +230,24 @@ def test_each_variant_after_the_chapter_is_checked_by_what_it_does(monkeypatch: 
     with monkeypatch.context() as m:  # a convolution that forgets its last inputs between calls
         m.setattr(ConvolutionCache, "conv_state", lambda self: None)
         assert _after_failures() == {"conv_state_held"}
+    from attnlab.cache import ModelCache, SlidingWindowCache
+    from attnlab.cache.state import StateCache
+
+    with monkeypatch.context() as m:  # a ring whose crop takes nothing back: the refused guesses stay in the window
+        m.setattr(SlidingWindowCache, "crop", lambda self, n: None)
+        assert _after_failures() == {"ring_back"}
+    with monkeypatch.context() as m:  # a ring of its window alone, cropped anyway: the pass wrote over "with"
+        ring_init = SlidingWindowCache.__init__
+        m.setattr(SlidingWindowCache, "__init__", lambda self, **kw: ring_init(self, **{**kw, "spare": 0}))
+        m.setattr(SlidingWindowCache, "reach", lambda self, n: n)
+        assert _after_failures() == {"ring_back"}
+    with monkeypatch.context() as m:  # a state that goes back to its mark's length but keeps what the pass wrote
+        m.setattr(StateCache, "crop", lambda self, n: self._length.fill_(self.reach(n)))
+        assert _after_failures() == {"state_restored", "state_back"}
+    with monkeypatch.context() as m:  # a model cache that says it holds what was asked, not the mark it went back to
+        model_crop = ModelCache.crop
+        m.setattr(ModelCache, "crop", lambda self, n: (model_crop(self, n), n)[1])
+        assert _after_failures() == {"state_back"}  # "with one" never runs again; the state was restored
     from attnlab.bench.zoo_result import DECODE, PROMPT
 
     assert after_state.HELD_AFTER == PROMPT + DECODE  # the tour reads the run's measured cache after these tokens

@@ -22,6 +22,7 @@ from attnlab.cache import ModelCache, SlidingWindowCache
 from attnlab.explain.tour.after_shared import _kda, _kv_share, _short_conv
 from attnlab.explain.tour.after_state import _cache_bytes, _delta, _linear, _zoo
 from attnlab.explain.tour.core import Add, Checker, fmt
+from attnlab.explain.tour.going_back import going_back
 from attnlab.nn.attention import Attention
 from attnlab.nn.latent import LatentAttention
 from attnlab.observe import Recorder
@@ -55,6 +56,7 @@ def what_came_after(add: Add, c: Checker) -> None:
     _kda(add, c, x)
     _kv_share(add, c, x)
     _short_conv(add, c, x)
+    going_back(add, c, x)  # speculation: a ring and a recurrent state take back a refused guess
     _zoo(add, c)
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from attnlab.explain.tour.en_steps import STEPS as STEPS  # each step's title and explanation
+from attnlab.explain.tour.en_steps import STEPS as CHAPTER_STEPS
+from attnlab.explain.tour.en_steps_after import STEPS as AFTER_STEPS
+
+STEPS: dict[str, tuple[str, str]] = {**CHAPTER_STEPS, **AFTER_STEPS}  # each step's title and explanation, in order
 
 VALUES: dict[str, str] = {
     "after": "gqa, mqa       share keys and values between heads          Llama 3, Qwen3\n"
@@ -93,6 +96,9 @@ CHECKS: dict[str, str] = {
     "conv_by_hand": "== out_proj(C * the convolution written tap by tap), and the module gives it",
     "conv_reach": "each token reads itself and its 2 predecessors, no further",
     "conv_state_held": "token by token == the whole sentence; the cache then holds the last 2 inputs (B * x)",
+    "ring_back": 'after crop({n}), the window "{word}" reads == that of a ring that never saw the refused guesses (keys, values, output)',
+    "state_restored": "crop({n}) goes back to the mark, {held} tokens: the state there, bit for bit",
+    "state_back": 'the kept tokens run again: the state == that of a run that never saw "{said}", bit for bit (not the one after the pass)',
     "zoo_all": "every variant, the same steps and seeds",
     "zoo_mla": "MLA's cache, measured after {tokens} tokens: {n} bytes a token, {layers} layers x ({rank} + {rope}) x 4 bytes",
     "zoo_hybrid": "the hybrid's, measured: {n} bytes a token ({full} full layer x 2 x {kv} x 4 bytes), and a state of {state} bytes",
@@ -128,6 +134,27 @@ WORDS: dict[str, str] = {
     "share_rows": "rows of W_qkv: first {first}, later {later}; cached for 6 tokens: first {bytes} bytes, later {none}",
     "cm_gates": "two gates and the input",
     "conv_state": "what it keeps: its last 2 inputs per channel, {shape}: {n} values, whatever the length",
+    "cm_spare": "a window of {window}, and {spare} slots more: one for each guess a pass may refuse",
+    "cm_prompt": 'the prompt, "{said}"',
+    "cm_pass": 'the pass: "{certain}", then the guesses "{guesses}"',
+    "cm_refused": '"{kept}" kept, "{refused}" refused',
+    "cm_own": 'the model\'s own next token, "{word}"',
+    "ring_slots": "the ring's {slots} slots, each as word@position (-: none):",
+    "ring_prompt": "the prompt",
+    "ring_pass": "after the pass",
+    "ring_crop": "crop({n}) -> {held}",
+    "ring_next": 'then "{word}"',
+    "ring_sees": 'the window "{word}" reads: {seen}',
+    "ring_clean": "a ring that never saw the refused guesses: {seen}",
+    "cm_mark": "a copy of the state",
+    "cm_to_mark": "the mark",
+    "cm_again": '"{said}" run again',
+    "state_head": "head 0's 2 x 2 state, its 4 numbers:",
+    "state_mark": 'the mark, after "{said}"',
+    "state_pass": 'after "{said}"',
+    "state_crop": "crop({n}) -> {held}: the mark",
+    "state_again": '"{said}" run again',
+    "state_clean": 'a run that never saw "{said}"',
     "cm_show": "the shipped run, whole",
     "zoo_header": "the shipped run: {steps} steps, {seeds} seeds, {minutes:.0f} minutes on {threads} CPU threads",
     "zoo_columns": "variant       loss    KV bytes a token   cache at 32k tokens",

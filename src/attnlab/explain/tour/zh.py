@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from attnlab.explain.tour.zh_steps import STEPS as STEPS  # each step's title and explanation
+from attnlab.explain.tour.zh_steps import STEPS as CHAPTER_STEPS
+from attnlab.explain.tour.zh_steps_after import STEPS as AFTER_STEPS
+
+STEPS: dict[str, tuple[str, str]] = {**CHAPTER_STEPS, **AFTER_STEPS}  # each step's title and explanation, in order
 
 VALUES: dict[str, str] = {
     "after": "gqa, mqa       多个头共享键和值                      Llama 3, Qwen3\n"
@@ -93,6 +96,9 @@ CHECKS: dict[str, str] = {
     "conv_by_hand": "== out_proj(C * 逐个抽头写出的卷积)，模块给出的就是它",
     "conv_reach": "每个 Token 只读自己和前 2 个 Token，不再往前",
     "conv_state_held": "逐个 Token 计算 == 整句一起算；之后缓存里存的是最后 2 个输入 (B * x)",
+    "ring_back": 'crop({n}) 之后，"{word}" 读到的窗口 == 从未见过被拒绝猜测的环形缓存的窗口 (键、值和输出)',
+    "state_restored": "crop({n}) 回到标记处，即 {held} 个 Token：状态与标记时逐位相同",
+    "state_back": '保留的 Token 重新计算之后，状态与从未见过 "{said}" 的运行逐位相同 (而不是这一遍之后的状态)',
     "zoo_all": "每个变体都在，步数和种子相同",
     "zoo_mla": "MLA 的缓存，在 {tokens} 个 Token 后实测：每个 Token {n} 字节，即 {layers} 层 x ({rank} + {rope}) x 4 字节",
     "zoo_hybrid": "混合模型实测：每个 Token {n} 字节 ({full} 个全注意力层 x 2 x {kv} x 4 字节)，外加 {state} 字节的状态",
@@ -128,6 +134,27 @@ WORDS: dict[str, str] = {
     "share_rows": "W_qkv 的行数：前层 {first}，后层 {later}；缓存 6 个 Token：前层 {bytes} 字节，后层 {none} 字节",
     "cm_gates": "两个门和输入",
     "conv_state": "它保存的：每个通道最后 2 个输入，{shape}：共 {n} 个值，与长度无关",
+    "cm_spare": "窗口为 {window}，另有 {spare} 个备用槽位：一遍里每个可能被拒绝的猜测占一个",
+    "cm_prompt": '提示 "{said}"',
+    "cm_pass": '这一遍："{certain}"，然后是猜测 "{guesses}"',
+    "cm_refused": '保留 "{kept}"，拒绝 "{refused}"',
+    "cm_own": '模型自己给出的下一个 Token "{word}"',
+    "ring_slots": "环形缓存的 {slots} 个槽位，每个写作 词@位置 (- 表示没有)：",
+    "ring_prompt": "提示之后",
+    "ring_pass": "这一遍之后",
+    "ring_crop": "crop({n}) -> {held}",
+    "ring_next": '再写入 "{word}"',
+    "ring_sees": '"{word}" 读到的窗口：{seen}',
+    "ring_clean": "从未见过被拒绝猜测的环形缓存：{seen}",
+    "cm_mark": "复制一份状态",
+    "cm_to_mark": "回到标记处",
+    "cm_again": '重新计算 "{said}"',
+    "state_head": "头 0 的 2 x 2 状态，共 4 个数：",
+    "state_mark": '标记处，"{said}" 之后',
+    "state_pass": '这一遍 "{said}" 之后',
+    "state_crop": "crop({n}) -> {held}：回到标记处",
+    "state_again": '重新计算 "{said}" 之后',
+    "state_clean": '从未见过 "{said}" 的运行',
     "cm_show": "完整的附带结果",
     "zoo_header": "附带的运行结果：{steps} 步，{seeds} 个种子，{threads} 个 CPU 线程，{minutes:.0f} 分钟",
     "zoo_columns": "变体          损失    每 Token KV 字节   32k 个 Token 时的缓存",
