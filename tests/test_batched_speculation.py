@@ -173,3 +173,12 @@ def test_sampling_a_padded_batch_through_a_draft_gives_each_row_the_models_distr
     for row, joint in enumerate(joints):
         chi2 = float(((counts[row] / n - joint) ** 2 / joint).sum()) * n
         assert chi2 < 54.05, (row, chi2, counts[row] / n, joint)  # 26 degrees of freedom, p = 0.001
+
+
+@pytest.mark.slow  # seconds long
+@torch.no_grad()
+def test_a_padded_bfloat16_batch_speculates_exactly_on_every_kind_of_layer() -> None:
+    m, prompts, n = every_kind(seed=1).to(torch.bfloat16), texts(), 32
+    want = alone(m, prompts, n)
+    assert batched(m, prompts, n) == want
+    assert batched(m, prompts, n, lookup=4) == want
