@@ -89,8 +89,8 @@ def test_sampled_speculation_is_reproducible_and_stays_in_the_vocabulary() -> No
 def test_speculation_refuses_what_it_cannot_do_before_running() -> None:
     m = model()
     prompt = repeated()
-    with pytest.raises(ValueError, match="one sequence at a time"):
-        m.generate(prompt.repeat(2, 1), 4, lookup=2)
+    with pytest.raises(ValueError, match="goes back after a refused guess; use_cache=False keeps no cache to go"):
+        m.generate(prompt, 4, lookup=2, use_cache=False)  # a batch speculates: tests/test_batched_speculation.py
     with pytest.raises(ValueError, match="not both"):
         m.generate(prompt, 4, lookup=2, draft=m)
     with pytest.raises(ValueError, match="goes back after a refused guess; a PagedKVCache cannot: a row's blocks"):

@@ -5,7 +5,10 @@ admits its prompts into the cache's rows, feeds each running row what its
 cache lacks (its prompt first, then its last token, plus any guesses of a
 proposer) at the positions it keeps for it, through one model step
 (``model.step(ids, positions, cache)``), keeps what ``Sampling`` draws or
-accepts, crops the cache to what was kept, and releases finished rows:
+accepts, and releases finished rows. A pass of guesses is planned, checked
+and taken back to what every row kept by
+:mod:`~attnlab.models.generation.speculation` (a padded batch too). Rows, by
+cache:
 
 - a cache whose rows run together (plain, sink, quantized, evicting) admits
   every prompt at once, left-padded to one length (the padding masked, each
@@ -32,15 +35,16 @@ from __future__ import annotations
 import functools
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from attnlab.cache import Cache, ModelCache
 from attnlab.cache.model import passing
+from attnlab.models.generation import speculation
 from attnlab.models.generation.request import Request, Stop
 from attnlab.models.generation.sampling import Sampling
+from attnlab.models.generation.speculation import Counts, Row
 
 Step = Callable[[torch.Tensor, torch.Tensor, ModelCache], torch.Tensor]  # (ids, positions, cache) -> logits
 _COMPILED: dict[object, Any] = {}  # _step under torch.compile, per backend (a guard per model)
@@ -58,26 +62,6 @@ class Decoder(Protocol):
     ) -> torch.Tensor: ...
 
     def parameters(self) -> Iterator[torch.nn.Parameter]: ...
-
-
-@dataclass
-class Counts:
-    """What one decode did: passes of the model, and the guesses a proposer made and the model kept."""
-
-    passes: int = 0
-    guessed: int = 0
-    kept: int = 0
-    rerun: int = 0  # tokens run again: a recurrent state went back to its mark, before guesses it kept
-
-
-@dataclass
-class Row:
-    index: int  # the prompt's place in the request
-    tokens: list[int]  # the prompt, then what was drawn (then eos_id fed while the others finish)
-    prompt: int  # the prompt's length
-    held: int = 0  # tokens the cache holds, a prefix of ``tokens``: the next one fed is at this position
-    pad: int | None = None  # slots of left padding before position 0 (rows that run together; set when first fed)
-    done: bool = False
 
 
 class Decoding:
@@ -130,22 +114,33 @@ def _passes(
             fed = dict(sorted(running.items()))  # rows that run together are fed, finished or not
             if not together:
                 fed = {s: r for s, r in fed.items() if not r.done}
-            guesses: dict[int, tuple[list[int], list[torch.Tensor] | None]] = {}
-            if proposer is not None:
-                slot, row = next(iter(fed.items()))  # one row (checked so)
-                left = stop.max_new_tokens - (len(row.tokens) - row.prompt)  # a pass yields up to k + 1 tokens
-                guesses[slot] = proposer.propose(row.tokens, min(proposer.k, left - 1), sampling)
-                counts.guessed += len(guesses[slot][0])
-            said = {s: g for s, (g, _) in guesses.items()}
-            with passing(cache):  # a pass that fails halfway leaves every layer as it was before it
-                if cache is not None and any(said.values()):  # a pass that guesses nothing goes back nowhere
-                    counts.passes += _mark(model, cache, next(iter(fed.values())), device)
-                if cache is not None and cache.capabilities.rows:
-                    counts.passes += _to_stops(model, cache, fed, device)
-                logits = _forward(model, cache, fed, said, step, device)
+            if proposer is None or cache is None:  # (a proposer is checked to come with a cache that goes back)
+                with passing(cache):  # a pass that fails halfway leaves every layer as it was before it
+                    if cache is not None and cache.capabilities.rows:
+                        counts.passes += _to_stops(model, cache, fed, device)
+                    feeds = {s: r.tokens[r.held :] for s, r in fed.items()}
+                    logits = _forward(model, cache, fed, feeds, 1, step, device)
+                drawn = _draw(sampling, logits)
+                _hold(cache, fed)
+            else:
+                assert together  # checked: no cache whose rows come and go goes back yet
+                spec = speculation.plan(fed, proposer, stop.max_new_tokens, stop.eos_id, sampling)
+                counts.guessed += sum(len(g) for g, _ in spec.checks.values())
+                with passing(cache):
+                    if spec.guessing:  # a pass that guesses nothing goes back nowhere
+                        certain = min(spec.certain.values())
+                        if cache.capabilities.marks and certain > 1:  # a state's mark: before the last certain slot
+                            early = spec.split(certain - 1)
+                            _forward(model, cache, fed, early, 1, None, device)
+                            for s, row in fed.items():
+                                row.held += len(early[s])
+                            counts.passes += 1
+                        cache.mark()
+                    logits = _forward(model, cache, fed, spec.feeds, spec.last, None, device)
+                drawn = speculation.verify(sampling, logits, spec)
+                speculation.settle(cache, fed, spec, drawn, proposer, counts)
             counts.passes += 1
-            drawn = _draw(sampling, logits, guesses)
-            yield _take(request, cache, fed, drawn, counts)
+            yield _take(stop, fed, drawn, fill=proposer is None)
             for slot in [s for s, r in running.items() if r.done and not together]:
                 assert cache is not None  # rows of their own: a paged cache
                 cache.release(slot)
@@ -156,20 +151,6 @@ def _passes(
             cache.abort()
             for slot in running if not together else ():
                 cache.release(slot)
-
-
-def _mark(model: Decoder, cache: ModelCache, row: Row, device: torch.device) -> int:
-    """Mark where a pass of guesses may go back to; the passes this ran (0 or 1). A layer that goes back only to a
-    mark (a recurrent state) gets it just before the last token the row holds for certain: the tokens before it
-    run first, on their own, so a refused guess sends the state back by at most the pass's guesses and one."""
-    if cache.capabilities.marks and len(row.tokens) - row.held > 1:
-        ids = torch.tensor([row.tokens[row.held : -1]], device=device)  # (1, T)
-        feed(model, cache, ids, torch.arange(row.held, len(row.tokens) - 1, device=device)[None])
-        row.held = len(row.tokens) - 1
-        cache.mark()
-        return 1
-    cache.mark()
-    return 0
 
 
 def _to_stops(model: Decoder, cache: ModelCache, fed: dict[int, Row], device: torch.device) -> int:
@@ -186,37 +167,28 @@ def _to_stops(model: Decoder, cache: ModelCache, fed: dict[int, Row], device: to
     return ran
 
 
-def _draw(
-    sampling: Sampling,
-    logits: dict[int, torch.Tensor],
-    guesses: dict[int, tuple[list[int], list[torch.Tensor] | None]],
-) -> dict[int, list[int]]:
-    """Per row, the tokens a pass yields: one drawn (every row's at once), or the guesses kept and one more."""
-    if guesses:
-        return {s: sampling.verify(logits[s], *guesses[s]) for s in logits}
+def _draw(sampling: Sampling, logits: dict[int, torch.Tensor]) -> dict[int, list[int]]:
+    """Per row, the one token a pass yields (every row's drawn at once)."""
     tokens = sampling.draw(torch.cat([x[-1:] for x in logits.values()]))[:, 0].tolist()  # (B, V) -> B tokens
     return {s: [t] for s, t in zip(logits, tokens, strict=True)}
 
 
-def _take(
-    request: Request, cache: ModelCache | None, fed: dict[int, Row], drawn: dict[int, list[int]], counts: Counts
-) -> list[tuple[int, int]]:
-    """Keep what was drawn: each row's tokens and what its cache holds (cropped to the guesses kept)."""
-    stop, proposer = request.stop, request.proposer
+def _hold(cache: ModelCache | None, fed: dict[int, Row]) -> None:
+    """After a pass without guesses: each row's cache holds every token it was fed."""
+    if cache is not None:
+        for slot, row in fed.items():
+            row.held = len(row.tokens)
+            cache.written(slot, row.tokens)  # what it holds (a prefix cache remembers its full blocks)
+
+
+def _take(stop: Stop, fed: dict[int, Row], drawn: dict[int, list[int]], *, fill: bool) -> list[tuple[int, int]]:
+    """Keep what was drawn: each row's new tokens, up to its stop; a finished row's next feed is ``eos_id`` (or
+    what it drew) where it is ``fill``ed (without a proposer; with one, the pass feeds it eos_id itself)."""
     out: list[tuple[int, int]] = []
     for slot, row in fed.items():
-        fed_to = len(row.tokens)
-        kept = len(drawn[slot]) - 1  # guesses kept, before the token of the model's own
-        if cache is not None:
-            row.held = fed_to + kept
-            if proposer is not None:  # back to what was kept, or to the mark before it (those tokens run again)
-                counts.kept += kept
-                row.held = cache.crop(row.held)
-                counts.rerun += fed_to + kept - row.held
-                proposer.crop(fed_to + kept)  # the text it may hold: its refused guesses go
-            cache.written(slot, row.tokens + drawn[slot][:kept])  # what it holds: what was fed and kept
         if row.done:
-            row.tokens.append(stop.eos_id if stop.eos_id is not None else drawn[slot][0])
+            if fill:
+                row.tokens.append(stop.eos_id if stop.eos_id is not None else drawn[slot][0])
             continue
         for token in drawn[slot]:
             row.tokens.append(token)
@@ -231,14 +203,14 @@ def _forward(
     model: Decoder,
     cache: ModelCache | None,
     fed: dict[int, Row],
-    guesses: dict[int, list[int]],
+    feeds: dict[int, list[int]],
+    last: int,
     step: Step | None,
     device: torch.device,
 ) -> dict[int, torch.Tensor]:
-    """Run each row's missing tokens (and its guesses) at its positions; per row, the logits (G + 1, V) of its
-    last G + 1 positions. Rows with ``rows`` of their own run in groups of one feed length, unpadded."""
-    feeds = {s: r.tokens[r.held :] + guesses.get(s, []) for s, r in fed.items()}
-    last = 1 + max((len(g) for g in guesses.values()), default=0)
+    """Run each row's ``feeds`` at its positions from what its cache holds; per row, the logits (last, V) of its
+    last ``last`` positions. Rows with ``rows`` of their own run in groups of one feed length, unpadded; rows
+    that run together are left-padded to one width (a row's first feed by its padding: it keeps that many)."""
     if cache is not None and cache.capabilities.rows:
         out: dict[int, torch.Tensor] = {}
         for length in sorted({len(f) for f in feeds.values()}):
@@ -248,6 +220,8 @@ def _forward(
             logits = model.step(ids, positions, cache.views(group), last_only=last == 1)[:, -last:]
             out.update(zip(group, logits, strict=True))
         return out
+    first = next(iter(fed.values()))  # every row holds as many slots: its padding, then its tokens
+    before = first.held + first.pad if cache is not None and first.pad is not None else 0
     width = max(len(f) for f in feeds.values())  # rows that run together: left-padded to one width
     for slot, row in fed.items():
         row.pad = width - len(feeds[slot]) if row.pad is None else row.pad  # the prompts' padding, kept
@@ -261,9 +235,7 @@ def _forward(
         device=device,
     )
     mask = None
-    if any(pads):  # (B, 1, 1, slots held + T): False on each row's padding; every row holds as many slots
-        first = next(iter(fed.values()))
-        before = first.held + pads[0] if cache is not None and first.held else 0
+    if any(pads):  # (B, 1, 1, slots held + T): False on each row's padding
         slots = torch.arange(before + width, device=device)
         mask = (slots[None, :] >= torch.tensor(pads, device=device)[:, None])[:, None, None, :]
     room = cache.room() if cache is not None else None

@@ -138,20 +138,13 @@ class Request:
             return _check_many(model, self)
         caps = planned(model, self.cache)
         draft = self.proposer.model if isinstance(self.proposer, Draft) else None
-        if self.proposer is not None and (len(self.prompts) != 1 or caps is None or not caps.crop or self.padded):
-            if len(self.prompts) != 1:
-                raise ValueError(
-                    f"speculative decoding runs one sequence at a time (its passes accept different numbers of "
-                    f"tokens per sequence); got a batch of {len(self.prompts)}: call it per prompt"
-                )
-            if caps is not None and not caps.crop:
-                raise ValueError(
-                    f"speculative decoding (lookup=, draft=) goes back after a refused guess; {_no_crop(model, self.cache)}"
-                )
-            raise ValueError(
-                "speculative decoding (lookup=, draft=) runs one unpadded sequence on a cache it can take back "
-                "to an earlier token after each pass: drop attention_mask and use_cache=False"
+        if self.proposer is not None and (caps is None or not caps.crop):
+            why = (
+                "use_cache=False keeps no cache to go back on: leave it out"
+                if caps is None
+                else _no_crop(model, self.cache)
             )
+            raise ValueError(f"speculative decoding (lookup=, draft=) goes back after a refused guess; {why}")
         limit = config.context_length if draft is None else min(config.context_length, draft.config.context_length)
         if not (config.rope and caps is not None and caps.past_context) and self.longest > limit:
             hint = (
