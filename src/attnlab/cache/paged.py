@@ -40,8 +40,8 @@ class PagedKVCache(LayerCache):
 
     capabilities = Capabilities(rows=True)
     why_no_crop = (
-        "a row's blocks are not cut back yet, so speculative decoding runs on the 'plain' cache (one sequence); "
-        "generate_many's rows do not speculate"
+        "a row's blocks are not cut back yet, so speculative decoding runs on the 'plain' cache (a padded batch "
+        "too); generate_many's rows do not speculate"
     )
 
     def __init__(

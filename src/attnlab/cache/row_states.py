@@ -29,12 +29,10 @@ import torch
 
 from attnlab.cache.base import Capabilities
 from attnlab.cache.blocks import BlockTable
+from attnlab.cache.paged import PagedKVCache
 from attnlab.cache.state import ConvolutionCache, StateCache
 
-_NO_CROP = (
-    "the rows of a paged model cache are not cut back yet, so speculative decoding runs on the 'plain' cache; "
-    "generate_many's rows do not speculate"
-)
+_NO_CROP = PagedKVCache.why_no_crop  # its rows go back as the paged layers' blocks would: not yet
 
 
 class _Rows:
