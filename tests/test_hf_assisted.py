@@ -158,6 +158,7 @@ def test_a_draft_that_guesses_right_saves_passes(family: str, attn: str, root: s
         twin = draft("twin", family, root)
         got = generate(model, ids, cache=attnlab.hf.cache("plain", model), assistant_model=twin)
     assert torch.equal(got, want)
+    assert torch.equal(want, generate(load(family, root), ids))  # transformers' own cache's tokens
     assert len(alone) == NEW  # the prefill and a pass per token after it (the last token is not fed)
     assert alone[1:] == [1] * (NEW - 1)
     assert len(assisted) <= 1 + -(-(NEW - 1) // 5)  # the prefill, then 5 tokens a pass: 4 guesses and one more
@@ -265,3 +266,31 @@ def test_a_cache_that_holds_tokens_is_refused_for_another_generate(helper: str |
             generate(model, other, cache=made, **extra)
     assert made.get_seq_length() == held
     assert torch.equal(made.layers[0].inner.k_cache[:, :, :held], keys)
+
+
+def snapshot(layer: Any) -> dict[str, Any]:
+    """What one of transformers' layers holds: its ring's keys and length, or its convolution's inputs."""
+    held = {name: getattr(layer, name, None) for name in ("keys", "values", "cumulative_length")}
+    held.update({f"conv{i}": state for i, state in getattr(layer, "conv_states", {}).items()})
+    return {name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in held.items()}
+
+
+@torch.no_grad()
+def test_a_crop_one_layer_refuses_leaves_every_layer_as_it_was(root: str) -> None:
+    """LFM3's other variant: sliding, conv, full, conv, sliding. The first convolution records its past, the second
+    does not; a crop cuts the ring and the first convolution back, then the second refuses (transformers' own
+    RuntimeError): both are put back, the convolution's dict of states included, and attnlab's layer never moved."""
+    model = lfm3.hf("other", root)
+    made = attnlab.hf.cache("plain", model)
+    made.layers[1].activate_past_recording()
+    model(lfm3.PROMPTS[:1, :6], cache=made, use_cache=True)  # under the window of 8: the ring crops as a full layer
+    before = [snapshot(layer) for layer in made.layers if not isinstance(layer, AttnlabLayer)]
+    assert before[1]["conv0"].shape[-1] == 6  # recording: the whole prompt's inputs, to be cut back
+    with pytest.raises(RuntimeError, match=r"does not track past states"):
+        made.crop(-2)
+    after = [snapshot(layer) for layer in made.layers if not isinstance(layer, AttnlabLayer)]
+    for was, now in zip(before, after, strict=True):
+        assert was.keys() == now.keys()
+        for name, value in was.items():
+            assert torch.equal(value, now[name]) if isinstance(value, torch.Tensor) else value == now[name], name
+    assert made.layers[2].get_seq_length() == 6

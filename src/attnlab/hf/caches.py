@@ -134,13 +134,13 @@ class AttnlabCacheForHF(Cache, CheckedCache):
         # transformers' generate marks the cache it was handed before its prefill, in _prepare_cache_for_generation,
         # whose generation_config is the call's: the one point where a reused cache and beam search are seen with
         # nothing written
-        held = self.get_seq_length()
-        if held:
-            raise ValueError(REUSED.format(name=self.name, held=held))
         config = sys._getframe(1).f_locals.get("generation_config")
         beams = getattr(config, "num_beams", 1)
         if isinstance(beams, int) and beams > 1:
             self._ours()[0].reorder_cache(torch.zeros(1, dtype=torch.long))  # type: ignore[arg-type]  # its refusal
+        held = self.get_seq_length()
+        if held:
+            raise ValueError(REUSED.format(name=self.name, held=held))
         self._given = value
 
     def activate_past_recording(self) -> None:
