@@ -5,8 +5,8 @@ before its prefill, ``is_croppable`` after it, and ``crop(-n)`` after each pass,
 The plain cache crops to any token; transformers' own ring (a sliding layer) and a short convolution's layer keep
 a pass whole while recording and are cut back by the crop. So greedy with a draft model (``assistant_model=``) or
 with prompt lookup (``prompt_lookup_num_tokens=``) gives greedy's tokens, and its logits, on a full-attention
-model (Llama), on one with sliding layers (Gemma 3, through attnlab's attention) and on one with convolution and
-sliding layers (LFM3). A small random draft has most of its guesses refused, so the crops are exercised (counted);
+model (Llama), on ones with sliding layers (Gemma 3, and Gemma 4 whose shared layers' rings stay empty, through
+attnlab's attention) and on one with convolution and sliding layers (LFM3). A small random draft has most of its guesses refused, so the crops are exercised (counted);
 a draft of the model's own weights has all of them kept, so the model runs fewer passes than it makes tokens.
 
 What cannot go back is refused by name before anything is written: int8/int4 (a guess ages a token into codes),
@@ -28,6 +28,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 import attnlab.hf
+import test_gemma4 as gemma4
 import test_hybrids as qwen35
 import test_lfm3 as lfm3
 from attnlab.hf.caches import AttnlabCacheForHF
@@ -39,9 +40,10 @@ pytestmark = pytest.mark.slow  # transformers' models, built, saved and generati
 NEW = 32  # tokens each generate makes
 GREEDY = dict(max_new_tokens=NEW, do_sample=False, eos_token_id=None)  # every run makes NEW tokens (Gemma 3's eos is 1)
 # (family, the attention the target runs): Llama's full layers under sdpa, Gemma 3's local and global layers
-# through attnlab's attention (its sliding keys read where transformers' recording ring holds them), LFM3's
+# through attnlab's attention (its sliding keys read where transformers' recording ring holds them), Gemma 4's
+# (its last two layers read earlier layers' keys, their own rings never written) through attnlab's too, LFM3's
 # convolution, sliding and full layers under sdpa
-TARGETS = [("llama", "sdpa"), ("gemma3_text", "attnlab"), ("lfm3", "sdpa")]
+TARGETS = [("llama", "sdpa"), ("gemma3_text", "attnlab"), ("gemma4", "attnlab"), ("lfm3", "sdpa")]
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +51,22 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("hf_assisted"))
 
 
-def folder(family: str, root: str) -> Path:
-    return lfm3.hf_dir("default", root) if family == "lfm3" else hf_dir(family, root)
+OWN = {  # the families of their own test files: (class, folder, prompt)
+    "gemma4": (gemma4.Gemma4ForCausalLM, lambda root: gemma4.hf_dir(root), gemma4.PROMPTS[:1, :40]),
+    "lfm3": (lfm3.Lfm3ForCausalLM, lambda root: lfm3.hf_dir("default", root), lfm3.PROMPTS[:1, :40]),
+}
 
 
 def load(family: str, root: str, attn: str = "sdpa") -> PreTrainedModel:
     """A fresh instance (a target and its twin draft must not share hooks or attention)."""
-    cls = lfm3.Lfm3ForCausalLM if family == "lfm3" else FAMILIES[family][0]
-    return cls.from_pretrained(folder(family, root), attn_implementation=attn).eval()
+    cls, where = (
+        (OWN[family][0], OWN[family][1](root)) if family in OWN else (FAMILIES[family][0], hf_dir(family, root))
+    )
+    return cls.from_pretrained(where, attn_implementation=attn).eval()
 
 
 def prompt(family: str) -> torch.Tensor:
-    return lfm3.PROMPTS[:1, :40] if family == "lfm3" else IDS[:1]
+    return OWN[family][2] if family in OWN else IDS[:1]
 
 
 @functools.cache
@@ -142,8 +148,8 @@ def test_assisted_generation_gives_greedys_tokens_and_logits(family: str, attn: 
     assert asked, "assisted decoding asked no crop"
     if helper == "small":
         assert min(asked) < 0  # refused guesses were cut off
-    full = [layer for layer in made.layers if isinstance(layer, AttnlabLayer)]
-    assert all(layer.get_seq_length() == ids.shape[1] + NEW - 1 for layer in full)  # as greedy leaves it
+    written = [layer for layer in made.layers if isinstance(layer, AttnlabLayer) and layer.inner is not None]
+    assert written and all(layer.get_seq_length() == ids.shape[1] + NEW - 1 for layer in written)  # as greedy leaves
 
 
 @torch.no_grad()
@@ -294,3 +300,15 @@ def test_a_crop_one_layer_refuses_leaves_every_layer_as_it_was(root: str) -> Non
         for name, value in was.items():
             assert torch.equal(value, now[name]) if isinstance(value, torch.Tensor) else value == now[name], name
     assert made.layers[2].get_seq_length() == 6
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("keep", [1, 5])
+def test_gemma4s_shared_layers_computed_for_the_last_tokens_read_every_key(keep: int, root: str) -> None:
+    """Gemma 4 runs its KV-shared layers for the last logits_to_keep tokens alone, their mask left out (a guard it
+    makes for sdpa only); assisted generation's first pass keeps 5. Through attnlab's attention those queries are
+    the last of the keys, as in the whole forward: the logits equal the whole forward's last rows. (Before, the
+    bridge took the keys for an empty static cache's prefill and kept the first 5: off by 0.18.)"""
+    model, ids = load("gemma4", root, "attnlab"), prompt("gemma4")
+    whole = model(ids).logits[0, -keep:]
+    assert (model(ids, logits_to_keep=keep).logits[0] - whole).abs().max().item() < 1e-5

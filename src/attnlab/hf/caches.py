@@ -179,7 +179,13 @@ class AttnlabCacheForHF(Cache, CheckedCache):
         ours = self._ours()
         for mine in ours:
             mine.check_crop(tokens_to_remove)
-        theirs: list[Any] = [layer for layer in self.layers if not isinstance(layer, AttnlabLayer)]
+        # a ring never written (Gemma 4's KV-shared layers read an earlier layer's) holds nothing to cut back, and
+        # transformers' DynamicSlidingWindowLayer.crop reads keys it does not have
+        theirs: list[Any] = [
+            layer
+            for layer in self.layers
+            if not isinstance(layer, AttnlabLayer) and getattr(layer, "is_initialized", True) is not False
+        ]
         # they cut by slicing into new tensors (a convolution's into its dict of states): these are the old
         kept = [{k: dict(v) if isinstance(v, dict) else v for k, v in vars(layer).items()} for layer in theirs]
         try:
