@@ -96,9 +96,14 @@ def hf_attention(
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     returned = getattr(key, RETURNED, None)  # what an attnlab cache (attnlab.hf.cache) returned with these keys
     entry = returned() if returned is not None else None
-    if entry is None and attention_mask is None and causal and tq > 1 and key.shape[2] > tq:
+    given_ids = kwargs.get("position_ids")
+    sliced = isinstance(given_ids, torch.Tensor) and given_ids.shape[-1] == key.shape[2] > tq
+    if entry is None and attention_mask is None and causal and tq > 1 and key.shape[2] > tq and not sliced:
         # transformers left the mask out for a prefill into an empty static cache: sdpa's causal mask is aligned
-        # top-left there, so only the first Tq slots are keys (as transformers' sdpa path slices them)
+        # top-left there, so only the first Tq slots are keys (as transformers' sdpa path slices them). Not where
+        # the call's positions number every key and the queries are the last of them: Gemma 4 computes its
+        # KV-shared layers for the last logits_to_keep tokens alone (assisted generation's first pass keeps 5),
+        # its mask left out, a guard it makes for sdpa only (_maybe_slice_kv_shared_inputs)
         key, value = key[:, :, :tq], value[:, :, :tq]
     mask_mod = for_layer(settings.mask_mod, index)
     score_mod = for_layer(settings.score_mod, index)

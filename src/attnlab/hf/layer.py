@@ -18,6 +18,8 @@ from transformers.cache_utils import CacheLayerMixin
 from attnlab.cache import CACHES, Capabilities, LayerState, ModelCache
 from attnlab.cache import capabilities_of as capabilities
 from attnlab.cache.base import Cache as AttnlabCache
+from attnlab.cache.model import why_no_crop
+from attnlab.cache.plan import choose
 from attnlab.hf.bridge import RETURNED, sink_padding
 
 
@@ -153,11 +155,20 @@ class AttnlabLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.inner, self.batch, self.seen, self._last, self.is_initialized = None, None, 0, None, False
 
+    def why_not_back(self) -> str | None:
+        """Why this layer's cache cannot go back to an earlier token, by attnlab's own reason for its class
+        (``attnlab.cache.model.why_no_crop``, which speculation in attnlab's own loop names too); None where it can.
+        Read off the class the cache is made of, so it answers before the first keys arrive."""
+        if self.caps.crop:
+            return None
+        state = LayerState(kind="full", kv_heads=1, head_dim=1)  # a full layer's, as _made builds it
+        return why_no_crop([choice.cls for choice in choose([state], self.factory)])
+
     def check_crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove != 0 and self.inner is not None and not self.inner.capabilities.crop:
+        why = self.why_not_back() if tokens_to_remove != 0 and self.inner is not None else None
+        if why is not None:
             raise ValueError(
-                f"the {self.name} cache cannot be cut back (assisted generation crops rejected tokens): "
-                "use 'plain' for assisted generation"
+                f"the {self.name} cache cannot be cut back (assisted generation crops a pass's refused guesses): {why}"
             )
 
     def crop(self, tokens_to_remove: int) -> None:
