@@ -62,7 +62,8 @@ def why_no_crop(caches: Sequence[Any]) -> str:
     refusing = next(c for c in caches if not c.capabilities.crop)
     cls = refusing if isinstance(refusing, type) else type(refusing)
     why = cls.why_no_crop if issubclass(cls, LayerCache) else "a cache of one's own declares nothing"
-    return f"a {cls.__name__} cannot: {why}"
+    article = "an" if cls.__name__[0] in "AEIOU" else "a"
+    return f"{article} {cls.__name__} cannot: {why}"
 
 
 class ModelCache:
