@@ -125,8 +125,8 @@ class StateCache(ToEach):
             raise ValueError(f"the states after the last {last} tokens must be {want} (and {want[:4]}), got {got}")
         held = (*self.conv.shape[:2], self.conv.shape[-1] + tokens) if self.has_conv else None  # (B, C, K - 1 + T)
         if (inputs is None) != (held is None) or (inputs is not None and tuple(inputs.shape) != held):
-            got = None if inputs is None else tuple(inputs.shape)
-            raise ValueError(f"the convolution's inputs of {tokens} tokens must be {held}, got {got}")
+            given = None if inputs is None else tuple(inputs.shape)
+            raise ValueError(f"the convolution's inputs of {tokens} tokens must be {held}, got {given}")
         final = matrices[:, :, -1] if norms is None else (matrices[:, :, -1], norms[:, :, -1])
         self._write(final, tokens, conv=None if inputs is None else inputs[:, :, tokens:])
         none = self.matrix.new_zeros(0)
