@@ -206,6 +206,28 @@ def test_a_refused_pass_leaves_every_state_as_without_its_guesses() -> None:
 
 
 @torch.no_grad()
+def test_a_prompt_read_in_a_pass_runs_its_fast_form_up_to_the_states_it_keeps() -> None:
+    """A pass of 20 tokens into caches that keep a write's last 2 states (spare=2: the first lookup pass reads the
+    prompt beside its guesses): the chunked form up to them, the recurrence through them, the same logits as a
+    plain cache's, and a crop to either of the 2 leaves the states of a run of that many tokens."""
+    m = every_kind()
+    text = repeated()[:, :20]
+    plain = m.make_caches(batch_size=1, max_len=32)
+    want = m(text, caches=plain)
+    cache = m.make_caches(batch_size=1, max_len=32, spare=2)
+    cache.mark()
+    torch.testing.assert_close(m(text, caches=cache), want, rtol=1e-5, atol=1e-5)
+    assert [c.each_tokens(20) for c in cache if isinstance(c, StateCache)] == [2, 2, 2]
+    with pytest.raises(ValueError, match=r"after tokens 19\.\.20 since: it cannot go back to 18"):
+        cache.crop(18)
+    assert cache.crop(19) == 19
+    never = m.make_caches(batch_size=1, max_len=32)
+    m(text[:, :19], caches=never)
+    for got, want_held in zip(held(cache), held(never), strict=True):
+        torch.testing.assert_close(got, want_held, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
 def test_a_plain_decode_opens_no_pass_and_keeps_nothing_more() -> None:
     m = every_kind()
     cache = m.make_caches(batch_size=1, max_len=32, spare=5)
