@@ -2,16 +2,19 @@
 
 A full cache crops to any token; a sliding ring keeps ``spare`` slots more, so its window is whole after any of
 the last ``spare`` tokens is refused; a recurrent or convolution state goes back to the mark the loop set before
-the pass, and the tokens kept after it run again. One model here has a layer of each kind.
+the pass, and the tokens kept after it run again (``going_back="mark"``; the default, the state after each token
+kept, is tests/test_going_back_each.py's). One model here has a layer of each kind.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 from attnlab.cache import KVCache, ModelCache, SlidingWindowCache
-from attnlab.cache.state import ConvolutionCache, StateCache
+from attnlab.cache.state import ConvolutionCache, StateCache, going_back_as
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.generation import decode
 from attnlab.models.generation.request import request_for
@@ -71,7 +74,7 @@ def test_a_refused_pass_sends_every_kind_of_state_back_bitwise() -> None:
     never = m.make_caches(batch_size=1, max_len=64, spare=4)  # the same calls and shapes, without the guesses
     m(text[:, :19], caches=never)
     m(text[:, 19:], caches=never)
-    seen = m.make_caches(batch_size=1, max_len=64, spare=4)
+    seen = ModelCache(going_back_as(m.make_caches(batch_size=1, max_len=64, spare=4), "mark"))
     m(text[:, :19], caches=seen)
     seen.mark()  # as the decode loop does: before the last token held for certain, then the guesses
     m(torch.cat([text[:, 19:], guesses], dim=1), caches=seen)
@@ -106,7 +109,7 @@ def test_going_back_further_than_a_state_keeps_is_refused_and_changes_nothing() 
     ):
         ring.crop(6)
     assert ring.length == 9
-    state = StateCache(batch_size=1, num_heads=1, key_dim=2, value_dim=2)
+    state = StateCache(batch_size=1, num_heads=1, key_dim=2, value_dim=2, going_back="mark")
     state.write(torch.ones(1, 1, 2, 2), 5)
     with pytest.raises(
         ValueError, match=r"keeps no state before its latest 5 tokens: it cannot go back to 3; mark\(\)"
@@ -130,7 +133,8 @@ def test_lookup_on_every_kind_of_layer_gives_greedys_tokens_in_fewer_passes() ->
     m = every_kind(seed=1)
     prompt = repeated()
     greedy = m.generate(prompt, 100, use_cache=False)
-    decoding = decode(m, request_for(m, prompt, 100, {"lookup": 4}))
+    marked = ModelCache(going_back_as(m.make_caches(batch_size=1, max_len=prompt.shape[1] + 100, spare=5), "mark"))
+    decoding = decode(m, replace(request_for(m, prompt, 100, {"lookup": 4}), cache=marked))
     new = [token for drawn in decoding for _, token in drawn]
     assert new == greedy[0, prompt.shape[1] :].tolist()
     counts = decoding.counts

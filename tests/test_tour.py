@@ -231,7 +231,7 @@ def test_each_variant_after_the_chapter_is_checked_by_what_it_does(monkeypatch: 
         m.setattr(ConvolutionCache, "conv_state", lambda self: None)
         assert _after_failures() == {"conv_state_held"}
     from attnlab.cache import ModelCache, SlidingWindowCache
-    from attnlab.cache.state import StateCache
+    from attnlab.cache.going_back import ToMark
 
     with monkeypatch.context() as m:  # a ring whose crop takes nothing back: the refused guesses stay in the window
         m.setattr(SlidingWindowCache, "crop", lambda self, n: None)
@@ -242,7 +242,7 @@ def test_each_variant_after_the_chapter_is_checked_by_what_it_does(monkeypatch: 
         m.setattr(SlidingWindowCache, "reach", lambda self, n: n)
         assert _after_failures() == {"ring_back"}
     with monkeypatch.context() as m:  # a state that goes back to its mark's length but keeps what the pass wrote
-        m.setattr(StateCache, "crop", lambda self, n: self._length.fill_(self.reach(n)))
+        m.setattr(ToMark, "crop", lambda self, n: self._length.fill_(self.reach(n)))  # the tour's way
         assert _after_failures() == {"state_restored", "state_back"}
     with monkeypatch.context() as m:  # a model cache that says it holds what was asked, not the mark it went back to
         model_crop = ModelCache.crop

@@ -188,6 +188,7 @@ def make_state(state: LayerState, sizes: Sizes) -> Cache:
         conv=state.conv,
         dtype=state.dtype,
         device=state.device,
+        spare=sizes.spare,  # "each": the states after a pass's last spare tokens
     )
 
 
@@ -195,7 +196,12 @@ def make_convolution(state: LayerState, sizes: Sizes) -> Cache:
     assert state.conv is not None  # a convolution layer declares its (channels, kernel - 1)
     channels, held = state.conv
     return ConvolutionCache(
-        batch_size=sizes.rows, channels=channels, kernel=held + 1, dtype=state.dtype, device=state.device
+        batch_size=sizes.rows,
+        channels=channels,
+        kernel=held + 1,
+        dtype=state.dtype,
+        device=state.device,
+        spare=sizes.spare,
     )
 
 

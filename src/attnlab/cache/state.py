@@ -7,103 +7,40 @@ DeltaNet) also keeps the convolution's last K - 1 inputs per channel (``attnlab.
 cache holds those tensors and the number of tokens read into them, so the layer's positions and the model's
 decode loop see the same ``next_positions`` as from any other cache.
 
-Going back (speculative decoding): the state after each token is not kept, so :meth:`StateCache.mark` keeps a
-copy of the state at the start of a pass of guesses, and a refused guess sends the state back to that mark
-(:meth:`reach` answers the mark; :meth:`crop` restores it bitwise). The decode loop then runs the guesses the model
-kept again in its next pass, beside its new ones: a pass whose guesses are all kept goes back nowhere. The mark
-costs one copy of the state, whatever the length. ``ConvolutionCache`` goes back the same way.
+Going back (speculative decoding, ``attnlab.cache.going_back``): ``going_back="each"`` (the default) keeps, from
+a :meth:`~StateCache.mark` to the next crop, the state after each token of the pass, so :meth:`~StateCache.crop`
+goes back to any of them, nothing run again; ``"mark"`` keeps the state at the mark alone, and the decode loop
+runs the kept guesses again. A plain decode marks nothing and keeps nothing more.
 
-Shapes: B = batch, H = heads, Dk = key size, Dv = value size, C = convolved channels, K = kernel size.
+Shapes: B = batch, H = heads, Dk = key size, Dv = value size, C = convolved channels, K = kernel size, T = the
+tokens of one write.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
 import torch
 
-from attnlab.cache.base import Capabilities, LayerCache
+from attnlab.cache.going_back import ToEach, ToMark, check_spare, check_way
 
 
-class _Marks(LayerCache):
-    """Going back to a mark: a copy of every buffer and the length at the start of a pass of guesses."""
-
-    capabilities = Capabilities(crop=True, marks=True)
-    keeps_its_own = True  # whatever cache is named; it runs on past any length
-    _length: torch.Tensor
-    _marked: list[torch.Tensor] | None = None  # the copy, made at the first mark (not buffers: never saved)
-    _marked_length: int | None = None
-
-    def _kept(self) -> list[torch.Tensor]:
-        """The tensors a mark copies (the length beside them)."""
-        raise NotImplementedError
-
-    def mark(self) -> None:
-        """Keep a copy of the state here (allocated at the first mark: one more state's bytes)."""
-        marked = self._marked
-        if marked is None:
-            self._marked = [t.clone() for t in self._kept()]
-            self._marked_length = int(self._length)
-            return
-        for copy, now in zip(marked, self._kept(), strict=True):
-            copy.copy_(now)
-        self._marked_length = int(self._length)
-
-    def reach(self, n: int) -> int:
-        """``n`` when it is every token read; else the mark, if ``n`` is at or after it (the tokens between run
-        again); else refused."""
-        length = int(self._length)
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= length:
-            raise ValueError(f"crop(n) needs 0 <= n <= length ({length}), got {n!r}")
-        if n == length:
-            return n
-        marked = self._marked_length
-        if marked is None or not marked <= n:
-            raise ValueError(
-                f"a {type(self).__name__} keeps no state before its latest {length - (marked or 0)} tokens"
-                + ("" if marked is None else f" (its mark is at {marked})")
-                + f": it cannot go back to {n}; mark() before a pass whose tokens may be refused"
-            )
-        return marked
-
-    def crop(self, n: int) -> None:
-        """Go back to ``reach(n)`` tokens: the state there, bitwise (its mark's copy)."""
-        to = self.reach(n)
-        if to == int(self._length):
-            return
-        for now, copy in zip(self._kept(), self._marked or [], strict=True):
-            now.copy_(copy)
-        self._length.fill_(to)
-
-    def marked_nbytes(self) -> int:
-        """Bytes the mark's copy holds (0 before the first mark): what going back costs."""
-        return sum(t.numel() * t.element_size() for t in self._marked or [])
-
-    _before: list[torch.Tensor] | None = None  # the state when a pass began, copied at its first write
-    _armed: bool = False
-
-    def begin(self) -> bool:
-        """A pass starts: the first write copies the state it replaces, for :meth:`undo` (one copy of the state a
-        call, as a write is)."""
-        self._armed, self._before = True, None
-        return True
-
-    def _keep_before(self) -> None:
-        """Called by a write before it changes anything."""
-        if self._armed and self._before is None:
-            self._before = [t.clone() for t in (*self._kept(), self._length)]
-
-    def undo(self) -> None:
-        if self._before is not None:  # it wrote in the pass
-            for now, then in zip((*self._kept(), self._length), self._before, strict=True):
-                now.copy_(then)
-        self.commit()
-
-    def commit(self) -> None:
-        self._armed, self._before = False, None
-
-
-class StateCache(_Marks):
+class StateCache(ToEach):
     """The recurrent state of one layer: (B, H, Dk, Dv), with a normalizer (B, H, Dk) when ``normalizer`` and the
-    convolution's inputs (B, C, K - 1) when ``conv`` is (C, K - 1)."""
+    convolution's inputs (B, C, K - 1) when ``conv`` is (C, K - 1). ``going_back``: "each" (the default) or
+    "mark" (``attnlab.cache.going_back``); ``spare``: with "each", the most tokens a pass goes back by (the states
+    after a write's last ``spare`` tokens are kept; None: after every token of the pass)."""
+
+    ways: ClassVar[dict[str, type[StateCache]]]  # going_back -> the class that goes back so (set below)
+
+    def __new__(cls, *args: Any, going_back: str | None = None, **kwargs: Any) -> StateCache:
+        """The class of the way ``going_back`` names (None: ``cls``'s own), checked before anything is made: the
+        way is declared by the class (``capabilities.marks``), which ``ModelCache`` reads."""
+        if going_back is not None:
+            check_way(going_back)
+        made: StateCache = super().__new__(cls if going_back is None else cls.ways[going_back])
+        return made
 
     def __init__(
         self,
@@ -116,8 +53,11 @@ class StateCache(_Marks):
         conv: tuple[int, int] | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        going_back: str | None = None,
+        spare: int | None = None,
     ) -> None:
         super().__init__(batch_size=batch_size, num_kv_heads=num_heads, head_dim=key_dim, dtype=dtype)
+        self.spare = check_spare(spare)
         self.value_dim = value_dim
         shape = (batch_size, num_heads, key_dim, value_dim)
         self.register_buffer("matrix", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
@@ -161,7 +101,50 @@ class StateCache(_Marks):
         self, state: torch.Tensor | tuple[torch.Tensor, torch.Tensor], tokens: int, *, conv: torch.Tensor | None = None
     ) -> None:
         """Keep the state (and the convolution's inputs) after ``tokens`` more tokens; checked whole before anything
-        is written."""
+        is written. While a pass is open (:attr:`each`) the layer writes with :meth:`write_each` instead."""
+        self._refuse_write(each=False)
+        self._write(state, tokens, conv=conv)
+
+    def write_each(
+        self,
+        states: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        tokens: int,
+        *,
+        inputs: torch.Tensor | None = None,
+    ) -> None:
+        """Keep the states after the last M = ``each_tokens(tokens)`` of ``tokens`` more tokens, a pass being open
+        (:attr:`each`): ``states`` (B, H, M, Dk, Dv), with the normalizer's (B, H, M, Dk) beside it (a tuple); and
+        the convolution's K - 1 + T inputs (B, C, K - 1 + T), whose slice [t : t + K - 1] is its state after token
+        t. The last of each is written."""
+        self._refuse_write(each=True)
+        matrices, norms = states if isinstance(states, tuple) else (states, None)
+        last = self.each_tokens(tokens)
+        want = (*self.matrix.shape[:2], last, *self.matrix.shape[2:])  # (B, H, M, Dk, Dv)
+        if tuple(matrices.shape) != want or (norms is not None and tuple(norms.shape) != want[:4]):
+            got = [tuple(t.shape) for t in (matrices, norms) if t is not None]
+            raise ValueError(f"the states after the last {last} tokens must be {want} (and {want[:4]}), got {got}")
+        held = (*self.conv.shape[:2], self.conv.shape[-1] + tokens) if self.has_conv else None  # (B, C, K - 1 + T)
+        if (inputs is None) != (held is None) or (inputs is not None and tuple(inputs.shape) != held):
+            given = None if inputs is None else tuple(inputs.shape)
+            raise ValueError(f"the convolution's inputs of {tokens} tokens must be {held}, got {given}")
+        final = matrices[:, :, -1] if norms is None else (matrices[:, :, -1], norms[:, :, -1])
+        self._write(final, tokens, conv=None if inputs is None else inputs[:, :, tokens:])
+        none = self.matrix.new_zeros(0)
+        kept = none if inputs is None else _last_inputs(inputs, tokens, last)
+        self._keep(tokens, [matrices, none if norms is None else norms, kept])
+
+    def _at(self, states: list[torch.Tensor], t: int) -> list[torch.Tensor]:
+        matrices, norms, inputs = states
+        held = self.conv.shape[-1] if self.has_conv else 0  # K - 1
+        return [
+            matrices[:, :, t - 1],
+            norms[:, :, t - 1] if self.has_normalizer else self.normalizer,
+            inputs[:, :, t : t + held] if self.has_conv else self.conv,
+        ]
+
+    def _write(
+        self, state: torch.Tensor | tuple[torch.Tensor, torch.Tensor], tokens: int, *, conv: torch.Tensor | None
+    ) -> None:
         matrix, normalizer = state if isinstance(state, tuple) else (state, None)
         if (conv is None) == self.has_conv or (conv is not None and tuple(conv.shape) != tuple(self.conv.shape)):
             raise ValueError(
@@ -200,9 +183,18 @@ class StateCache(_Marks):
         return sum(t.numel() * t.element_size() for t in (self.matrix, self.normalizer, self.conv))
 
 
-class ConvolutionCache(_Marks):
+class ConvolutionCache(ToEach):
     """What a layer of short convolutions alone keeps (LFM's "conv" layers): the convolution's last K - 1 inputs,
-    (B, C, K - 1), and the tokens read, whatever the length. It goes back to a mark, as a StateCache does."""
+    (B, C, K - 1), and the tokens read, whatever the length. It goes back as a StateCache does (``going_back``)."""
+
+    ways: ClassVar[dict[str, type[ConvolutionCache]]]  # going_back -> the class that goes back so (set below)
+
+    def __new__(cls, *args: Any, going_back: str | None = None, **kwargs: Any) -> ConvolutionCache:
+        """The class of the way ``going_back`` names (None: ``cls``'s own), as :meth:`StateCache.__new__`."""
+        if going_back is not None:
+            check_way(going_back)
+        made: ConvolutionCache = super().__new__(cls if going_back is None else cls.ways[going_back])
+        return made
 
     def __init__(
         self,
@@ -212,8 +204,11 @@ class ConvolutionCache(_Marks):
         kernel: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        going_back: str | None = None,
+        spare: int | None = None,
     ) -> None:
         super().__init__(batch_size=batch_size, num_kv_heads=1, head_dim=channels, dtype=dtype)
+        self.spare = check_spare(spare)
         shape = (batch_size, channels, kernel - 1)
         self.register_buffer("conv", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("_length", torch.zeros((), dtype=torch.long, device=device), persistent=False)
@@ -236,7 +231,27 @@ class ConvolutionCache(_Marks):
         return self.conv if self.length else None
 
     def write(self, conv: torch.Tensor, tokens: int) -> None:
-        """Keep the convolution's last inputs after ``tokens`` more tokens; checked before anything is written."""
+        """Keep the convolution's last inputs after ``tokens`` more tokens; checked before anything is written.
+        While a pass is open (:attr:`each`) the layer writes with :meth:`write_each` instead."""
+        self._refuse_write(each=False)
+        self._write(conv, tokens)
+
+    def write_each(self, inputs: torch.Tensor, tokens: int) -> None:
+        """Keep the K - 1 + T inputs (B, C, K - 1 + T) of ``tokens`` more tokens, a pass being open: the state after
+        token t is their slice [t : t + K - 1] (of the last ``each_tokens(tokens)``: those kept), the last written."""
+        self._refuse_write(each=True)
+        want = (*self.conv.shape[:2], self.conv.shape[2] + tokens)
+        if tuple(inputs.shape) != want:
+            raise ValueError(
+                f"the inputs of {tokens} tokens must be (B, C, K - 1 + T) = {want}, got {tuple(inputs.shape)}"
+            )
+        self._write(inputs[:, :, tokens:], tokens)
+        self._keep(tokens, [_last_inputs(inputs, tokens, self.each_tokens(tokens))])
+
+    def _at(self, states: list[torch.Tensor], t: int) -> list[torch.Tensor]:
+        return [states[0][:, :, t : t + self.conv.shape[-1]]]
+
+    def _write(self, conv: torch.Tensor, tokens: int) -> None:
         if tuple(conv.shape) != tuple(self.conv.shape):
             raise ValueError(
                 f"this convolution cache holds {tuple(self.conv.shape)} inputs, got {tuple(conv.shape)}: build it "
@@ -259,3 +274,57 @@ class ConvolutionCache(_Marks):
     def nbytes(self) -> int:
         """Bytes held: the same after 10 tokens as after 100,000."""
         return self.conv.numel() * self.conv.element_size()
+
+
+def _last_inputs(inputs: torch.Tensor, tokens: int, last: int) -> torch.Tensor:
+    """The K - 1 + M inputs (B, C, K - 1 + M) that give the states after the last M of ``tokens``: copied out of
+    the call's (B, C, K - 1 + T) where M < T, so a long prompt's are let go."""
+    return inputs if last == tokens else inputs[:, :, tokens - last :].clone()
+
+
+class _StateCacheToMark(ToMark, StateCache):
+    """A StateCache that goes back to its mark alone (``going_back="mark"``)."""
+
+
+class _ConvolutionCacheToMark(ToMark, ConvolutionCache):
+    """A ConvolutionCache that goes back to its mark alone (``going_back="mark"``)."""
+
+
+StateCache.ways = {"each": StateCache, "mark": _StateCacheToMark}
+ConvolutionCache.ways = {"each": ConvolutionCache, "mark": _ConvolutionCacheToMark}
+
+
+def going_back_as(layers: Iterable[Any], going_back: str) -> list[Any]:
+    """``layers`` (a model's caches, as built) with each state's cache made anew, empty, going back as
+    ``going_back`` says, and every other layer's as it is: ``ModelCache(going_back_as(cache, "mark"))`` compares
+    the ways on one model (``benchmarks/going_back.py``)."""
+    check_way(going_back)
+    out: list[Any] = []
+    for layer in layers:
+        if isinstance(layer, StateCache):
+            conv = (int(layer.conv.shape[1]), int(layer.conv.shape[2])) if layer.has_conv else None  # (C, K - 1)
+            layer = StateCache(
+                batch_size=layer.batch_size,
+                num_heads=layer.num_kv_heads,
+                key_dim=layer.head_dim,
+                value_dim=layer.value_dim,
+                normalizer=layer.has_normalizer,
+                conv=conv,
+                dtype=layer.matrix.dtype,
+                device=layer.matrix.device,
+                going_back=going_back,
+                spare=layer.spare,
+            )
+        elif isinstance(layer, ConvolutionCache):
+            b, c, held = layer.conv.shape
+            layer = ConvolutionCache(
+                batch_size=b,
+                channels=c,
+                kernel=held + 1,
+                dtype=layer.conv.dtype,
+                device=layer.conv.device,
+                going_back=going_back,
+                spare=layer.spare,
+            )
+        out.append(layer)
+    return out

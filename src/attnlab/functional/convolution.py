@@ -8,7 +8,9 @@ last K - 1 inputs are carried from one piece to the next: that is the whole stat
 whatever the length.
 
 :func:`short_convolution` is the fast form (one depthwise ``conv1d``); :func:`short_convolution_reference` the
-readable one (the sum above, tap by tap); the tests hold them equal.
+readable one (the sum above, tap by tap); the tests hold them equal. With ``each=True`` either returns all K - 1 + T
+inputs, the carried ones and the new: the state after the call's t-th token is their slice [t : t + K - 1], so a
+cache that must go back to any token of a pass of guesses keeps them and copies nothing (``attnlab.cache.state``).
 
 Shapes: B = batch, T = tokens, C = channels, K = kernel size.
 """
@@ -34,22 +36,22 @@ def _check(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None) ->
 
 
 def short_convolution(
-    x: torch.Tensor, weight: torch.Tensor, *, state: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, *, state: torch.Tensor | None = None, each: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x (B, T, C) convolved causally with ``weight`` (C, K), after the inputs ``state`` (B, C, K - 1) holds (None:
     zeros). Returns the outputs (B, T, C) and the state after x: its last K - 1 inputs (with the earlier ones where
-    x is shorter)."""
+    x is shorter); ``each``: all K - 1 + T inputs (B, C, K - 1 + T), the state after token t their [t : t + K - 1]."""
     _check(x, weight, state)
     b, t, c = x.shape
     k = weight.shape[1]
     before = x.new_zeros(b, c, k - 1) if state is None else state.to(x.dtype)
     inputs = torch.cat([before, x.transpose(1, 2)], dim=2)  # (B, C, K - 1 + T)
     out = F.conv1d(inputs, weight[:, None, :].to(x.dtype), groups=c)  # (B, C, T)
-    return out.transpose(1, 2), inputs[:, :, inputs.shape[2] - (k - 1) :]
+    return out.transpose(1, 2), inputs if each else inputs[:, :, inputs.shape[2] - (k - 1) :]
 
 
 def short_convolution_reference(
-    x: torch.Tensor, weight: torch.Tensor, *, state: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, *, state: torch.Tensor | None = None, each: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`short_convolution` tap by tap: out[t, c] = sum_j weight[c, j] * inputs[t + j, c], where inputs are
     the state's K - 1 inputs and then x's."""
@@ -60,4 +62,4 @@ def short_convolution_reference(
     inputs = torch.cat([before, x], dim=1)  # (B, K - 1 + T, C)
     out = sum(weight[:, j] * inputs[:, j : j + t] for j in range(k))
     assert isinstance(out, torch.Tensor)
-    return out, inputs[:, inputs.shape[1] - (k - 1) :].transpose(1, 2)
+    return out, (inputs if each else inputs[:, inputs.shape[1] - (k - 1) :]).transpose(1, 2)

@@ -26,7 +26,8 @@ Two forms give the same numbers:
   would overflow exp(-G_j).
 
 Each function takes (B, H, T, D) tensors and an optional state and returns the output and the state after the last
-token, so a prompt can be read in one call and decoding continue one token at a time.
+token, so a prompt can be read in one call and decoding continue one token at a time; with ``each=True`` (the
+recurrent form) the state after each token, stacked on dim 2, as ``attnlab.functional.recurrent``'s.
 
 Shapes: B = batch, H = heads, T = tokens, Dk = key size, Dv = value size, C = chunk size.
 """
@@ -36,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from attnlab._checks import check_positive_int
-from attnlab.functional.recurrent import _check, _check_gates, _check_state, _state_shapes
+from attnlab.functional.recurrent import _check, _check_each, _check_gates, _check_state, _stacked, _state_shapes
 
 FORMS = ("recurrent", "chunked")
 
@@ -60,6 +61,7 @@ def kimi_delta_rule(
     state: torch.Tensor | None = None,
     form: str = "chunked",
     chunk_size: int = 64,
+    each: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The delta rule with a decay per channel over q, k (unit length; q already scaled) and v.
 
@@ -70,6 +72,7 @@ def kimi_delta_rule(
         beta: (B, H, T), the share of the error written, in [0, 1].
         state: (B, H, Dk, Dv) after earlier tokens; None starts from zero.
         form: "recurrent" or "chunked" (the same numbers).
+        each: return the state after each token, (B, H, T, Dk, Dv) (the recurrent form only).
     Returns: the output (B, H, T, Dv) and the state after the last token.
     Raises:
         ValueError: a shape, a g > 0, a beta outside [0, 1] or a form not known, named.
@@ -77,12 +80,13 @@ def kimi_delta_rule(
     _check_shapes("kimi_delta_rule", q, k, v, g, beta)
     if form not in FORMS:
         raise ValueError(f"form must be one of {list(FORMS)} for the Kimi delta rule, got {form!r}")
+    _check_each("kimi_delta_rule", each, form)
     _check_gates("kimi_delta_rule", g, beta, chunked=form == "chunked")
     s_shape, _ = _state_shapes(q, v)
     state = q.new_zeros(s_shape) if state is None else state
     _check_state("kimi_delta_rule", state, s_shape)
     if form == "recurrent":
-        return _kda_recurrent(q, k, v, g, beta, state)
+        return _kda_recurrent(q, k, v, g, beta, state, each=each)
     check_positive_int("chunk_size", chunk_size, limit=2**16)
     outs = []
     for start in range(0, q.shape[2], chunk_size):
@@ -115,17 +119,25 @@ def _gaps(cum: torch.Tensor) -> torch.Tensor:
 
 
 def _kda_recurrent(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, s: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    s: torch.Tensor,
+    *,
+    each: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    outs = []
+    outs, states = [], []
     for t in range(q.shape[2]):
         s = s * g[:, :, t, :, None].exp()  # (B, H, Dk, Dv): row d decayed by its own exp(g_t[d])
         predicted = (k[:, :, t, :, None] * s).sum(dim=2)  # (B, H, Dv): what the decayed state reads for k_t
         error = (v[:, :, t] - predicted) * beta[:, :, t, None]  # (B, H, Dv): the delta rule's write
         s = s + k[:, :, t, :, None] * error[:, :, None, :]  # (B, H, Dk, Dv)
         outs.append((q[:, :, t, :, None] * s).sum(dim=2))  # (B, H, Dv): S_t^T q_t
+        states += [s] if each else []
     out = torch.stack(outs, dim=2) if outs else v.new_zeros(v.shape)  # (B, H, T, Dv)
-    return out, s
+    return out, _stacked(states, s, q.shape[2]) if each else s  # (B, H, T, Dk, Dv) after each token, or the last
 
 
 def _kda_chunk(

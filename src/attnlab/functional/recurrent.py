@@ -28,7 +28,9 @@ Each comes in forms that give the same numbers:
   S_C = exp(G_C) S_0 + sum_j exp(G_C - G_j) k_j u_j^T.
 
 Every function takes (B, H, T, D) tensors and an optional state, and returns the output and the state after
-the last token, so a prompt can be read in one call and decoding continue one token at a time.
+the last token, so a prompt can be read in one call and decoding continue one token at a time; with ``each=True``
+(the recurrent form, which passes through them) the state after each token instead, stacked on dim 2: a cache
+that must go back to any token of a short pass of guesses keeps them (``attnlab.cache.state``).
 
 Shapes: B = batch, H = heads, T = tokens, Dk = key size, Dv = value size, C = chunk size.
 """
@@ -79,6 +81,19 @@ def _check_state(name: str, state: torch.Tensor | None, shape: tuple[int, ...]) 
         raise ValueError(f"{name}: the state must be {shape} (batch, heads, Dk[, Dv]), got {tuple(state.shape)}")
 
 
+def _check_each(name: str, each: bool, form: str) -> None:
+    if each and form != "recurrent":
+        raise ValueError(
+            f"{name}: each=True returns the state after each token, which only the recurrent form passes through; "
+            f"got form={form!r}: pass form='recurrent'"
+        )
+
+
+def _stacked(states: list[torch.Tensor], start: torch.Tensor, t: int) -> torch.Tensor:
+    """The states after each of ``t`` tokens (B, H, ...) stacked on dim 2: (B, H, T, ...); T = 0: empty."""
+    return torch.stack(states, dim=2) if states else start.new_zeros(*start.shape[:2], 0, *start.shape[2:])
+
+
 # ---- linear attention ----
 
 
@@ -90,6 +105,7 @@ def linear_attention(
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
     form: str = "chunked",
     chunk_size: int = 64,
+    each: bool = False,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Causal linear attention of phi(q), phi(k) (the caller applies :func:`feature_map`) over v.
 
@@ -97,17 +113,19 @@ def linear_attention(
         q, k: (B, H, T, Dk), already positive (phi applied); v: (B, H, T, Dv).
         state: (S, z) after earlier tokens, (B, H, Dk, Dv) and (B, H, Dk); None starts from zero.
         form: "recurrent", "parallel" or "chunked" (the same numbers).
+        each: return (S, z) after each token, (B, H, T, Dk, Dv) and (B, H, T, Dk) (the recurrent form only).
     Returns: the output (B, H, T, Dv) and the state (S, z) after the last token. A row whose normalizer is 0
         (nothing written yet, as under left padding) outputs 0, with gradient 0.
     """
     _check("linear_attention", q, k, v)
+    _check_each("linear_attention", each, form)
     s_shape, z_shape = _state_shapes(q, v)
     if state is None:
         state = (q.new_zeros(s_shape), q.new_zeros(z_shape))
     _check_state("linear_attention", state[0], s_shape)
     _check_state("linear_attention", state[1], z_shape)
     if form == "recurrent":
-        return _linear_recurrent(q, k, v, state)
+        return _linear_recurrent(q, k, v, state, each=each)
     if form == "parallel":
         return _linear_chunk(q, k, v, state)  # one chunk of every token
     if form == "chunked":
@@ -122,17 +140,21 @@ def linear_attention(
 
 
 def _linear_recurrent(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], *, each: bool = False
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     s, z = state
-    outs = []
+    outs, states, norms = [], [], []
     for t in range(q.shape[2]):
         s = s + k[:, :, t, :, None] * v[:, :, t, None, :]  # (B, H, Dk, Dv): add phi(k_t) v_t^T
         z = z + k[:, :, t]  # (B, H, Dk)
         num = (q[:, :, t, :, None] * s).sum(dim=2)  # (B, H, Dv): S_t^T phi(q_t)
         den = (q[:, :, t] * z).sum(dim=-1, keepdim=True)  # (B, H, 1)
         outs.append(_normalized(num, den))
+        states += [s] if each else []
+        norms += [z] if each else []
     out = torch.stack(outs, dim=2) if outs else v.new_zeros(v.shape)  # (B, H, T, Dv)
+    if each:  # (B, H, T, Dk, Dv) and (B, H, T, Dk): after each token
+        return out, (_stacked(states, s, q.shape[2]), _stacked(norms, z, q.shape[2]))
     return out, (s, z)
 
 
@@ -212,6 +234,7 @@ def gated_delta_rule(
     form: str = "chunked",
     chunk_size: int = 64,
     negative_eigenvalues: bool = False,
+    each: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over q, k (unit length; q already scaled) and v.
 
@@ -224,9 +247,11 @@ def gated_delta_rule(
             are refused.
         state: (B, H, Dk, Dv) after earlier tokens; None starts from zero.
         form: "recurrent" or "chunked" (the same numbers).
+        each: return the state after each token, (B, H, T, Dk, Dv) (the recurrent form only).
     Returns: the output (B, H, T, Dv) and the state after the last token.
     """
     _check("gated_delta_rule", q, k, v)
+    _check_each("gated_delta_rule", each, form)
     for label, t in (("g", g), ("beta", beta)):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(q.shape[:3]):
             raise ValueError(
@@ -238,7 +263,7 @@ def gated_delta_rule(
     state = q.new_zeros(s_shape) if state is None else state
     _check_state("gated_delta_rule", state, s_shape)
     if form == "recurrent":
-        return _delta_recurrent(q, k, v, g, beta, state)
+        return _delta_recurrent(q, k, v, g, beta, state, each=each)
     if form == "chunked":
         check_positive_int("chunk_size", chunk_size, limit=2**16)
         outs = []
@@ -277,17 +302,25 @@ def gated_delta_weights(
 
 
 def _delta_recurrent(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, s: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    s: torch.Tensor,
+    *,
+    each: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    outs = []
+    outs, states = [], []
     for t in range(q.shape[2]):
         s = s * g[:, :, t, None, None].exp()  # (B, H, Dk, Dv): decay
         predicted = (k[:, :, t, :, None] * s).sum(dim=2)  # (B, H, Dv): S^T k_t, what the state reads for k_t
         error = (v[:, :, t] - predicted) * beta[:, :, t, None]  # (B, H, Dv): the delta rule's write
         s = s + k[:, :, t, :, None] * error[:, :, None, :]  # (B, H, Dk, Dv)
         outs.append((q[:, :, t, :, None] * s).sum(dim=2))  # (B, H, Dv): S_t^T q_t
+        states += [s] if each else []
     out = torch.stack(outs, dim=2) if outs else v.new_zeros(v.shape)  # (B, H, T, Dv)
-    return out, s
+    return out, _stacked(states, s, q.shape[2]) if each else s  # (B, H, T, Dk, Dv) after each token, or the last
 
 
 def _delta_chunk(

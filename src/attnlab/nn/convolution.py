@@ -97,10 +97,13 @@ class GatedShortConvolution(StateLayer):
         if is_recording():
             self._record(b_gate, c_gate, cache)
         before = cache.conv_state() if cache is not None else None
-        mixed, after = short_convolution(b_gate * values, self.conv.weight[:, 0], state=before)  # (B, T, E)
+        each = cache is not None and cache.each  # a pass of guesses: every input kept, whose slices are each state
+        mixed, after = short_convolution(b_gate * values, self.conv.weight[:, 0], state=before, each=each)  # (B, T, E)
         if self.conv.bias is not None:
             mixed = mixed + self.conv.bias
-        if cache is not None:
+        if cache is not None and each:
+            cache.write_each(after, x.shape[1])
+        elif cache is not None:
             cache.write(after, x.shape[1])
         return self.out_proj(c_gate * mixed)
 

@@ -111,11 +111,8 @@ class KimiDeltaAttention(RecurrentLayer):
         state = cache.state() if isinstance(cache, StateCache) else None
         if isinstance(state, tuple):
             raise TypeError("this state cache has a normalizer; build it from KimiDeltaAttention's layer_state()")
-        out, new_state = kimi_delta_rule(
-            queries, keys, values, g, beta, state=state, form=self._form(x.shape[1]), chunk_size=self.chunk_size
-        )
-        if isinstance(cache, StateCache):
-            cache.write(new_state, x.shape[1], conv=conv_after)
+        out, new_state = self.recur(kimi_delta_rule, (queries, keys, values, g, beta), state, cache)
+        self.keep(cache, new_state, x.shape[1], conv_after)
         b, t = x.shape[0], x.shape[1]
         gate = self.g_b_proj(self.g_a_proj(x)).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         return self.merge_heads(self.norm(out.to(x.dtype)) * torch.sigmoid(gate))

@@ -104,13 +104,10 @@ class LinearAttention(RecurrentLayer):
         state = cache.state() if isinstance(cache, StateCache) else None
         if state is not None and not isinstance(state, tuple):
             raise TypeError("this state cache has no normalizer; build it from LinearAttention's layer_state()")
-        out, new_state = linear_attention(
-            queries, keys, values, state=state, form=self._form(x.shape[1]), chunk_size=self.chunk_size
-        )
+        out, new_state = self.recur(linear_attention, (queries, keys, values), state, cache)
         if real is not None:
             out = out.where(real[:, None, :, None], 0.0)  # a padded token's own output (nothing real before it)
-        if isinstance(cache, StateCache):
-            cache.write(new_state, x.shape[1])
+        self.keep(cache, new_state, x.shape[1], None)
         return self.merge_heads(out.to(x.dtype))
 
 
@@ -206,19 +203,11 @@ class GatedDeltaNet(RecurrentLayer):
         state = cache.state() if isinstance(cache, StateCache) else None
         if isinstance(state, tuple):
             raise TypeError("this state cache has a normalizer; build it from GatedDeltaNet's layer_state()")
-        out, new_state = gated_delta_rule(
-            queries,
-            keys,
-            values,
-            g,
-            beta,
-            state=state,
-            form=self._form(x.shape[1]),
-            chunk_size=self.chunk_size,
-            negative_eigenvalues=self.negative_eigenvalues,
+        flips = self.negative_eigenvalues
+        out, new_state = self.recur(
+            gated_delta_rule, (queries, keys, values, g, beta), state, cache, negative_eigenvalues=flips
         )
-        if isinstance(cache, StateCache):
-            cache.write(new_state, x.shape[1], conv=conv_after)
+        self.keep(cache, new_state, x.shape[1], conv_after)
         b, t = x.shape[0], x.shape[1]
         gate = F.silu(self.z_proj(x)).view(b, t, self.value_heads, self.value_dim).transpose(1, 2)  # (B, Hv, T, Dv)
         return self.merge_heads(self.norm(out.to(x.dtype)) * gate)

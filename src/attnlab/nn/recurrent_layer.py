@@ -8,7 +8,7 @@ differ (Qwen3.5's grouped value heads: each query/key head serves Hv / H of them
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
@@ -186,7 +186,8 @@ class RecurrentLayer(StateLayer):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The projected q, k and v (B, T, C), through the short convolution and silu where the layer has one,
         a padded token's inputs zeroed (as the zeros before a row's first token); and the convolution's state
-        after them (None without a convolution)."""
+        after them (None without a convolution): while the cache keeps each token's state (``cache.each``), all
+        K - 1 + T inputs (B, C, K - 1 + T), whose slices are the state after each token."""
         qkv = self.qkv(x)  # (B, T, C)
         if self.conv is None:
             return qkv, None
@@ -194,7 +195,8 @@ class RecurrentLayer(StateLayer):
         if real is not None:
             qkv = qkv.where(real[..., None], 0.0)
         before = cache.conv_state() if isinstance(cache, StateCache) else None
-        out, after = short_convolution(qkv, self.conv.weight[:, 0], state=before)
+        each = isinstance(cache, StateCache) and cache.each  # a pass of guesses: every token's inputs, not the last
+        out, after = short_convolution(qkv, self.conv.weight[:, 0], state=before, each=each)
         return F.silu(out), after
 
     def _check(self, x: object, cache: Cache | None) -> None:
@@ -216,6 +218,52 @@ class RecurrentLayer(StateLayer):
     def _form(self, t: int) -> str:
         """The form a call runs: the module's, but one token at a time is the recurrence itself."""
         return "recurrent" if t == 1 else self.form
+
+    def recur(
+        self,
+        rule: Callable[..., tuple[torch.Tensor, Any]],
+        tensors: tuple[torch.Tensor, ...],
+        state: Any,
+        cache: Cache | None,
+        **options: Any,
+    ) -> tuple[torch.Tensor, Any]:
+        """``rule`` (a function of ``attnlab.functional``) over the call's ``tensors`` (each (B, H, T, ...)) after
+        ``state``: the output (B, H, T, Dv) and the state after the call, or, while the cache keeps each token's
+        (``cache.each_tokens(T)`` = M > 0), the states after the last M (B, H, M, ...): the module's form runs up to
+        them, the recurrence through them."""
+        t = tensors[0].shape[2]
+        last = cache.each_tokens(t) if isinstance(cache, StateCache) else 0
+        if not last:
+            return rule(*tensors, state=state, form=self._form(t), chunk_size=self.chunk_size, **options)
+        outs = []
+        if last < t:  # a prompt read in the pass: its fast form up to the tokens a crop may go back to
+            out, state = rule(
+                *(x[:, :, : t - last] for x in tensors),
+                state=state,
+                form=self._form(t - last),
+                chunk_size=self.chunk_size,
+                **options,
+            )
+            outs.append(out)
+        out, states = rule(*(x[:, :, t - last :] for x in tensors), state=state, form="recurrent", each=True, **options)
+        return torch.cat([*outs, out], dim=2), states
+
+    def keep(
+        self,
+        cache: Cache | None,
+        state: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        tokens: int,
+        conv: torch.Tensor | None,
+    ) -> None:
+        """Write the state after the call into ``cache`` (a StateCache): the last, or while the cache keeps each
+        token's (``cache.each``: :meth:`recur` ran the recurrence with ``each=True``) the states after the last
+        tokens and the convolution's every input."""
+        if not isinstance(cache, StateCache):
+            return
+        if cache.each:
+            cache.write_each(state, tokens, inputs=conv)
+        else:
+            cache.write(state, tokens, conv=conv)
 
     def _record(self, weights: Callable[[], torch.Tensor], cache: Cache | None) -> None:
         """For a Recorder: the implicit weights the recurrence equals over this call's tokens ("attn_weights"),

@@ -110,7 +110,9 @@ STEPS: dict[str, tuple[str, str]] = {
         'puts the copy back bit for bit; the tokens kept since, "with one", run again (in the next pass, beside '
         "its new guesses). The numbers are head 0's state in a Gated DeltaNet layer of seed 123: the refused "
         '"journey starts" moved them, and once gone back and run again they are, bit for bit, those of a run that '
-        "never saw the guesses.",
+        'never saw the guesses. This is the going_back="mark" way, which shows the idea most plainly; attnlab\'s '
+        'default, "each", keeps the state after each token of the pass instead, so crop(5) stops at 5 and nothing '
+        'runs again (docs/caches.md, "Going back", says which costs what).',
     ),
     "zoo_run": (
         "The attention zoo: every variant trained side by side",

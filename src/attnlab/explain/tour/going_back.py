@@ -16,7 +16,7 @@ import torch
 
 from attnlab.book import WORDS
 from attnlab.cache import ModelCache, SlidingWindowCache
-from attnlab.cache.state import StateCache
+from attnlab.cache.state import StateCache, going_back_as
 from attnlab.explain.tour.core import Add, Checker
 from attnlab.nn.attention import Attention
 from attnlab.nn.recurrent import GatedDeltaNet
@@ -123,7 +123,8 @@ def _numbers(state: StateCache) -> str:
 def _state_back(add: Add, c: Checker, x: torch.Tensor) -> None:
     torch.manual_seed(123)
     layer = GatedDeltaNet(d_in=3, num_heads=2, head_dim=2, chunk_size=4)
-    caches = [ModelCache.build([layer.layer_state()], rows=1, capacity=7) for _ in range(2)]
+    built = [ModelCache.build([layer.layer_state()], rows=1, capacity=7) for _ in range(2)]
+    caches = [ModelCache(going_back_as(cache, "mark")) for cache in built]  # the way that re-runs (not the default)
     state, clean = (cache[0] for cache in caches)
     assert isinstance(state, StateCache) and isinstance(clean, StateCache)
     rows = []
@@ -146,7 +147,7 @@ def _state_back(add: Add, c: Checker, x: torch.Tensor) -> None:
     rows.append((_numbers(clean), c.say("state_clean", said=_said(REFUSED))))
     add(
         "state_back",
-        "cache = ModelCache.build([layer.layer_state()], rows=1, capacity=7)\n"
+        "cache = ModelCache(going_back_as(ModelCache.build([layer.layer_state()], rows=1, capacity=7), 'mark'))\n"
         f"layer(x[:, :{len(PROMPT)}], cache=cache[0])  # "
         + c.say("cm_prompt", said=_said(PROMPT))
         + "\ncache.mark()  # "
