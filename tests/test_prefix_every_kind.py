@@ -171,3 +171,22 @@ def test_every_zoo_variant_reuses_a_prefix_exactly(variant: str) -> None:
     assert m.generate_many([first, second], 6, slots=1) == [
         m.generate(torch.tensor([p]), 6)[0, len(p) :].tolist() for p in (first, second)
     ]
+
+
+def test_the_docs_quote_the_committed_prefix_run() -> None:
+    """docs/benchmarks.md's prefix-reuse table is what benchmarks/prefix_kinds.py renders from its committed results
+    file; every row's tokens were checked against the plain cache in the run, and warm ran fewer tokens than cold."""
+    import json
+    from pathlib import Path
+
+    from benchmark_scripts import load
+
+    root = Path(__file__).resolve().parents[1]
+    runs = sorted((root / "benchmarks" / "results").glob("prefix_kinds-*.json"))
+    assert runs, "no result file of benchmarks/prefix_kinds.py in benchmarks/results/"
+    script = load("prefix_kinds")
+    result = json.loads(runs[-1].read_text(encoding="utf-8"))
+    assert result["schema"] == script.SCHEMA
+    assert [r["model"] for r in result["rows"]] == list(script.MODELS)
+    assert all(r["ran"]["warm"] == r["own"] + r["new_tokens"] - 1 < r["ran"]["cold"] for r in result["rows"])
+    assert script.render(result) in (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
