@@ -7,8 +7,11 @@ not a finding.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from attnlab.bench.timing import NOISY, interleaved, ratios, spread
 
@@ -25,3 +28,12 @@ def report(times: Mapping[str, list[float]], base: str, *, width: int = 34) -> N
         print(
             f"  {name:<{width}} {statistics.median(ts) * 1e3:8.1f} ms   {ratio:5.2f}x {base}  spread {wide:4.0%}{flag}"
         )
+
+
+def save(result: dict[str, Any], path: Path | None) -> None:
+    """Write a benchmark's result file atomically (a temporary beside it, then replaced); None: nothing."""
+    if path is None:
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)

@@ -27,7 +27,6 @@ against no speculation, and "each" against "mark", which picks the default (docs
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -38,7 +37,7 @@ from typing import Any
 
 import torch
 
-from _timing import NOISY, report
+from _timing import NOISY, report, save
 from attnlab.bench.timing import ratios, spread, timed_rounds
 from attnlab.cache import ModelCache
 from attnlab.cache.going_back import WAYS
@@ -212,10 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": rows,
     }
     print(render(result))
-    if args.json is not None:
-        tmp = args.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(args.json)
+    save(result, args.json)
     return 0
 
 

@@ -26,7 +26,6 @@ in them.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -36,7 +35,7 @@ from typing import Any
 
 import torch
 
-from _timing import NOISY, interleaved, report
+from _timing import NOISY, interleaved, report, save
 from attnlab.bench.timing import ratios, spread
 from attnlab.cache import PagedKVCache, PrefixCache
 from attnlab.models import GPT, GPTConfig
@@ -168,10 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [measure(kind, shared, rounds) for kind in MODELS]
     result = {"schema": SCHEMA, "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows}
     print(render(result))
-    if args.json is not None:
-        tmp = args.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(args.json)
+    save(result, args.json)
     return 0
 
 

@@ -121,32 +121,12 @@ def make_paged_window(state: LayerState, sizes: Sizes) -> Cache:
 
 def make_row_state(state: LayerState, sizes: Sizes) -> Cache:
     assert sizes.table is not None  # a row-state layer writes through the model's block table
-    return PagedStateCache(
-        table=sizes.table,
-        keeps_ends=sizes.shares,
-        batch_size=sizes.rows,
-        num_heads=state.kv_heads,
-        key_dim=state.head_dim,
-        value_dim=state.value_dim or state.head_dim,
-        normalizer=state.normalizer,
-        conv=state.conv,
-        dtype=state.dtype,
-        device=state.device,
-    )
+    return PagedStateCache(table=sizes.table, keeps_ends=sizes.shares, **state_shape(state, sizes))
 
 
 def make_row_convolution(state: LayerState, sizes: Sizes) -> Cache:
-    assert state.conv is not None and sizes.table is not None
-    channels, held = state.conv
-    return PagedConvolutionCache(
-        table=sizes.table,
-        keeps_ends=sizes.shares,
-        batch_size=sizes.rows,
-        channels=channels,
-        kernel=held + 1,
-        dtype=state.dtype,
-        device=state.device,
-    )
+    assert sizes.table is not None  # a row-state layer writes through the model's block table
+    return PagedConvolutionCache(table=sizes.table, keeps_ends=sizes.shares, **convolution_shape(state, sizes))
 
 
 def make_paged_latent(state: LayerState, sizes: Sizes) -> Cache:
@@ -178,31 +158,39 @@ def make_ring(state: LayerState, sizes: Sizes) -> Cache:
     )
 
 
+def state_shape(state: LayerState, sizes: Sizes) -> dict[str, Any]:
+    """A recurrent layer's state cache's shape, as its state declares it (the plain and the paged one's)."""
+    return {
+        "batch_size": sizes.rows,
+        "num_heads": state.kv_heads,
+        "key_dim": state.head_dim,
+        "value_dim": state.value_dim or state.head_dim,
+        "normalizer": state.normalizer,
+        "conv": state.conv,
+        "dtype": state.dtype,
+        "device": state.device,
+    }
+
+
+def convolution_shape(state: LayerState, sizes: Sizes) -> dict[str, Any]:
+    """A convolution layer's cache's shape: its (channels, kernel - 1) declared."""
+    assert state.conv is not None  # a convolution layer declares its (channels, kernel - 1)
+    channels, held = state.conv
+    return {
+        "batch_size": sizes.rows,
+        "channels": channels,
+        "kernel": held + 1,
+        "dtype": state.dtype,
+        "device": state.device,
+    }
+
+
 def make_state(state: LayerState, sizes: Sizes) -> Cache:
-    return StateCache(
-        batch_size=sizes.rows,
-        num_heads=state.kv_heads,
-        key_dim=state.head_dim,
-        value_dim=state.value_dim or state.head_dim,
-        normalizer=state.normalizer,
-        conv=state.conv,
-        dtype=state.dtype,
-        device=state.device,
-        spare=sizes.spare,  # "each": the states after a pass's last spare tokens
-    )
+    return StateCache(**state_shape(state, sizes), spare=sizes.spare)  # "each": the states of a pass's last spare
 
 
 def make_convolution(state: LayerState, sizes: Sizes) -> Cache:
-    assert state.conv is not None  # a convolution layer declares its (channels, kernel - 1)
-    channels, held = state.conv
-    return ConvolutionCache(
-        batch_size=sizes.rows,
-        channels=channels,
-        kernel=held + 1,
-        dtype=state.dtype,
-        device=state.device,
-        spare=sizes.spare,
-    )
+    return ConvolutionCache(**convolution_shape(state, sizes), spare=sizes.spare)
 
 
 def make_shared(state: LayerState, sizes: Sizes) -> Cache:
