@@ -41,7 +41,7 @@ from attnlab.cache.factories import CACHES, CacheFactory, cache_name
 from attnlab.cache.paged import BlockTable, PagedKVCache
 from attnlab.cache.plan import LayerState, choose, sizes_for
 from attnlab.cache.prefix import PrefixTree
-from attnlab.cache.row_states import _Rows
+from attnlab.cache.row_states import RowStates
 
 
 def combined(classes: Sequence[Any], *, shares_prefixes: bool = False) -> Capabilities:
@@ -81,7 +81,7 @@ class ModelCache:
         self.layers = layers
         self.capabilities = combined([type(c) for c in layers], shares_prefixes=self.shares_prefixes)
         paged = [c for c in layers if isinstance(c, PagedKVCache)]
-        self.states = [c for c in layers if isinstance(c, _Rows)]  # a state per row, written through the table
+        self.states = [c for c in layers if isinstance(c, RowStates)]  # a state per row, written through the table
         self.table: BlockTable | None = paged[0].table if paged else self.states[0].table if self.states else None
         for layer in paged[1:]:  # caches made by hand: every layer then writes through the first one's table
             layer.share(paged[0].table)
@@ -224,7 +224,7 @@ class ModelCache:
     def abort(self) -> None:
         """A call failed (between layers, or Ctrl-C): every layer goes back to how :meth:`begin` found it, bitwise
         (a paged write not every layer made is undone by the block table). A layer that cannot undo (sink,
-        quantized, evicting: their writes reshape what they hold) leaves the cache refusing to go on."""
+        int8/int4: their writes reshape what they hold) and wrote leaves the cache refusing to go on."""
         if self.table is not None:
             self.table.abort()
         begun, self._begun = self._begun, None
@@ -274,7 +274,10 @@ class PrefixCache(PrefixTree, ModelCache):
     def __init__(self, layers: list[Cache]) -> None:
         ModelCache.__init__(self, layers)
         if self.table is None or not self.capabilities.rows:
-            raise TypeError("a PrefixCache's layers must all be PagedKVCache (build it: ModelCache.build)")
+            raise TypeError(
+                "a PrefixCache's layers must all have rows of their own, written through one block table (paged "
+                "keys, a state per row): build it with ModelCache.build(..., 'prefix', ...)"
+            )
         self.grow(self.table)
 
     def resumes_at(self, block: int) -> bool:

@@ -35,7 +35,7 @@ from attnlab.cache.state import ConvolutionCache, StateCache
 _NO_CROP = PagedKVCache.why_no_crop  # its rows go back as the paged layers' blocks would: not yet
 
 
-class _Rows:
+class RowStates:
     """What both row caches share: each row's length (the block table's), the states kept at block ends, and the
     views. Each writes through the model's one block table, as a paged layer does: the table takes a row's blocks
     (ids of token spans, whichever layer holds what for them) and moves its length once every layer wrote."""
@@ -147,12 +147,12 @@ def _state_parts(cache: StateCache) -> list[torch.Tensor]:
     return [cache.matrix] + [cache.normalizer] * cache.has_normalizer + [cache.conv] * cache.has_conv
 
 
-def _positions(owner: _Rows, rows: list[int], t: int, device: torch.device) -> torch.Tensor:
+def _positions(owner: RowStates, rows: list[int], t: int, device: torch.device) -> torch.Tensor:
     """The next ``t`` positions of each of ``rows``, (R, T)."""
     return owner.table.next_positions(rows, t).to(device)
 
 
-class PagedStateCache(_Rows, StateCache):
+class PagedStateCache(RowStates, StateCache):
     """A recurrent layer's state, (B, H, Dk, Dv) with its normalizer and convolution inputs, per row of a paged
     model cache; the state at a block's end kept for a prefix cache. Args as ``StateCache``, ``table``: the
     model's block table, ``keeps_ends``: keep the state at each block's end (a prefix cache)."""
@@ -191,7 +191,7 @@ class _StateView(StateCache):
         self.owner._wrote(self.picked, _state_parts(self), tokens)
 
 
-class PagedConvolutionCache(_Rows, ConvolutionCache):
+class PagedConvolutionCache(RowStates, ConvolutionCache):
     """A convolution layer's last inputs, (B, C, K - 1), per row of a paged model cache; kept at block ends for a
     prefix cache. Args as ``ConvolutionCache``, ``table`` and ``keeps_ends`` as ``PagedStateCache``'s."""
 
