@@ -32,14 +32,24 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return err
 
 
-@pytest.mark.parametrize("cache", [c for c in CACHE_NAMES if c != "plain"])
+@pytest.mark.parametrize("cache", [c for c in CACHE_NAMES if c not in ("plain", "paged", "prefix")])
 def test_a_cache_that_cannot_keep_a_window_is_refused_by_its_flag_before_the_prompt_prints(
     cache: str, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     err = _refused(["--model", str(checkpoints["windowed"]), "--cache", cache, "hello"], capsys)
     assert f"--cache {cache} " in err and "window of 8 tokens: use --cache plain" in err, err
-    if cache == "prefix":  # its own words: the prefix cache shares paged blocks; it is not "the paged cache"
-        assert "--cache prefix shares paged blocks between prompts" in err and "paged cache" not in err, err
+    assert "or paged or prefix (its keys in blocks)" in err, err
+
+
+@pytest.mark.parametrize("cache", ["paged", "prefix"])
+def test_paged_and_prefix_keep_a_window_in_blocks_on_the_command_line(
+    cache: str, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = str(checkpoints["windowed"])
+    assert cli.main(["generate", "--model", model, "--cache", cache, "--max-new-tokens", "12", "hello"]) == 0
+    blocks = capsys.readouterr().out
+    assert cli.main(["generate", "--model", model, "--max-new-tokens", "12", "hello"]) == 0
+    assert blocks == capsys.readouterr().out  # the ring's text: greedy, the same tokens
 
 
 def test_the_windowed_model_still_generates_with_the_plain_cache(

@@ -87,7 +87,6 @@ def in_flags(make: Callable[..., T], **values: object) -> T:
 def check_cache(model: GPT, cache: str) -> None:
     """--cache against the model, before any output: what the request checks (its layers' plan; nothing made),
     refused in the flag's words."""
-    from attnlab.cache import capabilities_of
     from attnlab.models.generation.request import planned
 
     try:
@@ -96,11 +95,11 @@ def check_cache(model: GPT, cache: str) -> None:
         window = model.config.window
         if window is None:
             raise ValueError(f"--cache {cache}: {err}") from None
-        # on a windowed model only the plain cache keeps the window's ring
-        shares = "shares paged blocks between prompts, which do" if capabilities_of(cache).shares_prefixes else "does"
+        # on a windowed model the plain cache keeps the window's ring, paged and prefix its keys in blocks
         raise ValueError(
-            f"--cache {cache} {shares} not keep a sliding window's ring, and this model attends in a window of "
-            f"{window} tokens: use --cache plain (a ring buffer of the window)"
+            f"--cache {cache} does not keep a sliding window's ring, and this model attends in a window of "
+            f"{window} tokens: use --cache plain (a ring buffer of the window), or paged or prefix (its keys in "
+            "blocks)"
         ) from None
 
 
