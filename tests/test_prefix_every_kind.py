@@ -190,3 +190,62 @@ def test_the_docs_quote_the_committed_prefix_run() -> None:
     assert [r["model"] for r in result["rows"]] == list(script.MODELS)
     assert all(r["ran"]["warm"] == r["own"] + r["new_tokens"] - 1 < r["ran"]["cold"] for r in result["rows"])
     assert script.render(result) in (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+
+
+# ---- speculation on rows of their own: each row back to what it kept ----
+
+
+@torch.no_grad()
+def test_lookup_on_paged_and_prefix_rows_gives_greedys_tokens_on_every_kind_in_fewer_passes() -> None:
+    """Each row goes back alone (``ModelCache.crop_row``): its blocks through the block table, a state per row to
+    its mark. On the six-kind model the tokens are greedy's; on full layers alone, lookup takes fewer passes."""
+    from test_going_back import repeated
+
+    from attnlab.models.generation import decode
+    from attnlab.models.generation.request import request_for
+
+    m, prompt = every_kind(), repeated(12)
+    greedy = m.generate(prompt, 40)
+    for cache in ("paged", "prefix"):
+        assert torch.equal(m.generate(prompt, 40, cache=cache, lookup=4), greedy), cache
+        assert torch.equal(m.generate(prompt, 40, cache=cache, draft=every_kind(seed=3), draft_tokens=3), greedy)
+    full = every_kind(layer_types=("full",) * 2, n_layers=2)
+    decoding = decode(full, request_for(full, prompt, 40, {"lookup": 4, "cache": "paged"}))
+    assert [t for drawn in decoding for _, t in drawn] == full.generate(prompt, 40)[0, prompt.shape[1] :].tolist()
+    assert decoding.counts.passes < 40 and decoding.counts.kept > 0 and decoding.counts.rerun == 0
+
+
+@torch.no_grad()
+def test_a_row_goes_back_alone_and_a_refused_guess_keeps_nothing_at_a_block_end() -> None:
+    """Two rows of a prefix cache; one takes a pass of guesses that ends at a block's end and goes back: its state
+    is the mark's bitwise, the other row's is untouched, and the state the refused guesses left at the block's end
+    is not kept (the tree would otherwise resume the next prompt from it)."""
+    m = every_kind()
+    store = PrefixCache.for_model(m, batch_size=2, max_len=96)
+    for row, tokens in ((0, FIRST[:13]), (1, SECOND[:20])):
+        store.admit(row, tokens, total=40)
+        m.step(torch.tensor([tokens]), torch.arange(len(tokens))[None], store.views([row]))
+    state = store.states[1]
+    other = [t[1].clone() for t in state._tensors()]
+    store.mark()
+    at_mark = [t[0].clone() for t in state._tensors()]
+    m.step(torch.tensor([FIRST[13:16]]), torch.arange(13, 16)[None], store.views([0]))  # ends at 16, a block's end
+    assert 0 in state.ends[0]  # kept there, by the pass
+    assert store.crop_row(0, 14) == 13  # a state per row: back to its mark
+    assert all(torch.equal(t[0], a) for t, a in zip(state._tensors(), at_mark, strict=True))
+    assert all(torch.equal(t[1], o) for t, o in zip(state._tensors(), other, strict=True))
+    assert 0 not in state.ends[0] and store.blocks.length == [13, 20]
+    with pytest.raises(ValueError, match=r"row 0 of this PagedStateCache holds 13 tokens and its mark is at 13"):
+        state.reach_row(0, 12)
+    with pytest.raises(ValueError, match=r"rows run on their own and go back one by one: crop_row\(row, n\)"):
+        store.crop(10)
+
+
+@pytest.mark.slow  # every variant of the zoo on paged rows, lookup
+@torch.no_grad()
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_zoo_variant_speculates_on_paged_rows_exactly(variant: str) -> None:
+    torch.manual_seed(1)
+    m = GPT(zoo_config(variant).with_(drop_rate=0.0)).eval()
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12] * 2 + [5, 6, 7, 8, 9]])
+    assert torch.equal(m.generate(prompt, 48, cache="prefix", lookup=4), m.generate(prompt, 48))

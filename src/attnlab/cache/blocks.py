@@ -202,6 +202,22 @@ class BlockTable:
         self.release(dst)
         self.take(dst, self.held[src], self.length[src])
 
+    def crop(self, row: int, n: int) -> None:
+        """Sequence ``row`` holds its first ``n`` tokens again (a refused guess taken back): the blocks past them go
+        back (a shared one: a reference less); the block ``n`` ends in is written again, copied first if shared."""
+        self.check_row("row", row)
+        length = self.length[row]
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= length:
+            raise ValueError(f"sequence {row} holds {length} tokens: it can go back to 0..{length}, not {n!r}")
+        self.abort()
+        keep = -(-n // self.block_size)
+        for block in self.held[row][keep:]:
+            self.drop(block)
+        self.held[row] = self.held[row][:keep]
+        self.table[row, keep:] = -1
+        self.length[row] = n
+        self.lengths[row] = n
+
     def release(self, row: int) -> None:
         """Sequence ``row`` is finished: its blocks go back to the pool (shared ones when no one holds them)."""
         self.check_row("row", row)

@@ -179,9 +179,24 @@ class ModelCache:
         how many every layer holds now. Checked whole before any layer changes; the tokens between run again."""
         if not self.capabilities.crop:
             raise ValueError(f"this cache cannot go back to an earlier token: {why_no_crop(self.layers)}")
+        if self.capabilities.rows:
+            raise ValueError("this cache's rows run on their own and go back one by one: crop_row(row, n)")
         to = min(layer.reach(n) for layer in self.layers)  # type: ignore[attr-defined]  # capabilities.crop: all do
         for layer in self.layers:
             layer.crop(to)  # type: ignore[attr-defined]
+        return to
+
+    def crop_row(self, row: int, n: int) -> int:
+        """Sequence ``row`` (of a cache whose rows run on their own) goes back to its first ``n`` tokens, or as near
+        before as every layer can (a state per row: its mark); how many it holds now. Checked whole first."""
+        if self.table is None or not self.capabilities.rows:
+            raise ValueError("crop_row is for a cache whose rows run on their own (paged, prefix): use crop(n)")
+        if not self.capabilities.crop:
+            raise ValueError(f"this cache cannot go back to an earlier token: {why_no_crop(self.layers)}")
+        to = min([n, *(state.reach_row(row, n) for state in self.states)])
+        for state in self.states:  # before the table moves: they read the row's length in it
+            state.crop_row(row, to)
+        self.table.crop(row, to)
         return to
 
     def admit(self, row: int, tokens: list[int], *, total: int) -> int:

@@ -38,11 +38,7 @@ class PagedKVCache(LayerCache):
         dtype, device: of the pool.
     """
 
-    capabilities = Capabilities(rows=True)
-    why_no_crop = (
-        "a row's blocks are not cut back yet, so speculative decoding runs on the 'plain' cache (a padded batch "
-        "too); generate_many's rows do not speculate"
-    )
+    capabilities = Capabilities(rows=True, crop=True)  # row by row: ModelCache.crop_row, through the table
 
     def __init__(
         self,
@@ -132,6 +128,13 @@ class PagedKVCache(LayerCache):
 
     def release(self, row: int) -> None:
         self.table.release(row)
+
+    def reach(self, n: int) -> int:
+        """Any token: a row goes back through the block table (``BlockTable.crop``), every paged layer at once."""
+        return n
+
+    def crop(self, n: int) -> None:
+        """Nothing of its own: ``ModelCache.crop_row`` cuts the row back in the one block table."""
 
     def begin(self) -> bool:
         """A pass starts: the block table undoes a write not every layer made (``BlockTable.abort``), and what a

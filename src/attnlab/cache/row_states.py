@@ -29,10 +29,7 @@ import torch
 
 from attnlab.cache.base import Capabilities
 from attnlab.cache.blocks import BlockTable
-from attnlab.cache.paged import PagedKVCache
 from attnlab.cache.state import ConvolutionCache, StateCache
-
-_NO_CROP = PagedKVCache.why_no_crop  # its rows go back as the paged layers' blocks would: not yet
 
 
 class RowStates:
@@ -40,8 +37,7 @@ class RowStates:
     views. Each writes through the model's one block table, as a paged layer does: the table takes a row's blocks
     (ids of token spans, whichever layer holds what for them) and moves its length once every layer wrote."""
 
-    capabilities = Capabilities(rows=True)
-    why_no_crop = _NO_CROP
+    capabilities = Capabilities(rows=True, crop=True, marks=True)  # row by row, to a mark (ModelCache.crop_row)
     batch_size: int
     _length: torch.Tensor
 
@@ -108,6 +104,38 @@ class RowStates:
         kept = self.ends[row].pop(depth, None)
         if kept is not None and block not in self.blocks:
             self.blocks[block] = kept
+
+    _marked_rows: list[torch.Tensor] | None = None  # every row's state at the mark (speculative decoding)
+    _marked_at: list[int] | None = None  # each row's length there
+
+    def mark(self) -> None:
+        """A pass of guesses starts: a copy of every row's state, and each row's length (the decode loop runs the
+        tokens it holds for certain first, so a refused guess sends a row back by its guesses and one)."""
+        self._marked_rows = [t.clone() for t in self._tensors()]
+        self._marked_at = list(self.table.length)
+
+    def reach_row(self, row: int, n: int) -> int:
+        """How far row ``row`` can go back towards ``n`` tokens: ``n`` when it is every token read, else its mark
+        (the tokens between run again); refused before the mark."""
+        length = self.table.length[row]
+        if n == length:
+            return n
+        at = None if self._marked_at is None else self._marked_at[row]
+        if at is None or not at <= n <= length:
+            raise ValueError(
+                f"row {row} of this {type(self).__name__} holds {length} tokens and its mark is at {at}: it cannot go "
+                f"back to {n}; mark() before a pass whose tokens may be refused"
+            )
+        return at
+
+    def crop_row(self, row: int, to: int) -> None:
+        """Row ``row`` goes back to ``to`` tokens (``reach_row``'s answer, before the table moves): its state at the
+        mark, bitwise; what it kept at block ends past ``to`` (a refused guess's) goes."""
+        if to != self.table.length[row]:
+            assert self._marked_rows is not None  # reach_row said so
+            for now, then in zip(self._tensors(), self._marked_rows, strict=True):
+                now[row].copy_(then[row])
+        self.ends[row] = {j: s for j, s in self.ends[row].items() if (j + 1) * self.table.block_size <= to}
 
     def kept_nbytes(self) -> int:
         """Bytes of states kept at block ends (the tree's and the running rows')."""

@@ -123,10 +123,13 @@ def _passes(
                 drawn = _draw(sampling, logits)
                 _hold(cache, fed)
             else:
-                assert together  # checked: no cache whose rows come and go goes back yet
-                spec = speculation.plan(fed, proposer, stop.max_new_tokens, stop.eos_id, sampling)
-                counts.guessed += sum(len(g) for g, _ in spec.checks.values())
                 with passing(cache):
+                    if not together:  # a prefix cache's states at the block ends the certain tokens reach
+                        counts.passes += _to_stops(model, cache, fed, device)
+                    spec = speculation.plan(
+                        fed, proposer, stop.max_new_tokens, stop.eos_id, sampling, together=together
+                    )
+                    counts.guessed += sum(len(g) for g, _ in spec.checks.values())
                     if spec.guessing:  # a pass that guesses nothing goes back nowhere
                         certain = min(spec.certain.values())
                         if cache.capabilities.marks and certain > 1:  # a state's mark: before the last certain slot

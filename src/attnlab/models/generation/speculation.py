@@ -103,8 +103,19 @@ class Pass:
         return early
 
 
-def plan(fed: dict[int, Row], proposer: Proposer, max_new_tokens: int, eos_id: int | None, sampling: Sampling) -> Pass:
-    """The pass for ``fed`` (rows that run together, by slot): each running row's backlog and guesses, one width."""
+def plan(
+    fed: dict[int, Row],
+    proposer: Proposer,
+    max_new_tokens: int,
+    eos_id: int | None,
+    sampling: Sampling,
+    *,
+    together: bool = True,
+) -> Pass:
+    """The pass for ``fed`` (by slot): each running row's backlog and guesses, one width for rows that run
+    together; rows of their own (a paged cache: each its length, each cut back alone) guess as many as they may."""
+    if not together:
+        return _own_rows(fed, proposer, max_new_tokens, sampling)
     running = {s: r for s, r in fed.items() if not r.done}
     longest = max(r.prompt for r in fed.values())
     pads = {s: longest - r.prompt if r.pad is None else 0 for s, r in fed.items()}  # fed at the first pass
@@ -134,6 +145,19 @@ def plan(fed: dict[int, Row], proposer: Proposer, max_new_tokens: int, eos_id: i
     return Pass(start=start, width=width, feeds=feeds, pads=pads, certain=backlog, checks=checks)
 
 
+def _own_rows(fed: dict[int, Row], proposer: Proposer, max_new_tokens: int, sampling: Sampling) -> Pass:
+    """Rows of their own (none finished: they are released): each its backlog, then up to ``k`` guesses, never
+    past its last token fed; they run in groups of one feed length."""
+    checks: dict[int, Guesses] = {}
+    for s, row in fed.items():
+        room = min(proposer.k, max_new_tokens - (len(row.tokens) - row.prompt) - 1)
+        checks[s] = proposer.propose(row.tokens, room, sampling, row=row.index) if room > 0 else ([], None)
+    feeds = {s: row.tokens[row.held :] + checks[s][0] for s, row in fed.items()}
+    certain = {s: len(row.tokens) - row.held for s, row in fed.items()}
+    width = max(len(f) for f in feeds.values())
+    return Pass(start=0, width=width, feeds=feeds, pads=dict.fromkeys(fed, 0), certain=certain, checks=checks)
+
+
 def verify(sampling: Sampling, logits: dict[int, torch.Tensor], spec: Pass) -> dict[int, list[int]]:
     """Per row, what the pass yields: the guesses kept and one token of the model's own for a running row
     (``logits`` (last, V) per row: ``Pass.last``), nothing for a finished one."""
@@ -147,7 +171,11 @@ def settle(
     cache: Any, fed: dict[int, Row], spec: Pass, drawn: dict[int, list[int]], proposer: Proposer, counts: Counts
 ) -> None:
     """After the pass: the cache goes back to the least any running row kept (or its mark before that), every
-    row holds that many slots, and each proposer forgets its row's refused guesses."""
+    row holds that many slots, and each proposer forgets its row's refused guesses. Rows of their own go back
+    one by one, each to what it kept (``ModelCache.crop_row``)."""
+    if cache.capabilities.rows:
+        _settle_own_rows(cache, fed, spec, drawn, proposer, counts)
+        return
     kept = {s: len(drawn[s]) - 1 for s in spec.checks}  # guesses kept, before the token of the model's own
     keeps = {s: spec.certain[s] + kept[s] for s in spec.checks}  # slots of the pass each running row keeps
     to = spec.start + min(keeps.values())
@@ -161,3 +189,25 @@ def settle(
             proposer.crop(len(row.tokens) + kept[s], row=row.index)  # the text it may hold: its refused guesses go
         assert row.pad is not None  # set by the pass
         row.held = held - row.pad
+
+
+def _settle_own_rows(
+    cache: Any, fed: dict[int, Row], spec: Pass, drawn: dict[int, list[int]], proposer: Proposer, counts: Counts
+) -> None:
+    """Each row of its own back to what it kept (or its mark before that); what it holds then is written (a
+    prefix cache remembers its full blocks)."""
+    kept_now: dict[int, int] = {}
+    for s, row in fed.items():
+        guesses = spec.checks[s][0]
+        kept = len(drawn[s]) - 1
+        keeps = len(row.tokens) + kept  # its backlog, then the guesses it agrees with
+        held = cache.crop_row(s, keeps) if guesses else keeps
+        counts.kept += kept
+        counts.rerun += keeps - held
+        if guesses:
+            kept_now[row.index] = kept
+            proposer.crop(keeps, row=row.index)
+        row.held = held
+        cache.written(s, (row.tokens + drawn[s][:kept])[:held])
+    if kept_now:
+        counts.kept_each_pass.append(kept_now)
