@@ -85,8 +85,6 @@ def test_the_refusals_that_remain_name_why() -> None:
         ("h2o", "a refused guess may already have evicted a key"),
         ("snapkv", "a refused guess may already have evicted a key"),
         ("sink", "pushed the oldest recent token out of its window"),
-        ("int8", "ages an older token out of its exact window"),
-        ("int4", "ages an older token out of its exact window"),
     ):
         with pytest.raises(ValueError, match=f"goes back after a refused guess; .*{why}"):
             m.generate(ids, 4, attention_mask=mask, lookup=2, cache=cache)

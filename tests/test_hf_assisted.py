@@ -197,8 +197,8 @@ def test_prompt_lookup_on_a_repetitive_text_saves_passes(family: str, attn: str,
 @pytest.mark.parametrize(
     ("name", "options", "why"),
     [
-        ("int8", {}, r"a QuantizedKVCache cannot: each guess it takes ages an older token out of its exact window"),
-        ("int4", {}, r"a QuantizedKVCache cannot: each guess it takes ages an older token out of its exact window"),
+        ("int8", {}, r"a QuantizedKVCache goes back only as far as the spare exact slots it is built with"),
+        ("int4", {}, r"a QuantizedKVCache goes back only as far as the spare exact slots it is built with"),
         ("h2o", {"budget": 16}, r"an EvictingCache cannot: a refused guess may already have evicted a key"),
         ("snapkv", {"budget": 16}, r"an EvictingCache cannot: a refused guess may already have evicted a key"),
         ("sink", {}, r"a SinkCache cannot: a refused guess may already have pushed the oldest recent token out"),

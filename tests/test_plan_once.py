@@ -191,8 +191,8 @@ def test_a_factory_of_ones_own_is_checked_as_made() -> None:
 
     greedy = model.generate(ids, 8)
     assert torch.equal(model.generate(ids, 8, cache=mine, lookup=2), greedy)
-    with pytest.raises(ValueError, match="a QuantizedKVCache cannot: each guess it takes ages an older token"):
-        model.generate(ids, 8, cache=lambda **args: CACHES["int8"](**args), lookup=2)  # made; it cannot crop
+    with pytest.raises(ValueError, match="this cache's layers keep room to go back by 0 \\(a ring's or a quantized"):
+        model.generate(ids, 8, cache=lambda **args: CACHES["int8"](**args), lookup=2)  # made without spare slots
 
 
 def test_no_cache_is_said_by_use_cache_and_a_cache_name_is_a_name() -> None:

@@ -199,10 +199,9 @@ def test_the_docs_quote_the_committed_prefix_run() -> None:
 def test_lookup_on_paged_and_prefix_rows_gives_greedys_tokens_on_every_kind_in_fewer_passes() -> None:
     """Each row goes back alone (``ModelCache.crop_row``): its blocks through the block table, a state per row to
     its mark. On the six-kind model the tokens are greedy's; on full layers alone, lookup takes fewer passes."""
-    from test_going_back import repeated
-
     from attnlab.models.generation import decode
     from attnlab.models.generation.request import request_for
+    from test_going_back import repeated
 
     m, prompt = every_kind(), repeated(12)
     greedy = m.generate(prompt, 40)

@@ -113,8 +113,9 @@ def sink(*, sinks: int = 4, recent: int | None = None, **kw: Any) -> Cache:
     )
 
 
-def quantized(*, bits: int = 8, group_size: int = 32, residual: int = 32, **kw: Any) -> Cache:
-    """KIVI-style: keys per channel and values per token in ``bits`` bits, the latest ``residual`` tokens exact."""
+def quantized(*, bits: int = 8, group_size: int = 32, residual: int = 32, spare: int = 0, **kw: Any) -> Cache:
+    """KIVI-style: keys per channel and values per token in ``bits`` bits, the latest ``residual`` tokens exact
+    (``spare``: exact slots more, so that a speculative pass goes back by that many; ``ModelCache.build`` sets it)."""
     _no_window(f"int{bits}", kw["window"])
     _same_width(f"int{bits}", kw)
     return QuantizedKVCache(
@@ -125,6 +126,7 @@ def quantized(*, bits: int = 8, group_size: int = 32, residual: int = 32, **kw: 
         bits=bits,
         group_size=group_size,
         residual=residual,
+        spare=spare,
         dtype=kw["dtype"],
         device=kw["device"],
     )

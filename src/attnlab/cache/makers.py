@@ -108,6 +108,12 @@ def make_named(state: LayerState, sizes: Sizes) -> Cache:
     return made
 
 
+def make_quantized(state: LayerState, sizes: Sizes) -> Cache:
+    """int8 / int4: the named factory, with exact slots for a speculative pass's guesses (``spare``)."""
+    made: Cache = sizes.factory(**factory_args(state, sizes), spare=sizes.spare)
+    return made
+
+
 def make_paged(state: LayerState, sizes: Sizes) -> Cache:
     return paged(**factory_args(state, sizes), table=sizes.table)
 

@@ -38,9 +38,11 @@ from typing import Any, ClassVar
 from attnlab._checks import check_positive_int
 from attnlab.cache.base import Cache, Capabilities, LayerCache
 from attnlab.cache.factories import CACHES, CacheFactory, cache_name
+from attnlab.cache.kv import SlidingWindowCache
 from attnlab.cache.paged import BlockTable, PagedKVCache
 from attnlab.cache.plan import LayerState, choose, sizes_for
 from attnlab.cache.prefix import PrefixTree
+from attnlab.cache.quantized import QuantizedKVCache
 from attnlab.cache.row_states import RowStates
 
 
@@ -173,6 +175,11 @@ class ModelCache:
         for layer in self.layers:
             if isinstance(layer, LayerCache):
                 layer.mark()
+
+    def room_back(self) -> int | None:
+        """The fewest tokens any layer can go back by (a ring's or a quantized cache's spare slots); None: any."""
+        rooms = [layer.spare for layer in self.layers if isinstance(layer, SlidingWindowCache | QuantizedKVCache)]
+        return min(rooms) if rooms else None
 
     def crop(self, n: int) -> int:
         """Go back to the first ``n`` tokens, or as near before as every layer can (a recurrent state: its mark);

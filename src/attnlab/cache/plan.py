@@ -33,6 +33,7 @@ from attnlab.cache.makers import (
     make_paged,
     make_paged_latent,
     make_paged_window,
+    make_quantized,
     make_ring,
     make_row_convolution,
     make_row_state,
@@ -60,8 +61,8 @@ FULL: dict[str, Choice] = {  # what a named cache is on a layer of keys and valu
     "paged": Choice(PagedKVCache, make_paged, pages=True),
     "prefix": Choice(PagedKVCache, make_paged, pages=True),  # under the tree of ModelCache.build's PrefixCache
     "sink": Choice(SinkCache, make_named),
-    "int8": Choice(QuantizedKVCache, make_named),
-    "int4": Choice(QuantizedKVCache, make_named),
+    "int8": Choice(QuantizedKVCache, make_quantized),
+    "int4": Choice(QuantizedKVCache, make_quantized),
     "h2o": Choice(EvictingCache, make_named),
     "snapkv": Choice(EvictingCache, make_named),
 }

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from attnlab._checks import check_positive_int
+from attnlab.cache.base import Capabilities
 from attnlab.cache.kv import _CacheBase
 
 BITS = (8, 4)
@@ -88,11 +89,10 @@ class QuantizedKVCache(_CacheBase):
         dtype, device: of the exact tokens and of what ``update`` returns.
     """
 
-    why_no_crop = (
-        "each guess it takes ages an older token out of its exact window into codes, and going back cannot make "
-        "that token exact again (a run that never saw the guess would still hold it exact): speculative decoding "
-        "needs the 'plain' cache"
-    )
+    # a guess ages an older token out of the exact window into codes: with ``spare`` exact slots more, the ring still
+    # holds it exact after going back, and the groups a refused guess re-quantized are quantized again by the next
+    # call from the same exact keys (a group's codes depend on its tokens alone, not on the calls that wrote them)
+    capabilities = Capabilities(crop=True)
 
     def __init__(
         self,
@@ -104,9 +104,12 @@ class QuantizedKVCache(_CacheBase):
         bits: int = 8,
         group_size: int = 32,
         residual: int = 32,
+        spare: int = 0,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
+        if isinstance(spare, bool) or not isinstance(spare, int) or not 0 <= spare <= 2**16:
+            raise ValueError(f"spare must be an int in [0, 65536], the most tokens a pass goes back by; got {spare!r}")
         if bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
         check_positive_int("max_len", max_len, limit=2**27)
@@ -119,7 +122,7 @@ class QuantizedKVCache(_CacheBase):
             )
         if bits == 4 and head_dim % 2:
             raise ValueError(f"4-bit codes go two a byte: head_dim must be even, got {head_dim}")
-        ring = residual + group_size
+        ring = residual + group_size + spare
         super().__init__(  # the exact ring: k_cache / v_cache (B, Hkv, W, D), slot p % W
             batch_size=batch_size,
             num_kv_heads=num_kv_heads,
@@ -129,6 +132,7 @@ class QuantizedKVCache(_CacheBase):
             device=device,
         )
         self.max_len, self.bits, self.group_size, self.residual, self.ring = max_len, bits, group_size, residual, ring
+        self.spare = spare
         groups = -(-max_len // group_size)
         self.capacity = groups * group_size
         width = head_dim if bits == 8 else head_dim // 2
@@ -201,6 +205,21 @@ class QuantizedKVCache(_CacheBase):
         self.k_codes.index_copy_(2, members.flatten(), pack(codes.flatten(2, 3), self.bits))
         self.k_scale.index_copy_(2, groups, scale[:, :, :, 0])
         self.k_zero.index_copy_(2, groups, zero[:, :, :, 0])
+
+    def reach(self, n: int) -> int:
+        """``n`` itself, for any of the last ``spare`` tokens (a pass's refused guesses); further back is refused."""
+        length = self.length
+        if isinstance(n, bool) or not isinstance(n, int) or not max(0, length - self.spare) <= n <= length:
+            raise ValueError(
+                f"this quantized cache holds {length} tokens and {self.spare} spare exact slots: it can go back to "
+                f"{max(0, length - self.spare)}..{length}, not {n!r}; build it with spare >= the guesses of a pass "
+                "(ModelCache.build(..., spare=k))"
+            )
+        return n
+
+    def crop(self, n: int) -> None:
+        """Hold the first ``n`` tokens again: the latest ``residual`` of them are still exact in the ring."""
+        self._length.fill_(self.reach(n))
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, Hkv, C, D) as the next decode step reads the past: dequantized, the latest

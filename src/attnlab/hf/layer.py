@@ -20,6 +20,7 @@ from attnlab.cache import capabilities_of as capabilities
 from attnlab.cache.base import Cache as AttnlabCache
 from attnlab.cache.model import why_no_crop
 from attnlab.cache.plan import choose
+from attnlab.cache.quantized import QuantizedKVCache
 from attnlab.hf.bridge import RETURNED, sink_padding
 
 
@@ -159,10 +160,15 @@ class AttnlabLayer(CacheLayerMixin):
         """Why this layer's cache cannot go back to an earlier token, by attnlab's own reason for its class
         (``attnlab.cache.model.why_no_crop``, which speculation in attnlab's own loop names too); None where it can.
         Read off the class the cache is made of, so it answers before the first keys arrive."""
-        if self.caps.crop:
-            return None
         state = LayerState(kind="full", kv_heads=1, head_dim=1)  # a full layer's, as _made builds it
-        return why_no_crop([choice.cls for choice in choose([state], self.factory)])
+        chosen = [choice.cls for choice in choose([state], self.factory)]
+        if self.caps.crop and any(issubclass(cls, QuantizedKVCache) for cls in chosen):
+            return (
+                "a QuantizedKVCache goes back only as far as the spare exact slots it is built with, and transformers' "
+                "assisted generation changes its number of guesses from pass to pass: use the 'plain' cache (attnlab's "
+                "own generate(..., lookup=) sizes them)"
+            )
+        return None if self.caps.crop else why_no_crop(chosen)
 
     def check_crop(self, tokens_to_remove: int) -> None:
         why = self.why_not_back() if tokens_to_remove != 0 and self.inner is not None else None

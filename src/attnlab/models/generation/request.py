@@ -145,6 +145,13 @@ class Request:
                 else _no_crop(model, self.cache)
             )
             raise ValueError(f"speculative decoding (lookup=, draft=) goes back after a refused guess; {why}")
+        short = self.cache.room_back() if self.proposer is not None and isinstance(self.cache, ModelCache) else None
+        if short is not None and self.proposer is not None and short < self.proposer.k + 1:
+            raise ValueError(
+                f"speculative decoding (lookup=, draft=) goes back by a pass's {self.proposer.k} guesses and one; this "
+                f"cache's layers keep room to go back by {short} (a ring's or a quantized cache's spare slots): name "
+                "the cache instead of making it, and generate sizes them"
+            )
         limit = config.context_length if draft is None else min(config.context_length, draft.config.context_length)
         if not (config.rope and caps is not None and caps.past_context) and self.longest > limit:
             hint = (
