@@ -13,12 +13,12 @@ import functools
 
 import pytest
 import torch
-from test_going_back import every_kind, repeated
 
 from attnlab.cache import CACHES
 from attnlab.cache.quantized import QuantizedKVCache
 from attnlab.models.generation import decode
 from attnlab.models.generation.request import request_for
+from test_going_back import every_kind, repeated
 
 
 def after_a_refused_pass(prompt: int, *, spare: int, bits: int = 8) -> bool:
@@ -36,7 +36,9 @@ def after_a_refused_pass(prompt: int, *, spare: int, bits: int = 8) -> bool:
         cache.update(k[:, :, :prompt], v[:, :, :prompt])
     guessed, clean = made
     junk = torch.randn(1, 2, 4, 8) * 5  # four guesses, refused
-    guessed.update(torch.cat([k[:, :, prompt : prompt + 1], junk], 2), torch.cat([v[:, :, prompt : prompt + 1], junk], 2))
+    guessed.update(
+        torch.cat([k[:, :, prompt : prompt + 1], junk], 2), torch.cat([v[:, :, prompt : prompt + 1], junk], 2)
+    )
     guessed._length.fill_(prompt + 1)  # back to the certain token (crop, without its check: spare=0 is the break)
     clean.update(k[:, :, prompt : prompt + 1], v[:, :, prompt : prompt + 1])
     reads = [c.update(k[:, :, prompt + 1 : prompt + 2], v[:, :, prompt + 1 : prompt + 2]) for c in made]
