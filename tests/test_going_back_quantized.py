@@ -62,6 +62,7 @@ def test_going_back_further_than_the_spare_slots_is_refused_by_name() -> None:
         QuantizedKVCache(batch_size=1, num_kv_heads=1, head_dim=4, max_len=32, spare=-1)
 
 
+@pytest.mark.slow  # three generations of 60 tokens each
 @pytest.mark.parametrize("bits", ["int8", "int4"])
 @torch.no_grad()
 def test_lookup_on_a_quantized_cache_gives_its_own_greedy_tokens_in_fewer_passes(bits: str) -> None:

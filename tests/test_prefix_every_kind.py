@@ -195,6 +195,7 @@ def test_the_docs_quote_the_committed_prefix_run() -> None:
 # ---- speculation on rows of their own: each row back to what it kept ----
 
 
+@pytest.mark.slow  # six generations of 40 tokens
 @torch.no_grad()
 def test_lookup_on_paged_and_prefix_rows_gives_greedys_tokens_on_every_kind_in_fewer_passes() -> None:
     """Each row goes back alone (``ModelCache.crop_row``): its blocks through the block table, a state per row to
