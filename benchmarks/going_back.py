@@ -41,7 +41,8 @@ from _timing import NOISY, report, save
 from attnlab.bench.timing import ratios, spread, timed_rounds
 from attnlab.cache import ModelCache
 from attnlab.cache.going_back import WAYS
-from attnlab.cache.state import ConvolutionCache, StateCache, going_back_as
+from attnlab.cache.state import ConvolutionCache, StateCache
+from attnlab.cache.ways import going_back_as
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.generation import decode
 from attnlab.models.generation.request import request_for

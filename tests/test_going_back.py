@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from attnlab.cache import KVCache, ModelCache, SlidingWindowCache
-from attnlab.cache.state import ConvolutionCache, StateCache, going_back_as
+from attnlab.cache.state import ConvolutionCache, StateCache
+from attnlab.cache.ways import going_back_as
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.generation import decode
 from attnlab.models.generation.request import request_for

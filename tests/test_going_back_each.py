@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from attnlab.cache import ModelCache
 from attnlab.cache.going_back import WAYS, ToEach, ToMark
-from attnlab.cache.state import ConvolutionCache, StateCache, going_back_as
+from attnlab.cache.state import ConvolutionCache, StateCache
+from attnlab.cache.ways import going_back_as
 from attnlab.functional.convolution import short_convolution, short_convolution_reference
 from attnlab.functional.kda import kimi_delta_rule
 from attnlab.functional.recurrent import feature_map, gated_delta_rule, linear_attention

@@ -28,7 +28,6 @@ they do nothing else. A ``ModelCache`` is a sequence of its layers' caches
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import operator
 from collections.abc import Iterator, Sequence
@@ -44,6 +43,7 @@ from attnlab.cache.plan import LayerState, choose, sizes_for
 from attnlab.cache.prefix import PrefixTree
 from attnlab.cache.quantized import QuantizedKVCache
 from attnlab.cache.row_states import RowStates
+from attnlab.cache.undo import Undoing
 
 
 def combined(classes: Sequence[Any], *, shares_prefixes: bool = False) -> Capabilities:
@@ -68,7 +68,7 @@ def why_no_crop(caches: Sequence[Any]) -> str:
     return f"{article} {cls.__name__} cannot: {why}"
 
 
-class ModelCache:
+class ModelCache(Undoing):
     """Every layer's cache; the paged ones share one block table.
 
     Args:
@@ -225,62 +225,6 @@ class ModelCache:
             self.table.release(row)
         for state in self.states:
             state.release(row)
-
-    broken: str | None = None  # why a failed pass left this cache unusable (a layer that could not undo)
-    _begun: list[bool] | None = None  # per layer, whether it can undo the pass begun (None: no pass open)
-
-    def begin(self) -> None:
-        """A model call starts: every layer keeps what it needs to come back here (``LayerCache.begin``). Refused
-        on a cache a failed call left halfway through a layer that could not undo."""
-        if self.broken is not None:
-            raise ValueError(self.broken)
-        self._begun = [layer.begin() if isinstance(layer, LayerCache) else False for layer in self.layers]
-
-    def commit(self) -> None:
-        """The call ended whole: what the layers kept to undo it goes."""
-        for layer in self.layers if self._begun is not None else ():
-            if isinstance(layer, LayerCache):
-                layer.commit()
-        self._begun = None
-
-    def abort(self) -> None:
-        """A call failed (between layers, or Ctrl-C): every layer goes back to how :meth:`begin` found it, bitwise
-        (a paged write not every layer made is undone by the block table). A layer that cannot undo (sink,
-        int8/int4: their writes reshape what they hold) and wrote leaves the cache refusing to go on."""
-        if self.table is not None:
-            self.table.abort()
-        begun, self._begun = self._begun, None
-        if begun is None:
-            return
-        for layer, can in zip(self.layers, begun, strict=True):
-            if can:
-                layer.undo()  # type: ignore[attr-defined]  # begin said so: a LayerCache
-        stuck = [
-            type(layer).__name__
-            for layer, can in zip(self.layers, begun, strict=True)
-            if not can and (not isinstance(layer, LayerCache) or layer.touched())
-        ]
-        if stuck:
-            self.broken = (
-                f"a call failed halfway through this cache, and its {stuck[0]} layers cannot undo what they wrote "
-                "before the failure: build a new cache (make_caches) or use one that can ('plain', 'paged')"
-            )
-
-
-@contextlib.contextmanager
-def passing(cache: object) -> Iterator[None]:
-    """One model call on ``cache`` (a :class:`ModelCache`; anything else passes through): begun, committed when it
-    ends whole, aborted when it raises (Ctrl-C too), so that a call that fails leaves every layer as it was."""
-    if not isinstance(cache, ModelCache):
-        yield
-        return
-    cache.begin()
-    try:
-        yield
-    except BaseException:
-        cache.abort()
-        raise
-    cache.commit()
 
 
 class PrefixCache(PrefixTree, ModelCache):

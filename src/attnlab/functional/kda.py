@@ -37,13 +37,13 @@ from __future__ import annotations
 import torch
 
 from attnlab._checks import check_positive_int
-from attnlab.functional.recurrent import _check, _check_each, _check_gates, _check_state, _stacked, _state_shapes
+from attnlab.functional.recurrent_checks import check_each, check_gates, check_qkv, check_state, stacked, state_shapes
 
 FORMS = ("recurrent", "chunked")
 
 
 def _check_shapes(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: object, beta: object) -> None:
-    _check(name, q, k, v)
+    check_qkv(name, q, k, v)
     for label, t, want in (("g", g, tuple(q.shape)), ("beta", beta, tuple(q.shape[:3]))):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != want:
             dims = "(batch, heads, tokens, Dk): a log decay per channel" if label == "g" else "(batch, heads, tokens)"
@@ -80,11 +80,11 @@ def kimi_delta_rule(
     _check_shapes("kimi_delta_rule", q, k, v, g, beta)
     if form not in FORMS:
         raise ValueError(f"form must be one of {list(FORMS)} for the Kimi delta rule, got {form!r}")
-    _check_each("kimi_delta_rule", each, form)
-    _check_gates("kimi_delta_rule", g, beta, chunked=form == "chunked")
-    s_shape, _ = _state_shapes(q, v)
+    check_each("kimi_delta_rule", each, form)
+    check_gates("kimi_delta_rule", g, beta, chunked=form == "chunked")
+    s_shape, _ = state_shapes(q, v)
     state = q.new_zeros(s_shape) if state is None else state
-    _check_state("kimi_delta_rule", state, s_shape)
+    check_state("kimi_delta_rule", state, s_shape)
     if form == "recurrent":
         return _kda_recurrent(q, k, v, g, beta, state, each=each)
     check_positive_int("chunk_size", chunk_size, limit=2**16)
@@ -101,7 +101,7 @@ def kimi_delta_weights(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: 
     weights = (sum_d Q K Gamma) (I + A)^-1 diag(beta), the chunked form's equations over one chunk of every token.
     Lower triangular; a row need not sum to 1 and an entry may be negative, as the gated delta rule's."""
     _check_shapes("kimi_delta_weights", q, k, k, g, beta)  # no values: k stands in for their (B, H, T)
-    _check_gates("kimi_delta_weights", g, beta, chunked=True)
+    check_gates("kimi_delta_weights", g, beta, chunked=True)
     t = q.shape[2]
     gaps = _gaps(g.cumsum(dim=2))  # (B, H, T, T, Dk)
     strict = torch.einsum("bhid,bhjd,bhijd->bhij", k, k, gaps) * beta[..., :, None]  # (B, H, T, T)
@@ -137,7 +137,7 @@ def _kda_recurrent(
         outs.append((q[:, :, t, :, None] * s).sum(dim=2))  # (B, H, Dv): S_t^T q_t
         states += [s] if each else []
     out = torch.stack(outs, dim=2) if outs else v.new_zeros(v.shape)  # (B, H, T, Dv)
-    return out, _stacked(states, s, q.shape[2]) if each else s  # (B, H, T, Dk, Dv) after each token, or the last
+    return out, stacked(states, s, q.shape[2]) if each else s  # (B, H, T, Dk, Dv) after each token, or the last
 
 
 def _kda_chunk(

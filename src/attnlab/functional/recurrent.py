@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab._checks import check_positive_int
+from attnlab.functional.recurrent_checks import check_each, check_gates, check_qkv, check_state, stacked, state_shapes
 
 Forms = ("recurrent", "parallel", "chunked")
 
@@ -57,41 +58,6 @@ def _normalized(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     d(num / den) = 1 / den = inf, and 0 * inf is NaN in every weight it reaches."""
     empty = den == 0
     return (num / den.masked_fill(empty, 1.0)).masked_fill(empty, 0.0)
-
-
-def _check(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for label, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name}: {label} must be (batch, heads, tokens, dim), got {shape}")
-    if q.shape != k.shape or v.shape[:3] != k.shape[:3]:
-        raise ValueError(
-            f"{name}: q and k must have one shape and v the same (batch, heads, tokens); got q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-
-
-def _state_shapes(q: torch.Tensor, v: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    b, h, _, dk = q.shape
-    return (b, h, dk, v.shape[-1]), (b, h, dk)
-
-
-def _check_state(name: str, state: torch.Tensor | None, shape: tuple[int, ...]) -> None:
-    if state is not None and tuple(state.shape) != shape:
-        raise ValueError(f"{name}: the state must be {shape} (batch, heads, Dk[, Dv]), got {tuple(state.shape)}")
-
-
-def _check_each(name: str, each: bool, form: str) -> None:
-    if each and form != "recurrent":
-        raise ValueError(
-            f"{name}: each=True returns the state after each token, which only the recurrent form passes through; "
-            f"got form={form!r}: pass form='recurrent'"
-        )
-
-
-def _stacked(states: list[torch.Tensor], start: torch.Tensor, t: int) -> torch.Tensor:
-    """The states after each of ``t`` tokens (B, H, ...) stacked on dim 2: (B, H, T, ...); T = 0: empty."""
-    return torch.stack(states, dim=2) if states else start.new_zeros(*start.shape[:2], 0, *start.shape[2:])
 
 
 # ---- linear attention ----
@@ -117,13 +83,13 @@ def linear_attention(
     Returns: the output (B, H, T, Dv) and the state (S, z) after the last token. A row whose normalizer is 0
         (nothing written yet, as under left padding) outputs 0, with gradient 0.
     """
-    _check("linear_attention", q, k, v)
-    _check_each("linear_attention", each, form)
-    s_shape, z_shape = _state_shapes(q, v)
+    check_qkv("linear_attention", q, k, v)
+    check_each("linear_attention", each, form)
+    s_shape, z_shape = state_shapes(q, v)
     if state is None:
         state = (q.new_zeros(s_shape), q.new_zeros(z_shape))
-    _check_state("linear_attention", state[0], s_shape)
-    _check_state("linear_attention", state[1], z_shape)
+    check_state("linear_attention", state[0], s_shape)
+    check_state("linear_attention", state[1], z_shape)
     if form == "recurrent":
         return _linear_recurrent(q, k, v, state, each=each)
     if form == "parallel":
@@ -154,7 +120,7 @@ def _linear_recurrent(
         norms += [z] if each else []
     out = torch.stack(outs, dim=2) if outs else v.new_zeros(v.shape)  # (B, H, T, Dv)
     if each:  # (B, H, T, Dk, Dv) and (B, H, T, Dk): after each token
-        return out, (_stacked(states, s, q.shape[2]), _stacked(norms, z, q.shape[2]))
+        return out, (stacked(states, s, q.shape[2]), stacked(norms, z, q.shape[2]))
     return out, (s, z)
 
 
@@ -193,36 +159,6 @@ def linear_attention_weights(q: torch.Tensor, k: torch.Tensor, *, real: torch.Te
 # ---- the gated delta rule ----
 
 
-def _check_gates(name: str, g: torch.Tensor, beta: torch.Tensor, *, chunked: bool, beta_max: float = 1.0) -> None:
-    """Refuse what would give a wrong answer rather than NaN in, NaN out: g > 0 (a log decay is <= 0), beta outside
-    [0, 1], and in the chunked forms a g of -inf (a full reset), which makes G_i - G_j = -inf + inf there; the
-    recurrent form takes it exactly. NaN passes through to its own row's output, as in attention. Skipped while
-    compiling (it is one host sync)."""
-    if torch.compiler.is_compiling():
-        return
-    with torch.no_grad():
-        bad_g = (g > 0) | torch.isneginf(g) if chunked else g > 0
-        bad_beta = (beta < 0) | (beta > beta_max)
-        if not bool(bad_g.any() | bad_beta.any()):
-            return
-        label, bad, values = ("g", bad_g, g) if bool(bad_g.any()) else ("beta", bad_beta, beta)
-        where = tuple(int(i) for i in bad.nonzero()[0])
-        value = float(values[where].detach())
-    if label == "beta":
-        rule = "beta must be a share in [0, 1], such as sigmoid(x)"
-        if beta_max != 1:  # negative eigenvalues: twice the share
-            rule = f"beta must be in [0, {beta_max:g}], such as {beta_max:g} * sigmoid(x)"
-    elif value > 0:
-        rule = "g must be a log decay <= 0"
-    else:
-        rule = (
-            "g of -inf (a full reset) cannot go through the chunked form (exp(G_i - G_j) would be exp(-inf + inf)): "
-            "pass form='recurrent', or a finite g such as -30, which already decays the state by 1e-13"
-        )
-    at = "(batch, head, token)" if len(where) == 3 else "(batch, head, token, channel)"  # a gate per channel: KDA's
-    raise ValueError(f"{name}: {rule}; got {value:g} at {at} {where}")
-
-
 def gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -250,18 +186,18 @@ def gated_delta_rule(
         each: return the state after each token, (B, H, T, Dk, Dv) (the recurrent form only).
     Returns: the output (B, H, T, Dv) and the state after the last token.
     """
-    _check("gated_delta_rule", q, k, v)
-    _check_each("gated_delta_rule", each, form)
+    check_qkv("gated_delta_rule", q, k, v)
+    check_each("gated_delta_rule", each, form)
     for label, t in (("g", g), ("beta", beta)):
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(q.shape[:3]):
             raise ValueError(
                 f"gated_delta_rule: {label} must be (batch, heads, tokens) = {tuple(q.shape[:3])}, "
                 f"got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
             )
-    _check_gates("gated_delta_rule", g, beta, chunked=form == "chunked", beta_max=2.0 if negative_eigenvalues else 1.0)
-    s_shape, _ = _state_shapes(q, v)
+    check_gates("gated_delta_rule", g, beta, chunked=form == "chunked", beta_max=2.0 if negative_eigenvalues else 1.0)
+    s_shape, _ = state_shapes(q, v)
     state = q.new_zeros(s_shape) if state is None else state
-    _check_state("gated_delta_rule", state, s_shape)
+    check_state("gated_delta_rule", state, s_shape)
     if form == "recurrent":
         return _delta_recurrent(q, k, v, g, beta, state, each=each)
     if form == "chunked":
@@ -289,7 +225,7 @@ def gated_delta_weights(
             f"q, k must be (batch, heads, tokens, dim) of one shape and g, beta (batch, heads, tokens); got "
             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(g.shape)}, {tuple(beta.shape)}"
         )
-    _check_gates("gated_delta_weights", g, beta, chunked=True, beta_max=2.0 if negative_eigenvalues else 1.0)
+    check_gates("gated_delta_weights", g, beta, chunked=True, beta_max=2.0 if negative_eigenvalues else 1.0)
     t = q.shape[2]
     lower = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     cum = g.cumsum(dim=-1)  # (B, H, T)
@@ -320,7 +256,7 @@ def _delta_recurrent(
         outs.append((q[:, :, t, :, None] * s).sum(dim=2))  # (B, H, Dv): S_t^T q_t
         states += [s] if each else []
     out = torch.stack(outs, dim=2) if outs else v.new_zeros(v.shape)  # (B, H, T, Dv)
-    return out, _stacked(states, s, q.shape[2]) if each else s  # (B, H, T, Dk, Dv) after each token, or the last
+    return out, stacked(states, s, q.shape[2]) if each else s  # (B, H, T, Dk, Dv) after each token, or the last
 
 
 def _delta_chunk(

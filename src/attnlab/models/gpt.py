@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from attnlab._checks import check_positive_int
 from attnlab.cache import Cache, CacheFactory, ModelCache
-from attnlab.cache.model import passing
+from attnlab.cache.undo import passing
 from attnlab.functional.mods import MaskMod, ScoreMod, chain_scores, check_document_ids, document_positions
 from attnlab.functional.visibility import Visibility
 from attnlab.models.checkpoints import read_book, read_checkpoint, save_gpt

@@ -16,7 +16,8 @@ import torch
 
 from attnlab.book import WORDS
 from attnlab.cache import ModelCache, SlidingWindowCache
-from attnlab.cache.state import StateCache, going_back_as
+from attnlab.cache.state import StateCache
+from attnlab.cache.ways import going_back_as
 from attnlab.explain.tour.core import Add, Checker
 from attnlab.nn.attention import Attention
 from attnlab.nn.recurrent import GatedDeltaNet

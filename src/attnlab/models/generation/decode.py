@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import torch
 
 from attnlab.cache import Cache, ModelCache
-from attnlab.cache.model import passing
+from attnlab.cache.undo import passing
 from attnlab.models.generation import speculation
 from attnlab.models.generation.request import Request, Stop
 from attnlab.models.generation.sampling import Sampling
