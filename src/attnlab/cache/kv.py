@@ -35,6 +35,7 @@ import torch
 
 from attnlab._checks import check_positive_int
 from attnlab.cache.base import Capabilities, LayerCache
+from attnlab.cache.undo import ByLength
 from attnlab.functional.finite import vouch, vouched
 
 _POSITIONS: dict[torch.device, torch.Tensor] = {}  # 0, 1, 2, ... per device, grown as asked; read-only
@@ -51,7 +52,7 @@ def _first_positions(n: int, device: torch.device) -> torch.Tensor:
     return held.narrow(0, 0, n)
 
 
-class _CacheBase(LayerCache):
+class _CacheBase(ByLength, LayerCache):
     """A layer's cache with (B, Hkv, capacity, D) key and value buffers and a length, all in tensors."""
 
     def __init__(
@@ -99,24 +100,11 @@ class _CacheBase(LayerCache):
         """Forget everything; the buffers are kept (and overwritten)."""
         self._length.zero_()
 
-    _begun: torch.Tensor | None = None  # the length when a pass began (KVCache's begin: all its undo needs)
-
     def begin(self) -> bool:
-        """Here (sink, quantized): the length, to tell whether a failed pass wrote; their writes reshape what they
+        """Here (sink, quantized): the length, to tell whether a failed call wrote; their writes reshape what they
         hold (a window's sinks, a group coded), so they cannot undo. KVCache and the ring can."""
-        self._begun = self._length.clone()
+        self.keep_length()
         return False
-
-    def touched(self) -> bool:
-        return self._begun is None or not torch.equal(self._length, self._begun)
-
-    def undo(self) -> None:
-        if self._begun is not None:
-            self._length.copy_(self._begun)  # what a write put past it is overwritten by the next
-        self.commit()
-
-    def commit(self) -> None:
-        self._begun = None
 
 
 class KVCache(_CacheBase):
@@ -156,7 +144,7 @@ class KVCache(_CacheBase):
         vouch(self.v_cache)
 
     def begin(self) -> bool:
-        self._begun = self._length.clone()
+        self.keep_length()
         return True
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -280,7 +268,8 @@ class SlidingWindowCache(_CacheBase):
     _overwritten: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None  # (slots, keys, values)
 
     def begin(self) -> bool:
-        self._begun, self._overwritten = self._length.clone(), []
+        self.keep_length()
+        self._overwritten = []
         return True
 
     def undo(self) -> None:
@@ -290,7 +279,8 @@ class SlidingWindowCache(_CacheBase):
         super().undo()
 
     def commit(self) -> None:
-        self._begun, self._overwritten = None, None
+        super().commit()
+        self._overwritten = None
 
     def reach(self, n: int) -> int:
         """``n`` itself, for any of the last ``spare`` tokens (what a pass may refuse); further back is refused."""

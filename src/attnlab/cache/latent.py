@@ -24,9 +24,10 @@ import torch
 from attnlab._checks import check_positive_int
 from attnlab.cache.base import Capabilities, LayerCache
 from attnlab.cache.quantized import BITS, dequantize, pack, quantize, unpack
+from attnlab.cache.undo import ByLength
 
 
-class LatentCache(LayerCache):
+class LatentCache(ByLength, LayerCache):
     """A static cache of up to ``max_len`` latents [c, k_pe] (B, 1, S, R + P), written in place.
 
     ``update(keys, values)`` takes the latents (B, 1, T, R + P) as keys and their first R columns as values (what
@@ -95,20 +96,10 @@ class LatentCache(LayerCache):
     def reset(self) -> None:
         self._length.zero_()
 
-    _begun: torch.Tensor | None = None
-
     def begin(self) -> bool:
-        """A pass starts: its length is all :meth:`undo` needs (a write goes past it; codes and scales too)."""
-        self._begun = self._length.clone()
+        """A call starts: its length is all :meth:`undo` needs (a write goes past it; codes and scales too)."""
+        self.keep_length()
         return True
-
-    def undo(self) -> None:
-        if self._begun is not None:
-            self._length.copy_(self._begun)
-        self.commit()
-
-    def commit(self) -> None:
-        self._begun = None
 
 
 class QuantizedLatentCache(LatentCache):

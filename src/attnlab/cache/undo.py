@@ -13,8 +13,33 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
+
 from attnlab.cache.base import Cache, LayerCache
 from attnlab.cache.blocks import BlockTable
+
+
+class ByLength:
+    """For a layer cache whose writes go past its length, in place (what is past it is overwritten by the next):
+    the length when a call began is all its undo needs. Its own ``begin`` says whether it can (``keep_length``)."""
+
+    _length: torch.Tensor
+    _begun: torch.Tensor | None = None
+
+    def keep_length(self) -> None:
+        self._begun = self._length.clone()
+
+    def touched(self) -> bool:
+        """Whether it wrote since the call began (for one that cannot undo: sink, int8/int4)."""
+        return self._begun is None or not torch.equal(self._length, self._begun)
+
+    def undo(self) -> None:
+        if self._begun is not None:
+            self._length.copy_(self._begun)
+        self.commit()
+
+    def commit(self) -> None:
+        self._begun = None
 
 
 class Undoing:
