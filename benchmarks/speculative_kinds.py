@@ -17,8 +17,9 @@ little). The share of guesses kept is printed beside each: it, not the label, sa
 Each case is decoded plainly and with ``lookup=4``; the tokens must be plain greedy's (else an error, not a
 row). It reports the passes, the guesses kept, the tokens run again (a recurrent state goes back to its mark
 before the guesses it kept), tokens/s as a ratio to plain (median of per-round ratios, interleaved), and the
-bytes going back costs: a state's mark (one more copy of each recurrent and convolution state) and a ring's
-spare slots, against what those layers keep.
+bytes going back costs: a state's mark and the states after each token of a pass, at their most (each recurrent
+and convolution layer goes back "each", the default: docs/caches.md), and a ring's spare slots, against what
+those layers keep.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def texts(m: GPT, new: int) -> dict[str, torch.Tensor]:
 
 def bytes_of(cache: Any) -> dict[str, int]:
     """What going back costs, against what the layers that pay it keep."""
-    marks = sum(c.marked_nbytes() for c in cache if isinstance(c, StateCache | ConvolutionCache))
+    marks = sum(c.most_held_back for c in cache if isinstance(c, StateCache | ConvolutionCache))  # at its most
     states = sum(c.nbytes() for c in cache if isinstance(c, StateCache | ConvolutionCache))
     rings = [c for c in cache if isinstance(c, SlidingWindowCache)]
     per_slot = [(c.k_cache.nbytes + c.v_cache.nbytes) // c.slots for c in rings]
@@ -129,8 +130,9 @@ def render(result: dict[str, Any]) -> str:
     sliding = next(r["bytes"] for r in result["rows"] if r["model"] == "sliding")
     lines += [
         "",
-        f"Going back costs the hybrid one more copy of its states: {hybrid['marks']:,} B of marks beside "
-        f"{hybrid['states']:,} B of state ({hybrid['marks'] / hybrid['states']:.0%}), whatever the length, and "
+        f"Going back holds, at its most, {hybrid['marks']:,} B beside the hybrid's {hybrid['states']:,} B of state "
+        f"({hybrid['marks'] / hybrid['states']:.0%}: the mark's copy and the states after each token of a pass, "
+        "whatever the length), and "
         f"{hybrid['full']:,} B of full-layer KV at its capacity. The sliding model's rings keep {K + 1} spare slots "
         f"each: {sliding['spare']:,} B beside {sliding['windows']:,} B of windows "
         f"({sliding['spare'] / sliding['windows']:.0%}).",
