@@ -141,22 +141,30 @@ def measure(m: GPT, label: str, prompt: torch.Tensor, new: int, rounds: int, sec
 
 
 def verdict(result: dict[str, Any]) -> tuple[str | None, str]:
-    """The way the run picks, or None where it cannot (a ratio too noisy, or the texts disagree), and why: the way
-    faster on both texts, each against mark in the same rounds, a margin inside its spread said so."""
+    """The way the run picks, or None where it cannot (a ratio too noisy, no text past its spread, or the texts
+    disagree), and why: the way faster on every text whose margin is past its spread (each against mark in the same
+    rounds); a margin inside its spread is said to be no finding."""
     rows = result["rows"]
     noisy = [r["text"] for r in rows if r["each_vs_mark_spread"] > NOISY]
     if noisy:
         return None, f"too noisy to pick: each against mark spread past {NOISY:.0%} on {', '.join(noisy)}"
-    faster = {"each" if r["each_vs_mark"] < 1 else "mark" for r in rows}
+    found = [r for r in rows if abs(1 - r["each_vs_mark"]) >= r["each_vs_mark_spread"]]  # past its own spread
+    if not found:
+        return None, "no text tells the ways apart by more than its spread"
+    faster = {"each" if r["each_vs_mark"] < 1 else "mark" for r in found}
     if len(faster) > 1:
         return None, "the texts disagree: each is faster on one and mark on the other"
     way = faster.pop()
     said = []
     for r in rows:
         margin, wide = abs(1 - r["each_vs_mark"]), r["each_vs_mark_spread"]
-        inside = f", by {margin:.0%}, inside its {wide:.0%} spread" if margin < wide else f", spread {wide:.0%}"
+        inside = (
+            f", by {margin:.0%}, inside its {wide:.0%} spread (not a finding)"
+            if margin < wide
+            else f", spread {wide:.0%}"
+        )
         said.append(f"{r['each_vs_mark']:.2f}x mark's time on {r['text']}{inside}")
-    return way, f"{way} is faster on both texts: each takes " + "; ".join(said)
+    return way, f"{way} is faster where the run tells the ways apart: each takes " + "; ".join(said)
 
 
 def render(result: dict[str, Any]) -> str:
