@@ -87,3 +87,20 @@ def test_a_cache_that_cannot_undo_refuses_to_go_on_after_a_failure_that_wrote(na
         ValueError, match=f"a call failed halfway through this cache, and its {kind} layers cannot undo"
     ):
         m(IDS[:, 10:12], caches=cache)
+
+
+@torch.no_grad()
+def test_a_failed_call_on_a_prefix_cache_keeps_no_state_at_a_block_end_it_reached() -> None:
+    """The layers before the failure wrote 16 tokens, a block's end, and kept their states there: undone, those go
+    (the tree would otherwise take them for a block whose tokens were never written)."""
+    from attnlab.cache.undo import passing
+
+    m = every_kind()
+    store = PrefixCache.for_model(m, batch_size=1, max_len=64)
+    store.admit(0, IDS[0, :16].tolist(), total=20)
+    hook = fail_at(m, 4, RuntimeError("injected"))
+    with pytest.raises(RuntimeError), passing(store):
+        m.step(IDS[:, :16], torch.arange(16)[None], store.views([0]))
+    hook.remove()
+    assert store.blocks.length == [0] and all(state.ends[0] == {} for state in store.states)
+    assert all(not t.any() for state in store.states for t in state._tensors())  # the row's states: zeros again

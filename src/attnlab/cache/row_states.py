@@ -71,10 +71,17 @@ class RowStates:
         return True
 
     def undo(self) -> None:
+        """The rows as the call found them; what its writes kept at block ends past a row's length (the table's,
+        already undone) goes, so the tree never takes it."""
         for index, before in reversed(self._overwritten or []):
             for now, then in zip(self._tensors(), before, strict=True):
                 now.index_copy_(0, index, then)
         self._overwritten = None
+        size = self.table.block_size
+        self.ends = [
+            {j: s for j, s in ends.items() if (j + 1) * size <= held}
+            for ends, held in zip(self.ends, self.table.length, strict=True)
+        ]
 
     def commit(self) -> None:
         self._overwritten = None
