@@ -35,24 +35,19 @@ from typing import Any
 
 import torch
 
+import speculative_kinds
 from _timing import NOISY, interleaved, report, save
 from attnlab.bench.timing import ratios, spread
 from attnlab.cache import PagedKVCache, PrefixCache
-from attnlab.models import GPT, GPTConfig
+from attnlab.models import GPT
 
 SCHEMA = "attnlab.prefix_kinds/1"
 OWN, NEW = 32, 16
-MODELS: dict[str, dict[str, Any]] = {
-    "full": {},
-    "hybrid": {"layer_types": ("delta", "delta", "delta", "full", "delta", "full"), "conv_kernel": 4},
-    "sliding": {"layer_types": ("sliding",) * 5 + ("full",), "window": 64},
-}
+MODELS: dict[str, dict[str, Any]] = {"full": {}, **speculative_kinds.MODELS}  # full layers, then its two
 
 
 def model(kind: str) -> GPT:
-    torch.manual_seed(0)
-    base = GPTConfig(vocab_size=256, context_length=1024, emb_dim=256, n_heads=8, n_layers=6, rope=True, drop_rate=0.0)
-    return GPT(base.with_(**MODELS[kind])).eval()
+    return speculative_kinds.decoder(MODELS[kind])
 
 
 def store(m: GPT, tokens: int) -> PrefixCache:

@@ -51,10 +51,15 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 
 
-def model(kind: str) -> GPT:
+def decoder(changes: dict[str, Any]) -> GPT:
+    """6 layers of 256 dimensions, 8 heads, RoPE, random weights of seed 0, with ``changes`` to its config."""
     torch.manual_seed(0)
     base = GPTConfig(vocab_size=256, context_length=1024, emb_dim=256, n_heads=8, n_layers=6, rope=True, drop_rate=0.0)
-    return GPT(base.with_(**MODELS[kind])).eval()
+    return GPT(base.with_(**changes)).eval()
+
+
+def model(kind: str) -> GPT:
+    return decoder(MODELS[kind])
 
 
 def texts(m: GPT, new: int) -> dict[str, torch.Tensor]:
