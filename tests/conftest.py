@@ -8,6 +8,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SEED_DIR = REPO.parent / "shared" / "seed"
 IN_CI = os.environ.get("CI") == "true"  # .ci/run exports it
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here reaches a model hub: a hub name is read from a cache a test lays out
 
 
 @pytest.hookimpl(hookwrapper=True)

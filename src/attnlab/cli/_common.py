@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,17 +66,22 @@ def check_folder(path: str) -> Path:
 
 def model_path(model: str) -> Path:
     """Where ``--model`` points (a shipped name such as ``induction`` included), or the error that says what to give."""
-    from attnlab.models.locate import SHIPPED, ZOO, locate
+    from attnlab.models.locate import SHIPPED, ZOO, locate, origin
     from attnlab.models.zoo import zoo_model
 
     if model.startswith(ZOO):
         return zoo_model(model[len(ZOO) :])
-    where = locate(model)
+    try:
+        where = locate(model)
+    except ValueError as err:  # a hub name that cannot be had
+        raise ValueError(f"--model {err}") from None
     if not where.exists():
         raise ValueError(
-            f"--model {model!r} does not exist; give a checkpoint directory or a .pth file, "
-            f"or a checkpoint that ships with attnlab: {', '.join(SHIPPED)}"
+            f"--model {model!r} does not exist; give a checkpoint directory or a .pth file, a checkpoint that ships "
+            f"with attnlab ({', '.join(SHIPPED)}), or a Hugging Face Hub name (Qwen/Qwen3-0.6B, NAME@REVISION)"
         )
+    if origin(model) == "the Hugging Face Hub's cache":
+        print(f"model: {model} from the Hugging Face Hub's cache ({where})", file=sys.stderr)
     return where
 
 

@@ -129,13 +129,14 @@ def _config_json(where: Path, overrides: dict[str, Any]) -> tuple[GPTConfig, dic
     return families.config_from_hf(raw, where).with_(**overrides), raw
 
 
-def read_checkpoint(path: str | Path, **overrides: Any) -> Checkpoint:
-    """A Hugging Face GPT-2 directory, an attnlab directory, or the book's ``.pth`` state dict, read.
+def read_checkpoint(path: str | Path, *, revision: str | None = None, **overrides: Any) -> Checkpoint:
+    """A Hugging Face GPT-2 directory, an attnlab directory, or the book's ``.pth`` state dict, read; a hub name
+    from huggingface_hub's cache at ``revision`` (``attnlab.models.locate``).
 
     ``overrides`` set GPTConfig fields the checkpoint does not fix (``backend``,
     ``drop_rate``; ``n_heads`` for a book state dict of a size that is not GPT-2's).
     """
-    where = locate(path)
+    where = locate(path, revision=revision)
     if where.is_dir():
         config, raw = _config_json(where, overrides)
         if raw.get("format") == "attnlab":  # attnlab's own names: a model no family holds

@@ -282,14 +282,15 @@ class GPT(nn.Module):
         return torch.stack([w.expand(-1, self.config.n_heads, -1, -1) for w in maps])
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **overrides: object) -> GPT:
-        """Load a Hugging Face GPT-2 directory, a book GPTModel state dict (.pth) or an attnlab directory.
+    def from_pretrained(cls, path: str | Path, *, revision: str | None = None, **overrides: object) -> GPT:
+        """Load a Hugging Face directory of a family attnlab reads, a book GPTModel state dict (.pth), an attnlab
+        directory, or a Hugging Face Hub name (``"Qwen/Qwen3-0.6B"``, at ``revision``; ``attnlab.models.hub``).
 
         ``overrides`` set GPTConfig fields the checkpoint does not fix (``backend``, ``drop_rate``; ``n_heads``
         for a book state dict of a size that is not GPT-2's). The model comes back in eval() mode, as Hugging
         Face's does.
         """
-        return cls._filled(read_checkpoint(path, **overrides))
+        return cls._filled(read_checkpoint(path, revision=revision, **overrides))
 
     @classmethod
     def from_book(cls, source: object, cfg: dict[str, Any], **overrides: object) -> GPT:

@@ -1,6 +1,7 @@
 """Where a model named on the command line or in Python lives: a path, a checkpoint that ships in the package
-(``"induction"``, ``"text"``, ``"poems"``), or ``"zoo:NAME"``, a zoo run's model (:func:`attnlab.models.zoo.zoo_model`
-checks the name against the zoo's variants).
+(``"induction"``, ``"text"``, ``"poems"``), ``"zoo:NAME"``, a zoo run's model (:func:`attnlab.models.zoo.zoo_model`
+checks the name against the zoo's variants), or a Hugging Face Hub name (``attnlab.models.hub``), in that order:
+a local folder or file of that name comes first.
 
 It knows folders, nothing of what is in them: the checkpoints, the tokenizers and the zoo all ask it, and it
 imports none of them.
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from attnlab.models.hub import from_hub, hub_name
 
 SHIPPED = (
     "induction",
@@ -27,12 +30,28 @@ def zoo_models() -> Path:
     return Path(os.environ.get("ATTNLAB_ZOO") or ZOO_RUN) / "models"
 
 
-def locate(path: str | Path) -> Path:
-    """``path`` itself, the shipped checkpoint of that name (``"induction"``) when no such path exists, or for
-    ``"zoo:NAME"`` the zoo's model NAME (:func:`zoo_models`)."""
+def locate(path: str | Path, *, revision: str | None = None) -> Path:
+    """``path`` itself; the shipped checkpoint of that name (``"induction"``) when no such path exists; for
+    ``"zoo:NAME"`` the zoo's model NAME (:func:`zoo_models`); else, for a hub name (``"Qwen/Qwen3-0.6B"``,
+    ``"gpt2@main"``), its folder in huggingface_hub's cache (fetched first where the hub can be reached)."""
     if isinstance(path, str) and path.startswith(ZOO):
         return zoo_models() / path[len(ZOO) :]
     where = Path(path)
-    if not where.exists() and str(path) in SHIPPED:
+    if where.exists():
+        return where
+    if str(path) in SHIPPED:
         return Path(__file__).resolve().parents[1] / "data" / str(path)
+    if hub_name(path):
+        return from_hub(str(path), revision=revision)
     return where
+
+
+def origin(path: str | Path) -> str:
+    """Which of :func:`locate`'s places ``path`` names: a local path, a shipped checkpoint, a zoo model or the hub."""
+    if isinstance(path, str) and path.startswith(ZOO):
+        return "a zoo run's model"
+    if Path(path).exists():
+        return "a local path"
+    if str(path) in SHIPPED:
+        return "a checkpoint that ships with attnlab"
+    return "the Hugging Face Hub's cache" if hub_name(path) else "nowhere"

@@ -1,6 +1,6 @@
 """Tokenizers, offline: GPT-2's byte-level BPE read from a checkpoint directory, and 256 bytes.
 
-Nothing is downloaded. ``Tokenizer.from_dir`` reads ``tokenizer.json`` or
+Read from disk (a hub name's folder is fetched by ``attnlab.models.hub``). ``Tokenizer.from_dir`` reads ``tokenizer.json`` or
 ``vocab.json`` + ``merges.txt`` (the two ways Hugging Face saves GPT-2's);
 ``ByteTokenizer`` maps text to its UTF-8 bytes, for attnlab's own small
 models. Both decode a stream of ids piece by piece without splitting a
@@ -115,7 +115,7 @@ class Tokenizer:
             return cls(bpe)
         raise ValueError(
             f"no tokenizer in {str(where)!r}: it needs tokenizer.json, or vocab.json and merges.txt "
-            "(what Hugging Face saves for GPT-2); attnlab downloads nothing"
+            "(what Hugging Face saves for GPT-2): give the folder that has them"
         )
 
     def encode(self, text: str) -> list[int]:
