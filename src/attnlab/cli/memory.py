@@ -72,7 +72,10 @@ def config_for(name: str) -> GPTConfig:
         return GPTConfig.preset(name)
     if name in SHAPES:
         return shape(name)
-    where = zoo_model(name[len(ZOO) :]) if name.startswith(ZOO) else locate(name)
+    try:
+        where, hub = zoo_model(name[len(ZOO) :]) if name.startswith(ZOO) else locate(name), ""
+    except ValueError as err:  # a hub name that cannot be had: said after what the name is not
+        where, hub = Path(name), f" (as a Hugging Face Hub name: {err})"
     if where.is_dir():
         try:
             return read_config(where)
@@ -87,6 +90,7 @@ def config_for(name: str) -> GPTConfig:
     hint = f"did you mean {near[0]!r}? " if near else ""
     raise ValueError(
         f"--model {name!r} is neither a preset nor a folder with a config.json; {hint}presets: {', '.join(known)}"
+        + hub
     )
 
 
