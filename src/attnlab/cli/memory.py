@@ -89,8 +89,7 @@ def config_for(name: str) -> GPTConfig:
     near = difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean {near[0]!r}? " if near else ""
     raise ValueError(
-        f"--model {name!r} is neither a preset nor a folder with a config.json; {hint}presets: {', '.join(known)}"
-        + hub
+        f"--model {name!r} is neither a preset nor a folder with a config.json; {hint}presets: {', '.join(known)}" + hub
     )
 
 
