@@ -249,3 +249,29 @@ def test_every_zoo_variant_speculates_on_paged_rows_exactly(variant: str) -> Non
     m = GPT(zoo_config(variant).with_(drop_rate=0.0)).eval()
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12] * 2 + [5, 6, 7, 8, 9]])
     assert torch.equal(m.generate(prompt, 48, cache="prefix", lookup=4), m.generate(prompt, 48))
+
+
+@torch.no_grad()
+def test_a_row_admitted_where_another_ran_starts_from_zeros_beside_a_running_row() -> None:
+    """Rows of one group run through one view: a fresh row beside a running one is handed its state, which must be
+    the zeros a layer starts from, not what the row's last sequence left there."""
+    m = every_kind()
+    store = PrefixCache.for_model(m, batch_size=2, max_len=64)
+    for row in (0, 1):
+        store.admit(row, FIRST[:5], total=10)
+        m.step(torch.tensor([FIRST[:5]]), torch.arange(5)[None], store.views([row]))
+    store.release(0)
+    store.admit(0, [7], total=4)
+    for state in store.states:
+        view = state.rows([0, 1])
+        assert view.length == 5  # the running row's: the view hands its states, the fresh row's among them
+        assert all(not t[0].any() for t in _view_tensors(view)) and any(t[1].any() for t in _view_tensors(view))
+
+
+def _view_tensors(view: object) -> list[torch.Tensor]:
+    from attnlab.cache.state import ConvolutionCache, StateCache
+
+    if isinstance(view, StateCache):
+        return [view.matrix, *([view.conv] if view.has_conv else [])]
+    assert isinstance(view, ConvolutionCache)
+    return [view.conv]

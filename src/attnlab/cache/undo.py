@@ -2,7 +2,7 @@
 
 A call writes each layer's cache in turn; one that fails between layers (an error a later layer raises, Ctrl-C)
 would leave the earlier layers a call ahead of the later ones. :func:`passing` wraps each model call
-(``GPT.forward`` on a model cache, each pass of the decode loop): :meth:`Undoing.begin` asks every layer to keep
+(``GPT.forward`` on a model cache: a user's own loop; the decode loop releases a kept cache's rows instead): :meth:`Undoing.begin` asks every layer to keep
 what it needs to come back (``LayerCache.begin``: cheaply, as it writes), :meth:`Undoing.commit` lets it go, and
 :meth:`Undoing.abort` puts it back. A layer that cannot come back (a sink or int8/int4 cache: their writes reshape
 what they hold) and wrote leaves the model cache refusing the next call by name.

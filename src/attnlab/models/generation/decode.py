@@ -40,7 +40,6 @@ from typing import Any, Protocol
 import torch
 
 from attnlab.cache import Cache, ModelCache
-from attnlab.cache.undo import passing
 from attnlab.models.generation import speculation
 from attnlab.models.generation.request import Request, Stop
 from attnlab.models.generation.sampling import Sampling
@@ -115,31 +114,27 @@ def _passes(
             if not together:
                 fed = {s: r for s, r in fed.items() if not r.done}
             if proposer is None or cache is None:  # (a proposer is checked to come with a cache that goes back)
-                with passing(cache):  # a pass that fails halfway leaves every layer as it was before it
-                    if cache is not None and cache.capabilities.rows:
-                        counts.passes += _to_stops(model, cache, fed, device)
-                    feeds = {s: r.tokens[r.held :] for s, r in fed.items()}
-                    logits = _forward(model, cache, fed, feeds, 1, step, device)
+                if cache is not None and cache.capabilities.rows:
+                    counts.passes += _to_stops(model, cache, fed, device)
+                feeds = {s: r.tokens[r.held :] for s, r in fed.items()}
+                logits = _forward(model, cache, fed, feeds, 1, step, device)
                 drawn = _draw(sampling, logits)
                 _hold(cache, fed)
             else:
-                with passing(cache):
-                    if not together:  # a prefix cache's states at the block ends the certain tokens reach
-                        counts.passes += _to_stops(model, cache, fed, device)
-                    spec = speculation.plan(
-                        fed, proposer, stop.max_new_tokens, stop.eos_id, sampling, together=together
-                    )
-                    counts.guessed += sum(len(g) for g, _ in spec.checks.values())
-                    if spec.guessing:  # a pass that guesses nothing goes back nowhere
-                        certain = min(spec.certain.values())
-                        if cache.capabilities.marks and certain > 1:  # a state's mark: before the last certain slot
-                            early = spec.split(certain - 1)
-                            _forward(model, cache, fed, early, 1, None, device)
-                            for s, row in fed.items():
-                                row.held += len(early[s])
-                            counts.passes += 1
-                        cache.mark()
-                    logits = _forward(model, cache, fed, spec.feeds, spec.last, None, device)
+                if not together:  # a prefix cache's states at the block ends the certain tokens reach
+                    counts.passes += _to_stops(model, cache, fed, device)
+                spec = speculation.plan(fed, proposer, stop.max_new_tokens, stop.eos_id, sampling, together=together)
+                counts.guessed += sum(len(g) for g, _ in spec.checks.values())
+                if spec.guessing:  # a pass that guesses nothing goes back nowhere
+                    certain = min(spec.certain.values())
+                    if cache.capabilities.marks and certain > 1:  # a state's mark: before the last certain slot
+                        early = spec.split(certain - 1)
+                        _forward(model, cache, fed, early, 1, None, device)
+                        for s, row in fed.items():
+                            row.held += len(early[s])
+                        counts.passes += 1
+                    cache.mark()
+                logits = _forward(model, cache, fed, spec.feeds, spec.last, None, device)
                 drawn = speculation.verify(sampling, logits, spec)
                 speculation.settle(cache, fed, spec, drawn, proposer, counts)
             counts.passes += 1
@@ -150,7 +145,9 @@ def _passes(
                 del running[slot]
                 free.append(slot)
     finally:  # after an error, Ctrl-C or a stream left unfinished too: a write some layers made is undone, and a
-        if cache is not None:  # cache kept across calls gets its rows back
+        # cache kept across calls (a PrefixCache) gets its rows back, their states zeroed: a failed pass leaves it
+        # whole (its tree takes blocks only after a pass ends), so no pass here pays for an undo
+        if cache is not None:
             cache.abort()
             for slot in running if not together else ():
                 cache.release(slot)
