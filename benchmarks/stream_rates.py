@@ -40,7 +40,8 @@ import torch
 from _runs import exit_with, finish, render_saved
 from _timing import NOISY
 from attnlab.linear import prefetch
-from attnlab.linear.layout import interleaved_seconds, last_level_cache_bytes, stream_bytes, stream_copies, stream_rates
+from attnlab.linear.layout import stream_rates
+from attnlab.linear.probe import interleaved_seconds, last_level_cache_bytes, stream_bytes, stream_copies
 from attnlab.linear.quantized import int8_stream_rates
 
 GPT2_SMALL = ((768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50257))  # (d_in, d_out)

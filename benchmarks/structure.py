@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "attnlab"
 # LAYOUT.md's floors; cli is the top. A module may import its own floor or lower ones, never a higher one.
-FLOORS = {"_checks": 0, "observe": 0, "book": 1, "functional": 1, "linear": 2, "nn": 3, "cache": 3}
+FLOORS = {"_checks": 0, "observe": 0, "measured": 0, "book": 1, "functional": 1, "linear": 2, "nn": 3, "cache": 3}
 FLOORS |= {"models": 4, "distributed": 4, "hf": 4, "explain": 5, "exercises": 5, "bench": 5, "cli": 6}
 PLANNING_FILES = ("cache/model.py", "cache/plan.py", "cache/factories.py", "cache/__init__.py")
 PLANNING_FUNCTIONS = {  # file: the functions of it that generate or plan (the rest of the file is something else)

@@ -39,7 +39,7 @@ from transformers import (
 from attnlab import Recorder
 from attnlab.cache import CACHES, ModelCache
 from attnlab.functional.registry import BACKENDS
-from attnlab.linear.layout import LAYOUTS
+from attnlab.linear.products import LAYOUTS
 from attnlab.models import GPT
 
 VOCAB = 96

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 
 from attnlab.linear import gemv as gemv_module
 from attnlab.linear import layout, quantized
+from attnlab.linear import products as layout_products
 from attnlab.linear.gemv import FLOAT_ROWS, INT8_ROWS, gemv, readable_gemv, why_no_gemv
-from attnlab.linear.layout import GemvLinear
+from attnlab.linear.products import GemvLinear
 from attnlab.linear.quantized import Int8Linear
 from attnlab.models import GPT, GPTConfig
 
@@ -222,7 +223,7 @@ def test_a_gradient_goes_through_f_linear_and_stays_exact() -> None:
 
 def test_without_torch_compile_gemv_is_refused_by_name_and_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
     reason = "torch.compile cannot build the loop here (InvalidCxxCompiler: no working C++ compiler found)"
-    for module in (gemv_module, layout, quantized):
+    for module in (gemv_module, layout, layout_products, quantized):
         monkeypatch.setattr(module, "why_no_gemv", lambda: reason)
     model = small()
     with pytest.raises(RuntimeError, match=r"the gemv layout cannot run here: torch.compile cannot build .*'onednn'"):

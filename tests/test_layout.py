@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.linear import layout
-from attnlab.linear.layout import LAYOUTS, GemvLinear, OneDNNLinear, PrefetchLinear, onednn_available
+from attnlab.linear import layout, probe
+from attnlab.linear.products import LAYOUTS, GemvLinear, OneDNNLinear, PrefetchLinear, onednn_available
 from attnlab.models import GPT, GPTConfig
 
 needs_onednn = pytest.mark.skipif(
@@ -54,7 +54,7 @@ def test_auto_measures_each_shape_and_a_wrong_layout_is_refused() -> None:
     assert len(got) == 2 * 4 + 1 and set(got.values()) <= set(LAYOUTS)  # qkv, out_proj, two ff per block; out_head
     with pytest.raises(
         ValueError,
-        match="layout must be one of \\('rows', 'columns', 'onednn', 'gemv', 'packed', 'prefetch', 'auto'\\), got 'diagonal'",
+        match="layout must be one of \\('rows', 'columns', 'onednn', 'gemv', 'packed', 'prefetch', 'auto', 'measured'\\), got 'diagonal'",
     ):
         model.set_layout("diagonal")
 
@@ -166,7 +166,7 @@ def test_onednn_hands_anything_beyond_plain_inference_to_f_linear() -> None:
     a strided bias, autocast, forward-mode AD, an empty inner dimension."""
     import torch.autograd.forward_ad as fwAD
 
-    from attnlab.linear.layout import onednn_linear
+    from attnlab.linear.products import onednn_linear
 
     x, w = torch.randn(3, 4), torch.randn(6, 4)
     strided = torch.randn(12)[::2]
@@ -222,16 +222,16 @@ def test_the_stream_probe_cycles_through_more_distinct_memory_than_the_last_leve
     reports (lscpu), so the rate is memory's and not a cached copy's. Timing is replaced by 1 s a pass."""
     calls_seen: dict[str, list[object]] = {}
 
-    def one_second(calls: dict[str, list[object]], repeats: int) -> dict[str, float]:
+    def one_second(calls: dict[str, list[object]], repeats: int) -> dict[str, list[float]]:
         calls_seen.update(calls)
-        return dict.fromkeys(calls, 1.0)
+        return {name: [1.0] * repeats for name in calls}
 
-    monkeypatch.setattr(layout, "interleaved_seconds", one_second)
+    monkeypatch.setattr(layout, "interleaved_passes", one_second)
     cache = lscpu_last_level_cache()
     if cache == 0 and __import__("os").environ.get("CI") != "true":
         pytest.skip("the OS reports no cache sizes here (lscpu)")
     d_in = 4096  # a float32 row of 16 KiB: enough rows that the copies reach the bytes wanted, at most 1,024 copies
-    d_out = max(16, -(-2 * max(cache, layout.STREAM_BYTES) // (d_in * 4 * layout.MAX_COPIES)))
+    d_out = max(16, -(-2 * max(cache, probe.STREAM_BYTES) // (d_in * 4 * probe.MAX_COPIES)))
     rates = layout.stream_rates(d_in, d_out, repeats=1)
     assert set(rates) == set(calls_seen) and {"rows", "columns"} <= set(rates)
     for name, calls in calls_seen.items():

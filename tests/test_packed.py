@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.linear import layout, packed
-from attnlab.linear.layout import LAYOUTS, PackedLinear
+from attnlab.linear import layout, packed, probe
+from attnlab.linear.products import LAYOUTS, PackedLinear
 from attnlab.models import GPT, GPTConfig
 from conftest import compiled_op_calls
 
@@ -174,7 +174,7 @@ def test_the_probe_interleaves_the_layouts_pass_by_pass() -> None:
     """Each layout's passes take turns with the others', so a machine that slows midway favours none."""
     order: list[str] = []
     calls = {name: [lambda name=name: order.append(name)] for name in ("rows", "columns", "packed")}
-    layout.interleaved_seconds(calls, 3)  # type: ignore[arg-type]
+    probe.interleaved_seconds(calls, 3)  # type: ignore[arg-type]
     assert order == ["rows", "columns", "packed"] * 4  # a pass that warms up, then 3
 
 

@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.linear import layout, prefetch
+from attnlab.linear import products as layout_products
 from attnlab.linear.gemv import readable_gemv
-from attnlab.linear.layout import PrefetchLinear
 from attnlab.linear.prefetch import ROWS, why_no_prefetch
+from attnlab.linear.products import PrefetchLinear, prefetch_linear
 from attnlab.models import GPT, GPTConfig
 from conftest import compiled_op_calls
 
@@ -276,7 +277,7 @@ def test_without_a_compiler_the_layout_is_refused_by_name_and_never_chosen(monke
     assert reason == (
         "the prefetch loop cannot be built here (RuntimeError: InvalidCxxCompiler: No working C++ compiler found)"
     )
-    for module in (prefetch, layout):
+    for module in (prefetch, layout, layout_products):
         monkeypatch.setattr(module, "why_no_prefetch", lambda: reason)
     model = small()
     with pytest.raises(RuntimeError, match=r"the prefetch layout cannot run here: the prefetch loop cannot be built"):
@@ -337,5 +338,5 @@ def test_the_layouts_product_reads_views_as_their_values(monkeypatch: pytest.Mon
     x = torch.randn(1, 16, generator=generator)
     with torch.no_grad():
         for a, w in ((x, weight), (torch._neg_view(x), weight), (x, torch._neg_view(weight))):
-            torch.testing.assert_close(layout.prefetch_linear(a, w, bias), F.linear(a, w, bias), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(prefetch_linear(a, w, bias), F.linear(a, w, bias), rtol=1e-5, atol=1e-5)
     assert len(calls) == 3

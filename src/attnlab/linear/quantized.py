@@ -52,7 +52,8 @@ import torch.nn.functional as F
 
 from attnlab.linear import packed
 from attnlab.linear.gemv import INT8_ROWS, compiled, gemv, gemv_applies, kernel_spec, traced, why_no_gemv
-from attnlab.linear.layout import _transformed, onednn_linear, pass_seconds
+from attnlab.linear.probe import pass_seconds
+from attnlab.linear.products import _transformed, onednn_linear
 
 Int8Kernel = Literal["dynamic", "int8pack", "gemv", "dequantize"]
 INT8_KERNELS: tuple[Int8Kernel, ...] = ("dynamic", "int8pack", "gemv", "dequantize")
