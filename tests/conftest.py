@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,8 @@ REPO = Path(__file__).resolve().parents[1]
 SEED_DIR = REPO.parent / "shared" / "seed"
 IN_CI = os.environ.get("CI") == "true"  # .ci/run exports it
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here reaches a model hub: a hub name is read from a cache a test lays out
+os.environ["ATTNLAB_MEASURE"] = "0"  # no test pays a machine's measurement unless it asks (tests/test_tuned*.py)
+os.environ["ATTNLAB_CACHE"] = tempfile.mkdtemp(prefix="attnlab-cache-")  # nor reads or writes the user's measurements
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
@@ -51,6 +52,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=CACHE_NAMES,
         default="plain",
         help="the KV cache each layer keeps (the cache lab: docs/caches.md); 'sink' runs past the context with RoPE",
+    )
+    gen.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="skip the one-time measurement of this machine's fastest weight layouts and compile choice "
+        "(what is kept is still used; as ATTNLAB_MEASURE=0)",
     )
 
 
@@ -109,8 +116,11 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from attnlab.cache import capabilities_of
     from attnlab.models.generation import Request, Sampling, Stop, decode
     from attnlab.models.generation.request import context_for
+    from attnlab.models.generation.tuned import settle
     from attnlab.models.tokenizer import Decoder
 
+    if args.no_measure:
+        os.environ["ATTNLAB_MEASURE"] = "0"
     try:  # every flag before any output: those that need no model before it is read, then the rest against it
         check_flags(args)
         model, tokenizer = load_checkpoint(args.model, args.tokenizer, backend=args.backend)
@@ -156,7 +166,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     )
     request = Request(prompts=[ids], stop=Stop(max_new_tokens=args.max_new_tokens), sampling=sampling, cache=args.cache)
     try:  # checked against the model and its caches made at the call: before the prompt is printed
-        passes = decode(model, request)
+        passes = decode(model, settle(model, request, compile_named=False))
     except (ValueError, TypeError) as err:
         return error(console, err)
     decoder = Decoder(tokenizer)
@@ -168,4 +178,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
             out.write(decoder.add(token))
             out.flush()
     out.write(decoder.flush() + "\n")
+    if model.tuning is not None:  # what the default path chose here, and why: on stderr, beside the text
+        print(f"speed: {model.tuning.why}", file=sys.stderr)
     return 0

@@ -31,6 +31,7 @@ from attnlab.models.config import GPTConfig, score_mod_from_name
 from attnlab.models.generation import GenerateOptions, ManyOptions, decode, request_for
 from attnlab.models.generation.decode import by_position
 from attnlab.models.generation.prompts import check_prompt, positions_and_padding
+from attnlab.models.generation.tuned import Tuning, settle
 from attnlab.models.parts import TransformerBlock, make_norm, make_ple
 from attnlab.models.tokenizer import CharTokenizer
 from attnlab.models.weights import Checkpoint, fit
@@ -61,6 +62,7 @@ class GPT(nn.Module):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
+        self.tuning: Tuning | None = None  # what generate's default path chose here, and why
         self.tok_emb = nn.Embedding(config.vocab_size, config.emb_dim)
         self.pos_emb = None if config.rope or config.nope else nn.Embedding(config.context_length, config.emb_dim)
         self.drop_emb = nn.Dropout(config.drop_rate)
@@ -191,14 +193,15 @@ class GPT(nn.Module):
     ) -> Iterator[torch.Tensor]:
         """Each new token (B, 1) as it is chosen (a row that drew ``eos_id`` gets it again until every row has):
         :meth:`generate`'s arguments, checked here, when it is called, not at the first ``next()``."""
-        request = request_for(self, idx, max_new_tokens, options)
+        request = settle(self, request_for(self, idx, max_new_tokens, options), compile_named="compile" in options)
         return by_position(decode(self, request), len(request.prompts), request.stop.eos_id, idx.device)
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **options: Unpack[GenerateOptions]) -> torch.Tensor:
         """The prompt idx (B, T) and what follows, (B, T + n), n <= max_new_tokens (fewer when every row ended at
         ``eos_id``); greedy by default. The options (``GenerateOptions``): sampling, a padded batch, the cache,
-        speculation, compile. Call ``model.eval()`` first: dropout stays as set."""
-        request = request_for(self, idx, max_new_tokens, options)
+        speculation, compile. Call ``model.eval()`` first. The first call lays the weights out, and compiles, as this
+        machine measured fastest (``attnlab.models.generation.tuned``; why: ``self.tuning``)."""
+        request = settle(self, request_for(self, idx, max_new_tokens, options), compile_named="compile" in options)
         rows: list[list[int]] = [[] for _ in request.prompts]
         for drawn in decode(self, request):
             for index, token in drawn:
@@ -212,7 +215,7 @@ class GPT(nn.Module):
         """Continuous batching: the new tokens of each prompt, in the prompts' order; up to ``slots`` (4) prompts run
         at once, each at its own length, the next taking a finished one's place (``ManyOptions``). Greedy, each
         prompt gets what it gets alone."""
-        request = request_for(self, prompts, max_new_tokens, options, many=True)
+        request = settle(self, request_for(self, prompts, max_new_tokens, options, many=True), compile_named=False)
         rows: list[list[int]] = [[] for _ in request.prompts]
         for drawn in decode(self, request):
             for index, token in drawn:
@@ -220,9 +223,9 @@ class GPT(nn.Module):
         return rows
 
     def set_layout(self, layout: str = "auto") -> dict[str, str]:
-        """Store every linear weight in ``layout`` ("rows", "columns", "onednn", "gemv", "packed", "prefetch", or
-        "auto": the fastest here, measured once per process; :mod:`attnlab.linear.layout` describes each): the same
-        values, shapes and checkpoints, a faster decode where measured so. Returns the layout each weight got."""
+        """Store every linear weight in ``layout`` ("rows", "columns", "onednn", "gemv", "packed", "prefetch"; "auto",
+        the fastest here; "measured", what generate does by default: :mod:`attnlab.linear.layout`): the same values,
+        shapes and checkpoints, a faster decode. Returns the layout each weight got; generate then keeps it."""
         from attnlab.linear.layout import set_layout
 
         return dict(set_layout(self, layout))  # type: ignore[arg-type]
@@ -310,9 +313,6 @@ class GPT(nn.Module):
 
     def save_pretrained(self, directory: str | Path, *, tokenizer: str | CharTokenizer | None = None) -> Path:
         """Write config.json and model.safetensors, which ``transformers.GPT2LMHeadModel.from_pretrained`` reads
-        (for a model GPT-2 can hold; attnlab's own names otherwise).
-
-        ``tokenizer="bytes"`` or ``"ascii"`` records a tokenizer that needs no files (see ``load_tokenizer``); a
-        ``CharTokenizer`` is saved beside the weights.
-        """
+        (for a model GPT-2 can hold; attnlab's own names otherwise). ``tokenizer="bytes"`` or ``"ascii"`` records a
+        tokenizer that needs no files (see ``load_tokenizer``); a ``CharTokenizer`` is saved beside the weights."""
         return save_gpt(self, directory, tokenizer=tokenizer)
