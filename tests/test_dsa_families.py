@@ -236,3 +236,16 @@ def test_the_bridge_runs_transformers_model_with_its_selection(family: str, root
         assert float((model(PROMPTS).logits - reference).abs().max()) < 1e-4
         got = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=16, do_sample=False)
     assert got.tolist() == expected.tolist()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_left_padded_row_reads_as_transformers_reads_it(family: str, root: str) -> None:
+    """Row 1 padded on the left by 7: the padding is hidden from the indexer's choice as from the attention, so its
+    real positions' logits are within 1e-4 of transformers' with the same mask (this seed; its margins unasserted)."""
+    mask = torch.ones_like(PROMPTS)
+    mask[1, :7] = 0
+    reference = hf(family, root)(PROMPTS, attention_mask=mask).logits
+    ours = GPT.from_pretrained(hf_dir(family, root))(PROMPTS, attention_mask=mask)
+    assert float((ours[0] - reference[0]).abs().max()) < 1e-4
+    assert float((ours[1, 7:] - reference[1, 7:]).abs().max()) < 1e-4
