@@ -54,6 +54,7 @@ def layouts() -> dict[str, list[LayerState]]:
         "latent": [LayerState(kind="latent", kv_heads=1, head_dim=64, value_dim=48)],
         "shared": [full, LayerState(kind="shared", kv_heads=2, head_dim=4, source=0)],  # reads layer 0's keys
         "convolution": [LayerState(kind="convolution", kv_heads=1, head_dim=4, conv=(4, 2)), full],  # LFM's
+        "indexed": [LayerState(kind="indexed", kv_heads=1, head_dim=64, value_dim=48, index_dim=16)],  # DSA
     }
 
 

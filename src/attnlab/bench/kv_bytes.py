@@ -137,6 +137,7 @@ def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKin
         each = groups[w]
         assert len(set(each)) == 1, f"layers of one kind with different shapes: {each}"  # shapes are per type
         full = "latent" if config.kv_lora_rank is not None else "full"
+        full = "indexed" if config.index_topk is not None else full  # DSA: the latent and the indexer's key
         kinds.append(LayerKind(full if w is None else "sliding", window=w, layers=len(each), bytes_per_token=each[0]))
     if shared:
         kinds.append(LayerKind("shared", None, shared, 0))
@@ -160,8 +161,9 @@ def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKin
 def softmax_bytes(config: GPTConfig, layer: int, size: int) -> int:
     """What one token adds to softmax layer ``layer``'s cache: its type's own key/value heads and head size
     (``GPTConfig.layer_shape``), keys and values; a latent layer's latent and RoPE key, once for every head."""
-    if config.kv_lora_rank is not None:  # MLA
-        return (config.kv_lora_rank + config.qk_rope_head_dim) * size
+    if config.kv_lora_rank is not None:  # MLA, and DSA's indexer key beside each latent (cache/indexed.py)
+        index = config.index_head_dim if config.index_topk is not None else 0
+        return (config.kv_lora_rank + config.qk_rope_head_dim + index) * size
     shape = config.layer_shape(layer)
     values = config.v_head_dim or shape.head_dim  # a value head's own size (MiMo-V2-Flash)
     return shape.n_kv_heads * (shape.head_dim + values) * size

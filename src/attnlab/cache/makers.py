@@ -15,6 +15,7 @@ import torch
 from attnlab.cache.base import Cache, LayerCache
 from attnlab.cache.blocks import BlockTable
 from attnlab.cache.factories import FactoryArgs, paged
+from attnlab.cache.indexed import IndexedCache, PagedIndexedCache
 from attnlab.cache.kv import SlidingWindowCache
 from attnlab.cache.latent import LatentCache, QuantizedLatentCache
 from attnlab.cache.paged import PagedLatentCache
@@ -24,8 +25,9 @@ from attnlab.cache.state import ConvolutionCache, StateCache
 
 # full: keys and values of every position; sliding: a ring of the window; latent: MLA's [c, k_pe] per token;
 # recurrent: a state of fixed size (with its short convolution's last inputs); shared: nothing, it reads an
-# earlier layer's keys (KV sharing); convolution: a layer of short convolutions alone (LFM), its last inputs. The
-# rest have no cache yet: keys beside indexer keys (indexed), entries of closed blocks (compressed).
+# earlier layer's keys (KV sharing); convolution: a layer of short convolutions alone (LFM), its last inputs;
+# indexed: MLA's latent with DSA's indexer key beside it (cache/indexed.py). No cache yet: entries of closed
+# blocks (compressed).
 Kind = Literal["full", "sliding", "latent", "recurrent", "shared", "indexed", "compressed", "convolution"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
@@ -44,6 +46,7 @@ class LayerState:
         normalizer: a recurrent state with linear attention's (Dk,) normalizer.
         conv: (channels, kernel - 1) of a short causal convolution before the recurrence (Qwen3.5), or None.
         source: a "shared" layer's: the layer whose keys and values it reads (KV sharing, Gemma 4).
+        index_dim: an "indexed" layer's: the width of its indexer's key, kept beside each latent (DSA).
         dtype, device: of what it keeps.
     """
 
@@ -56,12 +59,18 @@ class LayerState:
     normalizer: bool = False
     conv: tuple[int, int] | None = None
     source: int | None = None
+    index_dim: int | None = None
     dtype: torch.dtype = torch.float32
     device: torch.device | str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"a layer's state is of one kind among {list(KINDS)}, got {self.kind!r}")
+        if (self.kind == "indexed") != (self.index_dim is not None):
+            raise ValueError(
+                f"index_dim is the width of an indexed layer's indexer keys: set it on an 'indexed' layer only "
+                f"(kind={self.kind!r}, index_dim={self.index_dim!r})"
+            )
 
 
 @dataclass(frozen=True)
@@ -223,3 +232,35 @@ def make_latent(bits: int | None) -> Callable[[LayerState, Sizes], Cache]:
         return QuantizedLatentCache(**shape, bits=bits, **sizes.knobs)
 
     return make
+
+
+def make_indexed(state: LayerState, sizes: Sizes) -> Cache:
+    """An indexed layer's rows [c, k_pe | k_index] (cache/indexed.py), exact: its one cache on a plain build."""
+    assert state.index_dim is not None  # LayerState checks an indexed layer declares it
+    rank = state.value_dim or state.head_dim
+    return IndexedCache(
+        batch_size=sizes.rows,
+        kv_lora_rank=rank,
+        rope_dim=state.head_dim - rank,
+        index_dim=state.index_dim,
+        max_len=sizes.capacity,
+        dtype=state.dtype,
+        device=state.device,
+    )
+
+
+def make_paged_indexed(state: LayerState, sizes: Sizes) -> Cache:
+    """The same rows in the model's paged blocks ('paged', 'prefix')."""
+    assert sizes.table is not None and state.index_dim is not None  # a paged layer writes through the table
+    rank = state.value_dim or state.head_dim
+    return PagedIndexedCache(
+        kv_lora_rank=rank,
+        rope_dim=state.head_dim - rank,
+        index_dim=state.index_dim,
+        batch_size=sizes.rows,
+        num_blocks=sizes.table.num_blocks,
+        max_len=sizes.capacity,
+        table=sizes.table,
+        dtype=state.dtype,
+        device=state.device,
+    )

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from attnlab.cache.base import LayerCache
 from attnlab.cache.evicting import EvictingCache
 from attnlab.cache.factories import CACHES, band_refusal, cache_factory, cache_name, knobs_of
+from attnlab.cache.indexed import IndexedCache, PagedIndexedCache
 from attnlab.cache.kv import KVCache, SlidingWindowCache
 from attnlab.cache.latent import LatentCache, QuantizedLatentCache
 from attnlab.cache.makers import (
@@ -28,9 +29,11 @@ from attnlab.cache.makers import (
     LayerState,
     Sizes,
     make_convolution,
+    make_indexed,
     make_latent,
     make_named,
     make_paged,
+    make_paged_indexed,
     make_paged_latent,
     make_paged_window,
     make_quantized,
@@ -55,6 +58,10 @@ NOT_LATENT = (
     "a latent attention layer keeps its latent cache (kv_lora_rank + qk_rope_head_dim values a token), plain or "
     "quantized, or in paged blocks: the {name} cache is not built for latents; use 'plain', 'int8', 'int4', 'paged' "
     "or 'prefix'"
+)
+NOT_INDEXED = (
+    "an indexed layer (DeepSeek Sparse Attention) keeps its indexer keys beside each latent, which the {name} cache "
+    "cannot hold (its indexer scores every earlier token, from those keys, exact); use 'plain', 'paged' or 'prefix'"
 )
 FULL: dict[str, Choice] = {  # what a named cache is on a layer of keys and values
     "plain": Choice(KVCache, make_named),
@@ -88,6 +95,9 @@ TABLE: dict[tuple[str, str | None], Choice | str] = {
     ("latent", "int8"): Choice(QuantizedLatentCache, make_latent(8)),
     ("latent", "int4"): Choice(QuantizedLatentCache, make_latent(4)),
     **{("latent", name): Choice(PagedLatentCache, make_paged_latent, pages=True) for name in ROWS},
+    **{("indexed", name): NOT_INDEXED for name in (*CACHES, None)},
+    ("indexed", "plain"): Choice(IndexedCache, make_indexed),
+    **{("indexed", name): Choice(PagedIndexedCache, make_paged_indexed, pages=True) for name in ROWS},
 }
 KEEPS_ITS_OWN = ("sliding", "recurrent", "shared", "convolution")  # kinds whose memory no named cache changes
 # but for the paged ones, whose rows each run at their own length

@@ -32,6 +32,7 @@ from attnlab.functional.attention import run_kernel
 from attnlab.functional.eager import head_weights
 from attnlab.functional.mods import MaskMod, chain_scores, mod_name
 from attnlab.functional.registry import KERNELS, Backend, check_backend, resolve
+from attnlab.functional.selection import Selection, chosen_mask
 from attnlab.functional.visibility import Visibility
 from attnlab.observe import chosen_heads, is_recording, record, wants_every_head
 
@@ -90,6 +91,9 @@ def hf_attention(
     mask transformers built for this layer; returns the context (B, Tq, H, Dv) and no weights (a Recorder takes
     them)."""
     settings, cap = settings_of(module), softcap
+    chosen = kwargs.get("indices")  # DeepSeek Sparse Attention: the keys its indexer chose, (B, Tq, K) columns
+    if isinstance(chosen, torch.Tensor):  # handed over instead of folded into the mask, as eager and sdpa get it
+        attention_mask = _with_selection(attention_mask, chosen, key.shape[2])
     layer = getattr(module, "layer_idx", None)
     index = layer if isinstance(layer, int) else -1
     tq = query.shape[2]
@@ -130,6 +134,16 @@ def hf_attention(
         positions=positions,
     )
     return out.transpose(1, 2).contiguous(), None  # (B, Tq, H, Dv)
+
+
+def _with_selection(mask: torch.Tensor | None, indices: torch.Tensor, keys: int) -> torch.Tensor:
+    """transformers' mask with every key its indexer did not choose hidden (what its eager and sdpa paths do)."""
+    picked = chosen_mask(Selection(indices.long(), indices.shape[-1]), keys)  # (B, 1, Tq, Tk)
+    if mask is None:
+        return picked
+    if mask.dtype == torch.bool:
+        return mask & picked
+    return mask.masked_fill(~picked, torch.finfo(mask.dtype).min)
 
 
 def _positions_for_mods(

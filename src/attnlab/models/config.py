@@ -37,6 +37,7 @@ HYBRID_FAMILIES = (
 )  # families whose checkpoints hold Gated DeltaNet layers and output gates
 FAMILIES: tuple[str, ...] = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss")
 FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES, "kimi_linear", "mimo_v2_flash")
+FAMILIES += ("deepseek_v32", "glm_moe_dsa")  # DeepSeek Sparse Attention
 FAMILIES += ("gemma4_text", "gemma4")  # Gemma 4: its text model, and the multimodal wrapper's
 ROUTERS = ("softmax", "grouped_sigmoid")
 
@@ -108,6 +109,13 @@ class GPTConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     n_shared_experts: int = 0
+    # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5; attnlab.nn.indexed): with index_topk set, each latent
+    # attention layer's queries read the index_topk keys its lightning indexer (index_heads of index_head_dim)
+    # scores highest; its RoPE on interleaved pairs with index_rope_interleave (GLM-5's)
+    index_topk: int | None = None
+    index_heads: int = 0
+    index_head_dim: int = 0
+    index_rope_interleave: bool = False
     # Qwen3.5-MoE: each shared expert's width when it is not moe_intermediate_size (shared_expert_intermediate_size),
     # and its output opened per token by sigmoid(shared_gate(x)) (shared_expert_gate)
     shared_expert_dim: int | None = None
@@ -292,6 +300,16 @@ class GPTConfig:
                     f"latent attention rotates its qk_rope_head_dim={self.qk_rope_head_dim} dimensions: set rope=True "
                     "and an even qk_rope_head_dim, or nope=True to turn none"
                 )
+        if self.index_topk is not None:
+            if self.kv_lora_rank is None or self.q_lora_rank is None:
+                raise ValueError(
+                    f"index_topk={self.index_topk} selects keys for latent attention's queries from their latent: "
+                    "set kv_lora_rank and q_lora_rank with it (DeepSeek-V3.2's layers have both)"
+                )
+            for name, limit in (("index_topk", 2**31), ("index_heads", 2**12), ("index_head_dim", 2**16)):
+                check_positive_int(name, getattr(self, name), limit=limit)
+        if not isinstance(self.index_rope_interleave, bool):
+            raise TypeError(f"index_rope_interleave must be a bool, got {self.index_rope_interleave!r}")
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {list(ROUTERS)}, got {self.router!r}")
         if self.router == "grouped_sigmoid" and (

@@ -32,6 +32,7 @@ from attnlab.models.moe_beside import MoEBeside
 from attnlab.models.per_layer import LayerEnd, PerLayerEmbedding
 from attnlab.nn.attention import Attention, SharedKV
 from attnlab.nn.convolution import GatedShortConvolution
+from attnlab.nn.indexed import IndexedAttention
 from attnlab.nn.kda import KimiDeltaAttention
 from attnlab.nn.latent import LatentAttention
 from attnlab.nn.recurrent import GatedDeltaNet, LinearAttention
@@ -96,10 +97,16 @@ def make_ple(config: GPTConfig) -> PerLayerEmbedding | None:
 
 
 def make_attention(config: GPTConfig, layer: int) -> LatentAttention:
-    """A layer's latent attention (DeepSeek-V3), its RoPE and window from the config's pattern."""
+    """A layer's latent attention (DeepSeek-V3), its RoPE and window from the config's pattern; with index_topk,
+    DeepSeek Sparse Attention's (IndexedAttention: its lightning indexer and top-k selection)."""
     assert config.kv_lora_rank is not None
     rope_base, rope_scaling = config.layer_rope(layer)
-    return LatentAttention(
+    indexed: dict[str, Any] = {}
+    if config.index_topk is not None:
+        indexed = dict(index_topk=config.index_topk, index_heads=config.index_heads)
+        indexed |= dict(index_head_dim=config.index_head_dim, index_rope_interleave=config.index_rope_interleave)
+    return (IndexedAttention if indexed else LatentAttention)(
+        **indexed,
         d_in=config.emb_dim,
         num_heads=config.n_heads,
         kv_lora_rank=config.kv_lora_rank,

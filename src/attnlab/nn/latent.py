@@ -131,15 +131,25 @@ class LatentAttention(Attention):
         cos, sin = self.rotary(positions, dtype=x.dtype)
         return apply_rotary(x, cos, sin)
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q_nope (B, H, T, N), q_pe (B, H, T, P) turned, and the latents [c, k_pe] (B, 1, T, R + P)."""
+    def query_latent(self, x: torch.Tensor) -> torch.Tensor:
+        """The queries' own latent q_a_layernorm(q_a_proj(x)) (B, T, q_lora_rank); DSA's indexer reads it too."""
+        if self.q_a_proj is None or self.q_a_layernorm is None:
+            raise ValueError("this layer projects its queries from x directly (q_lora_rank=None): it has no latent")
+        latent: torch.Tensor = self.q_a_layernorm(self.q_a_proj(x))
+        return latent
+
+    def project(
+        self, x: torch.Tensor, positions: torch.Tensor, *, q_latent: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q_nope (B, H, T, N), q_pe (B, H, T, P) turned, and the latents [c, k_pe] (B, 1, T, R + P); ``q_latent``:
+        the queries' latent where the caller has made it already (:meth:`query_latent`)."""
         b, t, _ = x.shape
         h, n, r = self.num_heads, self.qk_nope_head_dim, self.kv_lora_rank
         if self.q_proj is not None:
             q = self.q_proj(x)
         else:
-            assert self.q_a_proj is not None and self.q_a_layernorm is not None and self.q_b_proj is not None
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            assert self.q_b_proj is not None
+            q = self.q_b_proj(self.query_latent(x) if q_latent is None else q_latent)
         q = q.view(b, t, h, -1).transpose(1, 2)  # (B, H, T, N + P)
         q_nope, q_pe = q[..., :n], self._turn(q[..., n:], positions)
         kv = self.kv_a_proj_with_mqa(x)  # (B, T, R + P)

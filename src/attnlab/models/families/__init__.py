@@ -4,7 +4,8 @@ GPT-2 (``gpt2.py``, Conv1D weights transposed), the book's own models (``book.py
 the from-scratch Llama 3 and Qwen3, whose state dicts carry no config), the families that name their tensors as
 Llama does (``llama.py``: Llama 3; ``mistral.py``; ``qwen.py``: Qwen2, Qwen3, Qwen3-MoE;
 ``gemma.py``: Gemma 3; ``gpt_oss.py``, whose experts are fused), DeepSeek-V3 with its latent attention
-(``deepseek.py``), the hybrids (``qwen3_5.py``, ``olmo_hybrid.py``; ``kimi_linear.py``: Kimi Delta Attention beside
+(``deepseek.py``), DeepSeek-V3.2 and GLM-5 with DeepSeek Sparse Attention (``deepseek_v32.py``,
+``glm_moe_dsa.py``), the hybrids (``qwen3_5.py``, ``olmo_hybrid.py``; ``kimi_linear.py``: Kimi Delta Attention beside
 MLA without RoPE). Every family reads RoPE's
 settings, per layer type where the config has them so, through ``rope.py``: each key read as transformers reads
 it, or refused by name (``tests/test_rope_settings.py``). A new family is one new file, its entry in ``READERS``
@@ -21,8 +22,10 @@ import torch
 from attnlab.models.config import GPTConfig
 from attnlab.models.families import (
     deepseek,
+    deepseek_v32,
     gemma,
     gemma4,
+    glm_moe_dsa,
     gpt2,
     gpt_oss,
     kimi_linear,
@@ -54,6 +57,8 @@ OWN["kimi_linear"] = kimi_linear
 OWN["mimo_v2_flash"] = mimo_v2_flash
 READERS |= dict.fromkeys(gemma4.MODEL_TYPES, gemma4.config_from_hf)
 OWN |= dict.fromkeys(gemma4.MODEL_TYPES, gemma4)
+READERS |= {"deepseek_v32": deepseek_v32.config_from_hf, "glm_moe_dsa": glm_moe_dsa.config_from_hf}
+OWN |= {"deepseek_v32": deepseek_v32, "glm_moe_dsa": glm_moe_dsa}
 
 
 def _names(config: GPTConfig) -> llama.Names:
