@@ -77,6 +77,8 @@ def settle(model: Any, request: Request, *, compile_named: bool) -> Request:
     kept = measured.recall("compile", key)
     if kept is None and not measured.measuring():
         return _noted(model, request, layouts, f"eager: nothing measured and {measured.ENV_MEASURE}=0")
+    if kept is not None and not kept["wins"]:
+        return _noted(model, request, layouts, f"eager: {kept['why']}")
     toolchain = why_no_gemv()  # torch.compile's C++ build, probed once a process: only where compile may follow
     if toolchain:
         return _noted(model, request, layouts, f"eager: {toolchain}")
@@ -84,8 +86,8 @@ def settle(model: Any, request: Request, *, compile_named: bool) -> Request:
         measured.announce("whether a compiled decode step beats the eager one for this model's shape")
         kept = _measure(model)
         measured.remember("compile", key, kept)
-    if not kept["wins"]:
-        return _noted(model, request, layouts, f"eager: {kept['why']}")
+        if not kept["wins"]:
+            return _noted(model, request, layouts, f"eager: {kept['why']}")
     saving = kept["eager_s"] - kept["compiled_s"]  # seconds a token
     repaid = request.stop.max_new_tokens * len(request.prompts) * saving
     if model not in _COMPILED_MODELS and repaid < kept["compile_s"]:
