@@ -17,11 +17,11 @@ meets them, the layouts taking turns, :mod:`attnlab.linear.probe`):
   ("packed", which doubles the weights' memory, only where it streams
   :data:`PACKED_GAIN` times faster than the rest);
 - ``"measured"``: what ``generate`` gives a model nobody tuned. Only the
-  layouts that keep the weight itself (:data:`KEEPING`: no second copy, and
-  a training step sees the plain parameter through ``F.linear``), and one of
-  them other than "rows" only where it beats "rows" by :data:`MARGIN` in the
-  median and in every repeat: a choice inside the noise stays "rows", so two
-  runs do not flip it. Kept on disk per machine and version
+  layouts that hold one copy of each weight (:data:`ONE_COPY`: all but
+  "packed"; a training step multiplies the same values through ``F.linear``),
+  and one other than "rows" only where it beats "rows" by :data:`MARGIN` in
+  the median and in every repeat: a choice inside the noise stays "rows", so
+  two runs do not flip it. Kept on disk per machine and version
   (:mod:`attnlab.measured`): a second process pays nothing.
 
 :func:`set_layout` re-stores a module's ``nn.Linear`` weights in place.
@@ -46,7 +46,7 @@ from attnlab.linear.products import CLASSES, LAYOUTS, ONEDNN_DTYPES, OWN_PRODUCT
 
 Choice = Literal["auto", "measured"]
 _CHOSEN: dict[tuple[int, int, torch.dtype], Layout] = {}
-KEEPING: tuple[Layout, ...] = ("rows", "onednn", "gemv", "prefetch")  # the weight itself, row by row, no copy
+ONE_COPY: tuple[Layout, ...] = ("rows", "columns", "onednn", "gemv", "prefetch")  # "packed" keeps a second copy
 MARGIN = 0.05  # "measured" leaves "rows" only for a layout 5% faster in the median and faster in every repeat
 REPEATS = 5
 
@@ -102,12 +102,12 @@ def fastest_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32)
 
 
 def measured_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32) -> Layout:
-    """The layout ``generate`` gives a (d_out, d_in) weight by default: among :data:`KEEPING` offered for
+    """The layout ``generate`` gives a (d_out, d_in) weight by default: among :data:`ONE_COPY` offered for
     ``dtype``, the fastest, where it beats "rows" by :data:`MARGIN` in the median and in every repeat; "rows"
     otherwise. Kept on disk per machine and version (:mod:`attnlab.measured`); measured where nothing is kept,
     or what is kept is not offered here any more; "rows" where measuring is off (``ATTNLAB_MEASURE=0``)."""
     key = _key(d_in, d_out, dtype)
-    layouts = [layout for layout in KEEPING if offered(layout, dtype)]
+    layouts = [layout for layout in ONE_COPY if offered(layout, dtype)]
     kept = measured.recall("layout", key)
     if kept is not None and kept.get("choice") in layouts:
         return kept["choice"]
