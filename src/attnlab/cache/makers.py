@@ -14,6 +14,7 @@ import torch
 
 from attnlab.cache.base import Cache, LayerCache
 from attnlab.cache.blocks import BlockTable
+from attnlab.cache.compressed import CompressedCache
 from attnlab.cache.factories import FactoryArgs, paged
 from attnlab.cache.indexed import IndexedCache, PagedIndexedCache
 from attnlab.cache.kv import SlidingWindowCache
@@ -26,8 +27,8 @@ from attnlab.cache.state import ConvolutionCache, StateCache
 # full: keys and values of every position; sliding: a ring of the window; latent: MLA's [c, k_pe] per token;
 # recurrent: a state of fixed size (with its short convolution's last inputs); shared: nothing, it reads an
 # earlier layer's keys (KV sharing); convolution: a layer of short convolutions alone (LFM), its last inputs;
-# indexed: MLA's latent with DSA's indexer key beside it (cache/indexed.py). No cache yet: entries of closed
-# blocks (compressed).
+# indexed: MLA's latent with DSA's indexer key beside it (cache/indexed.py); compressed: DeepSeek-V4's window,
+# entries of closed blocks and the last tokens' projections (cache/compressed.py).
 Kind = Literal["full", "sliding", "latent", "recurrent", "shared", "indexed", "compressed", "convolution"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
@@ -46,7 +47,9 @@ class LayerState:
         normalizer: a recurrent state with linear attention's (Dk,) normalizer.
         conv: (channels, kernel - 1) of a short causal convolution before the recurrence (Qwen3.5), or None.
         source: a "shared" layer's: the layer whose keys and values it reads (KV sharing, Gemma 4).
-        index_dim: an "indexed" layer's: the width of its indexer's key, kept beside each latent (DSA).
+        index_dim: an "indexed" layer's: the width of its indexer's key, kept beside each latent (DSA); a
+            "compressed" layer's: its indexer's entries (compressed-sparse), or None (heavily compressed).
+        block, row_width: a "compressed" layer's tokens a block and projections a token (cache/compressed.py).
         dtype, device: of what it keeps.
     """
 
@@ -60,13 +63,22 @@ class LayerState:
     conv: tuple[int, int] | None = None
     source: int | None = None
     index_dim: int | None = None
+    block: int | None = None
+    row_width: int | None = None
     dtype: torch.dtype = torch.float32
     device: torch.device | str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"a layer's state is of one kind among {list(KINDS)}, got {self.kind!r}")
-        if (self.kind == "indexed") != (self.index_dim is not None):
+        if (self.kind == "compressed") != (self.block is not None and self.row_width is not None):
+            raise ValueError(
+                f"block and row_width are a compressed layer's: set both on a 'compressed' layer only "
+                f"(kind={self.kind!r}, block={self.block!r}, row_width={self.row_width!r})"
+            )
+        if self.kind == "compressed" and self.window is None:
+            raise ValueError("a compressed layer reads a sliding window of its tokens: declare its window")
+        if self.kind != "compressed" and (self.kind == "indexed") != (self.index_dim is not None):
             raise ValueError(
                 f"index_dim is the width of an indexed layer's indexer keys: set it on an 'indexed' layer only "
                 f"(kind={self.kind!r}, index_dim={self.index_dim!r})"
@@ -261,6 +273,23 @@ def make_paged_indexed(state: LayerState, sizes: Sizes) -> Cache:
         num_blocks=sizes.table.num_blocks,
         max_len=sizes.capacity,
         table=sizes.table,
+        dtype=state.dtype,
+        device=state.device,
+    )
+
+
+def make_compressed(state: LayerState, sizes: Sizes) -> Cache:
+    """A compressed layer's window, entries and last rows (cache/compressed.py), with ``spare`` to go back by."""
+    assert state.block is not None and state.row_width is not None and state.window is not None  # LayerState checks
+    return CompressedCache(
+        batch_size=sizes.rows,
+        head_dim=state.head_dim,
+        window=state.window,
+        block=state.block,
+        row_width=state.row_width,
+        max_len=sizes.capacity,
+        index_dim=state.index_dim,
+        spare=sizes.spare,
         dtype=state.dtype,
         device=state.device,
     )

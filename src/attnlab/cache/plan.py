@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attnlab.cache.base import LayerCache
+from attnlab.cache.compressed import CompressedCache
 from attnlab.cache.evicting import EvictingCache
 from attnlab.cache.factories import CACHES, band_refusal, cache_factory, cache_name, knobs_of
 from attnlab.cache.indexed import IndexedCache, PagedIndexedCache
@@ -28,6 +29,7 @@ from attnlab.cache.makers import (
     Choice,
     LayerState,
     Sizes,
+    make_compressed,
     make_convolution,
     make_indexed,
     make_latent,
@@ -62,6 +64,11 @@ NOT_LATENT = (
 NOT_INDEXED = (
     "an indexed layer (DeepSeek Sparse Attention) keeps its indexer keys beside each latent, which the {name} cache "
     "cannot hold (its indexer scores every earlier token, from those keys, exact); use 'plain', 'paged' or 'prefix'"
+)
+NOT_COMPRESSED = (
+    "a compressed layer (DeepSeek-V4) keeps its window, its closed blocks' entries and its open block's tokens per "
+    "row, unpaged: the {name} cache shares and frees pages of 16 tokens whole, where a block of {block} tokens would "
+    "have to end, and attnlab has no paged compressed cache yet; use 'plain' (the default)"
 )
 FULL: dict[str, Choice] = {  # what a named cache is on a layer of keys and values
     "plain": Choice(KVCache, make_named),
@@ -98,8 +105,16 @@ TABLE: dict[tuple[str, str | None], Choice | str] = {
     **{("indexed", name): NOT_INDEXED for name in (*CACHES, None)},
     ("indexed", "plain"): Choice(IndexedCache, make_indexed),
     **{("indexed", name): Choice(PagedIndexedCache, make_paged_indexed, pages=True) for name in ROWS},
+    **{("compressed", name): Choice(CompressedCache, make_compressed) for name in CACHES},  # its own, whatever
+    **{("compressed", name): NOT_COMPRESSED for name in (*ROWS, None)},
 }
-KEEPS_ITS_OWN = ("sliding", "recurrent", "shared", "convolution")  # kinds whose memory no named cache changes
+KEEPS_ITS_OWN = (
+    "sliding",
+    "recurrent",
+    "shared",
+    "convolution",
+    "compressed",
+)  # kinds whose memory no named cache changes
 # but for the paged ones, whose rows each run at their own length
 
 
@@ -118,7 +133,9 @@ def choose(layers: Sequence[LayerState], cache: object) -> list[Choice]:
         if entry is None:
             raise ValueError(f"attnlab has no cache for a {state.kind} layer yet (the {name or 'given'} cache)")
         if isinstance(entry, str):
-            raise ValueError(entry.format(name=name or "given", window=state.window, factory=type(cache).__name__))
+            raise ValueError(
+                entry.format(name=name or "given", window=state.window, factory=type(cache).__name__, block=state.block)
+            )
         chosen.append(entry)
     return chosen
 
