@@ -24,12 +24,30 @@ Shapes: B = batch, N = entries room (max_len // block), D = head_dim, Di = index
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from attnlab._checks import check_positive_int
 from attnlab.cache.base import Capabilities, LayerCache
 from attnlab.cache.kv import SlidingWindowCache
 from attnlab.functional.compression import check_block
+
+
+class Declared(Protocol):
+    """What a layer declares of itself (``cache.makers.LayerState``, which imports this module) that this cache
+    checks against what it was built for."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def window(self) -> int | None: ...
+    @property
+    def block(self) -> int | None: ...
+    @property
+    def index_dim(self) -> int | None: ...
+    @property
+    def row_width(self) -> int | None: ...
 
 
 class CompressedCache(LayerCache):
@@ -103,16 +121,16 @@ class CompressedCache(LayerCache):
         width = self.head_dim + (self.index_dim or 0)
         return width * self.entries.element_size() / self.block
 
-    def check_layer(self, state: object, batch: int, t: int) -> None:
+    def check_layer(self, state: Declared, batch: int, t: int) -> None:
         """Refuse, before anything is written, a layer this cache was not built for, or ``t`` tokens it cannot
         take (``state``: the layer's ``layer_state()``)."""
-        got = getattr(state, "block", None), getattr(state, "index_dim", None), getattr(state, "row_width", None)
+        got = state.block, state.index_dim, state.row_width
         mine = self.block, self.index_dim, self.rows.shape[-1]
-        if getattr(state, "kind", None) != "compressed" or got != mine or getattr(state, "window", None) != self.window:
+        if state.kind != "compressed" or got != mine or state.window != self.window:
             raise TypeError(
                 f"this CompressedCache holds blocks of {self.block}, indexer entries of {self.index_dim}, rows of "
                 f"{mine[2]} and a window of {self.window}; the layer declares {got} and window "
-                f"{getattr(state, 'window', None)}: build its cache from its layer_state() (ModelCache.build)"
+                f"{state.window}: build its cache from its layer_state() (ModelCache.build)"
             )
         if batch != self.batch_size:
             raise ValueError(f"this cache holds batch_size={self.batch_size}, got a batch of {batch}: build one for it")

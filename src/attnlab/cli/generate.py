@@ -114,6 +114,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     import torch
 
     from attnlab.cache import capabilities_of
+    from attnlab.measured import measuring
     from attnlab.models.generation import Request, Sampling, Stop, decode
     from attnlab.models.generation.request import context_for
     from attnlab.models.generation.tuned import settle
@@ -178,6 +179,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
             out.write(decoder.add(token))
             out.flush()
     out.write(decoder.flush() + "\n")
-    if model.tuning is not None:  # what the default path chose here, and why: on stderr, beside the text
-        print(f"speed: {model.tuning.why}", file=sys.stderr)
+    if model.tuning is not None and not args.no_measure and measuring():  # what the default path chose here, and
+        print(f"speed: {model.tuning.why}", file=sys.stderr)  # why: on stderr, beside the text
     return 0

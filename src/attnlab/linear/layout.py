@@ -162,7 +162,6 @@ def set_layout(module: nn.Module, layout: Layout | Choice) -> dict[str, Layout]:
         if any(measured.recall("layout", _key(d_in, d_out, dtype)) is None for d_out, d_in, dtype in shapes):
             measured.announce(f"the layout of {len(shapes)} weight shapes")
     chosen: dict[str, Layout] = {}
-    module.__dict__["_attnlab_layout"] = layout  # chosen: generate's default path lays out no module twice
     with torch.no_grad():
         for name, sub in linears:
             out_f, in_f = sub.weight.shape

@@ -63,6 +63,7 @@ class GPT(nn.Module):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         self.tuning: Tuning | None = None  # what generate's default path chose here, and why
+        self.layout: str | None = None  # set_layout's choice, which generate then keeps
         self.tok_emb = nn.Embedding(config.vocab_size, config.emb_dim)
         self.pos_emb = None if config.rope or config.nope else nn.Embedding(config.context_length, config.emb_dim)
         self.drop_emb = nn.Dropout(config.drop_rate)
@@ -228,7 +229,9 @@ class GPT(nn.Module):
         shapes and checkpoints, a faster decode. Returns the layout each weight got; generate then keeps it."""
         from attnlab.linear.layout import set_layout
 
-        return dict(set_layout(self, layout))  # type: ignore[arg-type]
+        chosen: dict[str, str] = dict(set_layout(self, layout))  # type: ignore[arg-type]
+        self.layout = layout  # after: a refused layout leaves the model's choice as it was
+        return chosen
 
     def quantize(self, kind: str = "int8", *, kernel: str = "auto") -> dict[str, str]:
         """Store every linear weight, the vocabulary projection's too, as int8 with one scale per output channel
@@ -312,7 +315,6 @@ class GPT(nn.Module):
         return model.eval()
 
     def save_pretrained(self, directory: str | Path, *, tokenizer: str | CharTokenizer | None = None) -> Path:
-        """Write config.json and model.safetensors, which ``transformers.GPT2LMHeadModel.from_pretrained`` reads
-        (for a model GPT-2 can hold; attnlab's own names otherwise). ``tokenizer="bytes"`` or ``"ascii"`` records a
-        tokenizer that needs no files (see ``load_tokenizer``); a ``CharTokenizer`` is saved beside the weights."""
+        """Write config.json and model.safetensors (GPT-2's names, which transformers reads, where GPT-2 holds the
+        model; attnlab's otherwise); ``tokenizer="bytes"``/``"ascii"`` or a ``CharTokenizer`` is kept beside."""
         return save_gpt(self, directory, tokenizer=tokenizer)

@@ -36,7 +36,7 @@ import torch.nn as nn
 from attnlab import measured
 from attnlab.cache import CACHES, ModelCache, cache_factory
 from attnlab.linear.gemv import why_no_gemv
-from attnlab.linear.layout import MARGIN, set_layout
+from attnlab.linear.layout import MARGIN
 from attnlab.linear.quantized import Int8Linear
 from attnlab.models.generation.decode import decode
 from attnlab.models.generation.request import Request, Stop
@@ -61,12 +61,11 @@ def settle(model: Any, request: Request, *, compile_named: bool) -> Request:
     compiled where that wins and repays (module docstring). A model someone laid out or quantized, or a call that
     names ``compile=``, is left as it is. The request is checked first: a refused call changes nothing."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    chosen = getattr(model, "_attnlab_layout", None)
-    if chosen is None and linears and all(type(m) is nn.Linear for m in linears):
+    if model.layout is None and linears and all(type(m) is nn.Linear for m in linears):
         if _cache_name(request) is not None:
             request.check(model)  # a refused call leaves the weights as they were too
         if next(model.parameters()).device.type == "cpu":
-            set_layout(model, "measured")
+            model.set_layout("measured")
     layouts = _counted(model)
     if compile_named or request.compile is not None:
         return _noted(model, request, layouts, "compile= was named by the call")
