@@ -5,6 +5,7 @@ no sinks), so a verdict that could not fail would fail here."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from attnlab.bench.sinks_backcopy import BackcopySettings, run_backcopy
 
@@ -31,3 +32,20 @@ def test_softmax_in_the_relu_arm_turns_the_verdict() -> None:
     status = {v.claim: v.status for v in inverted.verdicts()}
     assert status["dormant_sink"] == "held"  # the softmax arm still sinks
     assert status["relu_sink"] != "held" and status["relu_drain"] != "held"
+
+
+def test_the_sink_cache_keeps_what_the_window_lets_go_and_dense_fails_past_the_context() -> None:
+    """On the shipped text model: every byte past the first context is predicted differently with 4 sinks than
+    with a window of the same size (the sinks are read: take them out and the predictions move), and a plain
+    cache past the context pays more than the window recomputed."""
+    from attnlab.bench.sinks_streaming import cache_for, held_out_texts, nll_cached, run_streaming
+    from attnlab.models.gpt import GPT
+
+    model = GPT.from_pretrained("text")
+    text = held_out_texts(model, texts=1, length=320)
+    window, sinks = (nll_cached(model, text, cache_for(arm, 256)) for arm in ("window", "sinks-4"))
+    assert torch.equal(window[:, :255], sinks[:, :255])  # inside the first context nothing is let go
+    assert (window[:, 256:] - sinks[:, 256:]).abs().min() > 0  # past it, every prediction moves
+    result = run_streaming(model, contexts=2, texts=2, arms=("recompute", "dense"))
+    assert {v.claim: v.status for v in result.verdicts()} == {"dense_fails": "held"}
+    assert min(result.ppl["dense"]) > max(result.ppl["recompute"])

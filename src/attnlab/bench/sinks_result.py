@@ -93,12 +93,14 @@ class StreamingResult:
     def verdicts(self) -> list[Verdict]:
         """StreamingLLM's claims, judged from this file (an arm the run left out: its claim is not judged)."""
         out = []
+        failed = None
         if "window" in self.ppl:
-            out.append(judge("window_fails", self._log_gap("window", "recompute")))
-        if "window" in self.ppl and "sinks-4" in self.ppl:
-            gap = [math.log(w) - math.log(r) for w, r in zip(self.ppl["window"], self.ppl["recompute"], strict=True)]
+            failed = judge("window_fails", self._log_gap("window", "recompute"))
+            out.append(failed)
+        if failed is not None and "sinks-4" in self.ppl:
             back = self._log_gap("window", "sinks-4")
-            recovered = sum(back) / sum(gap) if sum(gap) > 0 else math.nan  # the share of the window's loss won back
+            # the share of the window's extra loss won back: a size only where the window's loss is a finding
+            recovered = sum(back) / sum(failed.gaps) if failed.status == "held" else math.nan
             out.append(judge("sinks_recover", back, size=recovered))
         if "dense" in self.ppl:
             out.append(judge("dense_fails", self._log_gap("dense", "recompute")))

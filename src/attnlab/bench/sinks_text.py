@@ -14,7 +14,7 @@ CLAIMS: dict[str, dict[str, str]] = {
     "sinks_recover": {
         "en": "Xiao et al. 2023: keeping the keys and values of the initial tokens largely recovers window "
         "attention's performance (the abstract). Size: the share of the window's extra loss that 4 sinks win back.",
-        "zh": "Xiao 等 2023：保留开头几个词元的键值，基本能找回窗口注意力失去的性能（摘要）。大小：4 个汇点词元"
+        "zh": "Xiao 等 2023：保留开头几个 Token的键值，基本能找回窗口注意力失去的性能（摘要）。大小：4 个汇聚点 Token"
         "挽回的窗口额外损失的比例。",
     },
     "dense_fails": {
@@ -25,39 +25,39 @@ CLAIMS: dict[str, dict[str, str]] = {
     "four_over_one": {
         "en": "StreamingLLM keeps 4 initial tokens by default; whether 4 beat 1 is measured here, direction only "
         "(the paper's own comparison was not confirmed from its text).",
-        "zh": "StreamingLLM 默认保留 4 个开头词元；4 个是否胜过 1 个，这里只测方向（论文自己的对比未从原文核实）。",
+        "zh": "StreamingLLM 默认保留 4 个开头 Token；4 个是否胜过 1 个，这里只测方向（论文自己的对比未从原文核实）。",
     },
     "dormant_sink": {
         "en": "Guo et al. 2024: heads become sinks for some inputs while staying non-sinks for others "
         "(active-dormant; the abstract). Here: softmax with Adam, the weight on BOS from ordinary tokens minus "
         "from triggers.",
-        "zh": "Guo 等 2024：注意力头对某些输入成为汇点，对另一些输入则不是（活跃-休眠；摘要）。这里：softmax 加 "
-        "Adam，普通词元与触发词元各自放在 BOS 上的权重之差。",
+        "zh": "Guo 等 2024：注意力头对某些输入成为注意力汇聚点，对另一些输入则不是（活跃-休眠；摘要）。这里：softmax 加 "
+        "Adam，普通 Token 与触发 Token各自放在 BOS 上的权重之差。",
     },
     "relu_sink": {
         "en": "Guo et al. 2024: replacing softmax with ReLU mitigates the extreme-token phenomena (the abstract). "
         "Here: the attention sink, softmax minus ReLU.",
-        "zh": "Guo 等 2024：用 ReLU 替换 softmax 能缓解极端词元现象（摘要）。这里：注意力汇点，softmax 减 ReLU。",
+        "zh": "Guo 等 2024：用 ReLU 替换 softmax 能缓解极端 Token 现象（摘要）。这里：注意力汇聚点，softmax 减 ReLU。",
     },
     "relu_drain": {
         "en": "The same claim, for the value-state drain: BOS's value norm ratio, ReLU minus softmax.",
-        "zh": "同一论断，对值状态消减：BOS 的值范数比，ReLU 减 softmax。",
+        "zh": "同一论断，对值向量消减：BOS 的值范数比，ReLU 减 softmax。",
     },
     "relu_peak": {
         "en": "The same claim, for the residual-state peak: BOS's residual norm ratio, softmax minus ReLU.",
-        "zh": "同一论断，对残差状态峰值：BOS 的残差范数比，softmax 减 ReLU。",
+        "zh": "同一论断，对残差峰值：BOS 的残差范数比，softmax 减 ReLU。",
     },
     "sgd_sink": {
         "en": "Guo et al. 2024: replacing Adam with SGD mitigates them too (the abstract). The sink, Adam minus SGD.",
-        "zh": "Guo 等 2024：用 SGD 替换 Adam 同样能缓解（摘要）。注意力汇点，Adam 减 SGD。",
+        "zh": "Guo 等 2024：用 SGD 替换 Adam 同样能缓解（摘要）。注意力汇聚点，Adam 减 SGD。",
     },
     "sgd_drain": {
         "en": "The same, for the value drain: BOS's value norm ratio, SGD minus Adam.",
-        "zh": "同上，对值状态消减：BOS 的值范数比，SGD 减 Adam。",
+        "zh": "同上，对值向量消减：BOS 的值范数比，SGD 减 Adam。",
     },
     "sgd_peak": {
         "en": "The same, for the residual peak: BOS's residual norm ratio, Adam minus SGD.",
-        "zh": "同上，对残差状态峰值：BOS 的残差范数比，Adam 减 SGD。",
+        "zh": "同上，对残差峰值：BOS 的残差范数比，Adam 减 SGD。",
     },
 }
 
@@ -102,8 +102,8 @@ WORDS = {
         "streaming_title": "在自带文本模型的上下文之外运行 StreamingLLM",
         "streaming_setup": "{texts} 段留出文本，每段 {n} 字节（{contexts} 倍于 {context} 字节的上下文），每种缓存都"
         "保留 {context} 字节；第一个上下文之后字节的困惑度，取各文本的均值 ± 一半极差。",
-        "backcopy_title": "Bigram-Backcopy：注意力汇点、值状态消减与残差状态峰值",
-        "backcopy_setup": "{layers} 层、每层一个头，宽度 {width}，{length} 个词元，批量 {batch}，{steps} 步，{seeds} "
+        "backcopy_title": "Bigram-Backcopy：注意力汇聚点、值向量消减与残差峰值",
+        "backcopy_setup": "{layers} 层、每层一个头，宽度 {width}，{length} 个 Token，批量 {batch}，{steps} 步，{seeds} "
         "个种子；各指标取最后一步，种子均值 ± 一半极差。",
         "verdict": "{claim} 实测：{mean:+.3f}（{n} 个种子上的极差 {spread:.3f}；与 zoo 相同的噪声规则）：{status}。",
         "size": " 大小：{size:.0%}。",
@@ -115,7 +115,7 @@ WORDS = {
         "value_ratio": "BOS 值范数比",
         "residual_ratio": "BOS 残差范数比",
         "peak_ratio": "最大 |激活| / 中位数",
-        "first_token": "该模型自身的首词元份额（各层各头的均值）为 {share:.3f}；均匀分布在 256 字节一行上的头为 "
+        "first_token": "该模型自身的首 Token 份额（各层各头的均值）为 {share:.3f}；均匀分布在 256 字节一行上的头为 "
         "{uniform:.3f}。",
     },
 }
