@@ -71,7 +71,7 @@ def test_the_reports_say_what_the_file_says_in_both_languages() -> None:
         ),
         Arm("relu-adam", "relu", "adam", steps, {m: [[0.1, v], [0.2, v + 0.02]] for m, v in _FINAL_RELU.items()}),
     ]
-    settings = {"layers": 1, "width": 8, "length": 8, "batch": 2, "steps": 20}
+    settings = {"layers": 1, "width": 8, "length": 8, "batch": 2, "steps": 20, "lr_adam": 1e-3, "lr_sgd": 0.1}
     trained = BackcopyResult("2026-12-07", "x", settings, [0, 1], arms, 1.0)
     report = backcopy_report(trained, "en")
     assert "| softmax-adam | 1.010 ± 0.010 | 0.610 ± 0.010 |" in report

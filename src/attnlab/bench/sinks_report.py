@@ -72,6 +72,8 @@ def backcopy_report(result: BackcopyResult, lang: str = "en") -> str:
             length=s["length"],
             batch=s["batch"],
             steps=s["steps"],
+            lr_adam=s["lr_adam"],
+            lr_sgd=s["lr_sgd"],
             seeds=len(result.seeds),
         ),
         "",

@@ -14,7 +14,7 @@ CLAIMS: dict[str, dict[str, str]] = {
     "sinks_recover": {
         "en": "Xiao et al. 2023: keeping the keys and values of the initial tokens largely recovers window "
         "attention's performance (the abstract). Size: the share of the window's extra loss that 4 sinks win back.",
-        "zh": "Xiao 等 2023：保留开头几个 Token的键值，基本能找回窗口注意力失去的性能（摘要）。大小：4 个汇聚点 Token"
+        "zh": "Xiao 等 2023：保留开头几个 Token 的键值，基本能找回窗口注意力失去的性能（摘要）。大小：4 个汇聚点 Token "
         "挽回的窗口额外损失的比例。",
     },
     "dense_fails": {
@@ -84,7 +84,8 @@ WORDS = {
         "± half the spread.",
         "backcopy_title": "Bigram-Backcopy: sinks, value drains and residual peaks",
         "backcopy_setup": "{layers} layers of one head, width {width}, {length} tokens, batch {batch}, {steps} "
-        "steps, {seeds} seeds; each measure at the last step, the mean over seeds ± half the spread.",
+        "steps, Adam at {lr_adam:g}, SGD at {lr_sgd:g} with momentum 0.9, {seeds} seeds; each measure at the last "
+        "step (at its most extreme layer), the mean over seeds ± half the spread.",
         "verdict": "{claim} Measured: {mean:+.3f} (spread {spread:.3f} over {n}; the zoo's rule): {status}.",
         "size": " Size: {size:.0%}.",
         "arm": "arm",
@@ -94,7 +95,7 @@ WORDS = {
         "sink_triggers": "weight on BOS (trigger rows)",
         "value_ratio": "BOS value norm ratio",
         "residual_ratio": "BOS residual norm ratio",
-        "peak_ratio": "largest |activation| / median",
+        "peak_ratio": "largest activation / median",
         "first_token": "The model's own first-token share (the mean over layers and heads) was {share:.3f}; a head "
         "spread evenly over a 256-byte row would give {uniform:.3f}.",
     },
@@ -103,8 +104,8 @@ WORDS = {
         "streaming_setup": "{texts} 段留出文本，每段 {n} 字节（{contexts} 倍于 {context} 字节的上下文），每种缓存都"
         "保留 {context} 字节；第一个上下文之后字节的困惑度，取各文本的均值 ± 一半极差。",
         "backcopy_title": "Bigram-Backcopy：注意力汇聚点、值向量消减与残差峰值",
-        "backcopy_setup": "{layers} 层、每层一个头，宽度 {width}，{length} 个 Token，批量 {batch}，{steps} 步，{seeds} "
-        "个种子；各指标取最后一步，种子均值 ± 一半极差。",
+        "backcopy_setup": "{layers} 层、每层一个头，宽度 {width}，{length} 个 Token，批量 {batch}，{steps} 步，Adam 学习率 "
+        "{lr_adam:g}，SGD 学习率 {lr_sgd:g}、动量 0.9，{seeds} 个种子；各指标取最后一步（取最极端的一层），种子均值 ± 一半极差。",
         "verdict": "{claim} 实测：{mean:+.3f}（{n} 个种子上的极差 {spread:.3f}；与 zoo 相同的噪声规则）：{status}。",
         "size": " 大小：{size:.0%}。",
         "arm": "分组",
@@ -114,7 +115,7 @@ WORDS = {
         "sink_triggers": "BOS 上的权重（触发行）",
         "value_ratio": "BOS 值范数比",
         "residual_ratio": "BOS 残差范数比",
-        "peak_ratio": "最大 |激活| / 中位数",
+        "peak_ratio": "最大激活 / 中位数",
         "first_token": "该模型自身的首 Token 份额（各层各头的均值）为 {share:.3f}；均匀分布在 256 字节一行上的头为 "
         "{uniform:.3f}。",
     },

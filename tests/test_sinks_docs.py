@@ -1,0 +1,53 @@
+"""docs/sinks.md holds to the committed runs: its reports are what the report code renders from the result files
+in benchmarks/results, in both languages, and what its prose says of them is so in the files."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+from attnlab.bench.sinks_report import backcopy_report, streaming_report
+from attnlab.bench.sinks_result import BackcopyResult, StreamingResult
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = (ROOT / "docs" / "sinks.md").read_text(encoding="utf-8")
+
+
+def _latest(name: str) -> Path:
+    runs = sorted((ROOT / "benchmarks" / "results").glob(f"{name}-*.json"))
+    assert runs, f"no {name} run in benchmarks/results"
+    return runs[-1]
+
+
+def test_the_reports_are_rendered_from_the_committed_runs_in_both_languages() -> None:
+    streamed = StreamingResult.read(_latest("sinks_streaming"))
+    trained = BackcopyResult.read(_latest("sinks_backcopy"))
+    for lang in ("en", "zh"):
+        assert streaming_report(streamed, lang) in PAGE, lang
+        assert backcopy_report(trained, lang) in PAGE, lang
+
+
+def test_what_the_prose_says_of_the_runs_is_in_the_files() -> None:
+    streamed = {v.claim: v.status for v in StreamingResult.read(_latest("sinks_streaming")).verdicts()}
+    run = StreamingResult.read(_latest("sinks_streaming"))
+    assert run.first_token < run.uniform  # "the shipped text model has no sink"
+    assert streamed["window_fails"] != "held" and streamed["sinks_recover"] != "held"
+    assert streamed["dense_fails"] == "held"
+    trained = BackcopyResult.read(_latest("sinks_backcopy"))
+    status = {v.claim: v.status for v in trained.verdicts()}
+    assert all(status[c] == "held" for c in ("dormant_sink", "relu_sink", "relu_drain", "relu_peak"))
+    assert all(status[c] != "held" for c in ("sgd_sink", "sgd_drain", "sgd_peak"))  # "SGD did not"
+    assert min(trained.final("softmax-adam", "sink")) > 0.5  # "most of each row onto BOS"
+    assert max(trained.final("softmax-adam", "sink_triggers")) < 0.05  # "almost nothing on BOS there"
+    assert max(trained.final("softmax-adam", "value_ratio")) < 0.5  # "well below the others'"
+
+
+def test_the_pages_example_prints_what_it_says() -> None:
+    block = re.search(r"```python\n(.*?)```", PAGE, flags=re.S)
+    assert block is not None
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block.group(1), "docs/sinks.md", "exec"), {"__name__": "__main__"})
+    assert out.getvalue().split("\n")[:2] == ["tensor(1.)", "tensor(0.1667)"]
