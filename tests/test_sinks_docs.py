@@ -8,8 +8,8 @@ import io
 import re
 from pathlib import Path
 
-from attnlab.bench.sinks_report import backcopy_report, streaming_report
-from attnlab.bench.sinks_result import BackcopyResult, StreamingResult
+from attnlab.bench.sinks_report import backcopy_report, streaming_report, variants_report
+from attnlab.bench.sinks_result import BackcopyResult, StreamingResult, VariantsResult
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "sinks.md").read_text(encoding="utf-8")
@@ -24,9 +24,11 @@ def _latest(name: str) -> Path:
 def test_the_reports_are_rendered_from_the_committed_runs_in_both_languages() -> None:
     streamed = StreamingResult.read(_latest("sinks_streaming"))
     trained = BackcopyResult.read(_latest("sinks_backcopy"))
+    compared = VariantsResult.read(_latest("sinks_variants"))
     for lang in ("en", "zh"):
         assert streaming_report(streamed, lang) in PAGE, lang
         assert backcopy_report(trained, lang) in PAGE, lang
+        assert variants_report(compared, lang) in PAGE, lang
 
 
 def test_what_the_prose_says_of_the_runs_is_in_the_files() -> None:
@@ -42,6 +44,17 @@ def test_what_the_prose_says_of_the_runs_is_in_the_files() -> None:
     assert min(trained.final("softmax-adam", "sink")) > 0.5  # "most of each row onto BOS"
     assert max(trained.final("softmax-adam", "sink_triggers")) < 0.05  # "almost nothing on BOS there"
     assert max(trained.final("softmax-adam", "value_ratio")) < 0.5  # "well below the others'"
+
+
+def test_what_the_prose_says_of_the_variants_is_in_the_file() -> None:
+    result = VariantsResult.read(_latest("sinks_variants"))
+    status = {v.claim: v.status for v in result.verdicts()}
+    gated = next(v for v in result.verdicts() if v.claim == "gated_sink")
+    assert min(gated.gaps) > 0 and status["gated_sink"] == "within the noise"  # "in every seed, but by less"
+    assert status["gated_peak"] == "held" and status["learned_sink"] == "held"
+    m = result.measures
+    assert all(s > f for s, f in zip(m["sinks"]["learned_sink"], m["sinks"]["first_token"], strict=True))
+    assert max(m["mha"]["value_ratio"]) < min(m["gated"]["value_ratio"] + m["sinks"]["value_ratio"])
 
 
 def test_the_pages_example_prints_what_it_says() -> None:

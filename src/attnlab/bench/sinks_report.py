@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from attnlab.bench.sinks_result import BackcopyResult, StreamingResult, Verdict
+from attnlab.bench.sinks_result import BackcopyResult, StreamingResult, VariantsResult, Verdict
 from attnlab.bench.sinks_text import CLAIMS, STATUS, WORDS
 
 
@@ -82,6 +82,32 @@ def backcopy_report(result: BackcopyResult, lang: str = "en") -> str:
         *[
             "| " + " | ".join([arm.name, *(_mean_spread(result.final(arm.name, m)) for m in shown)]) + " |"
             for arm in result.arms
+        ],
+        "",
+        *verdict_lines(result.verdicts(), lang),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def variants_report(result: VariantsResult, lang: str = "en") -> str:
+    """The variants run as Markdown: its setting, each variant's measures, the verdicts."""
+    _check_lang(lang)
+    words = WORDS[lang]
+    s = result.settings
+    shown = {"loss": "loss", "first_token": "largest_first", "learned_sink": "learned", "value_ratio": "value_min"}
+    shown["peak_ratio"] = "peak_ratio"
+    lines = [
+        f"### {words['variants_title']}",
+        "",
+        words["variants_setup"].format(
+            **{k: s[k] for k in ("layers", "heads", "width", "length", "batch", "steps", "lr")}, seeds=len(result.seeds)
+        ),
+        "",
+        "| " + " | ".join([words["variant"], *(words[w] for w in shown.values())]) + " |",
+        "|" + "---|" * (len(shown) + 1),
+        *[
+            "| " + " | ".join([name, *(_mean_spread(values[m]) for m in shown)]) + " |"
+            for name, values in result.measures.items()
         ],
         "",
         *verdict_lines(result.verdicts(), lang),

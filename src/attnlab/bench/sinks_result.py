@@ -19,6 +19,7 @@ from attnlab.bench.zoo_result import verdict
 
 STREAMING = "attnlab.sinks.streaming/1"
 BACKCOPY = "attnlab.sinks.backcopy/1"
+VARIANTS_SCHEMA = "attnlab.sinks.variants/1"
 
 
 @dataclass(frozen=True)
@@ -170,4 +171,45 @@ class BackcopyResult:
             }
             for what, (ours, theirs, sign) in pairs.items():
                 out.append(judge(f"{key}_{what}", [sign * (a - b) for a, b in zip(ours, theirs, strict=True)]))
+        return out
+
+
+@dataclass
+class VariantsResult:
+    """The zoo's variants on Bigram-Backcopy (``bench.sinks_variants``): each measure per variant and seed."""
+
+    date: str
+    torch: str
+    settings: dict[str, Any]
+    seeds: list[int]
+    variants: dict[str, dict[str, Any]]  # name -> its GPTConfig changes
+    measures: dict[str, dict[str, list[float]]]  # variant -> measure -> per seed
+    seconds: float
+    schema: str = VARIANTS_SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write(self, path: str | Path) -> Path:
+        return _write(self.to_dict(), path)
+
+    @classmethod
+    def read(cls, path: str | Path) -> VariantsResult:
+        return cls(**_read(path, VARIANTS_SCHEMA))
+
+    def verdicts(self) -> list[Verdict]:
+        """Qiu et al.'s claims for the gate, and a learned sink in the first token's place, against mha."""
+        out: list[Verdict] = []
+        if "mha" not in self.measures:
+            return out
+        base = self.measures["mha"]
+
+        def drop(other: str, measure: str) -> list[float]:  # mha's minus the other's, seed by seed
+            return [a - b for a, b in zip(base[measure], self.measures[other][measure], strict=True)]
+
+        if "gated" in self.measures:
+            out.append(judge("gated_sink", drop("gated", "first_token")))
+            out.append(judge("gated_peak", drop("gated", "peak_ratio")))
+        if "sinks" in self.measures:
+            out.append(judge("learned_sink", drop("sinks", "first_token")))
         return out

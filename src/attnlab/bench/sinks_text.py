@@ -59,6 +59,24 @@ CLAIMS: dict[str, dict[str, str]] = {
         "en": "The same, for the residual peak: BOS's residual norm ratio, Adam minus SGD.",
         "zh": "同上，对残差峰值：BOS 的残差范数比，Adam 减 SGD。",
     },
+    "gated_sink": {
+        "en": "Qiu et al. 2025: a head-specific sigmoid gate after attention mitigates the attention sink (the "
+        "abstract). Here: the largest first-token share of any head, mha minus gated.",
+        "zh": "Qiu 等 2025：在注意力之后加按头的 sigmoid 门控，能缓解注意力汇聚点（摘要）。这里：各头中最大的首 Token "
+        "份额，mha 减 gated。",
+    },
+    "gated_peak": {
+        "en": "Qiu et al. 2025 (the abstract's later version): the gate mitigates massive activations too. Here: the "
+        "largest activation of any layer over its median, mha minus gated.",
+        "zh": "Qiu 等 2025（摘要的较新版本）：门控也缓解巨量激活。这里：各层输出中最大激活与中位数之比，mha 减 gated。",
+    },
+    "learned_sink": {
+        "en": "Gu et al. 2024: the attention sink acts more like a key bias, storing extra attention (the abstract); "
+        "a learned sink logit (gpt-oss) is such a bias with no value, so it should take the first token's place. "
+        "Here: the largest first-token share, mha minus sinks.",
+        "zh": "Gu 等 2024：注意力汇聚点更像键的偏置，存放多余的注意力（摘要）；可学习的注意力汇聚点 logit（gpt-oss）"
+        "正是这样一个没有值向量的偏置，应当取代第 1 个 Token 的位置。这里：最大的首 Token 份额，mha 减 sinks。",
+    },
 }
 
 STATUS = {
@@ -96,6 +114,14 @@ WORDS = {
         "value_ratio": "BOS value norm ratio",
         "residual_ratio": "BOS residual norm ratio",
         "peak_ratio": "largest activation / median",
+        "variants_title": "The zoo's mha, gated and sinks on Bigram-Backcopy",
+        "variants_setup": "attnlab's GPT, {layers} layers of {heads} heads, width {width}, rotary positions, {length} "
+        "tokens, batch {batch}, {steps} steps of Adam at {lr:g}, {seeds} seeds on the same batches; measured on a "
+        "held-out batch, the mean over seeds ± half the spread.",
+        "variant": "variant",
+        "largest_first": "largest first-token share",
+        "learned": "learned sink's largest share",
+        "value_min": "smallest value norm ratio",
         "first_token": "The model's own first-token share (the mean over layers and heads) was {share:.3f}; a head "
         "spread evenly over a 256-byte row would give {uniform:.3f}.",
     },
@@ -116,6 +142,13 @@ WORDS = {
         "value_ratio": "BOS 值范数比",
         "residual_ratio": "BOS 残差范数比",
         "peak_ratio": "最大激活 / 中位数",
+        "variants_title": "zoo 的 mha、gated 与 sinks 在 Bigram-Backcopy 上",
+        "variants_setup": "attnlab 的 GPT，{layers} 层、每层 {heads} 个头，宽度 {width}，旋转位置编码，{length} 个 Token，"
+        "批量 {batch}，Adam 学习率 {lr:g} 训练 {steps} 步，{seeds} 个种子、相同的批次；在留出批次上测量，种子均值 ± 一半极差。",
+        "variant": "变体",
+        "largest_first": "最大的首 Token 份额",
+        "learned": "可学习的注意力汇聚点的最大份额",
+        "value_min": "最小的值范数比",
         "first_token": "该模型自身的首 Token 份额（各层各头的均值）为 {share:.3f}；均匀分布在 256 字节一行上的头为 "
         "{uniform:.3f}。",
     },
