@@ -49,3 +49,20 @@ def test_the_sink_cache_keeps_what_the_window_lets_go_and_dense_fails_past_the_c
     result = run_streaming(model, contexts=2, texts=2, arms=("recompute", "dense"))
     assert {v.claim: v.status for v in result.verdicts()} == {"dense_fails": "held"}
     assert min(result.ppl["dense"]) > max(result.ppl["recompute"])
+
+
+def test_massive_activations_set_to_their_mean_change_nothing_and_zeroed_they_move_the_loss() -> None:
+    """The first token is BOS in every sequence and sees only itself: its activations are the same everywhere, so
+    their mean is their value (the loss to the last digit); zeroed, the loss moves; no values, no change."""
+    from attnlab.bench.sinks_massive import intervene, losses
+    from attnlab.bench.sinks_toy import BigramBackcopy
+    from attnlab.bench.sinks_variants import CHANGES, VariantSettings, train_gpt
+
+    task = BigramBackcopy.make(seed=0)
+    settings = VariantSettings(width=32, length=32, steps=200)
+    model = train_gpt(CHANGES["mha"], settings, seed=0, task=task)
+    held_out = task.batch(32, 32, torch.Generator().manual_seed(1))
+    result, where = losses(model, held_out, task.batch(32, 32, torch.Generator().manual_seed(2)))
+    assert result["mean"] == result["base"]
+    assert result["zero"] != result["base"]
+    assert intervene(model, held_out, where["layer"], where["channels"], None) == result["base"]

@@ -157,3 +157,19 @@ def test_the_variants_verdicts_and_report_read_the_file(tmp_path: Path) -> None:
     assert "| sinks | 1.400 ± 0.000 | 0.110 ± 0.010 | 0.500 ± 0.100 |" in report
     assert VariantsResult.read(result.write(tmp_path / "v.json")) == result
     assert "可学习的注意力汇聚点" in variants_report(result, "zh")
+
+
+def test_the_massive_verdicts_and_report_read_the_file(tmp_path: Path) -> None:
+    from attnlab.bench.sinks_report import massive_report
+    from attnlab.bench.sinks_result import MassiveResult
+
+    found = {"layer": 1, "channels": [3, 5], "values": [4.0, -3.5], "peak_ratio": 9.25, "peak_position": 0}
+    loss = {"base": [1.40, 1.41], "mean": [1.40, 1.41], "zero": [1.60, 1.66], "control": [1.40, 1.42]}
+    settings = {"layers": 2, "heads": 2, "width": 8, "steps": 10, "top": 2}
+    result = MassiveResult("2026-12-07", "x", settings, [0, 1], loss, [found, found], 1.0)
+    assert {v.claim: v.status for v in result.verdicts()} == {"zero_breaks": "held", "zero_vs_control": "held"}
+    report = massive_report(result, "en")
+    assert "| set to zero | 1.630 ± 0.030 |" in report
+    assert "Seed 1: layer 1, channels [3, 5], values 4.00, -3.50; the layer's largest activation is 9.2 times" in report
+    assert MassiveResult.read(result.write(tmp_path / "m.json")) == result
+    assert "| 置零 | 1.630 ± 0.030 |" in massive_report(result, "zh")

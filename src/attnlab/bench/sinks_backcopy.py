@@ -1,5 +1,6 @@
 """Bigram-Backcopy, trained in arms side by side: sinks, value drains and residual peaks over training steps
-(Guo et al. 2024, arXiv 2410.13835: "replacing softmax with ReLU and Adam with SGD" mitigates them).
+(Guo et al. 2024, arXiv 2410.13835: "replacing softmax with ReLU and Adam with SGD" mitigates them), and
+sigmoid attention without normalisation beside them (Gu et al. 2024, arXiv 2410.10781: sinks do not emerge).
 
 Each arm is an attention (softmax, ReLU) and an optimizer (Adam, SGD); every arm and seed trains the same model
 shape on the same batches (the seed draws the weights and the batches; the task's table is one for all). At each
@@ -36,6 +37,7 @@ ARMS: dict[str, tuple[str, str]] = {
     "softmax-adam": ("softmax", "adam"),
     "relu-adam": ("relu", "adam"),
     "softmax-sgd": ("softmax", "sgd"),
+    "sigmoid-adam": ("sigmoid", "adam"),
 }
 MEASURES = ("loss", "sink", "sink_triggers", "value_ratio", "residual_ratio", "peak_ratio")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from attnlab.bench.sinks_result import BackcopyResult, StreamingResult, VariantsResult, Verdict
+from attnlab.bench.sinks_result import BackcopyResult, MassiveResult, StreamingResult, VariantsResult, Verdict
 from attnlab.bench.sinks_text import CLAIMS, STATUS, WORDS
 
 
@@ -108,6 +108,43 @@ def variants_report(result: VariantsResult, lang: str = "en") -> str:
         *[
             "| " + " | ".join([name, *(_mean_spread(values[m]) for m in shown)]) + " |"
             for name, values in result.measures.items()
+        ],
+        "",
+        *verdict_lines(result.verdicts(), lang),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def massive_report(result: MassiveResult, lang: str = "en") -> str:
+    """The massive-activation run as Markdown: its setting, the loss each way, where they were, the verdicts."""
+    _check_lang(lang)
+    words = WORDS[lang]
+    s = result.settings
+    names = words["ways"].format(top=s["top"]).split("|")
+    lines = [
+        f"### {words['massive_title']}",
+        "",
+        words["massive_setup"].format(
+            **{k: s[k] for k in ("layers", "heads", "width", "steps", "top")}, seeds=len(result.seeds)
+        ),
+        "",
+        f"| {words['way']} | {words['loss']} |",
+        "|---|---|",
+        *[
+            f"| {name} | {_mean_spread(result.loss[way])} |"
+            for name, way in zip(names, ("base", "mean", "zero", "control"), strict=True)
+        ],
+        "",
+        *[
+            words["found"].format(
+                seed=seed,
+                layer=f["layer"],
+                channels=f["channels"],
+                values=", ".join(f"{v:.2f}" for v in f["values"]),
+                ratio=f["peak_ratio"],
+                position=f["peak_position"],
+            )
+            for seed, f in zip(result.seeds, result.found, strict=True)
         ],
         "",
         *verdict_lines(result.verdicts(), lang),

@@ -20,6 +20,7 @@ from attnlab.bench.zoo_result import verdict
 STREAMING = "attnlab.sinks.streaming/1"
 BACKCOPY = "attnlab.sinks.backcopy/1"
 VARIANTS_SCHEMA = "attnlab.sinks.variants/1"
+MASSIVE_SCHEMA = "attnlab.sinks.massive/1"
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,8 @@ class BackcopyResult:
 
     def verdicts(self) -> list[Verdict]:
         """Guo et al.'s claims: softmax with Adam grows a sink, a value drain and a residual peak on token 0;
-        ReLU attention, and SGD in Adam's place, do not (each judged against the softmax-Adam arm, seed by seed)."""
+        ReLU attention, and SGD in Adam's place, do not; Gu et al.'s: sigmoid attention grows no sink (each judged
+        against the softmax-Adam arm, seed by seed)."""
         out: list[Verdict] = []
         base = "softmax-adam"
         if self.arm(base) is None:
@@ -171,6 +173,9 @@ class BackcopyResult:
             }
             for what, (ours, theirs, sign) in pairs.items():
                 out.append(judge(f"{key}_{what}", [sign * (a - b) for a, b in zip(ours, theirs, strict=True)]))
+        if self.arm("sigmoid-adam") is not None:  # Gu et al.'s claim is of the sink alone
+            ours, theirs = self.final(base, "sink"), self.final("sigmoid-adam", "sink")
+            out.append(judge("sigmoid_sink", [a - b for a, b in zip(ours, theirs, strict=True)]))
         return out
 
 
@@ -213,3 +218,33 @@ class VariantsResult:
         if "sinks" in self.measures:
             out.append(judge("learned_sink", drop("sinks", "first_token")))
         return out
+
+
+@dataclass
+class MassiveResult:
+    """Massive activations set to their mean or zero (``bench.sinks_massive``): the loss each way, per seed."""
+
+    date: str
+    torch: str
+    settings: dict[str, Any]
+    seeds: list[int]
+    loss: dict[str, list[float]]  # "base", "mean", "zero", "control" -> per seed
+    found: list[dict[str, Any]]  # per seed: the layer, the channels, their values, the peak ratio and position
+    seconds: float
+    schema: str = MASSIVE_SCHEMA
+
+    def write(self, path: str | Path) -> Path:
+        return _write(asdict(self), path)
+
+    @classmethod
+    def read(cls, path: str | Path) -> MassiveResult:
+        return cls(**_read(path, MASSIVE_SCHEMA))
+
+    def verdicts(self) -> list[Verdict]:
+        """Sun et al.: set to their mean, little changes; set to zero, the model breaks (zero against mean), and
+        it is the massive ones that matter (zero against the control, as many small channels zeroed)."""
+        zero, mean, control = self.loss["zero"], self.loss["mean"], self.loss["control"]
+        return [
+            judge("zero_breaks", [z - m for z, m in zip(zero, mean, strict=True)]),
+            judge("zero_vs_control", [z - c for z, c in zip(zero, control, strict=True)]),
+        ]

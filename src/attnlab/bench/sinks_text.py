@@ -59,6 +59,27 @@ CLAIMS: dict[str, dict[str, str]] = {
         "en": "The same, for the residual peak: BOS's residual norm ratio, Adam minus SGD.",
         "zh": "同上，对残差峰值：BOS 的残差范数比，Adam 减 SGD。",
     },
+    "sigmoid_sink": {
+        "en": "Gu et al. 2024: with sigmoid attention without normalization, attention sinks do not emerge (the "
+        "abstract; shown there on text, up to 1B parameters, tried here on Bigram-Backcopy). The sink, softmax minus "
+        "sigmoid, each the weight on BOS itself.",
+        "zh": "Gu 等 2024：用不做归一化的 sigmoid 注意力，注意力汇聚点不会出现（摘要；原文在文本上、最大 1B 参数，"
+        "这里在 Bigram-Backcopy 上试）。注意力汇聚点，softmax 减 sigmoid，各取放在 BOS 上的权重本身。",
+    },
+    "zero_breaks": {
+        "en": 'Sun et al. 2024: very few activations are far larger than the rest ("e.g., 100,000 times larger"), stay '
+        "largely constant whatever the input and act as indispensable bias terms (the abstract); set to their mean "
+        "little changes, set to zero the model breaks (the experiment as issue 60 states it, not confirmed from the "
+        "paper's text: direction only). Here: the loss with the first token's largest activations zeroed minus with "
+        "them set to their mean.",
+        "zh": "Sun 等 2024：极少数激活远大于其他激活（“例如大 100,000 倍”），几乎不随输入变化，起着不可缺少的偏置项的"
+        "作用（摘要）；设为均值几乎没有变化，设为零模型就坏了（按 issue 60 的表述，未从原文核实：只取方向）。这里："
+        "第 1 个 Token 的最大激活置零时的损失减去设为均值时的损失。",
+    },
+    "zero_vs_control": {
+        "en": "The control: zeroing the first token's largest activations against zeroing as many of its smallest.",
+        "zh": "对照：把第 1 个 Token 的最大激活置零，对比把同样多个最小激活置零。",
+    },
     "gated_sink": {
         "en": "Qiu et al. 2025: a head-specific sigmoid gate after attention mitigates the attention sink (the "
         "abstract). Here: the largest first-token share of any head, mha minus gated.",
@@ -114,6 +135,14 @@ WORDS = {
         "value_ratio": "BOS value norm ratio",
         "residual_ratio": "BOS residual norm ratio",
         "peak_ratio": "largest activation / median",
+        "massive_title": "Massive activations set to their mean or to zero",
+        "massive_setup": "The zoo's mha (attnlab's GPT, {layers} layers of {heads} heads, width {width}) trained {steps} "
+        "steps on Bigram-Backcopy, {seeds} seeds; at the layer with the largest activation over its median, the "
+        "first token's {top} largest channels; held-out loss, the mean over seeds ± half the spread.",
+        "way": "the first token's activations",
+        "ways": "left|set to their mean|set to zero|control: its {top} smallest set to zero",
+        "found": "Seed {seed}: layer {layer}, channels {channels}, values {values}; the layer's largest activation is "
+        "{ratio:.1f} times its median, at position {position}.",
         "variants_title": "The zoo's mha, gated and sinks on Bigram-Backcopy",
         "variants_setup": "attnlab's GPT, {layers} layers of {heads} heads, width {width}, rotary positions, {length} "
         "tokens, batch {batch}, {steps} steps of Adam at {lr:g}, {seeds} seeds on the same batches; measured on a "
@@ -142,6 +171,14 @@ WORDS = {
         "value_ratio": "BOS 值范数比",
         "residual_ratio": "BOS 残差范数比",
         "peak_ratio": "最大激活 / 中位数",
+        "massive_title": "把巨量激活设为均值或置零",
+        "massive_setup": "zoo 的 mha（attnlab 的 GPT，{layers} 层、每层 {heads} 个头，宽度 {width}）在 Bigram-Backcopy 上"
+        "训练 {steps} 步，{seeds} 个种子；在最大激活与中位数之比最大的那一层，取第 1 个 Token 最大的 {top} 个通道；"
+        "留出损失，种子均值 ± 一半极差。",
+        "way": "第 1 个 Token 的激活",
+        "ways": "保持不变|设为均值|置零|对照：最小的 {top} 个置零",
+        "found": "种子 {seed}：第 {layer} 层，通道 {channels}，取值 {values}；该层最大激活是中位数的 {ratio:.1f} 倍，位于"
+        "位置 {position}。",
         "variants_title": "zoo 的 mha、gated 与 sinks 在 Bigram-Backcopy 上",
         "variants_setup": "attnlab 的 GPT，{layers} 层、每层 {heads} 个头，宽度 {width}，旋转位置编码，{length} 个 Token，"
         "批量 {batch}，Adam 学习率 {lr:g} 训练 {steps} 步，{seeds} 个种子、相同的批次；在留出批次上测量，种子均值 ± 一半极差。",

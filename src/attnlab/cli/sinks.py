@@ -11,7 +11,7 @@ from rich.console import Console
 
 from attnlab.cli._common import check_folder, error
 
-EXPERIMENTS = ("streaming", "backcopy", "variants")
+EXPERIMENTS = ("streaming", "backcopy", "variants", "massive")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,14 +22,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Run one attention-sink experiment and print its report: 'streaming' reads held-out text past "
         "the shipped text model's context with a window recomputed each step, a plain cache, a window cache, and "
         "windows with 1, 2 and 4 sinks; 'backcopy' trains small transformers on Bigram-Backcopy with softmax and "
-        "ReLU attention, Adam and SGD, measuring the weight on BOS, its value norm and its residual norm over "
+        "ReLU and sigmoid attention, Adam and SGD, measuring the weight on BOS, its value norm and its residual norm over "
         "training; 'variants' trains the zoo's mha, gated and sinks on Bigram-Backcopy and compares the first-token "
-        "share and the largest activation. Each verdict uses the spread over seeds and the zoo's noise rule.",
+        "share and the largest activation; 'massive' sets the first token's largest activations to their mean and to "
+        "zero. Each verdict uses the spread over seeds and the zoo's noise rule.",
     )
     sinks.add_argument("experiment", choices=EXPERIMENTS, help="which experiment")
     sinks.add_argument("--seeds", type=int, default=3, help="texts (streaming) or training seeds (default 3)")
     sinks.add_argument("--contexts", type=int, default=4, help="streaming: text length in contexts (default 4)")
-    sinks.add_argument("--steps", type=int, default=None, help="backcopy, variants: training steps (default 1000)")
+    sinks.add_argument(
+        "--steps", type=int, default=None, help="backcopy, variants, massive: training steps (default 1000)"
+    )
     sinks.add_argument("--out", default="runs/sinks", help="folder for the JSON file and the plot (default runs/sinks)")
     sinks.add_argument("--from", dest="source", default=None, metavar="FILE", help="print the report of a saved run")
     sinks.add_argument("--lang", choices=["en", "zh"], default="en", help="language of the report")
@@ -39,11 +42,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from attnlab.bench.sinks_report import (
         backcopy_plot,
         backcopy_report,
+        massive_report,
         streaming_plot,
         streaming_report,
         variants_report,
     )
-    from attnlab.bench.sinks_result import BackcopyResult, StreamingResult, VariantsResult
+    from attnlab.bench.sinks_result import BackcopyResult, MassiveResult, StreamingResult, VariantsResult
 
     say = lambda line: console.print(line, markup=False)
     try:
@@ -69,6 +73,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 say(streaming_report(StreamingResult.read(source), args.lang))
             elif args.experiment == "variants":
                 say(variants_report(VariantsResult.read(source), args.lang))
+            elif args.experiment == "massive":
+                say(massive_report(MassiveResult.read(source), args.lang))
             else:
                 say(backcopy_report(BackcopyResult.read(source), args.lang))
         except (ValueError, KeyError, TypeError) as err:
@@ -84,6 +90,19 @@ def run(args: argparse.Namespace, console: Console) -> int:
         streaming_plot(streamed, out / "streaming.png")
         say(streaming_report(streamed, args.lang))
         say(f"wrote {out / 'streaming.json'} and {out / 'streaming.png'}")
+        return 0
+    if args.experiment == "massive":
+        from attnlab.bench.sinks_massive import run_massive
+        from attnlab.bench.sinks_variants import VariantSettings
+
+        massive = run_massive(
+            seeds=args.seeds,
+            settings=VariantSettings() if args.steps is None else VariantSettings(steps=args.steps),
+            report=say,
+        )
+        massive.write(out / "massive.json")
+        say(massive_report(massive, args.lang))
+        say(f"wrote {out / 'massive.json'}")
         return 0
     if args.experiment == "variants":
         from attnlab.bench.sinks_variants import VariantSettings, run_variants
