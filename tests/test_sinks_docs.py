@@ -8,8 +8,8 @@ import io
 import re
 from pathlib import Path
 
-from attnlab.bench.sinks_report import backcopy_report, streaming_report, variants_report
-from attnlab.bench.sinks_result import BackcopyResult, StreamingResult, VariantsResult
+from attnlab.bench.sinks_report import backcopy_report, massive_report, streaming_report, variants_report
+from attnlab.bench.sinks_result import BackcopyResult, MassiveResult, StreamingResult, VariantsResult
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "sinks.md").read_text(encoding="utf-8")
@@ -29,6 +29,7 @@ def test_the_reports_are_rendered_from_the_committed_runs_in_both_languages() ->
         assert streaming_report(streamed, lang) in PAGE, lang
         assert backcopy_report(trained, lang) in PAGE, lang
         assert variants_report(compared, lang) in PAGE, lang
+        assert massive_report(MassiveResult.read(_latest("sinks_massive")), lang) in PAGE, lang
 
 
 def test_what_the_prose_says_of_the_runs_is_in_the_files() -> None:
@@ -44,6 +45,9 @@ def test_what_the_prose_says_of_the_runs_is_in_the_files() -> None:
     assert min(trained.final("softmax-adam", "sink")) > 0.5  # "most of each row onto BOS"
     assert max(trained.final("softmax-adam", "sink_triggers")) < 0.05  # "almost nothing on BOS there"
     assert max(trained.final("softmax-adam", "value_ratio")) < 0.5  # "well below the others'"
+    assert status["sigmoid_sink"] == "held"  # "much less on BOS than softmax"
+    ordinary, triggers = trained.final("sigmoid-adam", "sink"), trained.final("sigmoid-adam", "sink_triggers")
+    assert all(abs(o - t) < 0.05 for o, t in zip(ordinary, triggers, strict=True))  # "about as much from triggers"
 
 
 def test_what_the_prose_says_of_the_variants_is_in_the_file() -> None:
@@ -55,6 +59,16 @@ def test_what_the_prose_says_of_the_variants_is_in_the_file() -> None:
     m = result.measures
     assert all(s > f for s, f in zip(m["sinks"]["learned_sink"], m["sinks"]["first_token"], strict=True))
     assert max(m["mha"]["value_ratio"]) < min(m["gated"]["value_ratio"] + m["sinks"]["value_ratio"])
+
+
+def test_what_the_prose_says_of_the_massive_run_is_in_the_file() -> None:
+    result = MassiveResult.read(_latest("sinks_massive"))
+    assert all(f["peak_ratio"] < 100 for f in result.found)  # "about ten times, not orders of magnitude"
+    assert sum(f["peak_position"] != 0 for f in result.found) * 2 > len(result.found)  # "in most seeds not on it"
+    assert result.loss["mean"] == result.loss["base"]  # "to the last digit"
+    status = {v.claim: v for v in result.verdicts()}
+    assert min(status["zero_vs_control"].gaps) > 0 and status["zero_vs_control"].status == "within the noise"
+    assert min(status["zero_breaks"].gaps) > 0 and max(status["zero_breaks"].gaps) < 0.01  # "a few thousandths"
 
 
 def test_the_pages_example_prints_what_it_says() -> None:

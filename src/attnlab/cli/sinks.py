@@ -18,10 +18,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sinks = sub.add_parser(
         "sinks",
         help="why models stare at their first token: StreamingLLM past the context, Bigram-Backcopy with softmax, "
-        "ReLU, Adam and SGD; a verdict for each paper's claim",
+        "ReLU, sigmoid, Adam and SGD; a verdict for each paper's claim",
         description="Run one attention-sink experiment and print its report: 'streaming' reads held-out text past "
         "the shipped text model's context with a window recomputed each step, a plain cache, a window cache, and "
-        "windows with 1, 2 and 4 sinks; 'backcopy' trains small transformers on Bigram-Backcopy with softmax and "
+        "windows with 1, 2 and 4 sinks; 'backcopy' trains small transformers on Bigram-Backcopy with softmax, "
         "ReLU and sigmoid attention, Adam and SGD, measuring the weight on BOS, its value norm and its residual norm over "
         "training; 'variants' trains the zoo's mha, gated and sinks on Bigram-Backcopy and compares the first-token "
         "share and the largest activation; 'massive' sets the first token's largest activations to their mean and to "
