@@ -25,8 +25,10 @@ def test_the_reports_are_rendered_from_the_committed_runs_in_both_languages() ->
     streamed = StreamingResult.read(_latest("sinks_streaming"))
     trained = BackcopyResult.read(_latest("sinks_backcopy"))
     compared = VariantsResult.read(_latest("sinks_variants"))
+    with_sink = StreamingResult.read(_latest("sinks_streaming_backcopy"))
     for lang in ("en", "zh"):
         assert streaming_report(streamed, lang) in PAGE, lang
+        assert streaming_report(with_sink, lang) in PAGE, lang
         assert backcopy_report(trained, lang) in PAGE, lang
         assert variants_report(compared, lang) in PAGE, lang
         assert massive_report(MassiveResult.read(_latest("sinks_massive")), lang) in PAGE, lang
@@ -48,6 +50,15 @@ def test_what_the_prose_says_of_the_runs_is_in_the_files() -> None:
     assert status["sigmoid_sink"] == "held"  # "much less on BOS than softmax"
     ordinary, triggers = trained.final("sigmoid-adam", "sink"), trained.final("sigmoid-adam", "sink_triggers")
     assert all(abs(o - t) < 0.05 for o, t in zip(ordinary, triggers, strict=True))  # "about as much from triggers"
+
+
+def test_what_the_prose_says_of_the_model_with_a_sink_is_in_its_file() -> None:
+    run = StreamingResult.read(_latest("sinks_streaming_backcopy"))
+    assert run.first_token > 1.5 * run.uniform  # "well above an even head's"
+    for arm in ("window", "sinks-1", "sinks-2", "sinks-4"):  # "agree within a tenth of a percent"
+        assert all(abs(a - r) < 1e-3 * r for a, r in zip(run.ppl[arm], run.ppl["recompute"], strict=True)), arm
+    dense = next(v for v in run.verdicts() if v.claim == "dense_fails")
+    assert min(dense.gaps) > 0 and dense.status == "within the noise"  # "in every sequence, but within the noise"
 
 
 def test_what_the_prose_says_of_the_variants_is_in_the_file() -> None:

@@ -37,6 +37,7 @@ def _streaming(window: list[float], sinks4: list[float]) -> StreamingResult:
         ppl={"recompute": [3.0, 2.0], "window": window, "sinks-4": sinks4},
         curve={a: [1.0] for a in arms},
         first_token=0.5,
+        largest_first=0.9,
         uniform=0.02,
         seconds=1.0,
     )

@@ -42,7 +42,7 @@ def streaming_report(result: StreamingResult, lang: str = "en") -> str:
     words = WORDS[lang]
     n = result.contexts * result.context
     lines = [
-        f"### {words['streaming_title']}",
+        f"### {words['streaming_title'].format(model=words['model_' + result.model])}",
         "",
         words["streaming_setup"].format(texts=result.texts, n=n, contexts=result.contexts, context=result.context),
         "",
@@ -50,7 +50,7 @@ def streaming_report(result: StreamingResult, lang: str = "en") -> str:
         "|---|---|",
         *[f"| {arm} | {_mean_spread(result.ppl[arm])} |" for arm in result.arms],
         "",
-        words["first_token"].format(share=result.first_token, uniform=result.uniform),
+        words["first_token"].format(share=result.first_token, largest=result.largest_first, uniform=result.uniform),
         "",
         *verdict_lines(result.verdicts(), lang),
     ]
@@ -164,9 +164,9 @@ def streaming_plot(result: StreamingResult, path: str | Path) -> Path:
         xs = [result.bin * (i + 0.5) for i in range(len(result.curve[arm]))]
         ax.plot(xs, result.curve[arm], marker=".", label=arm)
     ax.axvline(result.context, color="grey", ls="--", lw=1)
-    ax.set_xlabel("byte position")
-    ax.set_ylabel(f"mean NLL a byte (bins of {result.bin})")
-    ax.set_title(f"the text model past its {result.context}-byte context")
+    ax.set_xlabel("position")
+    ax.set_ylabel(f"mean NLL a token (bins of {result.bin})")
+    ax.set_title(f"{WORDS['en']['model_' + result.model]} past its {result.context}-token context")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

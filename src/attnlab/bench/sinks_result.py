@@ -74,6 +74,7 @@ class StreamingResult:
     ppl: dict[str, list[float]]  # arm -> per text: perplexity of the bytes past the first context
     curve: dict[str, list[float]]  # arm -> mean NLL over the texts in bins of `bin` bytes
     first_token: float  # the model's first-token share on the texts' first context, mean over layers and heads
+    largest_first: float  # the largest head's first-token share there
     uniform: float  # what a head spread evenly over every row of that context would give
     seconds: float
     schema: str = STREAMING

@@ -139,9 +139,12 @@ def run_streaming(
     caches: dict[str, Any] | None = None,
     report: Report | None = None,
     seed: int = 0,
+    text: torch.Tensor | None = None,
+    name: str = "text",
 ) -> StreamingResult:
-    """Every arm on ``texts`` held-out texts of ``contexts`` x the model's context. ``caches`` replaces an arm's
-    cache by name (a test swaps one to see the verdict turn)."""
+    """Every arm on ``texts`` held-out texts of ``contexts`` x the model's context (or on ``text``, (texts, N),
+    for a model of another task, named ``name``: "text" or "backcopy"). ``caches`` replaces an arm's cache by
+    name."""
     check_positive_int("contexts", contexts, limit=64)
     check_positive_int("texts", texts, limit=64)
     if contexts < 2:
@@ -154,7 +157,12 @@ def run_streaming(
     say = report or (lambda line: None)
     began = time.perf_counter()
     window = model.config.context_length
-    text = held_out_texts(model, texts=texts, length=contexts * window, seed=seed)
+    if text is None:
+        text = held_out_texts(model, texts=texts, length=contexts * window, seed=seed)
+    elif tuple(text.shape) != (texts, contexts * window):
+        raise ValueError(
+            f"text must be ({texts}, {contexts * window}): texts x contexts x the context; got {tuple(text.shape)}"
+        )
     nll: dict[str, torch.Tensor] = {}
     for arm in arms:
         start = time.perf_counter()
@@ -163,14 +171,14 @@ def run_streaming(
         else:
             nll[arm] = nll_cached(model, text, (caches or {}).get(arm, cache_for(arm, window)))
         say(f"{arm}: {time.perf_counter() - start:.1f} s")
-    shares = torch.tensor(read_gpt(model, text[:, :window]).first_token)  # (L, H)
+    shares = torch.tensor(read_gpt(model, text[:, :window]).first_token)  # (L, H): on the first context
     uniform = float((1.0 / torch.arange(2, window + 1, dtype=torch.float64)).mean())  # row i gives 1 / (i + 1)
     past = {arm: values[:, window - 1 :] for arm, values in nll.items()}  # bytes W..N-1: predicted past W
     n = nll["recompute"].shape[1]
     return StreamingResult(
         date=datetime.date.today().isoformat(),
         torch=torch.__version__,
-        model="text",
+        model=name,
         context=window,
         contexts=contexts,
         texts=texts,
@@ -180,6 +188,7 @@ def run_streaming(
         ppl={arm: [math.exp(float(row.mean())) for row in values] for arm, values in past.items()},
         curve={arm: [float(values[:, a : a + BIN].mean()) for a in range(0, n, BIN)] for arm, values in nll.items()},
         first_token=float(shares.mean()),
+        largest_first=float(shares.max()),
         uniform=uniform,
         seconds=time.perf_counter() - began,
     )

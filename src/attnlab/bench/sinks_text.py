@@ -117,10 +117,12 @@ STATUS = {
 
 WORDS = {
     "en": {
-        "streaming_title": "StreamingLLM past the context of the shipped text model",
-        "streaming_setup": "{texts} held-out texts of {n} bytes ({contexts} x the {context}-byte context), each "
-        "cache holding {context} bytes; perplexity of the bytes past the first context, the mean over the texts "
-        "± half the spread.",
+        "streaming_title": "StreamingLLM past the context of {model}",
+        "streaming_setup": "{texts} held-out sequences of {n} tokens ({contexts} x the {context}-token context; a "
+        "token is a byte for the text model), each cache holding {context} tokens; perplexity of the tokens past "
+        "the first context, the mean over the sequences ± half the spread.",
+        "model_text": "the shipped text model",
+        "model_backcopy": "a GPT trained on Bigram-Backcopy (the zoo's mha)",
         "backcopy_title": "Bigram-Backcopy: sinks, value drains and residual peaks",
         "backcopy_setup": "{layers} layers of one head, width {width}, {length} tokens, batch {batch}, {steps} "
         "steps, Adam at {lr_adam:g}, SGD at {lr_sgd:g} with momentum 0.9, {seeds} seeds; each measure at the last "
@@ -151,13 +153,16 @@ WORDS = {
         "largest_first": "largest first-token share",
         "learned": "learned sink's largest share",
         "value_min": "smallest value norm ratio",
-        "first_token": "The model's own first-token share (the mean over layers and heads) was {share:.3f}; a head "
-        "spread evenly over a 256-byte row would give {uniform:.3f}.",
+        "first_token": "The model's own first-token share (the mean over layers and heads) was {share:.3f}, its "
+        "largest head's {largest:.3f}; a head spread evenly over every row of one context would give {uniform:.3f}.",
     },
     "zh": {
-        "streaming_title": "在自带文本模型的上下文之外运行 StreamingLLM",
-        "streaming_setup": "{texts} 段留出文本，每段 {n} 字节（{contexts} 倍于 {context} 字节的上下文），每种缓存都"
-        "保留 {context} 字节；第一个上下文之后字节的困惑度，取各文本的均值 ± 一半极差。",
+        "streaming_title": "在{model}的上下文之外运行 StreamingLLM",
+        "streaming_setup": "{texts} 段留出序列，每段 {n} 个 Token（{contexts} 倍于 {context} 个 Token 的上下文；文本模型"
+        "的一个 Token 是一个字节），每种缓存都保留 {context} 个 Token；第一个上下文之后的 Token 的困惑度，取各序列的"
+        "均值 ± 一半极差。",
+        "model_text": "自带文本模型",
+        "model_backcopy": "在 Bigram-Backcopy 上训练的 GPT（zoo 的 mha）",
         "backcopy_title": "Bigram-Backcopy：注意力汇聚点、值向量消减与残差峰值",
         "backcopy_setup": "{layers} 层、每层一个头，宽度 {width}，{length} 个 Token，批量 {batch}，{steps} 步，Adam 学习率 "
         "{lr_adam:g}，SGD 学习率 {lr_sgd:g}、动量 0.9，{seeds} 个种子；各指标取最后一步（取最极端的一层），种子均值 ± 一半极差。",
@@ -186,7 +191,7 @@ WORDS = {
         "largest_first": "最大的首 Token 份额",
         "learned": "可学习的注意力汇聚点的最大份额",
         "value_min": "最小的值范数比",
-        "first_token": "该模型自身的首 Token 份额（各层各头的均值）为 {share:.3f}；均匀分布在 256 字节一行上的头为 "
-        "{uniform:.3f}。",
+        "first_token": "该模型自身的首 Token 份额（各层各头的均值）为 {share:.3f}，最大的头为 {largest:.3f}；在一个上下文"
+        "的每一行上均匀分布的头为 {uniform:.3f}。",
     },
 }

@@ -139,3 +139,13 @@ def run_variants(
         seconds=time.perf_counter() - began,
         schema=VARIANTS_SCHEMA,
     )
+
+
+def backcopy_stream(*, contexts: int, texts: int, seed: int = 0) -> tuple[Any, torch.Tensor]:
+    """The zoo's mha trained on Bigram-Backcopy (the run's settings, ``seed``), and ``texts`` held-out sequences of
+    ``contexts`` x its context, BOS first: (model, (texts, contexts x context))."""
+    plan = VariantSettings()
+    task = BigramBackcopy.make(seed=plan.task_seed)
+    model = train_gpt(CHANGES["mha"], plan, seed=seed, task=task)
+    text = task.batch(texts, contexts * plan.length - 1, torch.Generator().manual_seed(30_000 + seed))
+    return model, text

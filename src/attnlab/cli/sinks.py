@@ -31,6 +31,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sinks.add_argument("--seeds", type=int, default=3, help="texts (streaming) or training seeds (default 3)")
     sinks.add_argument("--contexts", type=int, default=4, help="streaming: text length in contexts (default 4)")
     sinks.add_argument(
+        "--model",
+        choices=["text", "backcopy"],
+        default="text",
+        help="streaming: the shipped text model, or a GPT trained here on Bigram-Backcopy (the zoo's mha; it grows "
+        "a first-token sink)",
+    )
+    sinks.add_argument(
         "--steps", type=int, default=None, help="backcopy, variants, massive: training steps (default 1000)"
     )
     sinks.add_argument("--out", default="runs/sinks", help="folder for the JSON file and the plot (default runs/sinks)")
@@ -85,11 +92,21 @@ def run(args: argparse.Namespace, console: Console) -> int:
         from attnlab.bench.sinks_streaming import run_streaming
         from attnlab.models.gpt import GPT
 
-        streamed = run_streaming(GPT.from_pretrained("text"), contexts=args.contexts, texts=args.seeds, report=say)
-        streamed.write(out / "streaming.json")
-        streaming_plot(streamed, out / "streaming.png")
+        name = "streaming" if args.model == "text" else f"streaming-{args.model}"
+        if args.model == "text":
+            streamed = run_streaming(GPT.from_pretrained("text"), contexts=args.contexts, texts=args.seeds, report=say)
+        else:
+            from attnlab.bench.sinks_variants import backcopy_stream
+
+            model, text = backcopy_stream(contexts=args.contexts, texts=args.seeds)
+            say("trained the zoo's mha on Bigram-Backcopy")
+            streamed = run_streaming(
+                model, contexts=args.contexts, texts=args.seeds, text=text, name="backcopy", report=say
+            )
+        streamed.write(out / f"{name}.json")
+        streaming_plot(streamed, out / f"{name}.png")
         say(streaming_report(streamed, args.lang))
-        say(f"wrote {out / 'streaming.json'} and {out / 'streaming.png'}")
+        say(f"wrote {out / f'{name}.json'} and {out / f'{name}.png'}")
         return 0
     if args.experiment == "massive":
         from attnlab.bench.sinks_massive import run_massive
