@@ -131,6 +131,8 @@ def test_the_command_refuses_bad_arguments_before_any_work(capsys: pytest.Captur
     assert "--seeds must be in [1, 10], got 0" in capsys.readouterr().err
     assert main(["sinks", "streaming", "--contexts", "1"]) == 2
     assert "--contexts must be in [2, 16]" in capsys.readouterr().err
+    assert main(["sinks", "backcopy", "--model", "backcopy"]) == 2
+    assert "--model chooses the streaming run's model; 'backcopy' trains its own" in capsys.readouterr().err
     assert main(["sinks", "streaming", "--from", str(tmp_path / "none.json")]) == 2
     assert "is not a file" in capsys.readouterr().err
     saved = _streaming(window=[30.0, 20.0], sinks4=[3.3, 2.2]).write(tmp_path / "s.json")

@@ -64,6 +64,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
             raise ValueError(
                 f"--contexts must be in [2, 16] (the ways differ only past the first), got {args.contexts}"
             )
+        if args.model != "text" and args.experiment != "streaming":
+            raise ValueError(f"--model chooses the streaming run's model; '{args.experiment}' trains its own")
         if args.steps is not None and not 10 <= args.steps <= 100_000:
             raise ValueError(f"--steps must be in [10, 100000], got {args.steps}")
         if args.source is not None:
