@@ -71,7 +71,8 @@ def test_tour_check_passes_and_covers_the_chapter(capsys: pytest.CaptureFixture[
     assert re.search(r"\d+ checks: the chapter matches the book, each variant does what it claims", out)
     keys = [s.key for s in build_tour("en")]
     assert keys[:2] == ["overview", "inputs"] and keys.index("summary") == keys.index("after") - 1
-    after = ["after", "gqa", "mla", "sliding", "sinks", "qk_norm", "gate", "linear", "deltanet", "kda"]
+    after = ["after", "gqa", "mla", "sliding", "attention_sink", "sinks", "qk_norm", "gate", "linear", "deltanet"]
+    after += ["kda"]
     after += ["kv_share", "short_conv", "ring_back", "state_back", "zoo_run"]
     assert keys[keys.index("after") :] == after  # what came after the chapter, past its summary
     order = ["softmax", "softmax_overflow", "weights_init", "requires_grad", "recap_trainable", "causal_inf", "mha"]

@@ -125,6 +125,7 @@ def measure_decode(model: Any, *, rounds: int = 3) -> tuple[float, float, int]:
 def measure_heads(model: Any) -> dict[str, float]:
     """The heads a variant grew, on the seeded probe (``attnlab.explain.heads``)."""
     from attnlab.explain.heads import default_half, head_scores, probe
+    from attnlab.explain.sinks.measures import learned_sink_share
 
     scores = head_scores(model)
     first = [v for row in scores.first_token for v in row]
@@ -141,7 +142,7 @@ def measure_heads(model: Any) -> dict[str, float]:
         with torch.no_grad(), Recorder(names=["sink_weight"]) as rec:
             model(probe(model.config.vocab_size, half=default_half(model)))
         shares = torch.stack(list(rec.all("sink_weight").values()))  # (L with sinks, B, H, T)
-        result["sink"] = float(shares.mean())
+        result["sink"] = float(learned_sink_share(shares).mean())  # the learned sink's share, not a token's
     return result
 
 

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 from rich.console import Console
 
 from attnlab import __version__
-from attnlab.cli import bench, exercise, explain, generate, glossary, heads, memory, ring, tour, train, zoo
+from attnlab.cli import bench, exercise, explain, generate, glossary, heads, memory, ring, sinks, tour, train, zoo
 from attnlab.cli._common import error
 
 COMMANDS = {
@@ -36,6 +36,7 @@ COMMANDS = {
     "glossary": glossary,
     "exercise": exercise,
     "zoo": zoo,
+    "sinks": sinks,
 }
 
 

@@ -7,7 +7,8 @@ one head, (T, T), averaged over the probe's sequences:
 - previous-token:  mean over i in [1, T)  of A[i, i - 1]
 - duplicate-token: mean over i in [n, T)  of A[i, i - n]      (the earlier copy of the same token)
 - induction:       mean over i in [n, T)  of A[i, i - n + 1]  (the token after the earlier copy)
-- first-token:     mean over i in [1, T)  of A[i, 0]          (the attention sink)
+- first-token:     mean over i in [1, T)  of A[i, 0]          (the attention sink: ``explain.sinks``'s
+                                                              first-token share, defined there once)
 
 Each is the attention a head pays, on average, to one particular key: 1 means
 all of it. The in-context-learning score is the model's mean loss on the
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab._checks import check_positive_int, check_seed
+from attnlab.explain.sinks.measures import first_token_share
 from attnlab.models.gpt import GPT
 from attnlab.models.train import OnEval, TrainLog
 
@@ -147,7 +149,7 @@ def scores_from_weights(weights: torch.Tensor, n: int) -> dict[str, torch.Tensor
         "previous_token": _diagonal_mean(weights, 1, 1),
         "duplicate_token": _diagonal_mean(weights, n, n),
         "induction": _diagonal_mean(weights, n - 1, n),
-        "first_token": weights[..., 1:, 0].mean(dim=-1),
+        "first_token": first_token_share(weights),
     }
 
 

@@ -23,6 +23,7 @@ from attnlab.explain.tour.after_shared import _kda, _kv_share, _short_conv
 from attnlab.explain.tour.after_state import _cache_bytes, _delta, _linear, _zoo
 from attnlab.explain.tour.core import Add, Checker, fmt
 from attnlab.explain.tour.going_back import going_back
+from attnlab.explain.tour.sink_step import attention_sink
 from attnlab.nn.attention import Attention
 from attnlab.nn.latent import LatentAttention
 from attnlab.observe import Recorder
@@ -48,6 +49,7 @@ def what_came_after(add: Add, c: Checker) -> None:
     _gqa(add, c, x)
     _mla(add, c, x)
     _sliding(add, c, x)
+    attention_sink(add, c, x)  # why softmax needs somewhere to put its weight: the first token
     _sinks(add, c, x)
     _qk_norm(add, c, x)
     _gate(add, c, x)

@@ -32,6 +32,10 @@ VALUES: dict[str, str] = {
 }
 
 CHECKS: dict[str, str] = {
+    "sink_rows_one": "every row of all three heads sums to 1: softmax leaves a head no way to give less",
+    "sink_even": "the even head's first-token share == the mean of 1/2 .. 1/6 = {share:.4f}, by hand",
+    "sink_on_first": "the sink head puts more than 0.99 of rows 1..5 on token 0",
+    "sink_quiet": "with token 0's value drained, the sink head adds less than 1% of the even head's output",
     "book": "{name} matches the book",
     "book_shape": "shape {got} != book {book}",
     "inf": "-inf entries differ from the book",
@@ -106,6 +110,10 @@ CHECKS: dict[str, str] = {
 }
 
 WORDS: dict[str, str] = {
+    "cm_key_bias": "a key every query matches",
+    "cm_drain": "a value-state drain",
+    "cm_first_share": "the mean weight rows 1..5 put on token 0",
+    "first_share": "first-token share, {name:<8} {share:.4f}",
     "heading": "Chapter 3: coding attention mechanisms",
     "cache_bytes": "{what} cache for 6 tokens: {n} bytes",
     "llama_gqa": "Llama 3 8B, values a token and layer: {mha:,} as MHA, {gqa:,} with 8 key/value heads",

@@ -33,6 +33,19 @@ STEPS: dict[str, tuple[str, str]] = {
         "information further than one window. Mistral 7B slides on every layer; Gemma 3 has 5 local layers to 1 "
         "global (full attention) layer, and gpt-oss alternates banded and full layers.",
     ),
+    "attention_sink": (
+        "Attention sinks: softmax must put its weight somewhere",
+        "Every row of softmax sums to 1, so a head whose query matches nothing still gives all of its weight away: "
+        "the even head below spreads each row over the tokens it sees, and adds their values up, noise it did "
+        "not ask for. Trained models find a way out: the first token, which every query sees, becomes an "
+        "attention sink. Its key takes a score every query matches (here 8 added to column 0), its value shrinks "
+        "(here set to zero: a value-state drain), and the head, pouring its row onto token 0, adds almost nothing "
+        "to the context vectors: it says nothing. The first-token share (the mean weight rows 1..5 put on token 0) "
+        "measures it: 1 for a head wired to token 0, the mean of 1/2 .. 1/6 for the even head. In trained models "
+        "the first token's residual stream often carries massive activations (a residual-state peak); the share "
+        "of heads above a threshold is the sink rate. `attnlab sinks` sets each paper's claim against runs "
+        "trained here.",
+    ),
     "sinks": (
         "Learned sinks: somewhere to put attention a head does not need",
         "Softmax makes every row sum to 1, so a head with nothing to find must still put its weight somewhere; "

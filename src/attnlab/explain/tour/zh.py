@@ -32,6 +32,10 @@ VALUES: dict[str, str] = {
 }
 
 CHECKS: dict[str, str] = {
+    "sink_rows_one": "三个头的每一行之和都为 1：softmax 不让一个头少给",
+    "sink_even": "均匀的头的首 Token 份额 == 1/2 到 1/6 的平均 = {share:.4f}（手算）",
+    "sink_on_first": "汇聚点头把第 1 到 5 行的 0.99 以上放在第 0 个 Token 上",
+    "sink_quiet": "第 0 个 Token 的值消减之后，汇聚点头的输出不到均匀头的 1%",
     "book": "{name} 与书中数值一致",
     "book_shape": "形状 {got} 与书中 {book} 不同",
     "inf": "-inf 的位置与书中不同",
@@ -106,6 +110,10 @@ CHECKS: dict[str, str] = {
 }
 
 WORDS: dict[str, str] = {
+    "cm_key_bias": "每个查询都匹配的键",
+    "cm_drain": "值向量消减",
+    "cm_first_share": "第 1 到 5 行放在第 0 个 Token 上的平均权重",
+    "first_share": "首 Token 份额，{name:<8} {share:.4f}",
     "heading": "第三章：编码注意力机制",
     "cache_bytes": "{what} 缓存 6 个 Token：{n} 字节",
     "llama_gqa": "Llama 3 8B 每个 Token 每层的值个数：MHA {mha:,}，8 个键值头时 {gqa:,}",

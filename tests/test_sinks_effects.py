@@ -1,0 +1,68 @@
+"""The sink experiments' effects, trained for real at a small size (second stage): each verdict holds on the
+real arms and turns when the technique is taken out (softmax trained in the ReLU arm; the sinks' cache given
+no sinks), so a verdict that could not fail would fail here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.bench.sinks_backcopy import BackcopySettings, run_backcopy
+
+pytestmark = pytest.mark.slow
+
+SMALL = BackcopySettings(layers=1, width=32, length=32, batch=32, steps=250, evaluations=2, lr_adam=3e-3)
+
+
+def test_softmax_grows_a_dormant_sink_and_a_drain_that_relu_does_not() -> None:
+    result = run_backcopy(
+        seeds=2, settings=SMALL, arms={"softmax-adam": ("softmax", "adam"), "relu-adam": ("relu", "adam")}
+    )
+    status = {v.claim: v.status for v in result.verdicts()}
+    assert status["dormant_sink"] == "held"  # ordinary tokens sink on BOS, triggers do not
+    assert status["relu_sink"] == "held"
+    assert status["relu_drain"] == "held"
+    assert min(result.final("softmax-adam", "sink")) > 0.3  # a sink, not a shade above the rest
+
+
+def test_softmax_in_the_relu_arm_turns_the_verdict() -> None:
+    inverted = run_backcopy(
+        seeds=2, settings=SMALL, arms={"softmax-adam": ("softmax", "adam"), "relu-adam": ("softmax", "adam")}
+    )
+    status = {v.claim: v.status for v in inverted.verdicts()}
+    assert status["dormant_sink"] == "held"  # the softmax arm still sinks
+    assert status["relu_sink"] != "held" and status["relu_drain"] != "held"
+
+
+def test_the_sink_cache_keeps_what_the_window_lets_go_and_dense_fails_past_the_context() -> None:
+    """On the shipped text model: every byte past the first context is predicted differently with 4 sinks than
+    with a window of the same size (the sinks are read: take them out and the predictions move), and a plain
+    cache past the context pays more than the window recomputed."""
+    from attnlab.bench.sinks_streaming import cache_for, held_out_texts, nll_cached, run_streaming
+    from attnlab.models.gpt import GPT
+
+    model = GPT.from_pretrained("text")
+    text = held_out_texts(model, texts=1, length=320)
+    window, sinks = (nll_cached(model, text, cache_for(arm, 256)) for arm in ("window", "sinks-4"))
+    assert torch.equal(window[:, :255], sinks[:, :255])  # inside the first context nothing is let go
+    assert (window[:, 256:] - sinks[:, 256:]).abs().min() > 0  # past it, every prediction moves
+    result = run_streaming(model, contexts=2, texts=2, arms=("recompute", "dense"))
+    assert {v.claim: v.status for v in result.verdicts()} == {"dense_fails": "held"}
+    assert min(result.ppl["dense"]) > max(result.ppl["recompute"])
+
+
+def test_massive_activations_set_to_their_mean_change_nothing_and_zeroed_they_move_the_loss() -> None:
+    """The first token is BOS in every sequence and sees only itself: its activations are the same everywhere, so
+    their mean is their value (the loss to the last digit); zeroed, the loss moves; no values, no change."""
+    from attnlab.bench.sinks_massive import intervene, losses
+    from attnlab.bench.sinks_toy import BigramBackcopy
+    from attnlab.bench.sinks_variants import CHANGES, VariantSettings, train_gpt
+
+    task = BigramBackcopy.make(seed=0)
+    settings = VariantSettings(width=32, length=32, steps=200)
+    model = train_gpt(CHANGES["mha"], settings, seed=0, task=task)
+    held_out = task.batch(32, 32, torch.Generator().manual_seed(1))
+    result, where = losses(model, held_out, task.batch(32, 32, torch.Generator().manual_seed(2)))
+    assert result["mean"] == result["base"]
+    assert result["zero"] != result["base"]
+    assert intervene(model, held_out, where["layer"], where["channels"], None) == result["base"]
