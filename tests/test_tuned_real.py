@@ -52,7 +52,8 @@ def test_a_real_measurement_is_kept_and_a_second_process_measures_nothing(
         assert compile_entry["first_compile_s"] > 0 and compile_entry["compile_s"] >= 0
     assert model.tuning is not None
 
-    env = {**os.environ, "ATTNLAB_CACHE": str(tmp_path), "ATTNLAB_MEASURE": "1"}
+    threads = str(torch.get_num_threads())  # the same machine as measured it: its thread count is part of that
+    env = {**os.environ, "ATTNLAB_CACHE": str(tmp_path), "ATTNLAB_MEASURE": "1", "OMP_NUM_THREADS": threads}
     second = subprocess.run(
         [sys.executable, "-c", SCRIPT.format(n=12)], capture_output=True, text=True, env=env, timeout=300, check=False
     )
