@@ -273,3 +273,25 @@ def test_the_kv_bytes_meter_counts_the_compressed_state(root: str) -> None:
         assert kind.layer_bytes(40) - kind.layer_bytes(32) == 8 * cache.bytes_a_token()
         assert kind.rows_bytes == cache.rows[:, : 2 * kind.block].numel() * 4
     assert "a window token" in kv_report(model.config, name="v4", tokens=(30,), dtype="float32").formula
+
+
+@torch.no_grad()
+def test_speculation_goes_back_on_every_part_and_gives_greedys_tokens(root: str) -> None:
+    """A draft's refused guesses are taken back from the window, the entries, the open block and the compressor's
+    rows: the tokens are transformers' greedy ones."""
+    model, draft = GPT.from_pretrained(hf_dir(root)), GPT.from_pretrained(hf_dir(root))
+    ff = draft.blocks[0].ff
+    assert isinstance(ff, DeepseekV4MoE)
+    ff.gate.tid2eid.copy_((ff.gate.tid2eid + 1) % EXPERTS)  # a draft that guesses otherwise now and then
+    prompt = IDS[:1]
+    expected = hf(root).generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False)
+    assert draft.generate(prompt, 12, compile=False).tolist() != expected.tolist()  # some guess is refused
+    assert model.generate(prompt, 12, compile=False, draft=draft, draft_tokens=3).tolist() == expected.tolist()
+
+
+def test_a_padded_batch_is_refused_by_name(root: str) -> None:
+    model = GPT.from_pretrained(hf_dir(root))
+    mask = torch.ones_like(IDS)
+    mask[1, :5] = 0
+    with pytest.raises(ValueError, match="a padded row, packed documents or a mask_mod"):
+        model(IDS, attention_mask=mask)
