@@ -1,7 +1,7 @@
 """DeepSeek-V4 read from Hugging Face folders (issue 59, step 2): exact against transformers' DeepseekV4ForCausalLM
-on random weights from a small config where every part acts: a compressed-sparse layer (blocks of 4, its indexer's
-top 3 of up to 11 closed entries), a heavily compressed one (blocks of 8), a window of 4 with sinks, the grouped
-output, YaRN on the compressed RoPE, 2 hyper-connection streams, a hash-routed first layer, then routed experts.
+on random weights from a small config where every part acts: a sliding layer alone (the main RoPE), compressed-sparse
+layers (blocks of 4, the indexer's top 3 of up to 11 closed entries), a heavily compressed one (blocks of 8), a window
+of 4 with sinks, the grouped output, YaRN on the compressed RoPE, 2 hyper-connection streams, a hash-routed first layer, then routed experts.
 Prompts of 30 tokens leave a block open in every layer (30 is no multiple of 4 or 8).
 
 Top-k choices on random weights can tie (every indexer head's ReLU at 0: then transformers' cached decode and its
@@ -28,12 +28,17 @@ from attnlab.models.moe_v4 import DeepseekV4MoE
 
 pytestmark = pytest.mark.slow  # family parity: the second stage
 VOCAB, TOPK, EXPERTS, T = 64, 3, 4, 30
-KINDS = ["compressed_sparse_attention", "heavily_compressed_attention", "compressed_sparse_attention"]
+KINDS = [
+    "sliding_attention",
+    "compressed_sparse_attention",
+    "heavily_compressed_attention",
+    "compressed_sparse_attention",
+]
 CONFIG: dict[str, Any] = dict(
     vocab_size=VOCAB,
     hidden_size=32,
     moe_intermediate_size=16,
-    num_hidden_layers=3,
+    num_hidden_layers=4,
     num_attention_heads=4,
     head_dim=16,
     q_lora_rank=8,
@@ -49,7 +54,7 @@ CONFIG: dict[str, Any] = dict(
     index_topk=TOPK,
     layer_types=KINDS,
     compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-    mlp_layer_types=["hash_moe", "moe", "moe"],
+    mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
     partial_rotary_factor=0.5,
     rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
     max_position_embeddings=256,
@@ -126,7 +131,8 @@ def test_logits_and_greedy_tokens_equal_transformers(root: str) -> None:
     them, on attnlab's cache and without one; the 3rd index score of every query 1e-5 clear of the 4th."""
     ours = GPT.from_pretrained(hf_dir(root))
     spec = ours.config.deepseek_v4
-    assert spec is not None and spec.layer_kinds == ("compressed_sparse", "heavily_compressed", "compressed_sparse")
+    assert spec is not None
+    assert spec.layer_kinds == ("sliding", "compressed_sparse", "heavily_compressed", "compressed_sparse")
     assert (spec.index_topk, spec.hash_layers, spec.hc_mult) == (TOPK, (0,), 2)
     theirs = hf(root)
     err = float((ours(IDS) - theirs(IDS).logits).abs().max())
@@ -146,8 +152,9 @@ def test_the_indexer_reads_fewer_entries_than_closed(root: str) -> None:
     model(IDS)
     read = [int(b.att.keys_read) for b in model.blocks]
     closed = [(p + 1) // 4 for p in range(T)]
-    assert read[0] == read[2] == 2 * sum(min(TOPK, c) for c in closed) < 2 * sum(closed)
-    assert read[1] == 2 * sum((p + 1) // 8 for p in range(T))
+    assert read[1] == read[3] == 2 * sum(min(TOPK, c) for c in closed) < 2 * sum(closed)
+    assert read[2] == 2 * sum((p + 1) // 8 for p in range(T))
+    assert read[0] == 0  # the sliding layer reads no entries
 
 
 @torch.no_grad()
@@ -182,7 +189,7 @@ def test_yarn_on_the_compressed_rope_acts(root: str) -> None:
     """The compressed layers' frequencies set back to plain RoPE's at compress_rope_theta: the logits move."""
     model = GPT.from_pretrained(hf_dir(root))
     scaled = model(IDS)
-    for block in model.blocks:
+    for block in model.blocks[1:]:  # the compressed layers (the first slides at the main RoPE)
         r = block.att.rope_dim
         block.att.inv_freq.copy_(160000.0 ** (-torch.arange(0, r, 2, dtype=torch.float32) / r))
     assert float((model(IDS) - scaled).abs().max()) > 1e-3
@@ -222,7 +229,8 @@ def test_save_pretrained_writes_the_familys_names_and_transformers_reads_them(ro
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        ({"layer_types": ["sliding_attention", *KINDS[1:]]}, "a 'sliding_attention' layer"),
+        ({"layer_types": ["full_attention", *KINDS[1:]]}, "DeepSeek-V4's layers are"),
+        ({"rope_parameters": {"main": {"rope_type": "yarn", "factor": 2.0}, "compress": {}}}, "main RoPE unscaled"),
         ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
         ({"attention_bias": True}, "attention_bias"),
         ({"num_key_value_heads": 2}, "num_key_value_heads"),
@@ -261,14 +269,15 @@ def test_the_kv_bytes_meter_counts_the_compressed_state(root: str) -> None:
 
     model = GPT.from_pretrained(hf_dir(root))
     kinds = layer_kinds(model.config, dtype="float32")
-    sparse, heavy = kinds
+    sliding, sparse, heavy = kinds
     assert (sparse.kind, sparse.layers, heavy.kind, heavy.layers) == ("compressed_sparse", 2, "heavily_compressed", 1)
+    assert (sliding.kind, sliding.layers, sliding.layer_bytes(30)) == ("sliding", 1, 4 * 16 * 4)
     assert sparse.layer_bytes(30) == 256 + 7 * 128 + 8 * 128 * 4
     assert heavy.layer_bytes(30) == 256 + 3 * 64 + 16 * 32 * 4
-    assert cache_at(kinds, 30, context_length=256).total == 2 * sparse.layer_bytes(30) + heavy.layer_bytes(30)
+    assert cache_at(kinds, 30, context_length=256).total == 256 + 2 * sparse.layer_bytes(30) + heavy.layer_bytes(30)
     caches = model.make_caches(batch_size=1, max_len=64)
     model(IDS[:1], caches=caches)
-    for layer, kind in enumerate((sparse, heavy, sparse)):
+    for layer, kind in enumerate((sparse, heavy, sparse), start=1):
         cache = caches[layer]
         assert kind.layer_bytes(40) - kind.layer_bytes(32) == 8 * cache.bytes_a_token()
         assert kind.rows_bytes == cache.rows[:, : 2 * kind.block].numel() * 4

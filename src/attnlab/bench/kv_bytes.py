@@ -176,7 +176,9 @@ def compressed_kinds(config: GPTConfig, size: int) -> tuple[LayerKind, ...]:
     tokens, the last 2m tokens' compressor rows (values and gates, 2x wide where blocks overlap)."""
     spec = config.deepseek_v4
     assert spec is not None and config.window is not None
-    d, kinds = config.d_head, []
+    d = config.d_head
+    sliding = spec.layer_kinds.count("sliding")  # a window alone, one vector a token
+    kinds = [LayerKind("sliding", config.window, sliding, d * size)] if sliding else []
     for kind in ("compressed_sparse", "heavily_compressed"):
         layers = spec.layer_kinds.count(kind)
         if not layers:

@@ -13,8 +13,10 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from attnlab.cache import Cache
+from attnlab.cache import Cache, LayerState
 from attnlab.cache.compressed import CompressedCache
+from attnlab.functional.attention import attention
+from attnlab.functional.compression import turn_pairs
 from attnlab.functional.visibility import Visibility
 from attnlab.models.config import GPTConfig
 from attnlab.models.hyper import HyperBlock
@@ -60,6 +62,49 @@ class V4Attention(CompressedAttention):
         return super().forward(x, cache=cache)
 
 
+class V4SlidingAttention(V4Attention):
+    """A V4 layer without a compressor ("sliding_attention"): its window's tokens and the sinks alone, at the main
+    RoPE. Its state is a plain sliding window of one key-value head (its keys are its values)."""
+
+    def __init__(self, **shape: Any) -> None:
+        super().__init__(compress_block=2, index_topk=None, **shape)
+        del self.compressor  # no entries: nothing of it in the checkpoint
+
+    def layer_state(self) -> LayerState:
+        w = self.q_a_proj.weight
+        return LayerState(
+            kind="sliding", kv_heads=1, head_dim=self.head_dim, window=self.window, dtype=w.dtype, device=w.device
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        visibility: Visibility | None = None,
+        **_: Any,
+    ) -> torch.Tensor:
+        b, t = x.shape[0], x.shape[1]
+        positions = torch.arange(t, device=x.device) if cache is None else cache.next_positions(t)
+        latent = self.q_a_norm(self.q_a_proj(x))
+        q = self.q_b_proj(latent).view(b, t, self.num_heads, -1).transpose(1, 2)  # (B, T, H * D) -> (B, H, T, D)
+        q = turn_pairs(q * torch.rsqrt(q.square().mean(-1, keepdim=True) + self.eps), positions, self.inv_freq)
+        keys = turn_pairs(self.kv_norm(self.kv_proj(x)), positions, self.inv_freq)[:, None]  # (B, 1, T, D)
+        key_pos = positions
+        if cache is not None:
+            keys, _values, key_pos = cache.update(keys, keys)  # its keys are its values
+        vis = Visibility(q_pos=positions, k_pos=key_pos, window=self.window, causal=True)
+        context = attention(q, keys, keys, visibility=vis, scale=self.head_dim**-0.5, sinks=self.sinks)
+        return self._output(context, positions)
+
+    def readable(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)
+
+    def extra_repr(self) -> str:
+        return f"sliding, window={self.window}, heads={self.num_heads}"
+
+
 def yarn_inv_freq(spec: DeepseekV4Spec) -> torch.Tensor:
     """The compressed layers' inverse frequencies (rope_dim / 2,): theta ``compress_theta``, YaRN's if scaled."""
     r = spec.rope_dim
@@ -69,24 +114,22 @@ def yarn_inv_freq(spec: DeepseekV4Spec) -> torch.Tensor:
 
 
 def make_v4_attention(config: GPTConfig, layer: int) -> V4Attention:
+    """Layer ``layer``'s: compressed at the compressed RoPE (YaRN's), or sliding at the main one."""
     spec = config.deepseek_v4
     assert spec is not None and config.window is not None
+    shape: dict[str, Any] = dict(d_model=config.emb_dim, num_heads=config.n_heads, head_dim=config.d_head)
+    shape |= dict(rope_dim=spec.rope_dim, q_lora_rank=spec.q_lora_rank, window=config.window, o_groups=spec.o_groups)
+    shape |= dict(o_lora_rank=spec.o_lora_rank, eps=config.layer_norm_eps)
+    if spec.layer_kinds[layer] == "sliding":
+        return V4SlidingAttention(rope_theta=config.rope_base, **shape)
     sparse = spec.layer_kinds[layer] == "compressed_sparse"
     att = V4Attention(
-        d_model=config.emb_dim,
-        num_heads=config.n_heads,
-        head_dim=config.d_head,
-        rope_dim=spec.rope_dim,
-        q_lora_rank=spec.q_lora_rank,
-        window=config.window,
+        **shape,
         compress_block=spec.block(layer),
         index_topk=spec.index_topk if sparse else None,
         index_heads=spec.index_heads,
         index_head_dim=spec.index_head_dim if sparse else 0,
-        o_groups=spec.o_groups,
-        o_lora_rank=spec.o_lora_rank,
         rope_theta=spec.compress_theta,
-        eps=config.layer_norm_eps,
     )
     att.inv_freq.copy_(yarn_inv_freq(spec))
     return att

@@ -1,8 +1,9 @@
 """What a DeepSeek-V4 decoder adds to ``GPTConfig`` (its field ``deepseek_v4``): one frozen record, checked here.
 
 - ``layer_kinds``: each layer "compressed_sparse" (blocks of ``sparse_block`` that overlap, the indexer's top
-  ``index_topk`` entries) or "heavily_compressed" (blocks of ``heavy_block``, every closed entry); every layer also
-  reads the config's ``window`` of its own tokens, with a sink a head (``attnlab.nn.compressed``);
+  ``index_topk`` entries), "heavily_compressed" (blocks of ``heavy_block``, every closed entry) or "sliding" (no
+  entries, the main RoPE: the config's rope_base, unscaled); every layer reads the config's ``window`` of its own
+  tokens, with a sink a head (``attnlab.nn.compressed``);
 - ``q_lora_rank``, ``rope_dim`` (each head's trailing channels that turn), ``o_groups`` and ``o_lora_rank`` (the
   grouped output), the compressed layers' RoPE theta and its scaling (YaRN, cos and sin left unscaled);
 - hyper-connections (``attnlab.models.hyper``): ``hc_mult`` streams, ``hc_sinkhorn_iters``, ``hc_eps``;
@@ -18,13 +19,13 @@ from typing import Literal
 from attnlab._checks import check_positive_int
 from attnlab.functional.rotary import RopeScaling
 
-KINDS = ("compressed_sparse", "heavily_compressed")
+KINDS = ("compressed_sparse", "heavily_compressed", "sliding")
 SCORINGS = ("sqrtsoftplus", "softmax", "sigmoid")
 
 
 @dataclass(frozen=True, kw_only=True)
 class DeepseekV4Spec:
-    layer_kinds: tuple[Literal["compressed_sparse", "heavily_compressed"], ...]
+    layer_kinds: tuple[Literal["compressed_sparse", "heavily_compressed", "sliding"], ...]
     sparse_block: int = 4
     heavy_block: int = 128
     index_topk: int = 512
@@ -68,5 +69,6 @@ class DeepseekV4Spec:
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
 
     def block(self, layer: int) -> int:
-        """m, the tokens a layer pools into one entry."""
-        return self.sparse_block if self.layer_kinds[layer] == "compressed_sparse" else self.heavy_block
+        """m, the tokens a layer pools into one entry (0: a sliding layer, none)."""
+        kind = self.layer_kinds[layer]
+        return {"compressed_sparse": self.sparse_block, "heavily_compressed": self.heavy_block}.get(kind, 0)

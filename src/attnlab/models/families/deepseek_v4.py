@@ -1,14 +1,14 @@
 """DeepSeek-V4 checkpoints: ``DeepseekV4ForCausalLM`` (transformers 5.24), in the names its ``save_pretrained``
 writes (DeepSeek's own: ``attn.wq_a``, ``attn.compressor.ape``, ``ffn.experts.e.w1``, ``hc_attn_fn``, ``head``).
 
-Every layer is compressed-sparse or heavily compressed (``layer_types``, blocks of ``compress_rates``) over a
-sliding window with a sink a head (``attnlab.nn.compressed``); a query latent, one key-value head, a grouped
+Every layer is compressed-sparse, heavily compressed (``layer_types``, blocks of ``compress_rates``) or sliding
+alone (at the main RoPE, ``rope_theta``), over a sliding window with a sink a head (``attnlab.nn.compressed``); a query latent, one key-value head, a grouped
 output projection; RoPE on each head's trailing ``partial_rotary_factor`` channels at ``compress_rope_theta``
 with the YaRN of ``rope_parameters["compress"]`` (cos and sin unscaled). The residual is ``hc_mult`` streams
 (hyper-connections, ``attnlab.models.hyper``); each MLP is a mixture with one shared expert, routed on the
 ``hash_moe`` layers by a table of token ids (``attnlab.models.moe_v4``).
 
-Refused by name, from config.json alone: "sliding_attention" layers (a window without a compressor), a
+Refused by name, from config.json alone: a layer type V4 does not ship, a scaled main RoPE, a
 ``quantization_config`` (FP8 experts), biases, an activation other than SiLU, more than one key-value head,
 tied embeddings, scaled cos and sin on the compressed RoPE.
 """
@@ -28,6 +28,7 @@ from attnlab.models.v4_spec import SCORINGS, DeepseekV4Spec
 
 MODEL_TYPES = ("deepseek_v4",)
 KIND = {"compressed_sparse_attention": "compressed_sparse", "heavily_compressed_attention": "heavily_compressed"}
+KIND["sliding_attention"] = "sliding"
 RATIO = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
 ATTENTION = {  # the file's names under attn. -> attnlab's under att.
     "wq_a.weight": "q_a_proj.weight",
@@ -60,8 +61,7 @@ def _kinds(raw: dict[str, Any], where: Path, n: int) -> tuple[Any, ...]:
     if odd:
         raise _bad(
             where,
-            f"layer_types {odd}: attnlab reads DeepSeek-V4 layers that are 'compressed_sparse_attention' or "
-            "'heavily_compressed_attention' (a 'sliding_attention' layer, a window without a compressor, it does not)",
+            f"layer_types {odd}: DeepSeek-V4's layers are {sorted(KIND)}",
         )
     return tuple(KIND[k] for k in kinds[:n])
 
@@ -121,6 +121,8 @@ def config_from_hf(raw: dict[str, Any], where: Path) -> GPTConfig:
     )
     theta, scaling = _compress_rope(raw, where)
     main = (raw.get("rope_parameters") or {}).get("main") or {}
+    if main.get("rope_type", "default") != "default":
+        raise _bad(where, f"rope_parameters['main'] {main!r}: attnlab reads V4's main RoPE unscaled ('default')")
     spec = DeepseekV4Spec(
         layer_kinds=_kinds(raw, where, n),
         sparse_block=int(raw.get("compress_rate_csa", rates["compressed_sparse_attention"])),
@@ -174,7 +176,7 @@ def names(config: GPTConfig) -> Names:
     for i in range(config.n_layers):
         h, b = f"model.layers.{i}.", f"trf_blocks.{i}."
         out += [((f"{h}attn.{theirs}",), f"{b}att.{ours}") for theirs, ours in ATTENTION.items()]
-        compressors = ["compressor."]
+        compressors = [] if spec.layer_kinds[i] == "sliding" else ["compressor."]
         if spec.layer_kinds[i] == "compressed_sparse":
             compressors.append("indexer.compressor.")
             out += [((f"{h}attn.indexer.wq_b.weight",), f"{b}att.indexer.q_b_proj.weight")]
