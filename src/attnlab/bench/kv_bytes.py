@@ -7,6 +7,11 @@ Each layer's cache stores one key and one value vector per KV head for every tok
 A latent attention layer (DeepSeek's MLA) stores its latent and its RoPE key instead, once for every head:
 (kv_lora_rank + qk_rope_head_dim) x bytes per element (``attnlab.cache.LatentCache``).
 
+A DeepSeek-V4 compressed layer (``attnlab.cache.CompressedCache``) holds its window's tokens, one vector each (its
+keys are its values), every closed block of m tokens as one entry (and, compressed-sparse, the indexer's entry
+beside it), and the last 2m tokens' projections for the compressor: past the window it grows by an entry's bytes
+every m tokens.
+
 A full layer holds every token; a sliding layer holds at most its ``window`` (attnlab's ring buffer,
 ``attnlab.cache.SlidingWindowCache``), so past the window it stops growing. A recurrent layer (the zoo's
 "linear" and "delta", ``attnlab.nn.recurrent``) holds a state of fixed size from the first token: per head a
@@ -57,6 +62,9 @@ class LayerKind:
     layers: int
     bytes_per_token: int  # one layer: 2 x n_kv_heads x head_dim x element size; 0 for a recurrent or shared one
     state_bytes: int = 0  # one recurrent layer's state, the same after one token as after a million
+    block: int = 0  # a compressed layer's m: an entry (entry_bytes) every m tokens, its last 2m tokens' rows_bytes
+    entry_bytes: int = 0
+    rows_bytes: int = 0
 
     def held(self, tokens: int) -> int:
         """Tokens one layer of this kind holds after ``tokens`` tokens: all of them, or its window (a recurrent
@@ -69,7 +77,8 @@ class LayerKind:
 
     def layer_bytes(self, tokens: int) -> int:
         """One layer's bytes after ``tokens`` tokens."""
-        return self.held(tokens) * self.bytes_per_token + (self.state_bytes if tokens else 0)
+        entries = tokens // self.block * self.entry_bytes + (self.rows_bytes if tokens else 0) if self.block else 0
+        return self.held(tokens) * self.bytes_per_token + (self.state_bytes if tokens else 0) + entries
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,8 @@ class KVReport:
     def formula(self) -> str:
         """How one layer's bytes per token are counted, in this model's numbers."""
         size = element_size(self.dtype)
+        if any(k.block for k in self.kinds):
+            return f"{self.head_dim} x {size} a window token (its keys are its values), an entry every m tokens"
         if self.latent is not None:
             return f"{self.latent} latent and RoPE values x {size}"
         return f"2 x {self.n_kv_heads} x {self.head_dim} x {size}"
@@ -125,6 +136,8 @@ def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKin
     """The config's layers grouped by kind (full first, then each window, the shared layers, then the recurrent
     kinds), with each kind's bytes per token, or its state's bytes."""
     size = element_size(dtype)
+    if config.deepseek_v4 is not None:
+        return compressed_kinds(config, size)
     types = [config.layer_type(i) for i in range(config.n_layers)]
     softmax = [(i, config.layer_window(i)) for i, t in enumerate(types) if t in ("full", "sliding")]
     own = [(i, w) for i, w in softmax if config.kv_source(i) is None]
@@ -155,6 +168,26 @@ def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKin
         heads, d = config.delta_heads or config.n_heads, config.delta_head_dim or config.d_head
         kda = heads * d * d + 3 * heads * d * (config.conv_kernel - 1 if config.conv_kernel else 0)
         kinds.append(LayerKind("kda", None, types.count("kda"), 0, state_bytes=kda * wide))
+    return tuple(kinds)
+
+
+def compressed_kinds(config: GPTConfig, size: int) -> tuple[LayerKind, ...]:
+    """DeepSeek-V4's layers by kind: the window's tokens (head_dim each), an entry (and the indexer's) every m
+    tokens, the last 2m tokens' compressor rows (values and gates, 2x wide where blocks overlap)."""
+    spec = config.deepseek_v4
+    assert spec is not None and config.window is not None
+    d = config.d_head
+    sliding = spec.layer_kinds.count("sliding")  # a window alone, one vector a token
+    kinds = [LayerKind("sliding", config.window, sliding, d * size)] if sliding else []
+    for kind in ("compressed_sparse", "heavily_compressed"):
+        layers = spec.layer_kinds.count(kind)
+        if not layers:
+            continue
+        sparse = kind == "compressed_sparse"
+        m, index = (spec.sparse_block, spec.index_head_dim) if sparse else (spec.heavy_block, 0)
+        row = 2 * (2 * d + 2 * index) if sparse else 2 * d  # values and gates; overlapping: twice as wide
+        entry, rows = (d + index) * size, 2 * m * row * size
+        kinds.append(LayerKind(kind, config.window, layers, d * size, block=m, entry_bytes=entry, rows_bytes=rows))
     return tuple(kinds)
 
 
@@ -200,7 +233,7 @@ def cache_at(kinds: tuple[LayerKind, ...], tokens: int, *, context_length: int) 
 
 
 def _label(kind: LayerKind) -> str:
-    return kind.kind if kind.window is None else f"sliding {kind.window}"
+    return kind.kind if kind.window is None or kind.block else f"sliding {kind.window}"
 
 
 def readable_bytes(n: float) -> str:
@@ -235,7 +268,7 @@ def kv_report(config: GPTConfig, *, name: str, tokens: tuple[int, ...], dtype: s
         name=name,
         dtype=dtype,
         n_layers=config.n_layers,
-        n_kv_heads=config.n_kv_heads or config.n_heads,
+        n_kv_heads=1 if config.deepseek_v4 is not None else config.n_kv_heads or config.n_heads,
         head_dim=config.d_head,
         context_length=config.context_length,
         parameters=count_parameters(config),

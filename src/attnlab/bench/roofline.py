@@ -46,13 +46,15 @@ def decode_bytes(config: GPTConfig, position: float, *, element: int = 4) -> Ste
     from attnlab.models.gpt import GPT
     from attnlab.models.mlp import MoEFeedForward
     from attnlab.models.moe_beside import MoEBeside
+    from attnlab.models.per_layer import PerLayerEmbedding
 
     with torch.device("meta"):  # shapes only
         model = GPT(config)
     weights = sum(p.numel() for p in model.parameters())  # a tied head once
     tables = [model.tok_emb] if model.out_head.weight is not model.tok_emb.weight else []
     tables += [model.pos_emb] if model.pos_emb is not None else []
-    tables += [model.ple.embed] if model.ple is not None else []  # Gemma 4's per-layer table: a token's row
+    ple = model.ple if isinstance(model.ple, PerLayerEmbedding) else None  # not V4's TokenIds, which holds none
+    tables += [ple.embed] if ple is not None else []  # Gemma 4's per-layer table: a token's row
     weights -= sum(t.weight.numel() - t.weight.shape[1] for t in tables)  # one row each
     for moe in (m for m in model.modules() if isinstance(m, MoEFeedForward)):
         experts = sum(p.numel() for part in (moe.fc1, moe.fc2, moe.fc3) for p in part.parameters())

@@ -20,6 +20,7 @@ from attnlab.functional.registry import BACKENDS, Backend
 from attnlab.functional.rotary import RopeScaling
 from attnlab.models.layer_shape import LayerShape, Resolved
 from attnlab.models.presets import PRESETS, score_mod_from_name
+from attnlab.models.v4_spec import DeepseekV4Spec
 
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("pre", "post", "sandwich")
@@ -39,6 +40,7 @@ FAMILIES: tuple[str, ...] = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemm
 FAMILIES += ("deepseek_v3", *HYBRID_FAMILIES, "kimi_linear", "mimo_v2_flash")
 FAMILIES += ("deepseek_v32", "glm_moe_dsa")  # DeepSeek Sparse Attention
 FAMILIES += ("gemma4_text", "gemma4")  # Gemma 4: its text model, and the multimodal wrapper's
+FAMILIES += ("deepseek_v4",)  # compressed attention, hyper-connections, hash routing (deepseek_v4 below)
 ROUTERS = ("softmax", "grouped_sigmoid")
 
 
@@ -163,6 +165,8 @@ class GPTConfig:
     ple_dim: int = 0
     moe_beside: bool = False
     layer_scalar: bool = False
+    # DeepSeek-V4 (attnlab.models.v4_spec): its compressed layers beside the window, hyper-connections, its mixture
+    deepseek_v4: DeepseekV4Spec | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -321,6 +325,18 @@ class GPTConfig:
             )
         if self.family is not None and self.family not in FAMILIES:
             raise ValueError(f"family must be None or one of {list(FAMILIES)}, got {self.family!r}")
+        v4 = self.deepseek_v4
+        if v4 is not None and (
+            not isinstance(v4, DeepseekV4Spec)
+            or len(v4.layer_kinds) != self.n_layers
+            or self.window is None
+            or not self.num_experts
+            or self.moe_intermediate_size is None
+        ):
+            raise ValueError(
+                f"deepseek_v4 must be a DeepseekV4Spec with a kind for each of n_layers={self.n_layers} layers, beside "
+                f"a window and experts (num_experts, moe_intermediate_size); got {v4!r} with window={self.window}"
+            )
         for name in ("delta_heads", "delta_head_dim", "delta_value_heads", "delta_value_dim", "conv_kernel"):
             value = getattr(self, name)
             if value is not None:

@@ -30,6 +30,7 @@ from attnlab.models.config import GPTConfig
 from attnlab.models.mlp import FeedForward, MoEFeedForward
 from attnlab.models.moe_beside import MoEBeside
 from attnlab.models.per_layer import LayerEnd, PerLayerEmbedding
+from attnlab.models.v4_layers import TokenIds, make_hyper, make_v4_attention, make_v4_moe
 from attnlab.nn.attention import Attention, SharedKV
 from attnlab.nn.convolution import GatedShortConvolution
 from attnlab.nn.indexed import IndexedAttention
@@ -50,6 +51,8 @@ def make_mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
     """GPT-2's GELU MLP (``ff.0``, ``ff.2``: the names its checkpoints keep), the gated FeedForward, or on a
     sparse layer the mixture of experts."""
     e, f = config.emb_dim, config.ff_dim
+    if config.deepseek_v4 is not None:  # DeepSeek-V4's clamped experts, hash-routed on its first layers
+        return make_v4_moe(config, layer)
     if config.double_wide_shared and config.kv_source(layer) is not None:
         f = 2 * f  # Gemma 4's layers that share keys: an MLP twice as wide (use_double_wide_mlp)
     if config.num_experts and not config.moe_beside and layer not in config.dense_layers:
@@ -86,8 +89,11 @@ def make_beside(config: GPTConfig) -> MoEBeside | None:
     )
 
 
-def make_ple(config: GPTConfig) -> PerLayerEmbedding | None:
-    """The model's per-layer embeddings (``ple_dim`` > 0: Gemma 4's PLE), or None."""
+def make_ple(config: GPTConfig) -> PerLayerEmbedding | TokenIds | None:
+    """The model's per-layer embeddings (``ple_dim`` > 0: Gemma 4's PLE), the token ids (DeepSeek-V4's hash
+    routing), or None."""
+    if config.deepseek_v4 is not None:
+        return TokenIds()
     if not config.ple_dim:
         return None
     c = config
@@ -185,7 +191,9 @@ class TransformerBlock(nn.Module):
         self.placement = own or config.norm_placement
         self.norm1 = make_norm(config)
         self.att: Attention | LinearAttention | GatedDeltaNet | KimiDeltaAttention | GatedShortConvolution = (
-            make_kda(config)
+            make_v4_attention(config, layer)  # type: ignore[assignment]
+            if config.deepseek_v4 is not None
+            else make_kda(config)
             if kind == "kda"
             else make_attention(config, layer)
             if config.kv_lora_rank is not None
@@ -213,6 +221,7 @@ class TransformerBlock(nn.Module):
         if self.placement == "sandwich":  # Gemma's: a norm after each sublayer too, before it is added back
             self.post_norm1, self.post_norm2 = make_norm(config), make_norm(config)
         self.moe = make_beside(config)  # Gemma 4's experts beside the MLP, or None
+        self.hyper = make_hyper(config, layer)  # DeepSeek-V4's hyper-connections (models/hyper.py), or None
         self.end = (  # Gemma 4's per-layer input and layer scalar, or None
             LayerEnd(
                 layer=layer, emb_dim=e, ple_dim=config.ple_dim, scalar=config.layer_scalar, eps=config.layer_norm_eps
@@ -233,6 +242,12 @@ class TransformerBlock(nn.Module):
     ) -> torch.Tensor:
         """``shared``: the keys the model's layers leave for the layers that share them (KV sharing), or None;
         ``per_layer``: every layer's per-layer input (B, T, L, P) where the model has them (Gemma 4's PLE)."""
+        if self.hyper is not None:  # DeepSeek-V4: N residual streams; per_layer: the token ids its hash layers read
+            return self.hyper(
+                x,
+                lambda h: self.att(self.norm1(h), visibility=visibility, positions=positions, cache=cache),
+                lambda h: self.ff(self.norm2(h), per_layer),
+            )
         extra: dict[str, Any] = {"shared": shared} if shared is not None and isinstance(self.att, Attention) else {}
         if self.placement == "post":
             x = x + self._resid(

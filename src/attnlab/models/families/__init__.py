@@ -22,6 +22,7 @@ import torch
 from attnlab.models.config import GPTConfig
 from attnlab.models.families import (
     deepseek,
+    deepseek_v4,
     deepseek_v32,
     gemma,
     gemma4,
@@ -59,6 +60,7 @@ READERS |= dict.fromkeys(gemma4.MODEL_TYPES, gemma4.config_from_hf)
 OWN |= dict.fromkeys(gemma4.MODEL_TYPES, gemma4)
 READERS |= {"deepseek_v32": deepseek_v32.config_from_hf, "glm_moe_dsa": glm_moe_dsa.config_from_hf}
 OWN |= {"deepseek_v32": deepseek_v32, "glm_moe_dsa": glm_moe_dsa}
+READERS["deepseek_v4"], OWN["deepseek_v4"] = deepseek_v4.config_from_hf, deepseek_v4
 
 
 def _names(config: GPTConfig) -> llama.Names:
