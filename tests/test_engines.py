@@ -1,6 +1,7 @@
-"""Issue 37, part 1: benchmarks/engines.py, decoding beside CTranslate2 and llama.cpp. Its tokenizer is one the
-converters and Hugging Face accept; a float row whose tokens differ from Hugging Face's fails the run; the docs
-quote its result file. (`make smoke` runs the script end to end on a tiny model, every engine in its process.)"""
+"""Issue 37, part 1, and issue 58, items 3-4: benchmarks/engines.py, decoding beside CTranslate2 and llama.cpp on
+gpt2-small's shape and today's. Its tokenizer is one the converters and Hugging Face accept; a float row whose
+tokens differ from Hugging Face's fails the run; the docs quote its result file for every shape. (`make smoke`
+runs the script end to end on a tiny model, every engine in its process.)"""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ def script() -> ModuleType:
     return load("engines")
 
 
-@pytest.mark.parametrize("vocab_size", [512, 50257])
+@pytest.mark.parametrize("vocab_size", [512, 50257, pytest.param(151936, marks=pytest.mark.slow)])  # Qwen3's: 3 s
 def test_the_tokenizer_made_for_the_model_has_its_size_and_reads_any_text(tmp_path: Path, vocab_size: int) -> None:
     from transformers import AutoTokenizer
 
-    script().write_tokenizer(tmp_path, vocab_size)
+    load("_engines_shapes").write_tokenizer(tmp_path, vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     assert len(tokenizer) == vocab_size and tokenizer.eos_token_id == vocab_size - 1
     for text in ("The for statement", "床前明月光 🙂", "\x00\x01 tabs\tand\nnewlines"):
@@ -44,15 +45,26 @@ def test_a_float_row_whose_tokens_differ_fails_and_a_quantized_one_reports_its_a
     assert len(engines.check_quality(result)) == 1  # a row that did not run says so in the table, not here
 
 
-def test_the_docs_quote_the_run_file() -> None:
+def latest_runs() -> dict[str, dict[str, object]]:
+    """Each shape's latest result file (engines-DATE[-SHAPE].json; a run before --shape is gpt2-small's)."""
+    found = {}
+    for path in sorted((ROOT / "benchmarks" / "results").glob("engines-*.json")):  # by date
+        result = json.loads(path.read_text(encoding="utf-8"))
+        found[result.get("shape", "gpt2-small")] = result
+    return found
+
+
+def test_the_docs_quote_each_shapes_latest_run_file_with_its_cpu() -> None:
     engines = script()
-    runs = sorted((ROOT / "benchmarks" / "results").glob("engines-*.json"))
-    assert runs, "no result file of benchmarks/engines.py"
-    result = json.loads(runs[-1].read_text(encoding="utf-8"))
-    assert result["schema"] == engines.SCHEMA and result["model"]["n_layers"] == 12  # gpt2-small's shape
-    assert engines.check_quality(result) == []  # its float rows gave Hugging Face's tokens
+    runs = latest_runs()
+    assert set(runs) == set(load("_engines_shapes").SHAPES), "a shape without a result file"
     docs = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    assert engines.render(result) in docs
+    for shape, result in runs.items():
+        assert result["schema"] == engines.SCHEMA and result["shape"] == shape and result["rounds"] >= 3
+        assert engines.check_quality(result) == []  # its float rows gave Hugging Face's tokens
+        assert engines.render(result) in docs
+        assert result["cpu"] in docs and f"### {shape}" in docs
+    assert runs["gpt2-small"]["model"]["n_layer"] == 12  # gpt2-small's shape, not the smoke's
 
 
 def test_a_file_that_is_not_a_run_is_refused_in_one_line(
@@ -155,7 +167,11 @@ def test_a_round_that_fails_late_keeps_the_rows_good_rounds_and_is_said() -> Non
         "kernel": "ggml q8_0",
         "failed_rounds": failed,
     }
-    assert engines._row_line(row, ["llama.cpp", "q8_0"], None).endswith("| ggml q8_0; 1 round(s) failed: exit -11 |")
+    assert (
+        load("_engines_table")
+        .row_line(row, ["llama.cpp", "q8_0"], None)
+        .endswith("| ggml q8_0; 1 round(s) failed: exit -11 |")
+    )
 
 
 def test_a_reader_that_stops_early_ends_the_script_quietly() -> None:
@@ -182,7 +198,7 @@ def test_a_row_that_fails_says_why_in_the_runs_output(tmp_path: Path, capsys: py
     row's result keeps the same reason for the table (a smoke run that failed once under load said only
     "round 1/1: attnlab bfloat16")."""
     engines = script()
-    spec = {"folder": str(tmp_path), "prompt": [1, 2], "others": [], "new_tokens": 2, "threads": 1, "gguf": None}
+    spec = {"folder": str(tmp_path), "prompt": [1, 2], "others": [], "new_tokens": 2, "threads": 1}
     result = engines.attempt({**spec, "engine": "nonesuch", "precision": "float32"}, 0, 1)
     reason = "ValueError: unknown engine 'nonesuch'"
     assert result == {"error": reason}
