@@ -140,15 +140,21 @@ def attempt(spec: dict[str, Any], r: int, rounds: int) -> dict[str, Any]:
 # --- the run ------------------------------------------------------------------------------------------------------
 
 
-def floor_seconds(config: Any, precision: str, position: int) -> tuple[float, float]:
-    """(seconds, GB/s): the bytes one decode step of attnlab's ``config`` reads at ``precision`` over this
-    machine's fastest streaming rate, measured now on a weight matrix of the model's width."""
-    from attnlab.bench.roofline import decode_bytes, probe_rates
+def stream_rate(config: Any) -> float:
+    """GB/s: the fastest rate this machine streams a weight matrix of the model's width at, measured now (once a
+    run: every row's floor divides by it)."""
+    from attnlab.bench.roofline import probe_rates
+
+    return max(probe_rates(config.emb_dim, 4 * config.emb_dim).values())
+
+
+def floor_seconds(config: Any, precision: str, position: int, rate: float) -> float:
+    """The bytes one decode step of attnlab's ``config`` reads at ``precision`` over ``rate`` GB/s."""
+    from attnlab.bench.roofline import decode_bytes
 
     step = decode_bytes(config, position, element=4)
     bytes_read = step.weights / 4 * BYTES_A_WEIGHT[precision.split()[0]] + step.kv
-    rate = max(probe_rates(config.emb_dim, 4 * config.emb_dim).values())
-    return bytes_read / (rate * 1e9), rate
+    return bytes_read / (rate * 1e9)
 
 
 def run(
@@ -186,7 +192,8 @@ def run(
                     continue  # a row that failed once says so once
                 results[name].append(attempt({**base, "engine": engine, "precision": precision}, r, rounds))
     reference = results["hf float32"][0].get("tokens") if results.get("hf float32") else None
-    rows = [summarized(e, p, results[f"{e} {p}"], reference, config, prompt_len + new_tokens // 2) for e, p in chosen]
+    at = (config, prompt_len + new_tokens // 2, stream_rate(config))  # the floor's model, position and rate
+    rows = [summarized(e, p, results[f"{e} {p}"], reference, at) for e, p in chosen]
     hf = next((r for r in rows if r["engine"] == "hf" and r["precision"] == "float32" and "error" not in r), None)
     for row in rows:
         if hf and "error" not in row:
@@ -214,7 +221,7 @@ def run(
 
 
 def summarized(
-    engine: str, precision: str, tried: list[dict[str, Any]], reference: Any, config: Any, position: int
+    engine: str, precision: str, tried: list[dict[str, Any]], reference: Any, at: tuple[Any, int, float]
 ) -> dict[str, Any]:
     """One row of the result from its rounds: the median rate, its spread, the prefill, the tokens' agreement
     with Hugging Face float32's and the floor; a row that never ran, its first error."""
@@ -230,7 +237,8 @@ def summarized(
     prefills = [x["prefill_s"] for x in runs]
     tokens = runs[0]["tokens"]
     agree = sum(a == b for a, b in zip(tokens, reference or [], strict=False)) / max(len(tokens), 1)
-    floor, rate = floor_seconds(config, precision, position)
+    config, position, rate = at
+    floor = floor_seconds(config, precision, position, rate)
     return row | {
         "kernel": runs[0].get("kernel", ""),
         "decode_tokens_per_s": median,
