@@ -125,7 +125,17 @@ def _attnlab(folder: Path, precision: str, batch: int) -> tuple[Generate, Said]:
             out = model.generate(torch.tensor([prompt]), new, compile=compiled)
         return [[int(t) for t in out[0, len(prompt) :]]]
 
-    return run_attnlab, lambda: counted(linear_kernels(model)) + after
+    return run_attnlab, lambda: said_kernels(model) + after
+
+
+def said_kernels(model: Any) -> str:
+    """The kernels a model's linears ran through, counted ("dynamic x37, gemv x12"), and where a prompt's rows
+    take another ("; a prompt's rows: dynamic x49")."""
+
+    one = linear_kernels(model)
+    prompts = {n: "dynamic" for n, m in model.named_modules() if getattr(m, "prompt", None) == "dynamic"}
+    prompt = {n: prompts.get(n, k) for n, k in one.items()}
+    return counted(one) + (f"; a prompt's rows: {counted(prompt)}" if prompt != one else "")
 
 
 def linear_kernels(model: Any) -> dict[str, str]:

@@ -93,8 +93,9 @@ class _Judge:
         return pick(found, key=lambda n: self.rows[n][key]) if found else None
 
     def __call__(self, what: str, ours: str | None, theirs: str | None, target: float, *, prefill: bool = False) -> str:
-        if ours is None or theirs is None:
+        if ours not in self.rows or theirs not in self.rows:  # None: none of the rows asked for ran
             return f"{what}: not established (a row did not run)"
+        assert ours is not None and theirs is not None
         spread = "prefill_spread" if prefill else "spread"
         a, b = self.rows[ours], self.rows[theirs]
         ratio = b["prefill_ms"] / a["prefill_ms"] if prefill else a["decode_tokens_per_s"] / b["decode_tokens_per_s"]

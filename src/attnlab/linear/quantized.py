@@ -37,6 +37,16 @@ machine and picks one per weight shape:
   packed again when any of them changes (``load_state_dict``, an in-place
   edit, a new tensor).
 
+A prompt's rows (more than :data:`~attnlab.linear.gemv.INT8_ROWS`, the most a
+decode step's loop takes) go where ``prompt`` says: ``"dequantized"``, the
+kernel's own many-row path above (``quantize(kernel=...)`` named: that kernel's
+numbers throughout), or ``"dynamic"``, the dynamic kernel's int8 x int8
+products, each row rounded on its own (what ``quantize("int8")``'s "auto"
+chooses where the build has that kernel: a weight-only prompt dequantizes every
+weight at every call and then multiplies in float32, slower than float32 itself;
+the int8 products ran 3.5x faster than it here, issue 58). A decode step's rows
+keep the one-row kernel chosen for the weight.
+
 Shapes: B = batch, T = tokens, N = rows (B*T), in / out = the weight's features.
 """
 
@@ -57,6 +67,7 @@ from attnlab.linear.layout import _transformed, onednn_linear, pass_seconds
 
 Int8Kernel = Literal["dynamic", "int8pack", "gemv", "dequantize"]
 INT8_KERNELS: tuple[Int8Kernel, ...] = ("dynamic", "int8pack", "gemv", "dequantize")
+PromptPath = Literal["dequantized", "dynamic"]  # a prompt's rows: the kernel's own path, or int8 x int8 products
 _CHOSEN: dict[tuple[int, int], Int8Kernel] = {}
 SLICE_BYTES = 8 * 2**20  # the gemv kernel's float slice of a weight, for many rows
 STREAM_BYTES = 128 * 2**20  # int8 weights that together exceed the caches, as a decode step meets them
@@ -136,13 +147,15 @@ class Int8Linear(nn.Module):
     Args:
         linear: the float32 ``nn.Linear`` to quantize (any layout).
         kernel: one of :data:`INT8_KERNELS` (:func:`fastest_int8_kernel` picks one by measuring).
+        prompt: where a call of more rows than a decode step's goes: ``"dequantized"`` (the kernel's own path)
+            or ``"dynamic"`` (the dynamic kernel's int8 x int8 products, each row rounded on its own).
     """
 
     weight_int8: torch.Tensor
     scale: torch.Tensor
     bias: torch.Tensor | None
 
-    def __init__(self, *, linear: nn.Linear, kernel: Int8Kernel) -> None:
+    def __init__(self, *, linear: nn.Linear, kernel: Int8Kernel, prompt: PromptPath = "dequantized") -> None:
         super().__init__()
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"Int8Linear quantizes an nn.Linear, got {type(linear).__name__}")
@@ -151,7 +164,12 @@ class Int8Linear(nn.Module):
                 f"int8 quantization starts from float32 weights, got {linear.weight.dtype}; call .float() first"
             )
         _check_kernel(kernel)
+        if prompt not in ("dequantized", "dynamic"):
+            raise ValueError(f"prompt must be 'dequantized' or 'dynamic', got {prompt!r}")
+        if prompt == "dynamic":
+            _check_kernel("dynamic")
         self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
+        self.prompt = prompt
         q, scale = quantize_rows(linear.weight)
         self.register_buffer("weight_int8", q)  # (out, in)
         self.register_buffer("scale", scale)  # (out,)
@@ -205,12 +223,8 @@ class Int8Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)  # (B, T, in) -> (N, in)
         if self.kernel == "dynamic" and flat.shape[0] == 1:  # a decode step: the kernel itself, bias packed in
             out = torch.ops.quantized.linear_dynamic(flat, self.packed(), reduce_range=True)
-        elif self.kernel == "dynamic" and _rows_match_alone():
-            out, plain = _per_row(flat, self.weight_int8, self.scale, self.bias)
-            if not bool(plain.all()):
-                out[~plain] = self._alone(flat[~plain])
-        elif self.kernel == "dynamic":
-            out = self._alone(flat)
+        elif self.kernel == "dynamic" or self._prompt_int8(flat):
+            out = self._rows_int8(flat)
         elif self.kernel == "gemv" and self._loop_fits(flat):
             out = gemv(flat, self.weight_int8, self.scale, self.bias)
         elif self.kernel == "gemv":  # a prompt's rows, a large batch: the float weight a slice at a time
@@ -221,6 +235,25 @@ class Int8Linear(nn.Module):
         else:
             out = F.linear(flat, self.dequantized(), self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)  # (N, out) -> (B, T, out)
+
+    def _prompt_int8(self, flat: torch.Tensor) -> bool:
+        """Whether these rows go to the int8 x int8 products of :meth:`_rows_int8`: a prompt's (more than a
+        decode step's loop takes) where ``prompt`` says so, on the CPU, eager (a graph keeps the kernel's own
+        path: the rows' check would break it), no gradient wanted (``_int_mm`` has none)."""
+        many = flat.shape[0] > INT8_ROWS and flat.device.type == "cpu"
+        eager = not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and flat.requires_grad)
+        return self.prompt == "dynamic" and many and eager and not _transformed(flat)
+
+    def _rows_int8(self, flat: torch.Tensor) -> torch.Tensor:
+        """(N, in) -> (N, out) by the dynamic kernel's int8 x int8 products: each row rounded with its own scale
+        and zero point, bitwise what ``linear_dynamic`` gives it alone (:func:`_per_row` where it was checked to
+        be, else row by row)."""
+        if not _rows_match_alone():
+            return self._alone(flat)
+        out, plain = _per_row(flat, self.weight_int8, self.scale, self.bias)
+        if not bool(plain.all()):
+            out[~plain] = self._alone(flat[~plain])
+        return out
 
     def _dequantized_product(self, flat: torch.Tensor) -> torch.Tensor:
         """(N, in) -> (N, out): ``F.linear`` with :meth:`dequantized`'s weight, made a slice of output rows at a
@@ -241,7 +274,8 @@ class Int8Linear(nn.Module):
         return gemv_applies(flat, self.weight_int8) and not _transformed(flat)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel!r}"
+        said = f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel!r}"
+        return said + (f", prompt={self.prompt!r}" if self.prompt != "dequantized" else "")
 
 
 def int8_stream_rates(d_in: int, d_out: int, *, repeats: int = 5) -> dict[Int8Kernel, float]:
@@ -278,15 +312,18 @@ def _check_kernel(kernel: str) -> None:
 
 
 def quantize_linears(module: nn.Module, kernel: Int8Kernel | Literal["auto"] = "auto") -> dict[str, Int8Kernel]:
-    """Replace every ``nn.Linear`` inside ``module`` by an :class:`Int8Linear`, in place; the kernel each got."""
+    """Replace every ``nn.Linear`` inside ``module`` by an :class:`Int8Linear`, in place; the kernel each got.
+    "auto": each weight's one-row kernel the fastest here, and a prompt's rows by the dynamic kernel's int8 x
+    int8 products where the build has them; a named kernel: its own numbers for every call."""
     if kernel != "auto":
         _check_kernel(kernel)
+    prompt: PromptPath = "dynamic" if kernel == "auto" and "dynamic" in _built_in() else "dequantized"
     chosen: dict[str, Int8Kernel] = {}
     for name, sub in list(module.named_modules()):
         for child_name, child in list(sub.named_children()):
             if isinstance(child, nn.Linear):
                 pick = fastest_int8_kernel(child.in_features, child.out_features) if kernel == "auto" else kernel
-                setattr(sub, child_name, Int8Linear(linear=child, kernel=pick))
+                setattr(sub, child_name, Int8Linear(linear=child, kernel=pick, prompt=prompt))
                 packed.forget(child.weight)  # a copy kept for the "packed" layout goes with the layer it served
                 chosen[f"{name}.{child_name}" if name else child_name] = pick
     return chosen
