@@ -27,6 +27,7 @@ from typing import Any
 SHAPES = ("gpt2-small", "qwen3-0.6b", "qwen3.5-0.8b")
 BATCHED = {"gpt2-small"}  # the shapes that also run the rows of 8 and 32 prompts
 GGUF_TYPES = ("f32", "f16", "q8_0")
+GGUF_ARGS = {"qwen3.5-0.8b": ["--no-mtp"]}  # the text model is written without the hub's multi-token-prediction head
 CONVERT_SECONDS = 1800
 
 _QWEN3 = {  # Qwen3-0.6B's config.json, the fields that fix its shape
@@ -191,13 +192,13 @@ _CONVERT = (
 )
 
 
-def write_gguf(hf: Path, folder: Path, llama_cpp: Path) -> None:
+def write_gguf(name: str, hf: Path, folder: Path, llama_cpp: Path) -> None:
     """llama.cpp's f32, f16 and q8_0 files (``gguf-<type>.gguf``) by its ``convert_hf_to_gguf.py``, with the
     ``gguf`` package of its own tree; a refusal leaves ``gguf-<type>.error`` with the converter's last line."""
     for outtype in GGUF_TYPES:
         out = folder / f"gguf-{outtype}.gguf"
         argv = [sys.executable, "-c", _CONVERT, str(llama_cpp), str(llama_cpp / "gguf-py")]
-        argv += [str(hf), "--outtype", outtype, "--outfile", str(out)]
+        argv += [str(hf), "--outtype", outtype, "--outfile", str(out), *GGUF_ARGS.get(name, [])]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=CONVERT_SECONDS)
         if done.returncode != 0 or not out.is_file():
             lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
@@ -211,7 +212,7 @@ def write_model(name: str, smoke: bool, folder: Path, llama_cpp: Path | None) ->
     write_hf(name, smoke, folder / "hf")
     write_ct2(folder / "hf", folder)
     if llama_cpp is not None:
-        write_gguf(folder / "hf", folder, llama_cpp)
+        write_gguf(name, folder / "hf", folder, llama_cpp)
 
 
 def one_line(error: BaseException) -> str:
