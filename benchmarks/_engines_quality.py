@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-KERNEL = re.compile(r"^([\w-]+) x\d+$")  # one entry of a row's kernel column: "dynamic x49"
+KERNEL = re.compile(r"([\w-]+) x\d+")  # each entry of a row's kernel column: "dynamic x37, gemv x12; a prompt's ..."
 
 
 def text_perplexities(threads: int) -> dict[str, Any]:
@@ -55,7 +55,7 @@ def timed_int8_kernels(result: dict[str, Any]) -> list[str]:
     found = set()
     for row in result["rows"]:
         if row["engine"] == "attnlab" and row["precision"].startswith("int8") and "error" not in row:
-            found |= {m.group(1) for part in row.get("kernel", "").split(", ") if (m := KERNEL.match(part))}
+            found |= set(KERNEL.findall(row.get("kernel", "")))
     return sorted(found)
 
 

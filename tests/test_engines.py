@@ -1,6 +1,7 @@
-"""Issue 37, part 1: benchmarks/engines.py, decoding beside CTranslate2 and llama.cpp. Its tokenizer is one the
-converters and Hugging Face accept; a float row whose tokens differ from Hugging Face's fails the run; the docs
-quote its result file. (`make smoke` runs the script end to end on a tiny model, every engine in its process.)"""
+"""Issue 37, part 1, and issue 58, items 3-4: benchmarks/engines.py, decoding beside CTranslate2 and llama.cpp on
+gpt2-small's shape and today's. Its tokenizer is one the converters and Hugging Face accept; a float row whose
+tokens differ from Hugging Face's fails the run; the docs quote its result file for every shape. (`make smoke`
+runs the script end to end on a tiny model, every engine in its process.)"""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ def script() -> ModuleType:
     return load("engines")
 
 
-@pytest.mark.parametrize("vocab_size", [512, 50257])
+@pytest.mark.parametrize("vocab_size", [512, 50257, pytest.param(151936, marks=pytest.mark.slow)])  # Qwen3's: 3 s
 def test_the_tokenizer_made_for_the_model_has_its_size_and_reads_any_text(tmp_path: Path, vocab_size: int) -> None:
     from transformers import AutoTokenizer
 
-    script().write_tokenizer(tmp_path, vocab_size)
+    load("_engines_shapes").write_tokenizer(tmp_path, vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     assert len(tokenizer) == vocab_size and tokenizer.eos_token_id == vocab_size - 1
     for text in ("The for statement", "床前明月光 🙂", "\x00\x01 tabs\tand\nnewlines"):
@@ -44,15 +45,28 @@ def test_a_float_row_whose_tokens_differ_fails_and_a_quantized_one_reports_its_a
     assert len(engines.check_quality(result)) == 1  # a row that did not run says so in the table, not here
 
 
-def test_the_docs_quote_the_run_file() -> None:
+def latest_runs() -> dict[str, dict[str, object]]:
+    """Each shape's latest result file (engines-DATE[-SHAPE].json; a run before --shape is gpt2-small's)."""
+    found = {}
+    for path in sorted((ROOT / "benchmarks" / "results").glob("engines-*.json")):  # by date
+        result = json.loads(path.read_text(encoding="utf-8"))
+        found[result.get("shape", "gpt2-small")] = result
+    return found
+
+
+def test_the_docs_quote_each_shapes_latest_run_with_its_cpu() -> None:
     engines = script()
-    runs = sorted((ROOT / "benchmarks" / "results").glob("engines-*.json"))
-    assert runs, "no result file of benchmarks/engines.py"
-    result = json.loads(runs[-1].read_text(encoding="utf-8"))
-    assert result["schema"] == engines.SCHEMA and result["model"]["n_layers"] == 12  # gpt2-small's shape
-    assert engines.check_quality(result) == []  # its float rows gave Hugging Face's tokens
+    runs = latest_runs()
+    assert "gpt2-small" in runs and set(runs) <= set(load("_engines_shapes").SHAPES)
     docs = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    assert engines.render(result) in docs
+    for shape, result in runs.items():
+        assert result["schema"] == engines.SCHEMA and result["rounds"] >= 3
+        assert engines.check_quality(result) == []  # its float rows gave Hugging Face's tokens
+        assert engines.render(result) in docs and f"### {shape}" in docs
+        if "shape" in result:  # runs since issue 58 name their shape and CPU
+            assert result["shape"] == shape and result["cpu"] in docs and "(smoke" not in result["described"]
+    gpt2 = runs["gpt2-small"]["model"]
+    assert gpt2.get("n_layer", gpt2.get("n_layers")) == 12  # gpt2-small's shape, not the smoke's
 
 
 def test_a_file_that_is_not_a_run_is_refused_in_one_line(
@@ -155,7 +169,11 @@ def test_a_round_that_fails_late_keeps_the_rows_good_rounds_and_is_said() -> Non
         "kernel": "ggml q8_0",
         "failed_rounds": failed,
     }
-    assert engines._row_line(row, ["llama.cpp", "q8_0"], None).endswith("| ggml q8_0; 1 round(s) failed: exit -11 |")
+    assert (
+        load("_engines_table")
+        .row_line(row, ["llama.cpp", "q8_0"], None)
+        .endswith("| ggml q8_0; 1 round(s) failed: exit -11 |")
+    )
 
 
 def test_a_reader_that_stops_early_ends_the_script_quietly() -> None:
@@ -182,7 +200,7 @@ def test_a_row_that_fails_says_why_in_the_runs_output(tmp_path: Path, capsys: py
     row's result keeps the same reason for the table (a smoke run that failed once under load said only
     "round 1/1: attnlab bfloat16")."""
     engines = script()
-    spec = {"folder": str(tmp_path), "prompt": [1, 2], "others": [], "new_tokens": 2, "threads": 1, "gguf": None}
+    spec = {"folder": str(tmp_path), "prompt": [1, 2], "others": [], "new_tokens": 2, "threads": 1}
     result = engines.attempt({**spec, "engine": "nonesuch", "precision": "float32"}, 0, 1)
     reason = "ValueError: unknown engine 'nonesuch'"
     assert result == {"error": reason}
@@ -215,3 +233,44 @@ def test_the_int8_perplexity_is_judged_through_the_kernels_the_timed_int8_rows_r
         "int8 perplexity within 1.0% of float32, through the kernels the timed int8 rows ran (the shipped text "
         "model, 2040 held-out tokens): dynamic 4.0600 (+1.500%), gemv 4.0020 (+0.050%), against 4.0000: not met"
     )
+
+
+def test_issue_58s_targets_are_judged_per_shape_and_a_row_that_did_not_run_says_so() -> None:
+    """Qwen3-0.6B's shape: the default float32 row against CTranslate2 (1x) and Hugging Face (1.5x); a run of
+    some rows only (``--rows``) judges what it has and says "not established" for the rest. gpt2-small's: the
+    default row against its floor."""
+    engines = script()
+
+    def row(name: str, rate: float, floor: float = 0.5) -> dict[str, object]:
+        engine, precision = name.split(" ", 1)
+        timing = {"decode_tokens_per_s": rate, "spread": 0.05, "prefill_ms": 100.0, "prefill_spread": 0.05}
+        return {"engine": engine, "precision": precision, "floor_fraction": floor, "batch": 1} | timing
+
+    rows = [row("attnlab float32", 30.0), row("ctranslate2 float32", 25.0), row("hf float32", 15.0)]
+    said = engines.verdicts({"shape": "qwen3-0.6b", "rows": rows})
+    assert (
+        "default float32 against CTranslate2 (attnlab float32 against ctranslate2 float32): 1.20x, target 1x: met"
+        in said
+    )
+    assert "default float32 against Hugging Face (attnlab float32 against hf float32): 2.00x, target 1.5x: met" in said
+    assert "bfloat16 against llama.cpp: not established (a row did not run)" in said
+    said = engines.verdicts({"shape": "gpt2-small", "rows": rows})
+    assert "attnlab float32 at 80% of its floor: 50%: not met" in said
+    assert not any("perplexity" in line for line in said)  # a run of some rows measured no trained model
+
+
+def test_the_int8_kernels_a_row_ran_are_read_off_its_kernel_column_prompts_included() -> None:
+    quality = load("_engines_quality")
+    row = {"engine": "attnlab", "precision": "int8", "kernel": "gemv x12, int8pack x37; a prompt's rows: dynamic x49"}
+    assert quality.timed_int8_kernels({"rows": [row]}) == ["dynamic", "gemv", "int8pack"]
+
+
+def test_rows_a_shape_lacks_are_refused_in_one_line_naming_them(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.argv", ["engines.py", "--shape", "qwen3-0.6b", "--rows", "attnlab int8 batch 8"])
+    with pytest.raises(SystemExit) as ended:
+        script().main()
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert "--rows: no row ['attnlab int8 batch 8'] on --shape qwen3-0.6b; the rows are: hf float32, " in err

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnlab.linear import quantized
+from attnlab.linear import int8_rows, quantized
 from attnlab.linear.quantized import Int8Linear, available_kernels, quantize_linears, quantize_rows
 from attnlab.models import GPT, GPTConfig
 from conftest import small
@@ -148,7 +148,7 @@ def test_a_rows_output_in_a_call_is_its_output_alone_bitwise(fast: bool, monkeyp
         assert torch.equal(layer(x.reshape(8, 1, 100)).reshape(8, 37), alone)  # (B, T, in) the same
         assert torch.equal(layer(x[[6, 2, 0]]), alone[[6, 2, 0]])  # in any company
         if fast:  # the fast path runs: every row but zeros and the tiny one rounded here, bitwise linear_dynamic's
-            got, plain = quantized._per_row(x, layer.weight_int8, layer.scale, layer.bias)
+            got, plain = int8_rows._per_row(x, layer.weight_int8, layer.scale, layer.bias)
             assert plain.tolist() == [True] * 5 + [False] * 2 + [True] and torch.equal(got[plain], alone[plain])
         want = F.linear(x[:7], layer.dequantized(), layer.bias)  # the readable path: 7-bit activations stay close
         assert float((alone[:7] - want).abs().amax(dim=1).div(want.abs().amax(dim=1) + 1e-3).max()) < 0.03
@@ -170,7 +170,7 @@ def test_many_rows_are_rounded_by_one_compiled_kernel_with_the_readable_numbers(
     layer = Int8Linear(linear=nn.Linear(100, 37), kernel="dynamic")
     x = rows_of_every_kind(100)
     for rows in (x, x[:5], x[:1]):  # 8 rows, and 5 and 1 padded to the kernels of 8 and 2 rows
-        assert quantized._same_rounding(rounded(rows), quantized._rounded_rows(rows))
+        assert int8_rows._same_rounding(rounded(rows), int8_rows._rounded_rows(rows))
 
     def rounding_ops() -> int:
         with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -182,7 +182,7 @@ def test_many_rows_are_rounded_by_one_compiled_kernel_with_the_readable_numbers(
         layer(x)  # the first call checks the compiled rounding against the readable one, once per process
     fast, ops = rounding_ops()
     assert ops == 0
-    monkeypatch.setattr(quantized, "_round", quantized._rounded_rows)
+    monkeypatch.setattr(int8_rows, "_round", int8_rows._rounded_rows)
     readable, ops = rounding_ops()
     assert ops == 1 + 2  # aminmax once; round for the zero points and for the codes
     assert torch.equal(fast, readable)
@@ -214,7 +214,7 @@ def test_the_rounding_reads_every_value_once_for_its_row_range() -> None:
     x[1, 17], x[2, 39], x[3, 0], x[4, 5] = float("nan"), float("inf"), -float("inf"), float("nan")
     x[4, 30] = float("inf")
     with Reductions() as mode:
-        _, _, plain = quantized._activation_qparams(x)
+        _, _, plain = int8_rows._activation_qparams(x)
     assert mode.seen == ["aminmax"]
     assert plain.tolist() == [True, False, False, False, False, True]
 
@@ -223,43 +223,43 @@ def test_a_compiled_rounding_that_disagrees_is_never_used(monkeypatch: pytest.Mo
     """Each compiled rounding is checked against the readable one on rows of every kind before its first use: one
     that differs (here a kernel made to move the codes by one) is set aside, and the readable numbers stay."""
     needs_dynamic()
-    monkeypatch.setattr(quantized, "_ROUNDING_SAME", {})
+    monkeypatch.setattr(int8_rows, "_ROUNDING_SAME", {})
 
-    real = quantized.compiled
+    real = int8_rows.compiled
 
     def off_by_one(key: object, fn: object, inputs: list[torch.Tensor], *, contract: bool = False) -> object:
         if key[0] != "int8 rows":  # type: ignore[index]  # the epilogue's kernel is the real one
             return real(key, fn, inputs, contract=contract)  # type: ignore[arg-type]
-        return lambda flat: (lambda c, s, p: (c // 2, s, p))(*quantized._rounded_rows(flat))
+        return lambda flat: (lambda c, s, p: (c // 2, s, p))(*int8_rows._rounded_rows(flat))
 
-    monkeypatch.setattr(quantized, "compiled", off_by_one)
+    monkeypatch.setattr(int8_rows, "compiled", off_by_one)
     torch.manual_seed(0)
     layer = Int8Linear(linear=nn.Linear(100, 37), kernel="dynamic")
     x = rows_of_every_kind(100)
-    assert quantized._same_rounding(rounded(x), quantized._rounded_rows(x))
-    assert list(quantized._ROUNDING_SAME.values()) == [False]
+    assert int8_rows._same_rounding(rounded(x), int8_rows._rounded_rows(x))
+    assert list(int8_rows._ROUNDING_SAME.values()) == [False]
     with torch.no_grad():
         assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
 
 
 def rounded(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The rounding of x's rows, its padded rows dropped."""
-    return tuple(t[: len(x)] for t in quantized._round(x))
+    return tuple(t[: len(x)] for t in int8_rows._round(x))
 
 
 def without_fma(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     """The kernels of ``kind`` ("int8 rows", "int8 epilogue") compiled for real but without contraction from now on,
     the others as they are; both kinds' verdicts forgotten, so each kernel is probed afresh."""
-    monkeypatch.setattr(quantized, "_ROUNDING_SAME", {})
-    monkeypatch.setattr(quantized, "_FINISH_SAME", {})
-    real = quantized.compiled
+    monkeypatch.setattr(int8_rows, "_ROUNDING_SAME", {})
+    monkeypatch.setattr(int8_rows, "_FINISH_SAME", {})
+    real = int8_rows.compiled
 
     def uncontracted(key: object, fn: object, inputs: list[torch.Tensor], *, contract: bool = False) -> object:
         if key[0] != kind:  # type: ignore[index]
             return real(key, fn, inputs, contract=contract)  # type: ignore[arg-type]
         return real(("without fma", key), fn, inputs, contract=False)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(quantized, "compiled", uncontracted)
+    monkeypatch.setattr(int8_rows, "compiled", uncontracted)
 
 
 def test_a_compiled_rounding_without_fma_is_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -271,8 +271,8 @@ def test_a_compiled_rounding_without_fma_is_never_used(monkeypatch: pytest.Monke
         pytest.skip(f"no compiler here: {quantized.why_no_gemv()}")
     without_fma(monkeypatch, "int8 rows")
     x = rows_of_every_kind(100)
-    assert quantized._same_rounding(rounded(x), quantized._rounded_rows(x))
-    assert list(quantized._ROUNDING_SAME.values()) == [False]
+    assert int8_rows._same_rounding(rounded(x), int8_rows._rounded_rows(x))
+    assert list(int8_rows._ROUNDING_SAME.values()) == [False]
 
 
 def test_many_rows_are_finished_by_one_compiled_fma_kernel_with_the_readable_numbers(
@@ -298,7 +298,7 @@ def test_many_rows_are_finished_by_one_compiled_fma_kernel_with_the_readable_num
 
     fast, ops = epilogue_ops()
     assert ops == 0
-    monkeypatch.setattr(quantized, "_finish", quantized._finished)
+    monkeypatch.setattr(int8_rows, "_finish", int8_rows._finished)
     readable, ops = epilogue_ops()
     assert ops >= 2  # the product and the addcmul (the cast's shape is the int32 products')
     assert torch.equal(fast, readable)
@@ -319,7 +319,7 @@ def test_a_compiled_epilogue_without_fma_is_never_used(monkeypatch: pytest.Monke
     x = rows_of_every_kind(100)
     with torch.no_grad():
         assert torch.equal(layer(x), torch.cat([layer(row[None]) for row in x]))
-    assert list(quantized._FINISH_SAME.values()) == [False] and all(quantized._ROUNDING_SAME.values())
+    assert list(int8_rows._FINISH_SAME.values()) == [False] and all(int8_rows._ROUNDING_SAME.values())
 
 
 def tiny_lm(seed: int, *, layers: int = 2, dim: int = 32) -> GPT:
@@ -444,6 +444,6 @@ def test_rows_of_fewer_than_3_values_take_the_readable_rounding() -> None:
     if quantized.why_no_gemv() and os.environ.get("CI") != "true":
         pytest.skip(f"no compiler here: {quantized.why_no_gemv()}")
     two, three = torch.randn(5, 2), torch.randn(5, 3)
-    assert quantized._round(two)[0].shape == (5, 2)
-    assert quantized._round(three)[0].shape == (8, 3)  # padded to the kernel of 8 rows
-    assert quantized._same_rounding(rounded(three), quantized._rounded_rows(three))
+    assert int8_rows._round(two)[0].shape == (5, 2)
+    assert int8_rows._round(three)[0].shape == (8, 3)  # padded to the kernel of 8 rows
+    assert int8_rows._same_rounding(rounded(three), int8_rows._rounded_rows(three))

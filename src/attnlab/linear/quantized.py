@@ -37,6 +37,16 @@ machine and picks one per weight shape:
   packed again when any of them changes (``load_state_dict``, an in-place
   edit, a new tensor).
 
+A prompt's rows (more than :data:`~attnlab.linear.gemv.INT8_ROWS`, the most a
+decode step's loop takes) go where ``prompt`` says: ``"dequantized"``, the
+kernel's own many-row path above (``quantize(kernel=...)`` named: that kernel's
+numbers throughout), or ``"dynamic"``, the dynamic kernel's int8 x int8
+products, each row rounded on its own (what ``quantize("int8")``'s "auto"
+chooses where the build has that kernel: a weight-only prompt dequantizes every
+weight at every call and then multiplies in float32, slower than float32 itself;
+the int8 products ran 3.5x faster than it here, issue 58). A decode step's rows
+keep the one-row kernel chosen for the weight.
+
 Shapes: B = batch, T = tokens, N = rows (B*T), in / out = the weight's features.
 """
 
@@ -51,12 +61,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attnlab.linear import packed
-from attnlab.linear.gemv import INT8_ROWS, compiled, gemv, gemv_applies, kernel_spec, traced, why_no_gemv
+from attnlab.linear.gemv import INT8_ROWS, gemv, gemv_applies, why_no_gemv
+from attnlab.linear.int8_rows import _fma_row, _per_row
 from attnlab.linear.probe import pass_seconds
 from attnlab.linear.products import _transformed, onednn_linear
 
 Int8Kernel = Literal["dynamic", "int8pack", "gemv", "dequantize"]
 INT8_KERNELS: tuple[Int8Kernel, ...] = ("dynamic", "int8pack", "gemv", "dequantize")
+PromptPath = Literal["dequantized", "dynamic"]  # a prompt's rows: the kernel's own path, or int8 x int8 products
 _CHOSEN: dict[tuple[int, int], Int8Kernel] = {}
 SLICE_BYTES = 8 * 2**20  # the gemv kernel's float slice of a weight, for many rows
 STREAM_BYTES = 128 * 2**20  # int8 weights that together exceed the caches, as a decode step meets them
@@ -99,176 +111,7 @@ def _pack(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> to
     return packed
 
 
-# PyTorch's ChooseQuantizationParams (quant_utils.h) snaps scales below this to it; such rows run alone.
-_SMALL_SCALE = float(torch.tensor(6.1e-5, dtype=torch.float32))
 _ROWS_MATCH: dict[str, bool] = {}  # per quantized engine: whether _per_row gives linear_dynamic's numbers here
-
-
-def _activation_qparams(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's scale (N,) float32 and zero point (N,) int32 as ``linear_dynamic`` chooses them for that row
-    alone (ChooseQuantizationParams, reduce_range: codes 0..127, the range widened to hold 0), and which rows
-    (N,) bool follow that rule without its special cases (a tiny range, a non-finite value)."""
-    lo, hi = torch.aminmax(flat, dim=1)  # (N,) each
-    lo, hi = lo.clamp(max=0).double(), hi.clamp(min=0).double()
-    scale = (hi - lo) / 127  # in double, as PyTorch does, then kept as float32
-    # aminmax carries a NaN or an inf of the row into lo or hi, and so into the scale: a finite scale is a finite row
-    plain = (scale >= _SMALL_SCALE) & torch.isfinite(scale.float())
-    scale = torch.where(plain, scale, torch.ones_like(scale))  # the special rows: any harmless value
-    from_min, from_max = -lo / scale, 127 - hi / scale  # (N,): the zero point each end asks for
-    zero = torch.where(-(lo / scale).abs() < 127 - (hi / scale).abs(), from_min, from_max)
-    zero = torch.round(zero.clamp(0, 127)).to(torch.int32)  # nearbyint, ties to even
-    return scale.float(), zero, plain
-
-
-def _rounded_rows(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(centered (N, in) int8, x_scale (N,), plain (N,)): every row rounded to 7 bits with its own scale and zero
-    point, fbgemm's arithmetic step by step, less its zero point. The readable path of :func:`_round`."""
-    x_scale, zero, plain = _activation_qparams(flat)
-    inverse = 1.0 / x_scale  # float32, as fbgemm multiplies by it
-    # fbgemm rounds fma(x, 1/scale, zero): float64 holds the product exactly, so only a tie finer than float64 differs
-    codes = torch.round((flat.double() * inverse.double()[:, None] + zero[:, None]).float()).clamp_(0, 255)
-    return (codes - zero[:, None]).to(torch.int8), x_scale, plain  # (N, in): x / x_scale, in -127..127
-
-
-def _fma_rows(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_rounded_rows` as fbgemm computes it, in float32: the codes round x * (1 / scale) + zero, which the
-    compiled kernel's C++ may contract into fbgemm's one fma (``compiled(contract=True)``), so that no float64 is
-    needed; whether it did, the probe's :func:`_fma_row` tells. What :func:`_round` compiles; eager, only
-    :func:`_rounded_rows` is used."""
-    x_scale, zero, plain = _activation_qparams(flat)
-    inverse = 1.0 / x_scale  # float32, as fbgemm multiplies by it
-    # fma(x, 1/scale, zero) as addcmul: contracted, Inductor's C++ makes it one fma (written x * inverse + zero, it
-    # did not, and the probe's _fma_row set that kernel aside)
-    codes = torch.round(torch.addcmul(zero[:, None].float(), flat, inverse[:, None])).clamp_(0, 255)
-    return (codes - zero[:, None]).to(torch.int8), x_scale, plain  # (N, in): x / x_scale, in -127..127
-
-
-_ROUNDING_SAME: dict[object, bool] = {}  # per spec: whether the compiled rounding gives _rounded_rows' numbers
-
-
-def _round(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_rounded_rows` of ``flat`` (N, in), its rows left padded: (codes (R, in), x_scale (R,), plain (R,)),
-    R >= N, the first N rows ``flat``'s. By one kernel Inductor compiled from :func:`_fma_rows` (the readable
-    rounding is about 25 small ops a product, in float64, most of a batched step's time outside its products)
-    where that kernel gives the readable numbers bitwise, checked once per shape on rows of every kind, fma's ties
-    among them (:func:`_probe_rows`); the rows are then padded with zeros to a power of two (each row is rounded
-    on its own), so that one kernel serves every count of rows up to it, and R is that power. By the readable ops
-    elsewhere (under a tracer, without a compiler, rows of fewer than 3 values), and R = N."""
-    n, d_in = flat.shape
-    if why_no_gemv() or traced() or type(flat) is not torch.Tensor or flat.device.type != "cpu" or d_in < 3:
-        return _rounded_rows(flat)  # under 3 values a row holds only its range's ends, and no probe of an fma
-    rows = max(2, 1 << (n - 1).bit_length())
-    padded = torch.cat([flat, flat.new_zeros(rows - n, d_in)]) if rows > n else flat.contiguous()  # (rows, in)
-    key = ("int8 rows", kernel_spec((padded,)))
-    kernel = compiled(key, _fma_rows, [padded], contract=True)
-    if key not in _ROUNDING_SAME:
-        _ROUNDING_SAME[key] = all(_same_rounding(kernel(p), _rounded_rows(p)) for p in _probe_rows(rows, d_in))
-    if not _ROUNDING_SAME[key]:
-        return _rounded_rows(flat)
-    codes, x_scale, plain = kernel(padded)
-    return codes, x_scale, plain
-
-
-def _finished(acc: torch.Tensor, x_scale: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """(R, out) float32 from the int32 products ``acc`` (R, out): fbgemm's epilogue, float(acc) times the
-    multiplier x_scale * scale rounded to float32 first, plus the bias in one fma. The readable path of
-    :func:`_finish`."""
-    multiplier = x_scale[:, None] * scale[None, :]  # (R, out), rounded to float32 first, as fbgemm does
-    if bias is None:
-        return acc.float() * multiplier
-    return torch.addcmul(bias, acc.float(), multiplier)  # fbgemm's fma(float(acc), multiplier, bias)
-
-
-_FINISH_SAME: dict[object, bool] = {}  # per spec: whether the compiled epilogue gives _finished's numbers
-
-
-def _finish(acc: torch.Tensor, x_scale: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """:func:`_finished`, by one kernel Inductor compiled for a power of two of rows (R, out) (the readable
-    epilogue is three passes over (R, out): a cast, a product and the addcmul), where it gives the readable
-    numbers bitwise, checked once per shape on values whose fma and separate product and sum differ in every
-    element (:func:`_probe_products`); by the readable ops elsewhere."""
-    rows = acc.shape[0]
-    exotic = why_no_gemv() or traced() or type(acc) is not torch.Tensor or acc.device.type != "cpu"
-    if exotic or rows < 2 or rows & (rows - 1):
-        return _finished(acc, x_scale, scale, bias)
-    given = [t for t in (acc, x_scale, scale, bias) if t is not None]
-    key = ("int8 epilogue", kernel_spec((acc, x_scale, scale, bias)))
-    fn = _finished if bias is not None else lambda a, s, w: _finished(a, s, w, None)
-    kernel = compiled(key, fn, given, contract=True)  # its a * b + c one fma, as addcmul's and fbgemm's
-    if key not in _FINISH_SAME:
-        probes = _probe_products(rows, acc.shape[1], bias is not None)
-        _FINISH_SAME[key] = all(torch.equal(kernel(*p), fn(*p)) for p in probes)
-    if not _FINISH_SAME[key]:
-        return _finished(acc, x_scale, scale, bias)
-    out: torch.Tensor = kernel(*given)
-    return out
-
-
-def _probe_products(rows: int, out: int, bias: bool) -> list[list[torch.Tensor]]:
-    """Inputs of :func:`_finished` for (rows, out): seeded ones over wide ranges, and ones whose every element is
-    4097 x (4097 / 2^24) - (1 + 2^-11): 2^-24 by one fma, 0 by a product rounded before the sum."""
-    generator = torch.Generator().manual_seed(0)
-    acc = torch.randint(-(2**31), 2**31 - 1, (rows, out), dtype=torch.int32, generator=generator)
-    x_scale = torch.rand(rows, generator=generator) * 10.0 ** torch.randint(-8, 2, (rows,), generator=generator)
-    scale, shift = torch.rand(out, generator=generator) * 1e-2, torch.randn(out, generator=generator) * 1e3
-    tie_acc, tie_x = torch.full((rows, out), 4097, dtype=torch.int32), torch.full((rows,), 4097 * 2.0**-24)
-    probes = [[acc, x_scale, scale, shift], [tie_acc, tie_x, torch.ones(out), torch.full((out,), -(1 + 2.0**-11))]]
-    return [p if bias else p[:3] for p in probes]
-
-
-def _same_rounding(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> bool:
-    """Bitwise the same scales and plain rows, and the same codes in the plain rows (the others run alone, and a
-    NaN's cast to int8 is whatever the machine makes of it)."""
-    (codes, x_scale, plain), (want_codes, want_scale, want_plain) = got, want
-    same = torch.equal(plain, want_plain) and torch.equal(x_scale, want_scale)
-    return same and torch.equal(codes[plain], want_codes[plain])
-
-
-def _probe_rows(n: int, d_in: int) -> list[torch.Tensor]:
-    """Batches (n, d_in) in which every kind of row stands at every place: rows of several ranges, all positive,
-    all negative, fma's ties, constant (a tiny range), zero, and with a NaN or an inf (not plain)."""
-    generator = torch.Generator().manual_seed(0)
-    base = torch.randn(8, d_in, generator=generator) * torch.tensor([0.01, 1.0, 4.0, 1.0, 1.0, 1.0, 1.0, 1.0])[:, None]
-    base[3], base[4] = base[3].abs(), -base[4].abs()
-    base[5, 0::2], base[5, 1::2] = 0.5 + 2**-20, -1.5 - 2**-20
-    base[5, :2] = torch.tensor([-64.0, 63.0])[: min(2, d_in)]
-    base[6], base[7] = 0.25, 0.0
-    nan, inf = base[1].clone(), base[2].clone()
-    nan[0], inf[-1] = float("nan"), float("inf")
-    kinds = torch.cat([base, nan[None], inf[None], _fma_row(d_in)[None]])  # (11, d_in)
-    return [kinds[(torch.arange(n) + j) % len(kinds)] for j in range(len(kinds))]  # each (n, d_in)
-
-
-def _fma_row(d_in: int) -> torch.Tensor:
-    """A row (d_in,) whose values, but for the two that set its range, round to another code by fbgemm's one fma,
-    fma(x, 1 / scale, zero), than with x * (1 / scale) rounded to float32 before the zero point is added: found by
-    searching the floats around each of the row's ties (a compiled rounding whose C++ did not contract differs
-    from the readable numbers on them)."""
-    lo, hi = -50.0, 77.3
-    x_scale, zero, _ = _activation_qparams(torch.tensor([[lo, hi]]))
-    inverse, z = float((1.0 / x_scale)[0]), float(zero[0])
-    ties = torch.arange(-40, 70, dtype=torch.float64) + 0.5 - z  # (K,): where x * inverse + zero = k + 0.5
-    bits = (ties / inverse).float().view(torch.int32)[:, None] + torch.arange(-64, 65, dtype=torch.int32)  # (K, 129)
-    x = bits.view(torch.float32).flatten()  # the floats around each tie, by their last bits
-    x = x[(x > lo) & (x < hi)]
-    by_fma = torch.round((x.double() * inverse + z).float())
-    rounded_first = torch.round(x * torch.tensor(inverse) + torch.tensor(z))
-    found = x[by_fma != rounded_first]
-    fill = found.repeat(-(-d_in // max(1, len(found)))) if len(found) else torch.zeros(d_in)
-    return torch.cat([torch.tensor([lo, hi]), fill])[:d_in]
-
-
-def _per_row(
-    flat: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (N, out), plain (N,)): every row rounded with its own scale and zero point, fbgemm's arithmetic
-    step by step; the rows ``plain`` is False for are to be run alone."""
-    n = flat.shape[0]
-    centered, x_scale, plain = _round(flat)  # (R, in), (R,), (R,): R >= N rows, the padding after N
-    acc = centered.new_empty(centered.shape[0], weight_int8.shape[0], dtype=torch.int32)  # (R, out)
-    # (N, in) @ (in, out) -> int32, exact; the padded rows are never written, and their outputs are dropped
-    torch._int_mm(centered[:n], weight_int8.t(), out=acc[:n])
-    return _finish(acc, x_scale, scale, bias)[:n], plain[:n]
 
 
 def _rows_match_alone() -> bool:
@@ -305,13 +148,15 @@ class Int8Linear(nn.Module):
     Args:
         linear: the float32 ``nn.Linear`` to quantize (any layout).
         kernel: one of :data:`INT8_KERNELS` (:func:`fastest_int8_kernel` picks one by measuring).
+        prompt: where a call of more rows than a decode step's goes: ``"dequantized"`` (the kernel's own path)
+            or ``"dynamic"`` (the dynamic kernel's int8 x int8 products, each row rounded on its own).
     """
 
     weight_int8: torch.Tensor
     scale: torch.Tensor
     bias: torch.Tensor | None
 
-    def __init__(self, *, linear: nn.Linear, kernel: Int8Kernel) -> None:
+    def __init__(self, *, linear: nn.Linear, kernel: Int8Kernel, prompt: PromptPath = "dequantized") -> None:
         super().__init__()
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"Int8Linear quantizes an nn.Linear, got {type(linear).__name__}")
@@ -320,7 +165,12 @@ class Int8Linear(nn.Module):
                 f"int8 quantization starts from float32 weights, got {linear.weight.dtype}; call .float() first"
             )
         _check_kernel(kernel)
+        if prompt not in ("dequantized", "dynamic"):
+            raise ValueError(f"prompt must be 'dequantized' or 'dynamic', got {prompt!r}")
+        if prompt == "dynamic":
+            _check_kernel("dynamic")
         self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
+        self.prompt = prompt
         q, scale = quantize_rows(linear.weight)
         self.register_buffer("weight_int8", q)  # (out, in)
         self.register_buffer("scale", scale)  # (out,)
@@ -374,12 +224,8 @@ class Int8Linear(nn.Module):
         flat = x.reshape(-1, self.in_features)  # (B, T, in) -> (N, in)
         if self.kernel == "dynamic" and flat.shape[0] == 1:  # a decode step: the kernel itself, bias packed in
             out = torch.ops.quantized.linear_dynamic(flat, self.packed(), reduce_range=True)
-        elif self.kernel == "dynamic" and _rows_match_alone():
-            out, plain = _per_row(flat, self.weight_int8, self.scale, self.bias)
-            if not bool(plain.all()):
-                out[~plain] = self._alone(flat[~plain])
-        elif self.kernel == "dynamic":
-            out = self._alone(flat)
+        elif self.kernel == "dynamic" or self._prompt_int8(flat):
+            out = self._rows_int8(flat)
         elif self.kernel == "gemv" and self._loop_fits(flat):
             out = gemv(flat, self.weight_int8, self.scale, self.bias)
         elif self.kernel == "gemv":  # a prompt's rows, a large batch: the float weight a slice at a time
@@ -390,6 +236,25 @@ class Int8Linear(nn.Module):
         else:
             out = F.linear(flat, self.dequantized(), self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)  # (N, out) -> (B, T, out)
+
+    def _prompt_int8(self, flat: torch.Tensor) -> bool:
+        """Whether these rows go to the int8 x int8 products of :meth:`_rows_int8`: a prompt's (more than a
+        decode step's loop takes) where ``prompt`` says so, on the CPU, eager (a graph keeps the kernel's own
+        path: the rows' check would break it), no gradient wanted (``_int_mm`` has none)."""
+        many = flat.shape[0] > INT8_ROWS and flat.device.type == "cpu"
+        eager = not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and flat.requires_grad)
+        return self.prompt == "dynamic" and many and eager and not _transformed(flat)
+
+    def _rows_int8(self, flat: torch.Tensor) -> torch.Tensor:
+        """(N, in) -> (N, out) by the dynamic kernel's int8 x int8 products: each row rounded with its own scale
+        and zero point, bitwise what ``linear_dynamic`` gives it alone (:func:`_per_row` where it was checked to
+        be, else row by row)."""
+        if not _rows_match_alone():
+            return self._alone(flat)
+        out, plain = _per_row(flat, self.weight_int8, self.scale, self.bias)
+        if not bool(plain.all()):
+            out[~plain] = self._alone(flat[~plain])
+        return out
 
     def _dequantized_product(self, flat: torch.Tensor) -> torch.Tensor:
         """(N, in) -> (N, out): ``F.linear`` with :meth:`dequantized`'s weight, made a slice of output rows at a
@@ -410,7 +275,8 @@ class Int8Linear(nn.Module):
         return gemv_applies(flat, self.weight_int8) and not _transformed(flat)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel!r}"
+        said = f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel!r}"
+        return said + (f", prompt={self.prompt!r}" if self.prompt != "dequantized" else "")
 
 
 def int8_stream_rates(d_in: int, d_out: int, *, repeats: int = 5) -> dict[Int8Kernel, float]:
@@ -447,15 +313,18 @@ def _check_kernel(kernel: str) -> None:
 
 
 def quantize_linears(module: nn.Module, kernel: Int8Kernel | Literal["auto"] = "auto") -> dict[str, Int8Kernel]:
-    """Replace every ``nn.Linear`` inside ``module`` by an :class:`Int8Linear`, in place; the kernel each got."""
+    """Replace every ``nn.Linear`` inside ``module`` by an :class:`Int8Linear`, in place; the kernel each got.
+    "auto": each weight's one-row kernel the fastest here, and a prompt's rows by the dynamic kernel's int8 x
+    int8 products where the build has them; a named kernel: its own numbers for every call."""
     if kernel != "auto":
         _check_kernel(kernel)
+    prompt: PromptPath = "dynamic" if kernel == "auto" and "dynamic" in _built_in() else "dequantized"
     chosen: dict[str, Int8Kernel] = {}
     for name, sub in list(module.named_modules()):
         for child_name, child in list(sub.named_children()):
             if isinstance(child, nn.Linear):
                 pick = fastest_int8_kernel(child.in_features, child.out_features) if kernel == "auto" else kernel
-                setattr(sub, child_name, Int8Linear(linear=child, kernel=pick))
+                setattr(sub, child_name, Int8Linear(linear=child, kernel=pick, prompt=prompt))
                 packed.forget(child.weight)  # a copy kept for the "packed" layout goes with the layer it served
                 chosen[f"{name}.{child_name}" if name else child_name] = pick
     return chosen
