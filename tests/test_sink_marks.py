@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab import cli
 from attnlab.explain.render.view import AttentionView
 from attnlab.explain.report import explain_report
 from attnlab.explain.sink_marks import SINK_THRESHOLD, is_sink_head, sink_marks, sink_section
@@ -58,11 +59,16 @@ def test_the_sentence_report_and_its_text_carry_the_share_and_the_mark() -> None
     assert short.value is None and "at least 2 tokens" in short.text
 
 
-def test_the_sentence_report_has_the_section_after_its_weights() -> None:
+def test_the_sentence_report_has_the_section_after_its_weights(capsys: pytest.CaptureFixture[str]) -> None:
     report = explain_report("the cat sat on the mat", heads=2, figures=False)
     keys = [s.key for s in report.sections]
     assert keys.index("sinks") == keys.index("weights") + 1
-    assert len((report.sections[keys.index("sinks")].value or "").splitlines()) == 2  # one line per head
+    lines = (report.sections[keys.index("sinks")].value or "").splitlines()
+    assert [line.split(":")[0] for line in lines] == ["layer 0 head 0", "layer 0 head 1"]  # one line per head
+    assert all(line in report.to_html() for line in lines)  # the HTML report carries them
+    assert cli.main(["explain", "the cat sat on the mat"]) == 0  # and so does the terminal
+    out = capsys.readouterr().out
+    assert "Sink heads" in out and all(line in out for line in lines)
 
 
 def test_the_view_carries_each_heads_share_and_marks_the_sink_head() -> None:
