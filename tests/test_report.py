@@ -130,6 +130,7 @@ def test_reports_are_self_contained_and_escape_user_text(written: dict[str, Path
         "scores",
         "scaled",
         "weights",
+        "sinks",
         "context",
         "kv-cache",
     ]

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         heading(console, section.title)
         if section.text:
             console.print("\n".join(wrap(section.text, max(console.width, 20))), markup=False)
-        if section.key in ("tokens", "weights", "kv-cache") and section.value:
+        if section.key in ("tokens", "weights", "sinks", "kv-cache") and section.value:
             console.print(section.value, markup=False)
         for c in section.checks:
             console.print(("✓ " if c.ok else "✗ ") + c.label, markup=False)

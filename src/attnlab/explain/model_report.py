@@ -25,6 +25,7 @@ from attnlab.explain.render.view import AttentionView
 from attnlab.explain.render.view_data import MAX_VIEW_TOKENS
 from attnlab.explain.report import MAX_TOKENS, _labels
 from attnlab.explain.report_text import REPORT_TEXT
+from attnlab.explain.sink_marks import sink_section
 from attnlab.explain.tour import fmt
 from attnlab.models.gpt import GPT
 from attnlab.models.tokenizer import TextTokenizer
@@ -182,6 +183,8 @@ def model_report(
     note = characters_note(tokenizer, text, txt, characters=characters)
     scores = head_scores(model)
     sections = [_names_section(scores, txt, figures=figures)]
+    sinks = [model.config.layer_shape(i).sinks for i in range(model.config.n_layers)]  # learned, by layer type
+    sections.append(sink_section(weights, lang, sinks=sinks if any(sinks) else None, figures=figures))
     if log is not None and log.eval_step:
         sections.append(_training_section(log, txt, lang, figures=figures))
     tokens = probe(model.config.vocab_size, half=scores.half, batch=1)  # the first sequence of the scores' probe

@@ -20,6 +20,7 @@ from attnlab.explain.render.figure_output import page_figure
 from attnlab.explain.render.heatmap import head_grid, heatmap
 from attnlab.explain.render.html import Figure, Report, Section
 from attnlab.explain.report_text import REPORT_TEXT
+from attnlab.explain.sink_marks import sink_section
 from attnlab.explain.tour import LANGS, build_tour, fmt, kv_cache_steps, kv_step_lines, text_for
 from attnlab.nn.attention import Attention
 from attnlab.observe import Recorder
@@ -245,6 +246,8 @@ def _explain(
     sections.append(
         step("weights", "attn_weights = softmax(masked, dim=-1)", fmt(weights), drawn=weights, checks=checks)
     )
+    code = "attnlab.explain.sinks.first_token_share(attn_weights)"  # each head's share on token 0, marked
+    sections.append(sink_section(weights[None], lang, causal=causal, figures=draw, code=code))  # (1, H, T, T)
     if dropout > 0:
         dropped = get("dropped_weights")
         visible = weights > 0

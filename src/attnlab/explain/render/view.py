@@ -41,6 +41,7 @@ import torch
 
 from attnlab.explain.render.view_data import THUMB, ViewData
 from attnlab.explain.render.view_page import _CSS, _SCRIPT, COLOURS, VIEW_TEXT
+from attnlab.explain.sink_marks import SINK_THRESHOLD, cell_marks, is_sink_head
 from attnlab.models.graphemes import visible
 
 # a token's control characters, shown: a newline or tab would break its row, the rest are unreadable
@@ -150,6 +151,8 @@ class AttentionView:
     _id: str = field(default="", init=False, repr=False)
     _packed: dict[str, object] = field(default_factory=dict, init=False, repr=False)
     _sink_steps: str = field(default="", init=False, repr=False)  # (L, H, T) uint8 steps of 1/255, base64
+    first_token: list[list[float]] | None = field(default=None, init=False)  # (L, H) shares; None when T = 1
+    learned_share: list[list[float]] | None = field(default=None, init=False)  # (L, H) with sinks, else None
 
     def __post_init__(self) -> None:
         if self.lang not in VIEW_TEXT:
@@ -186,6 +189,9 @@ class AttentionView:
         if self.sinks:
             steps = torch.stack(built._sink_steps).contiguous()  # (L, H, T)
             self._sink_steps = base64.b64encode(steps.numpy().tobytes()).decode("ascii")
+        if t >= 2:  # each head's first-token share (explain.sinks), and with sinks the learned sink's, apart
+            self.first_token = built.first_token
+            self.learned_share = built.learned if self.sinks else None
         self._built = None  # the view keeps its page's data, not the builder's
         # its script finds its root by this id, wherever a notebook runs the script (jQuery moves it to <head>)
         self._id = f"attnview-{secrets.token_hex(6)}"
@@ -212,6 +218,9 @@ class AttentionView:
             "held": None if self.held is None else self.held.int().tolist(),
             "windows": self.windows,
             "sinks": self._sink_steps if self.sinks else None,
+            "first_token": self.first_token,  # (L, H): each head's first-token share; None for one token
+            "learned_share": self.learned_share,  # (L, H): the learned sink's share, named apart; None without
+            "sink_heads": self._sink_heads(),  # (L, H) 0/1: over explain's threshold (sink_marks.is_sink_head)
             **self._packed,
         }
         kind = [f" · {k}" for k in self.kinds] if self.kinds else [""] * layers
@@ -222,6 +231,7 @@ class AttentionView:
             f'<span class="swatch" style="background:{COLOURS[h % len(COLOURS)]}"></span>{h}</label>'
             for h in range(heads)
         )
+        hint = txt["model_hint"].replace("{threshold}", f"{SINK_THRESHOLD.value:.2f}")  # the marks' threshold
         kinds_line = ""
         if self.kinds and len(set(self.kinds)) > 1:  # the layers differ: say how, once
             listed = ", ".join(f"{i} {k}" for i, k in enumerate(self.kinds))
@@ -231,10 +241,14 @@ class AttentionView:
             for head in range(heads):
                 label = txt["head"].format(layer=layer, head=head)
                 name = self.names[layer][head] if self.names else ""
+                marks = self._marks(layer, head, txt)
+                sunk = " sinkhead" if self.first_token and is_sink_head(self.first_token[layer][head]) else ""
                 cells.append(
-                    f'<div class="cell" tabindex="0" role="button" data-layer="{layer}" data-head="{head}" '
-                    f'title="{e(label + kind[layer])}" aria-label="{e(label + kind[layer] + " " + name)}"><canvas></canvas>'
-                    f'<span class="name">{e(label)}</span><span class="name">{e(name)}</span></div>'
+                    f'<div class="cell{sunk}" tabindex="0" role="button" data-layer="{layer}" data-head="{head}" '
+                    f'title="{e(label + kind[layer])}" aria-label="{e(" ".join(x for x in [label + kind[layer], name, *marks] if x))}">'
+                    f'<canvas></canvas><span class="name">{e(label)}</span><span class="name">{e(name)}</span>'
+                    + "".join(f'<span class="name mark">{e(m)}</span>' for m in marks)
+                    + "</div>"
                 )
         return (
             f'<div class="attnview" id="{self._id}" lang="{e(self.lang)}" tabindex="0"><style>{_CSS}</style>'
@@ -247,11 +261,23 @@ class AttentionView:
             f'<div class="pane"><div class="columns"><div class="col q" aria-label="{e(txt["queries"])}"></div>'
             f'<div class="gap"></div><div class="col k" aria-label="{e(txt["keys"])}"></div>'
             '<canvas class="lines"></canvas></div></div><div class="status"></div></div>'
-            f'<div class="modelview"><h3>{e(txt["model_view"])}</h3><p class="hint">{e(txt["model_hint"])}</p>'
+            f'<div class="modelview"><h3>{e(txt["model_view"])}</h3><p class="hint">{e(hint)}</p>'
             f"{kinds_line}"
             f'<div class="grid" style="grid-template-columns: repeat({heads}, 86px)">{"".join(cells)}</div></div>'
             f"<script>{_SCRIPT.replace('__ROOT__', self._id)}</script></div>"
         )
+
+    def _sink_heads(self) -> list[list[int]] | None:
+        if self.first_token is None:
+            return None
+        return [[int(is_sink_head(share)) for share in row] for row in self.first_token]
+
+    def _marks(self, layer: int, head: int, txt: dict[str, str]) -> list[str]:
+        """A head's marks under its pattern (:func:`cell_marks`); none for a text of one token."""
+        if self.first_token is None:
+            return []
+        learned = None if self.learned_share is None else self.learned_share[layer][head]
+        return cell_marks(self.first_token[layer][head], learned, txt)
 
     def to_html(self) -> str:
         """A whole page holding the view alone."""

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from attnlab.explain.sinks.measures import first_token_share, learned_sink_share
+
 MAX_VIEW_TOKENS = 1024  # the head view scrolls; past this the page grows past what a browser draws at ease
 MAX_VIEW_BYTES = 32 * 2**20  # bytes of weights in one page, before base64; past it a browser takes seconds to open it
 THUMB = 128  # the model view draws each head in at most this many pixels a side (max over each block of weights)
@@ -62,6 +64,8 @@ class ViewData:
         self.causal = True  # nothing above any diagonal so far
         self.rows_past_one = False  # some row sums past 1: no sink's share explains that
         self._sink_steps: list[torch.Tensor] = []  # per layer (H, T) uint8: 1 minus each row's sum
+        self.first_token: list[list[float]] = []  # per layer (H,): each head's first-token share (T >= 2)
+        self.learned: list[list[float]] = []  # per layer (H,): the share a learned sink took (~0 without one)
         # Every step goes in the page when it fits MAX_VIEW_BYTES (of a causal view the lower triangles alone);
         # past that, each row's keys the head view draws. Settled now when the size does, else at view().
         self._sparse = self._dense_bytes(causal=True) > MAX_VIEW_BYTES
@@ -103,6 +107,9 @@ class ViewData:
             raise ValueError("weights must be finite and non-negative (attention weights, each row a distribution)")
         self.rows_past_one |= bool((sums > 1 + 1e-4).any())
         self._sink_steps.append(((1 - sums).clamp(0, 1) * 255).round().to(torch.uint8))
+        if t >= 2:  # the measures of explain.sinks, on the weights as given (the view's marks)
+            self.first_token.append(first_token_share(w).tolist())  # (H,)
+            self.learned.append(learned_sink_share((1 - sums).clamp(0, 1)).tolist())  # (H, T) -> (H,)
         steps = torch.empty(heads, t, t, dtype=torch.uint8)
         for n, pattern in enumerate(w):  # (T, T), one at a time through the scratch buffer
             self.causal &= not bool(torch.triu(pattern, 1, out=self._scratch).any())

@@ -13,13 +13,17 @@ VIEW_TEXT = {
         "queries": "queries",
         "keys": "keys",
         "hint": "Hover or tap a query token to see where it looks; ↑ ↓ move it, ← → change the layer.",
-        "model_hint": "Every layer × head; click one (or focus it and press Enter) to open it above.",
+        "model_hint": "Every layer × head; click one (or focus it and press Enter) to open it above. Under each, its "
+        "first-token share on this text; a head above {threshold} is marked a sink head (outlined in red).",
         "head": "L{layer} H{head}",
         "focus": "query {i}: {token}",
         "weight": "{key}: {w}",
         "held": "the {cache} cache holds {n} of {t} keys in this layer (the rest struck out)",
         "sink": "the learned sinks take {p} of this row",
         "kinds": "Each layer's kind: {kinds}. A sliding layer's window is outlined on its patterns.",
+        "first_token": "first token {share}",
+        "sink_head": "sink head",
+        "learned_share": "learned sink {share}",
     },
     "zh": {
         "head_view": "注意力头视图",
@@ -32,13 +36,17 @@ VIEW_TEXT = {
         "queries": "查询",
         "keys": "键",
         "hint": "把鼠标移到（或点一下）左列的查询 Token，看它关注哪里；↑ ↓ 换 Token，← → 换层。",
-        "model_hint": "每一层 × 每个头；点一个（或选中后按回车）在上方打开。",
+        "model_hint": "每一层 × 每个头；点一个（或选中后按回车）在上方打开。每个下面是它在这段文本上的首个 Token 份额；"
+        "高于 {threshold} 的头标为汇聚头 (红框)。",
         "head": "第{layer}层 头{head}",
         "focus": "查询 {i}：{token}",
         "weight": "{key}：{w}",
         "held": "{cache} 缓存在这一层保留了 {t} 个键中的 {n} 个（其余划掉）",
         "sink": "可学习的注意力汇聚点 (sink) 拿走这一行的 {p}",
         "kinds": "每层的种类：{kinds}。滑动窗口层的窗口在它的图案上用框线标出。",
+        "first_token": "首个 Token {share}",
+        "sink_head": "汇聚头",
+        "learned_share": "可学习汇聚点 {share}",
     },
 }
 
@@ -68,6 +76,8 @@ _CSS = """
 .attnview .cell { cursor: pointer; text-align: center; font-size: 11px; border: 1px solid transparent; border-radius: 4px; }
 .attnview .cell:focus, .attnview .cell.open { border-color: #1a73e8; outline: none; }
 .attnview .cell canvas { width: 72px; height: 72px; image-rendering: pixelated; border: 1px solid #dadce0; }
+.attnview .cell.sinkhead canvas { border-color: #c5221f; }
+.attnview .cell.sinkhead .mark { color: #c5221f; }
 .attnview .cell .name { display: block; max-width: 84px; margin: 0 auto; white-space: nowrap; overflow: hidden;
                         text-overflow: ellipsis; color: #5f6368; }
 """
