@@ -94,8 +94,9 @@ def _hf(folder: Path, precision: str) -> tuple[Generate, Said]:
 
 
 def _attnlab(folder: Path, precision: str, batch: int) -> tuple[Generate, Said]:
-    """ "float32": ``GPT.from_pretrained(dir).generate(...)`` and nothing else, as a user gets it; the others
-    with the tuning calls their names say."""
+    """ "float32": ``GPT.from_pretrained(dir).generate(...)`` and nothing else, as a user gets it (the weights
+    laid out and compile chosen as this machine measured: attnlab.models.generation.tuned); "float32 rows": the
+    default before that (``set_layout("rows")``, eager); the others with the tuning calls their names say."""
     import torch
 
     from attnlab.models import GPT
@@ -110,7 +111,10 @@ def _attnlab(folder: Path, precision: str, batch: int) -> tuple[Generate, Said]:
         model.quantize("int8", kernel="dynamic" if batch > 1 else "gemv" if variant == "compiled" else "auto")
     if variant in ("layout-auto", "compiled") and base != "int8":
         model.set_layout("auto")
+    if variant == "rows":  # the default before issue 58: nn.Linear's own layout, eager
+        model.set_layout("rows")
     compiled = variant == "compiled"
+    chooses = variant == ""  # the plain row leaves compile to the default path; the others name it
     way = "generate" if variant == "static" else "generate_many"
     after = (", torch.compile" if compiled else "") + (f", {way} of {batch}" if batch > 1 else "")
 
@@ -122,7 +126,8 @@ def _attnlab(folder: Path, precision: str, batch: int) -> tuple[Generate, Said]:
             if batch > 1:  # continuous batching: every prompt in one slot, over paged blocks
                 return model.generate_many(prompts, new, slots=batch)
             (prompt,) = prompts
-            out = model.generate(torch.tensor([prompt]), new, compile=compiled)
+            idx = torch.tensor([prompt])
+            out = model.generate(idx, new) if chooses else model.generate(idx, new, compile=compiled)
         return [[int(t) for t in out[0, len(prompt) :]]]
 
     return run_attnlab, lambda: said_kernels(model) + after

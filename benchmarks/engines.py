@@ -61,6 +61,7 @@ ROWS: list[tuple[str, str]] = [
     ("hf", "float32"),
     ("hf", "bfloat16"),
     ("attnlab", "float32"),  # GPT.from_pretrained(dir).generate(...): as a user gets it
+    ("attnlab", "float32 rows"),  # set_layout("rows"), eager: the default before issue 58, beside it in one run
     ("attnlab", "float32 layout-auto"),  # set_layout("auto"): each weight in the layout this machine streams fastest
     ("attnlab", "float32 compiled"),  # layout auto, then generate(compile=True): the decode step under torch.compile
     ("attnlab", "bfloat16"),
