@@ -278,3 +278,36 @@ def test_the_first_generate_section_is_what_the_script_renders_from_its_result_f
     assert runs, "no result file of benchmarks/first_generate.py in benchmarks/results/"
     for run in runs:
         assert script.render(json.loads(run.read_text(encoding="utf-8"))) in text, f"docs do not quote {run.name}"
+
+
+def test_a_kept_compile_entry_missing_its_figures_is_measured_again(store: dict[str, int]) -> None:
+    model = small()
+    model.generate(IDX, 2)
+    assert store["compile"] == 1
+    path = measured.store_file()
+    data = json.loads(path.read_text())
+    (key,) = data["entries"]["compile"]
+    data["entries"]["compile"][key] = {"wins": True, "why": "an older attnlab's entry"}  # no seconds to read
+    path.write_text(json.dumps(data))
+    small().generate(IDX, 2)
+    assert store["compile"] == 2
+
+
+def test_a_batch_repays_a_compile_by_its_steps_not_its_rows(
+    store: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every row of a batch decodes in the same step: 4 rows of 3,000 tokens save what one row saves."""
+    entry = {"wins": True, "why": "1.50x", "eager_s": 0.003, "compiled_s": 0.002, "compile_s": 5.0}
+    monkeypatch.setattr(tuned, "_measure", lambda m: entry)
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=96, context_length=4096, emb_dim=32, n_heads=4, n_layers=1, drop_rate=0.0)
+    model = GPT(config).eval()
+    rows = torch.cat([IDX] * 4)
+    assert tuned.settle(model, request_for(model, rows, 3000, {}), compile_named=False).compile is None
+
+
+def test_a_context_too_short_to_time_says_so() -> None:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=96, context_length=10, emb_dim=32, n_heads=4, n_layers=1, drop_rate=0.0)
+    got = tuned._measure(GPT(config).eval())
+    assert got == {"wins": False, "why": "a context of 10 tokens is too short to time a decode"}

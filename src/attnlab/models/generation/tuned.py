@@ -74,6 +74,8 @@ def settle(model: Any, request: Request, *, compile_named: bool) -> Request:
         return _noted(model, request, layouts, f"eager: {why_not}")
     key = _signature(model)
     kept = measured.recall("compile", key)
+    if kept is not None and not _whole(kept):
+        kept = None  # an entry of another shape (an older attnlab, a hand edit): measured again
     if kept is None and not measured.measuring():
         return _noted(model, request, layouts, f"eager: nothing measured and {measured.ENV_MEASURE}=0")
     if kept is not None and not kept["wins"]:
@@ -87,8 +89,8 @@ def settle(model: Any, request: Request, *, compile_named: bool) -> Request:
         measured.remember("compile", key, kept)
         if not kept["wins"]:
             return _noted(model, request, layouts, f"eager: {kept['why']}")
-    saving = kept["eager_s"] - kept["compiled_s"]  # seconds a token
-    repaid = request.stop.max_new_tokens * len(request.prompts) * saving
+    saving = kept["eager_s"] - kept["compiled_s"]  # seconds a step, which decodes every row of the batch
+    repaid = request.stop.max_new_tokens * saving
     if model not in _COMPILED_MODELS and repaid < kept["compile_s"]:
         tokens = int(kept["compile_s"] / saving) + 1
         return _noted(
@@ -101,6 +103,14 @@ def settle(model: Any, request: Request, *, compile_named: bool) -> Request:
     _COMPILED_MODELS.add(model)
     why = f"compiled: {kept['eager_s'] / kept['compiled_s']:.2f}x the eager step here ({kept['why']})"
     return _noted(model, replace(request, compile="inductor"), layouts, why, compiled=True)
+
+
+def _whole(kept: dict[str, Any]) -> bool:
+    """Whether a kept compile entry has what the choice reads: a verdict and, where it won, its seconds."""
+    if not isinstance(kept.get("wins"), bool) or not isinstance(kept.get("why"), str):
+        return False
+    numbers = ("eager_s", "compiled_s", "compile_s")
+    return not kept["wins"] or all(isinstance(kept.get(n), float) and kept[n] >= 0 for n in numbers)
 
 
 def _noted(model: Any, request: Request, layouts: dict[str, int], why: str, *, compiled: bool = False) -> Request:
@@ -148,9 +158,14 @@ def _measure(model: Any) -> dict[str, Any]:
     """Eager against compiled decodes of :data:`PROBE_TOKENS` tokens, taking turns :data:`REPEATS` times after the
     compile; the compile's own seconds (the first here, and again with Inductor's caches warm, as a later process
     compiles); and whether both drew the same greedy tokens."""
-    vocab = model.config.vocab_size
+    vocab, new = model.config.vocab_size, min(PROBE_TOKENS, model.config.context_length - 8)
+    if new < 4:
+        return {
+            "wins": False,
+            "why": f"a context of {model.config.context_length} tokens is too short to time a decode",
+        }
     prompt = [(7919 * i + 11) % vocab for i in range(8)]
-    eager = Request(prompts=[prompt], stop=Stop(max_new_tokens=PROBE_TOKENS))
+    eager = Request(prompts=[prompt], stop=Stop(max_new_tokens=new))
     compiled = replace(eager, compile="inductor")
     start = time.perf_counter()
     try:
@@ -169,13 +184,13 @@ def _measure(model: Any) -> dict[str, Any]:
         for name, request in (("eager", eager), ("compiled", compiled)):
             start = time.perf_counter()
             _tokens(model, request)
-            times[name].append((time.perf_counter() - start) / PROBE_TOKENS)
+            times[name].append((time.perf_counter() - start) / new)
     eager_s, compiled_s = (statistics.median(times[name]) for name in ("eager", "compiled"))
     every = all(c < e for c, e in zip(times["compiled"], times["eager"], strict=True))
     wins = compiled_s * (1 + MARGIN) < eager_s and every
     why = f"{eager_s / compiled_s:.2f}x the eager step, {'' if wins else 'not '}a win by {MARGIN:.0%} in every repeat"
     entry = {"eager_s": eager_s, "compiled_s": compiled_s, "times": times, "wins": wins, "why": why}
-    return {**entry, "compile_s": max(0.0, warm - PROBE_TOKENS * compiled_s), "first_compile_s": cold}
+    return {**entry, "compile_s": max(0.0, warm - new * compiled_s), "first_compile_s": cold}
 
 
 @torch.no_grad()
