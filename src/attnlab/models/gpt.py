@@ -237,8 +237,8 @@ class GPT(nn.Module):
         """Store every linear weight, the vocabulary projection's too, as int8 with one scale per output channel
         (:mod:`attnlab.linear.quantized`), in place; the embeddings and norms stay float32. ``kernel``: "auto"
         (the fastest here for one row, a decode step, measured once per weight shape), "gemv", "dynamic",
-        "int8pack" or "dequantize". "auto" serves one prompt; for many prompts at once (``generate_many``),
-        "dynamic"'s int8 x int8 products run faster. For decoding on the CPU; a quantized model is not saved
+        "int8pack" or "dequantize". Under "auto" a prompt's rows take "dynamic"'s int8 x int8 products; for many
+        prompts at once (``generate_many``) name "dynamic". For decoding on the CPU; a quantized model is not saved
         (save the float one and quantize after loading).
         Returns the kernel each weight got."""
         from attnlab.linear.quantized import INT8_KERNELS, Int8Kernel, quantize_linears
