@@ -343,7 +343,7 @@ def test_a_book_checkpoint_generates_and_explains_from_the_command_line(
     explain = ["explain", "Your journey", "--model", str(tmp_path / "gpt.pth"), "--tokenizer", str(hf_dir)]
     assert cli.main([*explain, "--html", str(page)]) == 0
     shown = page.read_text(encoding="utf-8")
-    assert shown.count('<section class="step') == 4  # heads named, the interactive view, the probe, the text
+    assert shown.count('<section class="step') == 5  # heads named, the interactive view, the sinks, the probe, the text
     assert shown.count('class="attnview"') == 1
 
 
