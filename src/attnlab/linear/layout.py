@@ -107,12 +107,12 @@ def measured_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32
     otherwise. Kept on disk per machine and version (:mod:`attnlab.measured`); measured where nothing is kept,
     or what is kept is not offered here any more; "rows" where measuring is off (``ATTNLAB_MEASURE=0``)."""
     key = _key(d_in, d_out, dtype)
-    layouts = [layout for layout in ONE_COPY if offered(layout, dtype)]
     kept = measured.recall("layout", key)
-    if kept is not None and kept.get("choice") in layouts:
-        return kept["choice"]
+    if kept is not None and kept.get("choice") in ONE_COPY and offered(kept["choice"], dtype):
+        return kept["choice"]  # (a loop's toolchain probed only where the loop was chosen)
     if not measured.measuring():
         return "rows"
+    layouts = [layout for layout in ONE_COPY if offered(layout, dtype)]
     rates = stream_passes(d_in, d_out, dtype, layouts, REPEATS)
     choice = margin_winner(rates)
     measured.remember("layout", key, {"choice": choice, "gb_s": rates, "margin": MARGIN})
