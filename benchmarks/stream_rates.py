@@ -11,7 +11,7 @@ as a decode step meets them:
 - float32, bfloat16 and float16 in both layouts (``attnlab.linear.layout.stream_rates``,
   what ``GPT.set_layout("auto")`` chooses by);
 - int8 through each kernel this PyTorch build has
-  (``attnlab.linear.quantized.int8_stream_rates``, what ``GPT.quantize("int8")``
+  (``attnlab.linear.int8_choice.int8_stream_rates``, what ``GPT.quantize("int8")``
   chooses by);
 - the "prefetch" layout's loop asking for nothing ahead (``ahead=0``) beside
   the same loop as the layout runs it, their passes taking turns: what the
@@ -40,9 +40,9 @@ import torch
 from _runs import exit_with, finish, render_saved
 from _timing import NOISY
 from attnlab.linear import prefetch
+from attnlab.linear.int8_choice import int8_stream_rates
 from attnlab.linear.layout import stream_rates
 from attnlab.linear.probe import interleaved_seconds, last_level_cache_bytes, stream_bytes, stream_copies
-from attnlab.linear.quantized import int8_stream_rates
 
 GPT2_SMALL = ((768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 50257))  # (d_in, d_out)
 FLOATS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -13,9 +13,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from attnlab.linear import quantized
+from attnlab.linear import int8_choice
 from attnlab.linear.gemv import INT8_ROWS
-from attnlab.linear.quantized import Int8Linear, available_kernels, quantize_linears
+from attnlab.linear.int8_choice import quantize_linears
+from attnlab.linear.quantized import Int8Linear, available_kernels
 from attnlab.models import GPT
 from conftest import small
 
@@ -83,7 +84,7 @@ def test_auto_gives_every_weight_the_int8_prompt_and_a_named_kernel_its_own(monk
     """A prefill through a model quantized by "auto" runs one int8 x int8 product per block linear (the head
     reads the last row alone); its decode steps run none. A named kernel's prefill runs none."""
     needs_dynamic()
-    monkeypatch.setattr(quantized, "fastest_int8_kernel", lambda d_in, d_out: "dequantize")  # the one-row choice
+    monkeypatch.setattr(int8_choice, "fastest_int8_kernel", lambda d_in, d_out: "dequantize")  # the one-row choice
     idx = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(2))
     auto, named = GPT(small()).eval(), GPT(small()).eval()
     quantize_linears(auto)

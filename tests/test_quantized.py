@@ -12,8 +12,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnlab.linear import int8_rows, quantized
-from attnlab.linear.quantized import Int8Linear, available_kernels, quantize_linears, quantize_rows
+from attnlab import measured
+from attnlab.linear import int8_choice, int8_rows, quantized
+from attnlab.linear.int8_choice import quantize_linears
+from attnlab.linear.quantized import Int8Linear, available_kernels, quantize_rows
 from attnlab.models import GPT, GPTConfig
 from conftest import small
 
@@ -421,10 +423,10 @@ def test_auto_picks_the_kernel_its_probe_measured_fastest_for_each_shape(monkeyp
         slow = [k for k in available_kernels() if k != best]
         return {slow[0]: 2.0, best: 9.0, **{k: 1.0 for k in slow[1:]}}
 
-    monkeypatch.setattr(quantized, "int8_stream_rates", rates)
-    monkeypatch.setattr(quantized, "_CHOSEN", {})
-    assert quantized.fastest_int8_kernel(64, 256) == "int8pack"
-    assert quantized.fastest_int8_kernel(256, 64) == "dequantize"
+    monkeypatch.setattr(int8_choice, "int8_stream_rates", rates)
+    monkeypatch.setattr(int8_choice, "_CHOSEN", {})
+    assert int8_choice.fastest_int8_kernel(64, 256) == "int8pack"
+    assert int8_choice.fastest_int8_kernel(256, 64) == "dequantize"
     torch.manual_seed(0)
     model = GPT(small()).eval()  # qkv 64 -> 128, out_proj 64 -> 64, ff 64 -> 256 -> 64, out_head 64 -> 256
     chosen = quantize_linears(model, "auto")
@@ -447,3 +449,24 @@ def test_rows_of_fewer_than_3_values_take_the_readable_rounding() -> None:
     assert int8_rows._round(two)[0].shape == (5, 2)
     assert int8_rows._round(three)[0].shape == (8, 3)  # padded to the kernel of 8 rows
     assert int8_rows._same_rounding(rounded(three), int8_rows._rounded_rows(three))
+
+
+def test_auto_keeps_its_choice_on_disk_and_a_new_process_measures_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new process (the in-process choices forgotten) reads the kept kernel and times nothing; a kept kernel this
+    build cannot run is measured again. (The suite's ATTNLAB_CACHE is a temporary folder, conftest.py.)"""
+    timed: list[tuple[int, int]] = []
+
+    def rates(d_in: int, d_out: int) -> dict[str, float]:
+        timed.append((d_in, d_out))
+        return {"dequantize": 9.0, **{k: 1.0 for k in available_kernels() if k != "dequantize"}}
+
+    monkeypatch.setattr(int8_choice, "int8_stream_rates", rates)
+    monkeypatch.setattr(int8_choice, "_CHOSEN", {})
+    assert int8_choice.fastest_int8_kernel(48, 80) == "dequantize" and timed == [(48, 80)]
+    assert measured.recall("int8", "48x80") == {"kernel": "dequantize", "gb_s": rates(48, 80)}
+    timed.clear()
+    monkeypatch.setattr(int8_choice, "_CHOSEN", {})  # a new process
+    assert int8_choice.fastest_int8_kernel(48, 80) == "dequantize" and timed == []
+    measured.remember("int8", "48x80", {"kernel": "a kernel gone from this build"})
+    monkeypatch.setattr(int8_choice, "_CHOSEN", {})
+    assert int8_choice.fastest_int8_kernel(48, 80) == "dequantize" and timed == [(48, 80)]

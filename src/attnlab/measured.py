@@ -17,7 +17,9 @@ no longer use (a kernel whose toolchain went away) is measured again by that
 caller.
 
 ``ATTNLAB_MEASURE=0`` skips measuring: what is kept is still used, nothing new
-is timed (the plain defaults stand in for it). Each write is atomic (a
+is timed (the plain defaults stand in for it). It governs what ``generate`` decides on its own; an
+explicit ``quantize("int8")``, which asks for the fastest kernel, times them where
+nothing is kept (:mod:`attnlab.linear.int8_choice`). Each write is atomic (a
 temporary file in the folder, then ``os.replace``), merged with the file as it
 is just before: an interrupted write leaves the last whole file. A folder that
 cannot be written costs a measurement in the next process, never the call.

@@ -6,8 +6,8 @@ Quantization is symmetric per output channel (row ``o`` of ``W`` (out, in)):
 ``scale[o] = max |W[o]| / 127`` and ``W_int8 = round(W / scale)``, so each
 weight is off by at most half a step of its own row.
 
-Four kernels multiply by it; :func:`fastest_int8_kernel` times them on this
-machine and picks one per weight shape:
+Four kernels multiply by it; :func:`attnlab.linear.int8_choice.fastest_int8_kernel`
+times them on this machine and picks one per weight shape:
 
 * ``"dequantize"``: ``F.linear(x, W_int8 * scale)``, the readable path: exactly
   weight-only, and slow (it re-forms the float weight every call);
@@ -53,25 +53,20 @@ Shapes: B = batch, T = tokens, N = rows (B*T), in / out = the weight's features.
 from __future__ import annotations
 
 import warnings
-from functools import partial
 from typing import Literal
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnlab.linear import packed
 from attnlab.linear.gemv import INT8_ROWS, gemv, gemv_applies, why_no_gemv
 from attnlab.linear.int8_rows import _fma_row, _per_row
-from attnlab.linear.probe import pass_seconds
 from attnlab.linear.products import _transformed, onednn_linear
 
 Int8Kernel = Literal["dynamic", "int8pack", "gemv", "dequantize"]
 INT8_KERNELS: tuple[Int8Kernel, ...] = ("dynamic", "int8pack", "gemv", "dequantize")
 PromptPath = Literal["dequantized", "dynamic"]  # a prompt's rows: the kernel's own path, or int8 x int8 products
-_CHOSEN: dict[tuple[int, int], Int8Kernel] = {}
 SLICE_BYTES = 8 * 2**20  # the gemv kernel's float slice of a weight, for many rows
-STREAM_BYTES = 128 * 2**20  # int8 weights that together exceed the caches, as a decode step meets them
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,30 +274,6 @@ class Int8Linear(nn.Module):
         return said + (f", prompt={self.prompt!r}" if self.prompt != "dequantized" else "")
 
 
-def int8_stream_rates(d_in: int, d_out: int, *, repeats: int = 5) -> dict[Int8Kernel, float]:
-    """GB/s of int8 weight each available kernel streams for one float32 vector through (d_out, d_in) weights:
-    the median of ``repeats`` passes over copies that together exceed the caches (at most 32 copies)."""
-    size = d_in * d_out
-    copies = min(32, max(1, -(-STREAM_BYTES // size)))
-    x = torch.randn(1, d_in)
-    rates: dict[Int8Kernel, float] = {}
-    with torch.no_grad():
-        for kernel in available_kernels():
-            layers = [Int8Linear(linear=nn.Linear(d_in, d_out, bias=False), kernel=kernel) for _ in range(copies)]
-            rates[kernel] = copies * size / pass_seconds([partial(m, x) for m in layers], repeats) / 1e9
-            del layers
-    return rates
-
-
-def fastest_int8_kernel(d_in: int, d_out: int) -> Int8Kernel:
-    """The kernel that streams a (d_out, d_in) int8 weight fastest here, measured once per shape and kept."""
-    key = (d_in, d_out)
-    if key not in _CHOSEN:
-        rates = int8_stream_rates(d_in, d_out)
-        _CHOSEN[key] = max(rates, key=rates.__getitem__)
-    return _CHOSEN[key]
-
-
 def _check_kernel(kernel: str) -> None:
     """Refuse a kernel this PyTorch build or machine lacks, naming what it has (and why "gemv" cannot run)."""
     if kernel == "gemv":
@@ -310,21 +281,3 @@ def _check_kernel(kernel: str) -> None:
             raise RuntimeError(f"the 'gemv' kernel cannot run here: {why_no_gemv()}; use kernel='auto'")
     elif kernel not in (*_built_in(), "dequantize"):  # without compiling gemv's probe, unless refusing
         raise ValueError(f"kernel must be one of {available_kernels()} in this PyTorch build, got {kernel!r}")
-
-
-def quantize_linears(module: nn.Module, kernel: Int8Kernel | Literal["auto"] = "auto") -> dict[str, Int8Kernel]:
-    """Replace every ``nn.Linear`` inside ``module`` by an :class:`Int8Linear`, in place; the kernel each got.
-    "auto": each weight's one-row kernel the fastest here, and a prompt's rows by the dynamic kernel's int8 x
-    int8 products where the build has them; a named kernel: its own numbers for every call."""
-    if kernel != "auto":
-        _check_kernel(kernel)
-    prompt: PromptPath = "dynamic" if kernel == "auto" and "dynamic" in _built_in() else "dequantized"
-    chosen: dict[str, Int8Kernel] = {}
-    for name, sub in list(module.named_modules()):
-        for child_name, child in list(sub.named_children()):
-            if isinstance(child, nn.Linear):
-                pick = fastest_int8_kernel(child.in_features, child.out_features) if kernel == "auto" else kernel
-                setattr(sub, child_name, Int8Linear(linear=child, kernel=pick, prompt=prompt))
-                packed.forget(child.weight)  # a copy kept for the "packed" layout goes with the layer it served
-                chosen[f"{name}.{child_name}" if name else child_name] = pick
-    return chosen

@@ -241,7 +241,7 @@ class GPT(nn.Module):
         prompts at once (``generate_many``) name "dynamic". For decoding on the CPU; a quantized model is not saved
         (save the float one and quantize after loading).
         Returns the kernel each weight got."""
-        from attnlab.linear.quantized import INT8_KERNELS, Int8Kernel, quantize_linears
+        from attnlab.linear.int8_choice import INT8_KERNELS, Int8Kernel, quantize_linears
 
         if kind != "int8":
             raise ValueError(f"kind must be 'int8' (weight-only, per output channel), got {kind!r}")
