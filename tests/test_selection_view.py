@@ -9,6 +9,8 @@ diagonal); a model with no sparse layer is told so. The page is drawn in headles
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -186,3 +188,30 @@ def test_the_report_and_the_view_carry_the_choice() -> None:
     assert "选择：稀疏注意力的每个查询读了哪些键" in [s.title for s in zh.sections]
     page = attention_view(model, tok, TEXT).to_fragment()
     assert page.count('class="selview"') == 1 and "selview-data" in page
+
+
+@pytest.mark.slow  # transformers' config module imported, a V4 model built: the second stage
+@torch.no_grad()
+def test_a_deepseek_v4_models_report_and_view_show_its_compressed_sparse_layers() -> None:
+    """A V4 model (transformers' small config of test_deepseek_v4_family, random weights): its report names the two
+    compressed-sparse layers' choice (the sliding and heavily compressed layers choose nothing), its view holds the
+    panel, and GPT.attention_weights gives every layer on its tokens (rows short of 1 by the entries and sinks)."""
+    from transformers import DeepseekV4Config
+
+    import test_deepseek_v4_family as family
+    from attnlab.models.families import config_from_hf
+
+    config = config_from_hf(DeepseekV4Config(**(family.CONFIG | {"vocab_size": 256})).to_dict(), Path("."))
+    torch.manual_seed(0)
+    model, tok, text = GPT(config).eval(), ByteTokenizer(), "abcdefghijklmnopqrst"
+    report = model_report(model, tok, text, name="v4", figures=False)
+    (section,) = [s for s in report.sections if s.key == "selection"]
+    assert section.value is not None
+    assert [line.split(" (")[0] for line in section.value.splitlines() if line.startswith("layer")] == [
+        "layer 1",
+        "layer 3",
+    ]
+    assert "entry 4: 12–19" in section.value  # query 19 sees entries 0..4, entry 4 pooling blocks 3 and 4
+    weights = model.attention_weights(torch.tensor([tok.encode(text)]))
+    assert tuple(weights.shape) == (4, 1, 4, 20, 20) and bool((weights.sum(-1) <= 1 + 1e-5).all())
+    assert 'class="selview"' in attention_view(model, tok, text).to_fragment()

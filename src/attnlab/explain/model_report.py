@@ -190,7 +190,8 @@ def model_report(
     sinks = [model.config.layer_shape(i).sinks for i in range(model.config.n_layers)]  # learned, by layer type
     sections.append(sink_section(weights, lang, sinks=sinks if any(sinks) else None, figures=figures))
     if selecting_layers(model):  # a sparse layer's choice beside the dense attention it replaced
-        sections.append(selection_section(model, tokenizer, text, lang=lang, query=query, figures=figures))
+        panel = figures and characters  # the view carries the panel, except by character (the choice is by token)
+        sections.append(selection_section(model, tokenizer, text, lang=lang, query=query, figures=panel))
     if log is not None and log.eval_step:
         sections.append(_training_section(log, txt, lang, figures=figures))
     tokens = probe(model.config.vocab_size, half=scores.half, batch=1)  # the first sequence of the scores' probe

@@ -102,7 +102,8 @@ _SCRIPT = r"""
       var tr = document.createElement("tr");
       tr.className = isChosen ? "chosen" : isRead ? "window" : "skipped";
       tr.setAttribute("data-col", String(c));
-      var label = document.createElement("td"); label.textContent = l.columns[c];
+      var label = document.createElement("td");
+      label.textContent = c < l.read.length ? c + " " + l.columns[c] : l.columns[c];  // a token with its position
       var mark = document.createElement("td"); mark.className = "mark";
       mark.textContent = isChosen ? "\u2713" : isRead ? txt.window : "\u00b7";
       tr.appendChild(label); tr.appendChild(mark); tr.appendChild(bar("dense", d)); tr.appendChild(bar("used", u));
