@@ -66,6 +66,9 @@ def test_the_view_marks_each_querys_chosen_keys(tmp_path: Path) -> None:
             used = page.locator(".selview tr.chosen td.used").first.text_content()  # type: ignore[attr-defined]
             col = int(choices[1].selected[11].nonzero()[0, 0])
             assert used == f"{float(choices[1].sparse[:, 11, col].mean()):.3f}"
+            page.select_option(".attnview select.layer", "0")  # type: ignore[attr-defined]
+            page.hover(".attnview .col.q div[data-i='6']")  # type: ignore[attr-defined]
+            assert _cols(page, "chosen") == choices[0].selected[6].nonzero()[:, 0].tolist()  # the head view's focus
 
         assert _open(path, run) == []
 

@@ -5,7 +5,8 @@ interactive view and the model report (``attnlab.explain.selection`` makes its d
 Its data reaches the page as JSON in a ``<script type="application/json">`` block with ``<``, ``>`` and ``&``
 escaped (as ``render.view`` writes its own), the weights as uint16 steps of 1/65535, base64, and every label is
 written with ``textContent``. The root carries ``data-ready="1"`` once drawn, and each key row ``data-col``, its
-class "chosen" (the selection's), "window" (read, not chosen) or none.
+class "chosen" (the selection's), "window" (read, not chosen) or "skipped". Inside the interactive view it follows
+the head view: the query focused there, and its layer where that layer selects.
 
 Shapes: T = queries, C = columns of a layer's dense axis (its tokens, then a compressed layer's entries).
 """
@@ -124,6 +125,20 @@ _SCRIPT = r"""
   }
   layerSel.addEventListener("change", function () { queries(); draw(); });
   querySel.addEventListener("change", draw);
+  var view = root.closest(".attnview");  // inside the interactive view: follow its focused query and its layer
+  if (view) {
+    var follow = function (event) {
+      var i = event.target && event.target.getAttribute && event.target.getAttribute("data-i");
+      if (i !== null && i !== undefined && i !== "") { querySel.value = i; draw(); }
+    };
+    view.querySelector(".col.q").addEventListener("mouseover", follow);
+    view.querySelector(".col.q").addEventListener("click", follow);
+    view.querySelector("select.layer").addEventListener("change", function (event) {
+      for (var n = 0; n < layers.length; n++) {
+        if (String(layers[n].l.layer) === event.target.value) { layerSel.value = String(n); queries(); draw(); }
+      }
+    });
+  }
   queries(); querySel.value = String(data.query); draw();
   root.setAttribute("data-ready", "1");
 })(document.getElementById("__ROOT__"));
