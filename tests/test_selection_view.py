@@ -19,7 +19,7 @@ import test_dsa as dsa
 from attnlab import Recorder
 from attnlab.explain.model_report import model_report
 from attnlab.explain.model_view import attention_view
-from attnlab.explain.selection import check_sparse, layer_choices, layer_lines, query_lines
+from attnlab.explain.selection import check_sparse, kept_mass, layer_choices, layer_lines, query_lines
 from attnlab.explain.selection_report import selection_view
 from attnlab.functional.visibility import Visibility
 from attnlab.models import GPT, GPTConfig
@@ -148,6 +148,9 @@ def test_an_even_head_keeps_k_over_the_keys_it_sees() -> None:
     for choice in choices:
         assert torch.allclose(choice.kept(), by_hand.expand(4, 12), atol=1e-6)
     assert f"kept {float(by_hand.mean()):.3f} of the dense mass" in layer_lines(choices, "en")[0]
+    summary = kept_mass(model, torch.tensor([ByteTokenizer().encode(TEXT)]))
+    assert [(r.layer, r.queries, r.whole) for r in summary] == [(0, 12, 3), (1, 12, 3)]  # queries 0, 1, 2 see <= 3
+    assert [r.least for r in summary] == pytest.approx([3 / 12, 3 / 12], abs=1e-6)
     assert f"{float(by_hand.mean()):.3f} 的稠密份额" in layer_lines(choices, "zh")[0]
 
 

@@ -165,23 +165,39 @@ def layer_choices(model: GPT, ids: torch.Tensor, tokens: list[str], *, lang: str
     return made
 
 
+@dataclass(frozen=True)
+class KeptMass:
+    """A layer's dense mass kept over one sequence's queries (and heads): what a dense head would have attended
+    to, against what the selection kept."""
+
+    layer: int
+    kind: str
+    mean: float  # over every query and head
+    least: float
+    queries: int  # T
+    whole: int  # queries that read every key they could see (kept exactly 1)
+
+    @classmethod
+    def of(cls, choice: LayerChoice) -> KeptMass:
+        kept = choice.kept()  # (H, T)
+        whole = int((choice.read | ~choice.visible()).all(-1).sum())  # read every key it could see
+        return cls(choice.layer, choice.kind, float(kept.mean()), float(kept.min()), kept.shape[1], whole)
+
+
+def kept_mass(model: GPT, ids: torch.Tensor, *, lang: str = "en") -> list[KeptMass]:
+    """Each selecting layer's dense mass kept on one sequence ``ids`` (1, T) (labels are not needed)."""
+    t = ids.shape[-1] if isinstance(ids, torch.Tensor) else 0
+    return [KeptMass.of(c) for c in layer_choices(model, ids, [str(i) for i in range(t)], lang=lang)]
+
+
 def layer_lines(choices: list[LayerChoice], lang: str) -> list[str]:
     """One line per layer: the dense mass its selection kept, mean and least over queries (and heads)."""
-    txt, lines = SELECTION_TEXT[lang], []
-    for choice in choices:
-        kept = choice.kept()  # (H, T)
-        whole = int((choice.read | ~choice.visible()).all(-1).sum())  # queries that read every key they could see
-        lines.append(
-            txt["layer"].format(
-                layer=choice.layer,
-                kind=choice.kind,
-                mean=float(kept.mean()),
-                least=float(kept.min()),
-                queries=kept.shape[1],
-                all=whole,
-            )
-        )
-    return lines
+    txt = SELECTION_TEXT[lang]
+    rows = [KeptMass.of(choice) for choice in choices]
+    return [
+        txt["layer"].format(layer=r.layer, kind=r.kind, mean=r.mean, least=r.least, queries=r.queries, all=r.whole)
+        for r in rows
+    ]
 
 
 def query_lines(choice: LayerChoice, query: int, lang: str) -> list[str]:
