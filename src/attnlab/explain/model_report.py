@@ -25,6 +25,8 @@ from attnlab.explain.render.view import AttentionView
 from attnlab.explain.render.view_data import MAX_VIEW_TOKENS
 from attnlab.explain.report import MAX_TOKENS, _labels
 from attnlab.explain.report_text import REPORT_TEXT
+from attnlab.explain.selection import selecting_layers
+from attnlab.explain.selection_report import selection_section
 from attnlab.explain.sink_marks import sink_section
 from attnlab.explain.tour import fmt
 from attnlab.models.gpt import GPT
@@ -166,6 +168,7 @@ def model_report(
     figures: bool = True,
     cache: str | None = None,
     characters: bool = False,
+    query: int = -1,
 ) -> Report:
     """Every head named (on the probe), the training curves if ``log``, then each layer on the probe and on ``text``.
 
@@ -173,7 +176,8 @@ def model_report(
     for at most MAX_TOKENS tokens). With figures, a text of up to MAX_VIEW_TOKENS tokens is shown in the view;
     a run (the probe, the text) past MAX_TOKENS gets no per-layer section (its grid would be unreadable).
     ``cache``: the view strikes out the keys that cache lets go in each layer. ``characters``: the text's
-    tokens merged by character (:func:`by_character`) in the view and the grids.
+    tokens merged by character (:func:`by_character`) in the view and the grids. ``query``: the token whose
+    choice a sparse model's section spells out (its selection beside the dense attention it replaced).
     """
     _check_characters(characters, cache)
     txt = REPORT_TEXT[lang]
@@ -185,6 +189,9 @@ def model_report(
     sections = [_names_section(scores, txt, figures=figures)]
     sinks = [model.config.layer_shape(i).sinks for i in range(model.config.n_layers)]  # learned, by layer type
     sections.append(sink_section(weights, lang, sinks=sinks if any(sinks) else None, figures=figures))
+    if selecting_layers(model):  # a sparse layer's choice beside the dense attention it replaced
+        panel = figures and characters  # the view carries the panel, except by character (the choice is by token)
+        sections.append(selection_section(model, tokenizer, text, lang=lang, query=query, figures=panel))
     if log is not None and log.eval_step:
         sections.append(_training_section(log, txt, lang, figures=figures))
     tokens = probe(model.config.vocab_size, half=scores.half, batch=1)  # the first sequence of the scores' probe

@@ -11,6 +11,8 @@ from attnlab.explain.render.view import AttentionView
 from attnlab.explain.render.view_data import MAX_VIEW_TOKENS
 from attnlab.explain.report import MAX_TOKENS
 from attnlab.explain.report_text import REPORT_TEXT
+from attnlab.explain.selection import selecting_layers
+from attnlab.explain.selection_report import selection_view
 from attnlab.models.gpt import GPT
 from attnlab.models.graphemes import visible
 from attnlab.models.tokenizer import TextTokenizer, character_groups, part_labels
@@ -187,7 +189,11 @@ def _view(
     if any(signed):  # the view draws sizes: each such layer is drawn by |w| and its label says so
         weights = torch.stack([w.abs() if s else w for w, s in zip(weights, signed, strict=True)])  # (L, H, T, T)
         kinds = [k + REPORT_TEXT[lang]["shown_by_size"] if s else k for k, s in zip(kinds, signed, strict=True)]
+    selection = ""
+    if selecting_layers(model) and not characters:  # the keys each sparse query chose, beside the dense weights
+        selection = selection_view(model, torch.tensor([tokenizer.encode(text)]), labels, lang=lang)
     return AttentionView(
+        selection=selection,
         tokens=labels,
         weights=weights,
         names=names,

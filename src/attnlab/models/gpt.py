@@ -36,6 +36,7 @@ from attnlab.models.parts import TransformerBlock, make_norm, make_ple
 from attnlab.models.tokenizer import CharTokenizer
 from attnlab.models.weights import Checkpoint, fit
 from attnlab.nn.attention import SharedKV
+from attnlab.nn.selection_record import token_weights
 from attnlab.observe import Recorder
 
 if TYPE_CHECKING:
@@ -280,11 +281,12 @@ class GPT(nn.Module):
                 f"backend {self.config.backend!r} never forms the attention weights; "
                 "load the model with backend='auto' (or 'eager') to see them"
             )
-        with Recorder(names=["attn_weights"]) as rec:
+        with Recorder(names=["attn_weights", "read_slots"]) as rec:
             self(idx, attention_mask=attention_mask)
         # each (B, H, T, T): what the softmax gave the keys, a row summing to 1 minus its sink's share; a layer of
-        # one map for all its channels (a convolution's) shown in every head's place
-        maps = [rec.get("attn_weights", module=f"trf_blocks.{n}.att") for n in range(len(self.blocks))]
+        # one map for all its channels (a convolution's) shown in every head's place; a sparse layer's gathered
+        # weights spread back onto its tokens (attnlab.nn.selection_record)
+        maps = [token_weights(rec, f"trf_blocks.{n}.att", idx.shape[-1]) for n in range(len(self.blocks))]
         return torch.stack([w.expand(-1, self.config.n_heads, -1, -1) for w in maps])
 
     @classmethod

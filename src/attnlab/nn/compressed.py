@@ -55,6 +55,8 @@ from attnlab.functional.selection import (
 )
 from attnlab.functional.visibility import Visibility
 from attnlab.nn.compressor import Compressor, Indexer
+from attnlab.nn.selection_record import record_compressed
+from attnlab.observe import is_recording
 
 
 class CompressedAttention(nn.Module):
@@ -264,6 +266,7 @@ class CompressedAttention(nn.Module):
         assert rows_w.k_pos is not None  # gathered rows carry their keys' positions
         k_pos = [rows_w.k_pos]
         n = entries.shape[1]
+        chosen: Selection | None = None
         if n:
             closing = closing_positions(0, n, m, x.device)
             vis_entries = Visibility(q_pos=positions, k_pos=closing, causal=True)
@@ -280,6 +283,10 @@ class CompressedAttention(nn.Module):
                 self.keys_read.add_(keys_read(rows_e))
         with torch.no_grad():
             self.window_read.add_(keys_read(rows_w))
+        if is_recording():  # what it read and chose, for the views (attnlab.nn.selection_record)
+            record_compressed(q=q, keys=keys, key_pos=key_pos, entries=entries, window=allowed, near=near,
+                              chosen=None if chosen is None else chosen.indices, selecting=index is not None,
+                              positions=positions, block=m, scale=self.head_dim**-0.5, sinks=self.sinks)  # fmt: skip
         rows_vis = Visibility(q_pos=rows_w.q_pos, k_pos=torch.cat(k_pos, dim=1), causal=True)
         every = torch.cat(picked, dim=2)  # (B * T, 1, W + K, D)
         context = attention(

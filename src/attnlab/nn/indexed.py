@@ -50,6 +50,8 @@ from attnlab.functional.selection import (
 from attnlab.functional.visibility import Visibility
 from attnlab.nn.attention import ForwardArgs, SharedKV
 from attnlab.nn.latent import LatentAttention
+from attnlab.nn.selection_record import record_selection
+from attnlab.observe import is_recording
 
 
 class LightningIndexer(nn.Module):
@@ -179,6 +181,10 @@ class IndexedAttention(LatentAttention):
         queries = per_query(torch.cat((q_latent, q_pe), dim=-1))  # (B * T, H, 1, R + P)
         rows = gathered(vis, selection)
         keys = gather_keys(latents, selection)  # (B * T, 1, K, R + P)
+        if is_recording():  # the choice and the dense weights, for the views (attnlab.nn.selection_record)
+            full, read = torch.cat((q_latent, q_pe), dim=-1), selection.indices  # (B, H, T, R + P), (B, T, K)
+            record_selection(read=read, chosen=read, queries=full, keys=latents, dense=vis, scale=self.scale,
+                             source="IndexedAttention")  # fmt: skip
         context = attention(queries, keys, keys[..., :r], visibility=rows, scale=self.scale, backend=self.backend)
         with torch.no_grad():
             self.keys_read.add_(keys_read(rows))

@@ -144,6 +144,7 @@ class AttentionView:
     windows: list[int | None] | None = None
     sinks: bool = False
     note: str = ""
+    selection: str = ""  # a sparse model's selection panel (explain.selection_report), after the model view
     _built: ViewBuilder | None = field(default=None, repr=False)  # set by ViewBuilder.view()
     shape: tuple[int, int, int, int] = field(default=(0, 0, 0, 0), init=False)  # (L, H, T, T)
     rollout: torch.Tensor | None = field(default=None, init=False)
@@ -264,7 +265,7 @@ class AttentionView:
             f'<div class="modelview"><h3>{e(txt["model_view"])}</h3><p class="hint">{e(hint)}</p>'
             f"{kinds_line}"
             f'<div class="grid" style="grid-template-columns: repeat({heads}, 86px)">{"".join(cells)}</div></div>'
-            f"<script>{_SCRIPT.replace('__ROOT__', self._id)}</script></div>"
+            f"{self.selection}<script>{_SCRIPT.replace('__ROOT__', self._id)}</script></div>"
         )
 
     def _sink_heads(self) -> list[list[int]] | None:
