@@ -237,11 +237,10 @@ class GPT(nn.Module):
     def quantize(self, kind: str = "int8", *, kernel: str = "auto") -> dict[str, str]:
         """Store every linear weight, the vocabulary projection's too, as int8 with one scale per output channel
         (:mod:`attnlab.linear.quantized`), in place; the embeddings and norms stay float32. ``kernel``: "auto"
-        (the fastest here for one row, a decode step, measured once per weight shape), "gemv", "dynamic",
-        "int8pack" or "dequantize". Under "auto" a prompt's rows take "dynamic"'s int8 x int8 products; for many
-        prompts at once (``generate_many``) name "dynamic". For decoding on the CPU; a quantized model is not saved
-        (save the float one and quantize after loading).
-        Returns the kernel each weight got."""
+        (the fastest here for one row, a decode step, measured once per weight shape and kept on disk), "gemv",
+        "dynamic", "int8pack" or "dequantize". Under "auto" a prompt's rows take "dynamic"'s int8 x int8 products;
+        for many prompts at once (``generate_many``) name "dynamic". For decoding on the CPU; a quantized model is
+        not saved (save the float one and quantize after loading). Returns the kernel each weight got."""
         from attnlab.linear.int8_choice import INT8_KERNELS, Int8Kernel, quantize_linears
 
         if kind != "int8":
@@ -283,9 +282,8 @@ class GPT(nn.Module):
             )
         with Recorder(names=["attn_weights", "read_slots"]) as rec:
             self(idx, attention_mask=attention_mask)
-        # each (B, H, T, T): what the softmax gave the keys, a row summing to 1 minus its sink's share; a layer of
-        # one map for all its channels (a convolution's) shown in every head's place; a sparse layer's gathered
-        # weights spread back onto its tokens (attnlab.nn.selection_record)
+        # each (B, H, T, T), a row summing to 1 minus its sink's share; a convolution's one map in every head's
+        # place; a sparse layer's gathered weights spread back onto its tokens (attnlab.nn.selection_record)
         maps = [token_weights(rec, f"trf_blocks.{n}.att", idx.shape[-1]) for n in range(len(self.blocks))]
         return torch.stack([w.expand(-1, self.config.n_heads, -1, -1) for w in maps])
 
