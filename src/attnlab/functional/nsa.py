@@ -76,7 +76,7 @@ def compress(
     whole = ((slots < s) & (held == pos)).all(-1)  # (B, C)
     index = slots.clamp(max=s - 1).reshape(b, 1, count * block, 1).expand(b, hk, count * block, d)
     blocks = x.gather(2, index).view(b, hk, count, block, d)  # (B, Hk, C, l, D)
-    entries = torch.einsum("bhcld,lde->bhce", blocks + position, weight)  # sum_j W_j (k_j + P_j)
+    entries = torch.einsum("bhcld,led->bhce", blocks + position, weight)  # sum_j W_j (k_j + P_j)
     return entries, torch.where(whole, starts + block - 1, -1)
 
 

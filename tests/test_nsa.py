@@ -1,0 +1,137 @@
+"""Native Sparse Attention (issue 59 item 1): compressed, selected and sliding branches mixed by gates.
+
+The fast form (each group's query over its gathered blocks) equals the readable one (every key, all but the
+chosen blocks hidden); with the gates fixed to one branch the layer is that branch alone: the sliding branch is
+attnlab's windowed ``Attention`` with the same weights, the compressed branch a float64 loop written here from
+the paper's description; keys read fall as select_n falls; greedy decoding through a cache equals the no-cache
+forward; bad sizes are refused by name.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab import Attention
+from attnlab.functional.nsa import nsa_select
+from attnlab.models import GPT
+from attnlab.models.zoo import zoo_config
+from attnlab.nn.nsa import NSAAttention
+
+E, H, HK, D, T = 32, 4, 2, 8, 45
+SIZES = dict(compress_block=8, stride=4, select_block=8, slide=12, context_length=64)
+
+
+def layer(select_n: int = 4, seed: int = 0) -> NSAAttention:
+    torch.manual_seed(seed)
+    made = NSAAttention(select_n=select_n, d_in=E, num_heads=H, num_kv_heads=HK, rope=True, **SIZES).double()
+    with torch.no_grad():  # a compression and gates that are not their initial mean and one half
+        made.compress_k.add_(torch.randn_like(made.compress_k) * 0.1)
+        made.compress_k_pos.normal_(0, 0.3)
+        made.compress_v_pos.normal_(0, 0.3)
+        made.gate_proj.bias.normal_(0, 1)
+    return made.eval()
+
+
+def x_in(seed: int = 1) -> torch.Tensor:
+    return torch.randn(2, T, E, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def only(made: NSAAttention, branch: int) -> NSAAttention:
+    with torch.no_grad():
+        made.gate_proj.weight.zero_()
+        made.gate_proj.bias.copy_(torch.tensor([40.0 if c == branch else -40.0 for c in range(3)] * H))
+    return made
+
+
+@torch.no_grad()
+def test_the_gathered_selection_gives_the_readable_forms_output() -> None:
+    made, x = layer(), x_in()
+    torch.testing.assert_close(made(x), made.readable(x), rtol=0, atol=1e-12)
+    assert made.keys_read > 0
+
+
+@torch.no_grad()
+def test_the_sliding_branch_alone_is_attnlabs_windowed_attention() -> None:
+    made, x = only(layer(), 2), x_in()
+    window = Attention(d_in=E, num_heads=H, num_kv_heads=HK, rope=True, window=SIZES["slide"]).double().eval()
+    q, hd = H * D, 3 * HK * D
+    rows = [torch.arange(q)]
+    for part in (q, q + hd):  # each head's sliding key rows, then its sliding value rows
+        rows += [part + h * 3 * D + 2 * D + torch.arange(D) for h in range(HK)]
+    window.qkv.weight.copy_(made.qkv.weight[torch.cat(rows)])
+    window.out_proj.load_state_dict(made.out_proj.state_dict())
+    torch.testing.assert_close(made(x), window(x), rtol=0, atol=1e-12)
+    assert (made(x) - only(made, 1)(x)).abs().max() > 1e-3  # another branch alone is another output
+
+
+@torch.no_grad()
+def test_the_compressed_branch_alone_is_a_loop_over_closed_blocks() -> None:
+    made, x = only(layer(), 0), x_in()
+    l, d = SIZES["compress_block"], SIZES["stride"]
+    q, k, v = made.project(x, torch.arange(T))  # q (B, H, T, D); k, v (B, Hk, T, 3D)
+    expected = torch.zeros(2, H, T, D, dtype=torch.float64)
+    for b in range(2):
+        for h in range(H):
+            g = h // (H // HK)
+            for t in range(T):
+                starts = [s for s in range(0, T, d) if s + l - 1 <= t]  # the blocks closed at or before t
+                if not starts:
+                    continue  # nothing closed yet: the branch reads nothing
+                ek = torch.stack([sum(made.compress_k[j] @ (k[b, g, s + j, :D] + made.compress_k_pos[j]) for j in range(l)) for s in starts])  # fmt: skip
+                ev = torch.stack([sum(made.compress_v[j] @ (v[b, g, s + j, :D] + made.compress_v_pos[j]) for j in range(l)) for s in starts])  # fmt: skip
+                weights = torch.softmax(ek @ q[b, h, t] / D**0.5, dim=0)
+                expected[b, h, t] = weights @ ev
+    torch.testing.assert_close(made(x), made.merge_heads(expected), rtol=0, atol=1e-10)
+
+
+def test_selection_takes_the_first_and_local_blocks_and_the_best_scored_not_the_worst() -> None:
+    weights = torch.zeros(1, 2, 1, 15, dtype=torch.float64)  # 15 entries of 8 every 4 over 64 keys; one query
+    weights[0, :, 0, 5] = 1.0  # entry 5 covers positions 20..27: selection blocks 2 and 3
+    q_pos = torch.tensor([[63]])  # block 7: its own, 6 and 0 are always read
+    sizes = dict(kv_heads=1, compress_block=8, stride=4, select_block=8)
+    best = nsa_select(weights, q_pos, 64, select_n=5, **sizes)
+    worst = nsa_select(-weights, q_pos, 64, select_n=5, **sizes)
+    assert set(best[0, 0, 0].tolist()) == {7, 6, 0, 2, 3}
+    assert {2, 3}.isdisjoint(worst[0, 0, 0].tolist()) and {7, 6, 0} <= set(worst[0, 0, 0].tolist())
+
+
+@torch.no_grad()
+def test_keys_read_fall_as_select_n_falls() -> None:
+    x = x_in(2)
+    read = []
+    for n in (6, 5, 4, 3):
+        made = layer(n)
+        made(x)
+        read.append(int(made.keys_read))
+    assert read == sorted(read, reverse=True) and len(set(read)) == 4, read
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"stride": 3}, "stride=3 must divide compress_block=8"),
+        ({"select_block": 12, "stride": 8}, "stride=8 must divide select_block=12"),
+        ({"select_n": 9}, r"select_n=9 .* a context of 64 tokens holds 8 blocks"),
+        ({"select_n": 2}, "select_n=2 .* at least 3"),
+        ({"compress_block": 0}, "compress_block"),
+        ({"slide": -1}, "window"),
+    ],
+)
+def test_bad_sizes_are_refused_by_name(change: dict[str, int], message: str) -> None:
+    sizes = {**SIZES, "select_n": 4, **change}
+    with pytest.raises(ValueError, match=message):
+        NSAAttention(d_in=E, num_heads=H, **sizes)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow  # two generations of 16 tokens and a no-cache loop
+@torch.no_grad()
+def test_greedy_through_a_cache_is_the_no_cache_forward() -> None:
+    torch.manual_seed(0)
+    model = GPT(zoo_config("nsa")).eval()
+    prompt = torch.randint(1, 256, (1, 21), generator=torch.Generator().manual_seed(4))
+    ids = prompt
+    for _ in range(16):
+        ids = torch.cat((ids, model(ids)[:, -1:].argmax(-1)), dim=1)
+    assert torch.equal(model.generate(prompt, 16), ids)
+    assert torch.equal(model.generate(prompt, 16, cache="paged"), ids)
