@@ -68,18 +68,18 @@ def test_the_sliding_branch_alone_is_attnlabs_windowed_attention() -> None:
 @torch.no_grad()
 def test_the_compressed_branch_alone_is_a_loop_over_closed_blocks() -> None:
     made, x = only(layer(), 0), x_in()
-    l, d = SIZES["compress_block"], SIZES["stride"]
+    size, d = SIZES["compress_block"], SIZES["stride"]
     q, k, v = made.project(x, torch.arange(T))  # q (B, H, T, D); k, v (B, Hk, T, 3D)
     expected = torch.zeros(2, H, T, D, dtype=torch.float64)
     for b in range(2):
         for h in range(H):
             g = h // (H // HK)
             for t in range(T):
-                starts = [s for s in range(0, T, d) if s + l - 1 <= t]  # the blocks closed at or before t
+                starts = [s for s in range(0, T, d) if s + size - 1 <= t]  # the blocks closed at or before t
                 if not starts:
                     continue  # nothing closed yet: the branch reads nothing
-                ek = torch.stack([sum(made.compress_k[j] @ (k[b, g, s + j, :D] + made.compress_k_pos[j]) for j in range(l)) for s in starts])  # fmt: skip
-                ev = torch.stack([sum(made.compress_v[j] @ (v[b, g, s + j, :D] + made.compress_v_pos[j]) for j in range(l)) for s in starts])  # fmt: skip
+                ek = torch.stack([sum(made.compress_k[j] @ (k[b, g, s + j, :D] + made.compress_k_pos[j]) for j in range(size)) for s in starts])  # fmt: skip
+                ev = torch.stack([sum(made.compress_v[j] @ (v[b, g, s + j, :D] + made.compress_v_pos[j]) for j in range(size)) for s in starts])  # fmt: skip
                 weights = torch.softmax(ek @ q[b, h, t] / D**0.5, dim=0)
                 expected[b, h, t] = weights @ ev
     torch.testing.assert_close(made(x), made.merge_heads(expected), rtol=0, atol=1e-10)

@@ -18,15 +18,15 @@ from typing import Any, Literal
 from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_positive_int, check_window
 from attnlab.functional.registry import BACKENDS, Backend
 from attnlab.functional.rotary import RopeScaling
+from attnlab.models.block_spec import SparseBlocks
 from attnlab.models.layer_shape import LayerShape, Resolved
 from attnlab.models.presets import PRESETS, score_mod_from_name
-from attnlab.models.block_spec import SparseBlocks
 from attnlab.models.v4_spec import DeepseekV4Spec
 
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("pre", "post", "sandwich")
 MLPS = ("gelu", "swiglu", "geglu", "clamped_swiglu")
-LAYER_TYPES = ("full", "sliding", "linear", "delta", "kda", "conv")  # softmax layers; then layers with a state
+LAYER_TYPES: tuple[str, ...] = ("full", "sliding", "linear", "delta", "kda", "conv")  # softmax layers; then stateful
 # (nn/recurrent, nn/kda, nn/convolution)
 LAYER_TYPES += ("moba", "nsa")  # block-sparse softmax layers (nn/moba, nn/nsa), shaped by sparse_blocks
 # the Hugging Face model types a config can be saved as

@@ -58,7 +58,9 @@ def row_positions(vis: Visibility, batch: int) -> tuple[torch.Tensor, torch.Tens
     hidden = ~vis.allowed.reshape(-1, vis.allowed.shape[-1]).expand(batch, vis.tk)  # (B, S)
     pad = hidden.sum(-1, keepdim=True)  # (B, 1)
     if not torch.equal(hidden, torch.arange(vis.tk, device=hidden.device) < pad):
-        raise ValueError("a block-sparse layer reads left padding alone: a mask hiding keys after a row's first real one")
+        raise ValueError(
+            "a block-sparse layer reads left padding alone: a mask hiding keys after a row's first real one"
+        )
     k_pos = torch.where(hidden | (k_pos < 0), -1, k_pos - pad)
     return torch.where(q_pos - pad >= 0, q_pos - pad, -1), k_pos
 

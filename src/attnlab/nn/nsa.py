@@ -185,6 +185,4 @@ class NSAAttention(MoBAAttention):
         return self.forward(x, readable=True)
 
     def extra_repr(self) -> str:
-        return (
-            f"{super().extra_repr()}, compress_block={self.compress_block}, stride={self.stride}, slide={self.slide}"
-        )
+        return f"{super().extra_repr()}, compress_block={self.compress_block}, stride={self.stride}, slide={self.slide}"
