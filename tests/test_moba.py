@@ -120,3 +120,22 @@ def test_greedy_through_a_cache_is_the_no_cache_forward_and_a_padded_row_is_its_
     alone, beside = model(ids), model(padded, attention_mask=mask)[:, 5:]
     torch.testing.assert_close(beside, alone, rtol=0, atol=1e-5)
     assert F.cross_entropy(alone[0, :-1], ids[0, 1:]) > 0  # the model reads something
+
+
+@pytest.mark.slow  # a model's forward under a Recorder
+@torch.no_grad()
+def test_a_recorder_sees_each_heads_weights_on_the_keys_its_gathers_read() -> None:
+    from attnlab.observe import Recorder
+
+    torch.manual_seed(0)
+    model = GPT(zoo_config("moba")).eval()
+    ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(5))
+    att = model.trf_blocks[1].att
+    assert isinstance(att, MoBAAttention)
+    att.reset_meter()
+    with Recorder(names=["attn_weights"]) as rec:
+        model(ids)
+    weights = rec.get("attn_weights", module="trf_blocks.1.att")  # (B, H, T, T)
+    assert weights.shape == (1, 4, 40, 40)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 4, 40))
+    assert int((weights > 0).sum()) == int(att.keys_read)  # the map's keys are the gathers' keys

@@ -65,6 +65,7 @@ def test_the_sliding_branch_alone_is_attnlabs_windowed_attention() -> None:
     assert (made(x) - only(made, 1)(x)).abs().max() > 1e-3  # another branch alone is another output
 
 
+@pytest.mark.slow  # a Python loop over every (row, head, query)
 @torch.no_grad()
 def test_the_compressed_branch_alone_is_a_loop_over_closed_blocks() -> None:
     made, x = only(layer(), 0), x_in()
@@ -135,3 +136,17 @@ def test_greedy_through_a_cache_is_the_no_cache_forward() -> None:
         ids = torch.cat((ids, model(ids)[:, -1:].argmax(-1)), dim=1)
     assert torch.equal(model.generate(prompt, 16), ids)
     assert torch.equal(model.generate(prompt, 16, cache="paged"), ids)
+
+
+@torch.no_grad()
+def test_a_recorder_sees_the_gated_mixture_of_the_branches_weights() -> None:
+    from attnlab.observe import Recorder
+
+    made, x = layer(), x_in()
+    with Recorder(names=["attn_weights"]) as rec:
+        made(x)
+    weights = rec.get("attn_weights")  # (B, H, T, S): the layer's last record
+    assert weights.shape == (2, H, T, T) and (weights >= 0).all()
+    closed = SIZES["compress_block"] - 1  # from here every branch reads something: the rows sum to 1
+    torch.testing.assert_close(weights[:, :, closed:].sum(-1), torch.ones(2, H, T - closed, dtype=torch.float64))
+    assert (weights.triu(1) == 0).all()  # nothing after the query

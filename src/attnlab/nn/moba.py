@@ -7,7 +7,8 @@ blocks in all (``attnlab.functional.sparse_blocks.moba_select``). The choice is 
     readable:  every key, all but the chosen blocks hidden (:meth:`MoBAAttention.readable`)
     fast:      each head's query over its chosen blocks' keys alone, gathered by their slots (``forward``)
 
-tested equal; ``keys_read`` counts what the gathers read (a key a head and query), ``queries_read`` the head
+tested equal (inside a ``Recorder`` the layer records the readable form's weights, (B, H, T, S), as its
+``attn_weights``); ``keys_read`` counts what the gathers read (a key a head and query), ``queries_read`` the head
 queries that read them. It needs no weights of its own: ``Attention``'s projections, RoPE and output.
 
 Its state (``layer_state``: kind "blocks") is every position's keys and values, as a full layer's, in the caches
@@ -31,6 +32,7 @@ from attnlab.functional.rotary import apply_rotary
 from attnlab.functional.sparse_blocks import check_blocks, chosen_visibility, gathered_attention, moba_select
 from attnlab.functional.visibility import Visibility
 from attnlab.nn.attention import Attention, ForwardArgs
+from attnlab.observe import is_recording, record
 
 ROW_CACHES = (KVCache, PagedKVCache, PagedRows)  # each row's keys at consecutive slots, none dropped or rounded
 
@@ -133,6 +135,10 @@ class MoBAAttention(Attention):
         with torch.no_grad():
             self.keys_read.add_(read)
             self.queries_read.add_((q_pos >= 0).sum() * self.num_heads)
+            if is_recording():  # what each head gave each key (B, H, Tq, S): the readable form's weights, equal
+                vis = chosen_visibility(chosen, q_pos, k_pos, self.block_size, self.num_heads)
+                _, weights = attention(queries, keys, values, visibility=vis, scale=self.scale, return_weights=True)
+                record("attn_weights", weights, source=type(self).__name__)
         return self.merge_heads(context, gate=gate)
 
     def readable(self, x: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ come from a small MLP and a sigmoid). The selected branch has two forms, tested 
     readable:  every key, all but the chosen blocks hidden (``readable=True``); the window over every key, eager
     fast:      each group's query over its chosen blocks' keys alone, gathered (``forward``)
 
+Inside a ``Recorder`` the layer records what it gave each key as its ``attn_weights`` (:meth:`weights_map`).
 ``keys_read`` counts the selected branch's gathered keys (a key a group and query), ``queries_read`` the group
 queries that read them.
 
@@ -43,6 +44,7 @@ from attnlab.functional.sparse_blocks import chosen_visibility, gathered_attenti
 from attnlab.functional.visibility import Visibility
 from attnlab.nn.attention import ForwardArgs, SharedKV
 from attnlab.nn.moba import MoBAAttention, row_positions
+from attnlab.observe import is_recording, record
 
 BRANCHES = ("compressed", "selected", "sliding")
 
@@ -141,6 +143,9 @@ class NSAAttention(MoBAAttention):
             visibility = visibility.for_keys(key_pos)
         outputs = self.branches(queries, keys, values, visibility, readable=readable)  # (B, H, T, D) each
         g = torch.sigmoid(self.gate_proj(x)).view(*x.shape[:2], self.num_heads, 3).permute(3, 0, 2, 1)[..., None]
+        if is_recording():
+            with torch.no_grad():
+                record("attn_weights", self.weights_map(queries, keys, values, visibility, g), source="NSAAttention")
         return self.merge_heads(g[0] * outputs[0] + g[1] * outputs[1] + g[2] * outputs[2])  # g: (3, B, H, T, 1)
 
     def branches(
@@ -179,6 +184,35 @@ class NSAAttention(MoBAAttention):
             self.keys_read.add_(read)
             self.queries_read.add_((q_pos >= 0).sum() * self.num_kv_heads)
         return [o_cmp, o_slc, o_win]
+
+    def weights_map(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, vis: Visibility, g: torch.Tensor
+    ) -> torch.Tensor:
+        """What the layer gave each key, (B, H, Tq, S): each branch's weights times its gate, over the gates' sum;
+        a compressed entry's weight spread evenly over its block's tokens (what a Recorder keeps)."""
+        d, scale = self.head_dim, self.scale if self.scale is not None else self.head_dim**-0.5
+        q_pos, k_pos = row_positions(vis, q.shape[0])
+        entry_k, ends = compress(keys[..., :d], k_pos, self.compress_k, self.compress_k_pos, block=self.compress_block, stride=self.stride)  # fmt: skip
+        entry_v, _ = compress(values[..., :d], k_pos, self.compress_v, self.compress_v_pos, block=self.compress_block, stride=self.stride)  # fmt: skip
+        _, w_cmp = compressed_attention(q, entry_k, entry_v, ends, q_pos, scale)  # (B, H, Tq, C)
+        starts = torch.arange(w_cmp.shape[-1], device=q.device)[:, None] * self.stride  # (C, 1)
+        covers = (k_pos[:, None, :] >= starts) & (k_pos[:, None, :] < starts + self.compress_block)  # (B, C, S)
+        spread = torch.einsum("bhtc,bcs->bhts", w_cmp, covers.to(w_cmp.dtype)) / self.compress_block
+        chosen = nsa_select(
+            w_cmp,
+            q_pos,
+            keys.shape[2],
+            kv_heads=self.num_kv_heads,
+            compress_block=self.compress_block,
+            stride=self.stride,
+            select_block=self.block_size,
+            select_n=self.top_k,
+        )
+        vis_slc = chosen_visibility(chosen, q_pos, k_pos, self.block_size, self.num_heads)
+        _, w_slc = attention(q, keys[..., d : 2 * d], values[..., d : 2 * d], visibility=vis_slc, scale=scale, return_weights=True)  # fmt: skip
+        window = Visibility(q_pos=q_pos, k_pos=k_pos, window=self.slide)
+        _, w_win = attention(q, keys[..., 2 * d :], values[..., 2 * d :], visibility=window, scale=scale, return_weights=True)  # fmt: skip
+        return (g[0] * spread + g[1] * w_slc + g[2] * w_win) / g.sum(0)
 
     def readable(self, x: torch.Tensor) -> torch.Tensor:
         """The readable form of a call without a cache."""
