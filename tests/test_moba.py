@@ -47,6 +47,21 @@ def test_the_gathered_blocks_give_the_readable_forms_attention(top_k: int) -> No
     assert torch.equal(own, (POS // L)[:, None, :].expand_as(own))
 
 
+def test_empty_slots_after_the_held_keys_change_nothing() -> None:
+    """A compiled cache returns its whole buffer, the slots past its length at position -1."""
+    q, k, v = qkv(5)
+    held = 37
+    empty = torch.where(torch.arange(S) < held, torch.arange(S), -1).expand(B, S)
+    q_pos = torch.arange(held - 4, held).expand(B, 4)  # the last 4 queries written
+    chosen = moba_select(q[:, :, held - 4 : held], k, q_pos, empty, block=L, top_k=3)
+    out, read = gathered_attention(q[:, :, held - 4 : held], k, v, chosen, q_pos, empty, block=L)
+    cut = POS[:, :held]
+    alone = moba_select(q[:, :, held - 4 : held], k[:, :, :held], q_pos, cut, block=L, top_k=3)
+    expected, read_alone = gathered_attention(q[:, :, held - 4 : held], k[:, :, :held], v[:, :, :held], alone, q_pos, cut, block=L)  # fmt: skip
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    assert int(read) == int(read_alone)
+
+
 def test_top_k_covering_the_past_is_full_causal_attention_and_less_is_not() -> None:
     q, k, v = qkv(1)
     full = attention(q, k, v, is_causal=True)

@@ -95,6 +95,10 @@ def test_selection_takes_the_first_and_local_blocks_and_the_best_scored_not_the_
     worst = nsa_select(-weights, q_pos, 64, select_n=5, **sizes)
     assert set(best[0, 0, 0].tolist()) == {7, 6, 0, 2, 3}
     assert {2, 3}.isdisjoint(worst[0, 0, 0].tolist()) and {7, 6, 0} <= set(worst[0, 0, 0].tolist())
+    same = dict(kv_heads=1, compress_block=8, stride=8, select_block=8)  # l = l' = d: p_slc is p_cmp (eq. 9)
+    weights = torch.zeros(1, 2, 1, 8, dtype=torch.float64)
+    weights[0, :, 0, 4] = 1.0
+    assert set(nsa_select(weights, q_pos, 64, select_n=4, **same)[0, 0, 0].tolist()) == {7, 6, 0, 4}
 
 
 @torch.no_grad()
@@ -113,6 +117,7 @@ def test_keys_read_fall_as_select_n_falls() -> None:
     [
         ({"stride": 3}, "stride=3 must divide compress_block=8"),
         ({"select_block": 12, "stride": 8}, "stride=8 must divide select_block=12"),
+        ({"compress_block": 16}, "compress_block=16 is longer than select_block=8"),
         ({"select_n": 9}, r"select_n=9 .* a context of 64 tokens holds 8 blocks"),
         ({"select_n": 2}, "select_n=2 .* at least 3"),
         ({"compress_block": 0}, "compress_block"),

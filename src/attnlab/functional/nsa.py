@@ -3,20 +3,23 @@ Attention: Hardware-Aligned and Natively Trainable Sparse Attention").
 
 NSA reads three branches per query and mixes them by gates (``attnlab.nn.nsa``):
 
-* compressed: the keys and values of each block of ``l`` tokens, blocks starting every ``d`` tokens (``d``
-  divides ``l``), summarised into one entry each (:func:`compress`); an entry is visible to a query once its
+* compressed (the paper's eq. 7-8): the keys and values of each block of ``l`` tokens, blocks starting every
+  ``d`` tokens, summarised into one entry each (:func:`compress`); an entry is visible to a query once its
   block has closed (its last token at or before the query), and the query attends over those entries
-  (:func:`compressed_attention`, which also returns the attention weights);
-* selected: the tokens of ``n`` blocks of ``l'`` tokens (``d`` divides ``l'``), chosen by the compressed
-  branch's attention: a selection block scores the weights of the compressed entries that overlap it, summed
-  over the heads of a GQA group (one choice a group, so a group reads one set of keys), and the query's first
-  block and its two local ones (its own, causal inside it, and the one before) are always taken, within the
-  ``n`` (:func:`nsa_select`); read through ``attnlab.functional.sparse_blocks`` like MoBA's;
+  (:func:`compressed_attention`, which also returns the attention weights p_cmp);
+* selected (eq. 9-12): the tokens of ``n`` blocks of ``l'`` tokens, chosen by p_cmp summed over the heads of a
+  GQA group (eq. 10: one choice a group, so a group reads one set of keys). The paper assumes l <= l', d | l
+  and d | l' (refused otherwise, :func:`check_nsa`); its eq. 9 sums p_cmp over entries near each selection
+  block with its own indexing; here a selection block scores the entries that overlap it, each once, which is
+  eq. 9's p_slc = p_cmp where l = l' = d. The query's first block and its two local ones (its own, causal inside
+  it, and the one before) are always taken within the ``n``, as the paper's experiments do ("including fixed
+  activating the 1 initial block and 2 local blocks", section 4.1) (:func:`nsa_select`); the blocks are read
+  through ``attnlab.functional.sparse_blocks`` like MoBA's;
 * sliding: the last ``w`` tokens (attnlab's windowed attention).
 
 The compression here is a learned linear map over a block's ``l`` keys (or values) after a learned intra-block
 position embedding is added: entry = sum_j W_j (k_j + P_j), with W (l, D, D) initialised to I / l and P to 0, so
-a fresh layer mean-pools (the paper uses a small MLP with intra-block position encoding).
+a fresh layer mean-pools (the paper's phi is "a learnable MLP with intra-block position encoding").
 
 Shapes: B = batch, H = query heads, Hk = key heads, G = H / Hk, Tq = queries, S = key slots, D = head size,
 C = compressed entries, N = selection blocks, K = blocks chosen.
@@ -33,8 +36,9 @@ from attnlab.functional.visibility import Visibility
 
 
 def check_nsa(*, compress_block: int, stride: int, select_block: int, select_n: int, window: int, context: int) -> None:
-    """Refuse sizes NSA cannot use, naming them: each positive; the stride dividing both block sizes; at least
-    3 blocks chosen (the first and the two local ones are always among them) and no more than a context holds."""
+    """Refuse sizes NSA cannot use, naming them: each positive; the stride dividing both block sizes and the
+    compressed block no longer than the selection block (the paper's assumptions); at least 3 blocks chosen (the
+    first and the two local ones are always among them) and no more than a context holds."""
     for name, value in (
         ("compress_block", compress_block),
         ("stride", stride),
@@ -49,6 +53,12 @@ def check_nsa(*, compress_block: int, stride: int, select_block: int, select_n: 
                 f"stride={stride} must divide {name}={size}: a selection block's score is read off the compressed "
                 "entries that start inside it, every stride tokens"
             )
+    if compress_block > select_block:
+        raise ValueError(
+            f"compress_block={compress_block} is longer than select_block={select_block}: NSA scores a selection "
+            "block from the compressed entries inside it (the paper assumes l <= l'); choose compress_block <= "
+            "select_block"
+        )
     blocks = -(-context // select_block)
     if not 3 <= select_n <= blocks:
         raise ValueError(

@@ -2,8 +2,9 @@
 
 MoBA (Lu et al. 2025, "MoBA: Mixture of Block Attention for Long-Context LLMs") splits the keys into blocks of
 ``block`` positions. Each query scores every block wholly before its own by q . mean(keys of the block), always
-reads its own block (causal inside it), and reads the best others, ``top_k`` blocks in all: MoBA's gate puts the
-query's own block among its top k (:func:`moba_select`). Attention runs over the union of the chosen blocks.
+reads its own block (causal inside it), and reads the best others, ``top_k`` blocks in all: the reference code
+(MoonshotAI/MoBA's moba_naive.py) sets the own block's gate to +inf before its top-k, and its efficient form
+takes top_k - 1 past blocks beside the own one (:func:`moba_select`). The gate is unscaled (it only ranks). Attention runs over the union of the chosen blocks.
 With ``top_k`` at least the blocks of the past, the union is the whole past: full causal attention.
 
 A choice of blocks is a restriction of who may attend, so it is expressed as a :class:`Visibility`:
