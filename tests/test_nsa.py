@@ -101,6 +101,31 @@ def test_selection_takes_the_first_and_local_blocks_and_the_best_scored_not_the_
     assert set(nsa_select(weights, q_pos, 64, select_n=4, **same)[0, 0, 0].tolist()) == {7, 6, 0, 4}
 
 
+def test_a_key_planted_far_back_is_selected_through_the_compressed_branch_and_missed_by_the_lowest() -> None:
+    """One head; blocks of 8 compressed every 8 (mean-pooled, as a fresh layer does); a key planted in block 2 of
+    64 that the last query matches: its entry draws the compressed weight, so its block is selected, and the
+    selected branch reads its value. The lowest scores choose other blocks and miss it."""
+    from attnlab.functional.nsa import compress, compressed_attention
+    from attnlab.functional.sparse_blocks import gathered_attention
+
+    g = torch.Generator().manual_seed(6)
+    q, k = (torch.randn(1, 1, 64, D, generator=g, dtype=torch.float64) * 0.1 for _ in range(2))
+    v = torch.zeros(1, 1, 64, D, dtype=torch.float64)
+    needle = torch.zeros(D, dtype=torch.float64)
+    needle[0] = 1.0
+    k[0, 0, 19], v[0, 0, 19], q[0, 0, -1] = 64 * needle, needle, needle  # position 19: block 2 (16..23)
+    pos = torch.arange(64)[None]
+    mean = torch.eye(D, dtype=torch.float64).expand(8, D, D) / 8
+    entries, ends = compress(k, pos, mean, torch.zeros(8, D, dtype=torch.float64), block=8, stride=8)
+    _, weights = compressed_attention(q, entries, entries, ends, pos, D**-0.5)
+    sizes = dict(kv_heads=1, compress_block=8, stride=8, select_block=8, select_n=4)
+    for sign, finds in ((1, True), (-1, False)):
+        chosen = nsa_select(sign * weights, pos, 64, **sizes)  # type: ignore[arg-type]
+        out, _ = gathered_attention(q, k, v, chosen, pos, pos, block=8)
+        assert (2 in chosen[0, 0, -1].tolist()) == finds
+        assert (out[0, 0, -1, 0] > 0.99) == finds, float(out[0, 0, -1, 0])
+
+
 @torch.no_grad()
 def test_keys_read_fall_as_select_n_falls() -> None:
     x = x_in(2)
