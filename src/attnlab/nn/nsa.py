@@ -188,8 +188,9 @@ class NSAAttention(MoBAAttention):
     def weights_map(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, vis: Visibility, g: torch.Tensor
     ) -> torch.Tensor:
-        """What the layer gave each key, (B, H, Tq, S): each branch's weights times its gate, over the gates' sum;
-        a compressed entry's weight spread evenly over its block's tokens (what a Recorder keeps)."""
+        """What the layer gave each key, (B, H, Tq, S): each branch's weights times its gate, over the sum of the
+        gates of the branches that read something (rows sum to 1); a compressed entry's weight spread evenly over
+        its block's tokens (what a Recorder keeps)."""
         d, scale = self.head_dim, self.scale if self.scale is not None else self.head_dim**-0.5
         q_pos, k_pos = row_positions(vis, q.shape[0])
         entry_k, ends = compress(keys[..., :d], k_pos, self.compress_k, self.compress_k_pos, block=self.compress_block, stride=self.stride)  # fmt: skip
@@ -212,7 +213,8 @@ class NSAAttention(MoBAAttention):
         _, w_slc = attention(q, keys[..., d : 2 * d], values[..., d : 2 * d], visibility=vis_slc, scale=scale, return_weights=True)  # fmt: skip
         window = Visibility(q_pos=q_pos, k_pos=k_pos, window=self.slide)
         _, w_win = attention(q, keys[..., 2 * d :], values[..., 2 * d :], visibility=window, scale=scale, return_weights=True)  # fmt: skip
-        return (g[0] * spread + g[1] * w_slc + g[2] * w_win) / g.sum(0)
+        read = (w_cmp.sum(-1, keepdim=True) > 0).to(g.dtype)  # (B, H, Tq, 1): 0 before the first block closes
+        return (g[0] * spread + g[1] * w_slc + g[2] * w_win) / (g[0] * read + g[1] + g[2])
 
     def readable(self, x: torch.Tensor) -> torch.Tensor:
         """The readable form of a call without a cache."""
