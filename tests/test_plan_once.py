@@ -55,6 +55,7 @@ def layouts() -> dict[str, list[LayerState]]:
         "shared": [full, LayerState(kind="shared", kv_heads=2, head_dim=4, source=0)],  # reads layer 0's keys
         "convolution": [LayerState(kind="convolution", kv_heads=1, head_dim=4, conv=(4, 2)), full],  # LFM's
         "indexed": [LayerState(kind="indexed", kv_heads=1, head_dim=64, value_dim=48, index_dim=16)],  # DSA
+        "blocks": [LayerState(kind="blocks", kv_heads=2, head_dim=4)],  # MoBA, NSA: keys read by blocks
         "compressed": [  # DeepSeek-V4's compressed-sparse layer (its heavily compressed one has index_dim None)
             LayerState(kind="compressed", kv_heads=1, head_dim=16, window=4, index_dim=8, block=4, row_width=96)
         ],

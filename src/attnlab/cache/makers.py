@@ -28,8 +28,9 @@ from attnlab.cache.state import ConvolutionCache, StateCache
 # recurrent: a state of fixed size (with its short convolution's last inputs); shared: nothing, it reads an
 # earlier layer's keys (KV sharing); convolution: a layer of short convolutions alone (LFM), its last inputs;
 # indexed: MLA's latent with DSA's indexer key beside it (cache/indexed.py); compressed: DeepSeek-V4's window,
-# entries of closed blocks and the last tokens' projections (cache/compressed.py).
-Kind = Literal["full", "sliding", "latent", "recurrent", "shared", "indexed", "compressed", "convolution"]
+# entries of closed blocks and the last tokens' projections (cache/compressed.py); blocks: every position's keys
+# and values at consecutive slots, read by blocks (MoBA, NSA: nn/moba.py, nn/nsa.py).
+Kind = Literal["full", "sliding", "latent", "recurrent", "shared", "indexed", "compressed", "convolution", "blocks"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
 

@@ -70,6 +70,11 @@ NOT_COMPRESSED = (
     "row, unpaged: the {name} cache shares and frees pages of 16 tokens whole, where a block of {block} tokens would "
     "have to end, and attnlab has no paged compressed cache yet; use 'plain' (the default)"
 )
+NOT_BLOCKS = (
+    "a block-sparse layer (MoBA, NSA) reads blocks of each row's positions from every key it has seen, at "
+    "consecutive slots: the {name} cache drops, moves or rounds keys, or builds them its own way; use 'plain', "
+    "'paged' or 'prefix'"
+)
 FULL: dict[str, Choice] = {  # what a named cache is on a layer of keys and values
     "plain": Choice(KVCache, make_named),
     "paged": Choice(PagedKVCache, make_paged, pages=True),
@@ -107,6 +112,9 @@ TABLE: dict[tuple[str, str | None], Choice | str] = {
     **{("indexed", name): Choice(PagedIndexedCache, make_paged_indexed, pages=True) for name in ROWS},
     **{("compressed", name): Choice(CompressedCache, make_compressed) for name in CACHES},  # its own, whatever
     **{("compressed", name): NOT_COMPRESSED for name in (*ROWS, None)},
+    **{("blocks", name): NOT_BLOCKS for name in (*CACHES, None)},
+    ("blocks", "plain"): Choice(KVCache, make_named),
+    **{("blocks", name): Choice(PagedKVCache, make_paged, pages=True) for name in ROWS},
 }
 KEEPS_ITS_OWN = (
     "sliding",

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from attnlab._checks import check_dropout, check_heads, check_kv_heads, check_positive_int, check_window
 from attnlab.functional.registry import BACKENDS, Backend
 from attnlab.functional.rotary import RopeScaling
+from attnlab.models.block_spec import SparseBlocks
 from attnlab.models.layer_shape import LayerShape, Resolved
 from attnlab.models.presets import PRESETS, score_mod_from_name
 from attnlab.models.v4_spec import DeepseekV4Spec
@@ -25,8 +26,9 @@ from attnlab.models.v4_spec import DeepseekV4Spec
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("pre", "post", "sandwich")
 MLPS = ("gelu", "swiglu", "geglu", "clamped_swiglu")
-LAYER_TYPES = ("full", "sliding", "linear", "delta", "kda", "conv")  # softmax layers; then layers with a state
+LAYER_TYPES: tuple[str, ...] = ("full", "sliding", "linear", "delta", "kda", "conv")  # softmax layers; then stateful
 # (nn/recurrent, nn/kda, nn/convolution)
+LAYER_TYPES += ("moba", "nsa")  # block-sparse softmax layers (nn/moba, nn/nsa), shaped by sparse_blocks
 # the Hugging Face model types a config can be saved as
 HYBRID_FAMILIES = (
     "qwen3_5_text",
@@ -79,7 +81,7 @@ class GPTConfig:
     qk_norm: bool = False
     rope_scaling: RopeScaling | None = None
     rotary_dim: int | None = None
-    layer_types: tuple[Literal["full", "sliding", "linear", "delta", "kda", "conv"], ...] | None = None
+    layer_types: tuple[Literal["full", "sliding", "linear", "delta", "kda", "conv", "moba", "nsa"], ...] | None = None
     family: str | None = None
     # Gemma 3: "sandwich" norms (before and after each sublayer), GeGLU, embeddings times emb_scale (sqrt(emb_dim)),
     # the softmax scale (query_pre_attn_scalar ** -0.5), RoPE's theta and scaling on sliding layers, and
@@ -167,6 +169,8 @@ class GPTConfig:
     layer_scalar: bool = False
     # DeepSeek-V4 (attnlab.models.v4_spec): its compressed layers beside the window, hyper-connections, its mixture
     deepseek_v4: DeepseekV4Spec | None = None
+    # MoBA and NSA layers ("moba", "nsa" in layer_types; attnlab.models.block_spec): their blocks and choices
+    sparse_blocks: SparseBlocks | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("vocab_size", self.vocab_size)
@@ -252,6 +256,8 @@ class GPTConfig:
                 raise ValueError(f"layer_types may hold {list(LAYER_TYPES)}, got {odd}")
             if "sliding" in self.layer_types and self.window is None:
                 raise ValueError("layer_types has 'sliding' layers but window is None: set window=<tokens>")
+            if {"moba", "nsa"} & set(self.layer_types) and not isinstance(self.sparse_blocks, SparseBlocks):
+                raise ValueError("layer_types has 'moba' or 'nsa' layers: set sparse_blocks=SparseBlocks(...)")
             if "conv" in self.layer_types and self.conv_kernel is None:
                 raise ValueError("layer_types has 'conv' layers: set conv_kernel=<taps> (LFM's conv_L_cache)")
             if self.kv_lora_rank is not None and {"linear", "delta", "conv"} & set(self.layer_types):
@@ -522,6 +528,8 @@ class GPTConfig:
         for key in ("full_layers", "sliding_layers"):
             if isinstance(values.get(key), dict):
                 values[key] = LayerShape.from_dict(values[key])
+        if isinstance(values.get("sparse_blocks"), dict):
+            values["sparse_blocks"] = SparseBlocks(**values["sparse_blocks"])
         for key in ("layer_types", "dense_layers"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(values[key])

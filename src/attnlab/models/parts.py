@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from attnlab.cache import Cache
 from attnlab.functional.visibility import Visibility
+from attnlab.models.block_layers import make_block_sparse
 from attnlab.models.config import GPTConfig
 from attnlab.models.mlp import FeedForward, MoEFeedForward
 from attnlab.models.moe_beside import MoEBeside
@@ -213,6 +214,8 @@ class TransformerBlock(nn.Module):
             if kind == "delta"
             else GatedShortConvolution(d_in=e, kernel=config.conv_kernel or 3, bias=config.conv_bias)
             if kind == "conv"
+            else make_block_sparse(config, layer)
+            if kind in ("moba", "nsa")
             else make_softmax(config, layer)
         )
         self.drop_resid = nn.Dropout(config.drop_rate)

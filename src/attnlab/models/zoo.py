@@ -20,6 +20,8 @@ keep less, or to see further:
 ``hybrid-conv``         the hybrid with Qwen3.5's short convolution of 4 taps before each delta rule
 ``kda``                 Kimi Delta Attention (Kimi Linear): the delta rule with a decay per key channel
 ``kv-share``            KV sharing (Gemma 4): the last 2 layers read layer 1's keys and values, caching none
+``moba``                MoBA (Kimi): each query reads its own block of 16 keys and the 2 whose mean key suits it
+``nsa``                 NSA (DeepSeek): compressed, selected and sliding branches mixed by gates
 ======================  ===========================================================================
 
 Every variant is the same decoder (``attnlab.models.GPT``: 4 layers of 64 dimensions, 4 heads, RoPE, bytes
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnlab.models.block_spec import SparseBlocks
 from attnlab.models.config import GPTConfig
 from attnlab.models.gpt import count_parameters
 from attnlab.models.locate import zoo_models
@@ -162,6 +165,20 @@ VARIANTS: dict[str, Variant] = {
             "最后 2 层读取第 1 层的键和值",
             "Gemma 4",
             {"kv_shared_layers": 2},
+        ),
+        Variant(
+            "moba",
+            "MoBA: each query reads its own block of 16 and the 2 best by mean key",
+            "MoBA：每个查询读取自己的 16 词元块，以及按平均键最合适的另外 2 块",
+            "Kimi (Moonshot AI)",
+            {"layer_types": ("moba",) * 4, "sparse_blocks": SparseBlocks(block=16, top_k=3)},
+        ),
+        Variant(
+            "nsa",
+            "NSA: compressed, selected and sliding branches, mixed by gates",
+            "NSA：压缩、选择与滑动窗口三个分支，由门控混合",
+            "DeepSeek (Yuan et al. 2025)",
+            {"layer_types": ("nsa",) * 4, "n_kv_heads": 2, "sparse_blocks": SparseBlocks(slide=WINDOW)},
         ),
     )
 }
