@@ -203,3 +203,28 @@ def test_a_model_whose_block_does_not_line_up_is_refused_before_generating() -> 
         m.generate_many([FIRST], 2, cache="paged")
     with pytest.raises(ValueError, match="its block of 24 tokens must divide the page of 16"):
         PrefixCache.for_model(m, batch_size=1, max_len=64)
+
+
+@pytest.mark.slow  # three generations with guesses
+@torch.no_grad()
+def test_speculation_on_paged_rows_goes_back_to_the_mark_and_gives_greedys_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Prompt lookup on a repetitive prompt: refused guesses send a row back (its ring to the mark, its pages by the
+    table), and the tokens are the plain cache's without guesses."""
+    m = v4()
+    prompt = torch.tensor([(FIRST[:20] * 3)[:50]])
+    went_back: list[tuple[int, int]] = []
+    crop_row = PagedCompressedCache.crop_row
+
+    def seen(self: PagedCompressedCache, row: int, to: int) -> None:
+        went_back.append((self.table.length[row], to))
+        crop_row(self, row, to)
+
+    monkeypatch.setattr(PagedCompressedCache, "crop_row", seen)
+    expected = m.generate(prompt, 16, compile=False)
+    assert least_margin(m, [expected[0].tolist()]) > 1e-4
+    for cache in ("paged", "prefix"):
+        went_back.clear()
+        assert torch.equal(m.generate(prompt, 16, cache=cache, lookup=3), expected), cache
+        assert any(to < held for held, to in went_back), cache  # some guess was refused and taken back
