@@ -36,6 +36,7 @@ from attnlab.models.parts import TransformerBlock, make_norm, make_ple
 from attnlab.models.tokenizer import CharTokenizer
 from attnlab.models.weights import Checkpoint, fit
 from attnlab.nn.attention import SharedKV
+from attnlab.nn.indexed_shared import link_indexers
 from attnlab.observe import Recorder
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class GPT(nn.Module):
         self.drop_emb = nn.Dropout(config.drop_rate)
         self.ple = make_ple(config)  # Gemma 4's per-layer embeddings, or None
         self.trf_blocks = nn.ModuleList([TransformerBlock(config, layer=n) for n in range(config.n_layers)])
+        link_indexers([block.att for block in self.blocks])  # GLM-5's shared layers read an earlier one's choice
         self.final_norm = make_norm(config)
         self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False)
         if config.tie_weights:
