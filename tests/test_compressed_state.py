@@ -25,11 +25,10 @@ def test_every_named_cache_keeps_a_compressed_layers_own_state(name: str) -> Non
 
 
 @pytest.mark.parametrize("name", ["paged", "prefix"])
-def test_paged_caches_are_refused_by_name_with_the_block(name: str) -> None:
-    with pytest.raises(
-        ValueError, match=f"the {name} cache shares and frees pages of 16 tokens whole, where a block of 4"
-    ):
-        ModelCache.build([layer(2).layer_state()], name, rows=1, capacity=8)
+def test_paged_caches_refuse_a_block_that_does_not_line_up_with_the_pages(name: str) -> None:
+    """(Blocks that line up are paged: tests/test_compressed_paged.py.)"""
+    with pytest.raises(ValueError, match="its block of 6 tokens must divide the page of 16 tokens"):
+        ModelCache.build([layer(2, block=6).layer_state()], name, rows=1, capacity=8)
 
 
 def test_what_a_cache_cannot_take_is_refused_before_anything_changes() -> None:

@@ -210,7 +210,7 @@ def test_save_pretrained_writes_the_familys_names_and_transformers_reads_them(
         ("deepseek_v32", {"attention_bias": True}, "attention_bias"),
         ("deepseek_v32", {"layer_types": ["full_attention"] * 3}, "every layer is 'indexed_attention'"),
         ("deepseek_v32", {"mlp_layer_types": ["sparse"] * 3}, "mlp_layer_types"),
-        ("glm_moe_dsa", {"indexer_types": ["full", "shared", "full"]}, "a 'shared' layer reuses"),
+        ("glm_moe_dsa", {"indexer_types": ["shared", "full", "full"]}, "the first has none before it to share"),
     ],
 )
 def test_what_cannot_be_read_is_refused_from_the_config_alone(

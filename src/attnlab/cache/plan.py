@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from attnlab.cache.base import LayerCache
 from attnlab.cache.compressed import CompressedCache
+from attnlab.cache.compressed_paged import PagedCompressedCache, check_aligned, make_paged_compressed
 from attnlab.cache.evicting import EvictingCache
 from attnlab.cache.factories import CACHES, band_refusal, cache_factory, cache_name, knobs_of
 from attnlab.cache.indexed import IndexedCache, PagedIndexedCache
@@ -66,9 +67,8 @@ NOT_INDEXED = (
     "cannot hold (its indexer scores every earlier token, from those keys, exact); use 'plain', 'paged' or 'prefix'"
 )
 NOT_COMPRESSED = (
-    "a compressed layer (DeepSeek-V4) keeps its window, its closed blocks' entries and its open block's tokens per "
-    "row, unpaged: the {name} cache shares and frees pages of 16 tokens whole, where a block of {block} tokens would "
-    "have to end, and attnlab has no paged compressed cache yet; use 'plain' (the default)"
+    "a compressed layer (DeepSeek-V4) keeps its window, its closed blocks' entries and its open block's tokens, "
+    "which a cache factory ({factory}) does not build: name a cache ('plain', 'paged' or 'prefix')"
 )
 NOT_BLOCKS = (
     "a block-sparse layer (MoBA, NSA) reads blocks of each row's positions from every key it has seen, at "
@@ -111,7 +111,8 @@ TABLE: dict[tuple[str, str | None], Choice | str] = {
     ("indexed", "plain"): Choice(IndexedCache, make_indexed),
     **{("indexed", name): Choice(PagedIndexedCache, make_paged_indexed, pages=True) for name in ROWS},
     **{("compressed", name): Choice(CompressedCache, make_compressed) for name in CACHES},  # its own, whatever
-    **{("compressed", name): NOT_COMPRESSED for name in (*ROWS, None)},
+    **{("compressed", name): Choice(PagedCompressedCache, make_paged_compressed, pages=True) for name in ROWS},
+    ("compressed", None): NOT_COMPRESSED,
     **{("blocks", name): NOT_BLOCKS for name in (*CACHES, None)},
     ("blocks", "plain"): Choice(KVCache, make_named),
     **{("blocks", name): Choice(PagedKVCache, make_paged, pages=True) for name in ROWS},
@@ -144,6 +145,9 @@ def choose(layers: Sequence[LayerState], cache: object) -> list[Choice]:
             raise ValueError(
                 entry.format(name=name or "given", window=state.window, factory=type(cache).__name__, block=state.block)
             )
+        if entry.cls is PagedCompressedCache:  # its entries live in the pages: its block must line up with them
+            assert state.block is not None  # LayerState checks a compressed layer declares it
+            check_aligned(state.block, 16)  # the page of the block table sizes_for builds (BlockTable's default)
         chosen.append(entry)
     return chosen
 

@@ -36,15 +36,30 @@ def cache(name: str, model: torch.nn.Module, *, max_len: int | None = None, **op
 
 def register() -> None:
     """Make "attnlab" an attn_implementation transformers knows: the attention function, and the mask transformers
-    builds for sdpa (boolean, True = may attend; left out where causal says it all). Idempotent."""
+    builds for sdpa (boolean, True = may attend; left out where causal says it all), or for eager on a model that
+    appends a bias of its own to it (:data:`ADDITIVE`). Idempotent."""
     try:
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface
     except ImportError as err:
         raise ImportError(f"attnlab.hf needs transformers >= 5.0 (pip install 'attnlab[hf]'): {err}") from err
 
     AttentionInterface.register(NAME, hf_attention)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionMaskInterface.register(NAME, bridge_mask)
+
+
+# models whose attention appends its own additive bias to the mask it is given: DeepSeek-V4 casts its compressed
+# entries' bias (0 for a closed, chosen entry, -inf for the rest) to the mask's dtype and concatenates it, which a
+# boolean mask inverts (-inf becomes True) and a mask left out drops; they get eager's float mask, always made
+ADDITIVE = ("deepseek_v4",)
+
+
+def bridge_mask(**kwargs: Any) -> Any:
+    """The mask transformers builds for "attnlab": sdpa's, or eager's for a model in :data:`ADDITIVE`."""
+    from transformers.masking_utils import eager_mask, sdpa_mask
+
+    config = kwargs.get("config")
+    return (eager_mask if getattr(config, "model_type", None) in ADDITIVE else sdpa_mask)(**kwargs)
 
 
 class Use:

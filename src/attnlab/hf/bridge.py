@@ -91,6 +91,8 @@ def hf_attention(
     mask transformers built for this layer; returns the context (B, Tq, H, Dv) and no weights (a Recorder takes
     them)."""
     settings, cap = settings_of(module), softcap
+    if getattr(module, "compressor", None) is not None and not _is_additive(attention_mask):
+        raise ValueError(f"layer {getattr(module, 'layer_idx', '?')}: {NOT_ADDITIVE}")
     chosen = kwargs.get("indices")  # DeepSeek Sparse Attention: the keys its indexer chose, (B, Tq, K) columns
     if isinstance(chosen, torch.Tensor):  # handed over instead of folded into the mask, as eager and sdpa get it
         attention_mask = _with_selection(attention_mask, chosen, key.shape[2])
@@ -134,6 +136,19 @@ def hf_attention(
         positions=positions,
     )
     return out.transpose(1, 2).contiguous(), None  # (B, Tq, H, Dv)
+
+
+# DeepSeek-V4's compressed layers append their entries' bias (closing and the indexer's choice) to the mask, cast to
+# its dtype: a boolean mask inverts it, a mask left out drops it (attnlab.hf.register gives such a model eager's)
+NOT_ADDITIVE = (
+    "a DeepSeek-V4 compressed layer hands its entries' closing and the indexer's choice as a float bias appended to "
+    "the mask, which a boolean mask (or none) would invert or drop: run it with attn_implementation='attnlab' as "
+    "attnlab.hf.use sets it (a float mask), without a 4-D mask of your own"
+)
+
+
+def _is_additive(mask: object) -> bool:
+    return isinstance(mask, torch.Tensor) and mask.is_floating_point()
 
 
 def _with_selection(mask: torch.Tensor | None, indices: torch.Tensor, keys: int) -> torch.Tensor:

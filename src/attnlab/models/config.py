@@ -120,6 +120,8 @@ class GPTConfig:
     index_heads: int = 0
     index_head_dim: int = 0
     index_rope_interleave: bool = False
+    # GLM-5's "shared" indexer layers: each reads the choice of the nearest earlier layer with an indexer of its own
+    index_shared: tuple[int, ...] = ()
     # Qwen3.5-MoE: each shared expert's width when it is not moe_intermediate_size (shared_expert_intermediate_size),
     # and its output opened per token by sigmoid(shared_gate(x)) (shared_expert_gate)
     shared_expert_dim: int | None = None
@@ -320,6 +322,16 @@ class GPTConfig:
                 check_positive_int(name, getattr(self, name), limit=limit)
         if not isinstance(self.index_rope_interleave, bool):
             raise TypeError(f"index_rope_interleave must be a bool, got {self.index_rope_interleave!r}")
+        shared = self.index_shared
+        if not isinstance(shared, tuple) or any(isinstance(i, bool) or not isinstance(i, int) for i in shared):
+            raise TypeError(f"index_shared must be a tuple of layer indices, got {shared!r}")
+        if shared and (self.index_topk is None or 0 in shared or list(shared) != sorted(set(shared))):
+            raise ValueError(
+                f"index_shared={shared!r} names the layers that read an earlier layer's indexer choice: increasing "
+                "layer indices past 0 (the first layer runs its own indexer), with index_topk set"
+            )
+        if shared and shared[-1] >= self.n_layers:
+            raise ValueError(f"index_shared={shared!r} names a layer past the model's n_layers={self.n_layers}")
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {list(ROUTERS)}, got {self.router!r}")
         if self.router == "grouped_sigmoid" and (
@@ -513,6 +525,7 @@ class GPTConfig:
         if self.layer_types is not None:
             values["layer_types"] = list(self.layer_types)
         values["dense_layers"] = list(self.dense_layers)
+        values["index_shared"] = list(self.index_shared)
         return values  # full_layers and sliding_layers: a dict of their fields, or None
 
     @classmethod
@@ -530,7 +543,7 @@ class GPTConfig:
                 values[key] = LayerShape.from_dict(values[key])
         if isinstance(values.get("sparse_blocks"), dict):
             values["sparse_blocks"] = SparseBlocks(**values["sparse_blocks"])
-        for key in ("layer_types", "dense_layers"):
+        for key in ("layer_types", "dense_layers", "index_shared"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(values[key])
         return cls(**values)

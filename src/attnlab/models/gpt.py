@@ -1,12 +1,10 @@
 """GPT: the book's GPTModel (chapter 4) on attnlab's Attention, with a KV cache and generate(), and every
 decoder after it that ``GPTConfig`` describes (Llama 3, Mistral, Qwen2, Qwen3: ``attnlab.models.parts``).
 
-The book's layout and names, in its order: token and position embeddings
-(``tok_emb``, ``pos_emb``: none with RoPE), dropout, ``n_layers`` blocks
-(``norm1``, ``att``, ``drop_resid``, ``norm2``, ``ff``), ``final_norm`` and
-``out_head``. GPT-2's defaults: the book's LayerNorm (scale/shift, biased
-variance, eps 1e-5) is ``nn.LayerNorm``, its GELU the tanh approximation. The
-attention is ``attnlab.Attention``, so every backend, the cache and the
+The book's layout and names, in its order: token and position embeddings (``tok_emb``, ``pos_emb``: none with
+RoPE), dropout, ``n_layers`` blocks (``norm1``, ``att``, ``drop_resid``, ``norm2``, ``ff``), ``final_norm`` and
+``out_head``. GPT-2's defaults: the book's LayerNorm (scale/shift, biased variance, eps 1e-5) is ``nn.LayerNorm``,
+its GELU the tanh approximation. The attention is ``attnlab.Attention``, so every backend, the cache and the
 Recorder work in a whole model, whatever its family.
 
 Shapes: B = batch, T = tokens, V = vocab_size, E = emb_dim, L = n_layers, H = n_heads.
@@ -36,6 +34,7 @@ from attnlab.models.parts import TransformerBlock, make_norm, make_ple
 from attnlab.models.tokenizer import CharTokenizer
 from attnlab.models.weights import Checkpoint, fit
 from attnlab.nn.attention import SharedKV
+from attnlab.nn.indexed_shared import link_indexers
 from attnlab.nn.selection_record import token_weights
 from attnlab.observe import Recorder
 
@@ -70,6 +69,7 @@ class GPT(nn.Module):
         self.drop_emb = nn.Dropout(config.drop_rate)
         self.ple = make_ple(config)  # Gemma 4's per-layer embeddings, or None
         self.trf_blocks = nn.ModuleList([TransformerBlock(config, layer=n) for n in range(config.n_layers)])
+        link_indexers([block.att for block in self.blocks])  # GLM-5's shared layers read an earlier one's choice
         self.final_norm = make_norm(config)
         self.out_head = nn.Linear(config.emb_dim, config.vocab_size, bias=False)
         if config.tie_weights:

@@ -35,6 +35,7 @@ from attnlab.models.v4_layers import TokenIds, make_hyper, make_v4_attention, ma
 from attnlab.nn.attention import Attention, SharedKV
 from attnlab.nn.convolution import GatedShortConvolution
 from attnlab.nn.indexed import IndexedAttention
+from attnlab.nn.indexed_shared import SharedIndexAttention
 from attnlab.nn.kda import KimiDeltaAttention
 from attnlab.nn.latent import LatentAttention
 from attnlab.nn.recurrent import GatedDeltaNet, LinearAttention
@@ -112,7 +113,8 @@ def make_attention(config: GPTConfig, layer: int) -> LatentAttention:
     if config.index_topk is not None:
         indexed = dict(index_topk=config.index_topk, index_heads=config.index_heads)
         indexed |= dict(index_head_dim=config.index_head_dim, index_rope_interleave=config.index_rope_interleave)
-    return (IndexedAttention if indexed else LatentAttention)(
+    shared = layer in config.index_shared  # GLM-5: an earlier layer's choice, no indexer of its own
+    return (SharedIndexAttention if shared else IndexedAttention if indexed else LatentAttention)(
         **indexed,
         d_in=config.emb_dim,
         num_heads=config.n_heads,

@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from attnlab.cache import Cache, LayerState
 from attnlab.cache.compressed import CompressedCache
+from attnlab.cache.compressed_paged import CompressedRows, PagedCompressedCache
 from attnlab.functional.attention import attention
 from attnlab.functional.compression import turn_pairs
 from attnlab.functional.visibility import Visibility
@@ -57,6 +58,9 @@ class V4Attention(CompressedAttention):
         visibility: Visibility | None = None,
         **_: Any,
     ) -> torch.Tensor:
+        if isinstance(cache, PagedCompressedCache | CompressedRows):  # paged rows, each its own length: one a call
+            run = super().forward
+            return torch.cat([run(x[n : n + 1], cache=row) for n, row in enumerate(cache.each(len(x)))])
         if cache is not None and not isinstance(cache, CompressedCache):
             raise TypeError(f"a V4 layer keeps a CompressedCache (its layer_state()), got {type(cache).__name__}")
         return super().forward(x, cache=cache)

@@ -106,6 +106,7 @@ class IndexedAttention(LatentAttention):
         self.register_buffer("queries_read", torch.zeros((), dtype=torch.long), persistent=False)
         self.keys_read: torch.Tensor
         self.queries_read: torch.Tensor
+        self.chosen: Selection | None = None  # the last call's choice, which GLM-5's shared layers read
 
     def layer_state(self) -> LayerState:
         """The latent [c, k_pe] and the indexer's key a token (``attnlab.cache.indexed``): 'plain', 'paged' or
@@ -229,7 +230,7 @@ class IndexedAttention(LatentAttention):
             width = self.kv_lora_rank + self.qk_rope_head_dim
             latents, index_keys = stored[..., :width], stored[:, 0, :, width:]  # (B, 1, S, R + P), (B, S, Di)
             vis = visibility.for_keys(key_pos)
-        selection = self.select(x, q_latent, index_keys, positions, vis)
+        selection = self.chosen = self.select(x, q_latent, index_keys, positions, vis)
         return self.gathered(q_nope, q_pe, latents, selection, vis)
 
     def reset_meter(self) -> None:
