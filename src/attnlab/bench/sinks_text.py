@@ -187,7 +187,7 @@ WORDS = {
         "的一个 Token 是一个字节），每种缓存都保留 {context} 个 Token；第一个上下文之后的 Token 的困惑度，取各序列的"
         "均值 ± 一半极差。",
         "model_text": "自带文本模型",
-        "model_backcopy": "在 Bigram-Backcopy 上训练的 GPT（zoo 的 mha）",
+        "model_backcopy": "一个在 Bigram-Backcopy 上训练的 GPT（zoo 的 mha）",
         "backcopy_title": "Bigram-Backcopy：注意力汇聚点、值向量消减与残差峰值",
         "backcopy_setup": "{layers} 层、每层一个头，宽度 {width}，{length} 个 Token，批量 {batch}，{steps} 步，Adam 学习率 "
         "{lr_adam:g}，SGD 学习率 {lr_sgd:g}、动量 0.9，{seeds} 个种子；各指标取最后一步（取最极端的一层），种子均值 ± 一半极差。",
