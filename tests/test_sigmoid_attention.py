@@ -88,3 +88,25 @@ def test_bad_normalisations_are_refused_naming_the_value() -> None:
         Attention(d_in=8, num_heads=2, normalize="sigmoid", backend="sdpa")
     with pytest.raises(ValueError, match=r"q must be 4-D"):
         sigmoid_attention(torch.zeros(2, 3, 4), torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+
+
+def test_a_sigmoid_gpt_generates_with_its_cache_what_its_full_forward_picks() -> None:
+    """The cache path reaches the sigmoid kernel too: 8 greedy tokens decoded with the KV cache are the argmax of
+    the full forward at each step (a cache read as softmax would pick others)."""
+    torch.manual_seed(4)
+    model = GPT(SMALL.with_(attn_normalize="sigmoid")).eval()
+    prompt = torch.randint(0, 32, (1, 4))
+    out = model.generate(prompt, 8)
+    ids = prompt
+    with torch.no_grad():
+        for _ in range(8):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    assert torch.equal(out, ids)
+
+
+def test_the_ring_refuses_sigmoid_attention_rather_than_run_softmax() -> None:
+    from attnlab.distributed import ContextParallelAttention
+
+    ring = ContextParallelAttention.from_attention(Attention(d_in=16, num_heads=2, normalize="sigmoid"))
+    with pytest.raises(ValueError, match=r"runs softmax attention only: run sigmoid attention in one process"):
+        ring(torch.randn(1, 4, 16))
