@@ -75,6 +75,7 @@ def test_what_the_prose_says_of_the_variants_is_in_the_file() -> None:
     gated = next(v for v in result.verdicts() if v.claim == "gated_sink")
     assert min(gated.gaps) > 0 and status["gated_sink"] == "within the noise"  # "in every seed, but by less"
     assert status["gated_peak"] == "held" and status["learned_sink"] == "held"
+    assert status["gated_drain"] == "held"  # "the gate's smaller drain is a finding"
     m = result.measures
     assert all(s > f for s, f in zip(m["sinks"]["learned_sink"], m["sinks"]["first_token"], strict=True))
     assert max(m["mha"]["value_ratio"]) < min(m["gated"]["value_ratio"] + m["sinks"]["value_ratio"])

@@ -149,13 +149,18 @@ def test_the_variants_verdicts_and_report_read_the_file(tmp_path: Path) -> None:
     row = {"loss": [1.4, 1.4], "learned_sink": [0.0, 0.0], "value_ratio": [0.5, 0.6]}
     measures = {
         "mha": {**row, "first_token": [0.30, 0.34], "peak_ratio": [9.0, 9.5]},
-        "gated": {**row, "first_token": [0.31, 0.20], "peak_ratio": [6.0, 6.5]},
+        "gated": {**row, "first_token": [0.31, 0.20], "peak_ratio": [6.0, 6.5], "value_ratio": [0.8, 0.85]},
         "sinks": {**row, "first_token": [0.10, 0.12], "peak_ratio": [9.0, 9.0], "learned_sink": [0.4, 0.6]},
     }
     settings = {"layers": 2, "heads": 2, "width": 8, "length": 8, "batch": 2, "steps": 10, "lr": 3e-3}
     result = VariantsResult("2026-12-07", "x", settings, [0, 1], {"mha": {}}, measures, 1.0)
     status = {v.claim: v.status for v in result.verdicts()}
-    assert status == {"gated_sink": "within the noise", "gated_peak": "held", "learned_sink": "held"}
+    assert status == {
+        "gated_sink": "within the noise",
+        "gated_peak": "held",
+        "gated_drain": "held",  # the gate's value ratio 0.3 and 0.25 above mha's
+        "learned_sink": "held",
+    }
     report = variants_report(result, "en")
     assert "| sinks | 1.400 ± 0.000 | 0.110 ± 0.010 | 0.500 ± 0.100 |" in report
     assert VariantsResult.read(result.write(tmp_path / "v.json")) == result

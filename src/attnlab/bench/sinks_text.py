@@ -107,6 +107,11 @@ CLAIMS: dict[str, dict[str, str]] = {
         "largest activation of any layer over its median, mha minus gated.",
         "zh": "Qiu 等 2025（摘要的较新版本）：门控也缓解巨量激活。这里：各层输出中最大激活与中位数之比，mha 减 gated。",
     },
+    "gated_drain": {
+        "en": "The same claim of Qiu et al. 2025, for the value-state drain that comes with a sink (Guo et al. 2024, "
+        "the abstract): the smallest value norm ratio, gated minus mha.",
+        "zh": "Qiu 等 2025 的同一论断，对随注意力汇聚点而来的值向量消减（Guo 等 2024，摘要）：最小的值范数比，gated 减 mha。",
+    },
     "learned_sink": {
         "en": "Gu et al. 2024: the attention sink acts more like a key bias, storing extra attention (the abstract); "
         "a learned sink logit (gpt-oss) is such a bias with no value, so it should take the first token's place. "
