@@ -8,8 +8,15 @@ import io
 import re
 from pathlib import Path
 
-from attnlab.bench.sinks_report import backcopy_report, massive_report, streaming_report, variants_report
+from attnlab.bench.sinks_report import (
+    backcopy_report,
+    massive_report,
+    sigmoid_report,
+    streaming_report,
+    variants_report,
+)
 from attnlab.bench.sinks_result import BackcopyResult, MassiveResult, StreamingResult, VariantsResult
+from attnlab.bench.sinks_sigmoid import SigmoidResult
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "sinks.md").read_text(encoding="utf-8")
@@ -32,6 +39,7 @@ def test_the_reports_are_rendered_from_the_committed_runs_in_both_languages() ->
         assert backcopy_report(trained, lang) in PAGE, lang
         assert variants_report(compared, lang) in PAGE, lang
         assert massive_report(MassiveResult.read(_latest("sinks_massive")), lang) in PAGE, lang
+        assert sigmoid_report(SigmoidResult.read(_latest("sinks_sigmoid")), lang) in PAGE, lang
 
 
 def test_what_the_prose_says_of_the_runs_is_in_the_files() -> None:
@@ -67,6 +75,7 @@ def test_what_the_prose_says_of_the_variants_is_in_the_file() -> None:
     gated = next(v for v in result.verdicts() if v.claim == "gated_sink")
     assert min(gated.gaps) > 0 and status["gated_sink"] == "within the noise"  # "in every seed, but by less"
     assert status["gated_peak"] == "held" and status["learned_sink"] == "held"
+    assert status["gated_drain"] == "held"  # "the gate's smaller drain is a finding"
     m = result.measures
     assert all(s > f for s, f in zip(m["sinks"]["learned_sink"], m["sinks"]["first_token"], strict=True))
     assert max(m["mha"]["value_ratio"]) < min(m["gated"]["value_ratio"] + m["sinks"]["value_ratio"])
@@ -80,6 +89,19 @@ def test_what_the_prose_says_of_the_massive_run_is_in_the_file() -> None:
     status = {v.claim: v for v in result.verdicts()}
     assert min(status["zero_vs_control"].gaps) > 0 and status["zero_vs_control"].status == "within the noise"
     assert min(status["zero_breaks"].gaps) > 0 and max(status["zero_breaks"].gaps) < 0.01  # "a few thousandths"
+
+
+def test_what_the_prose_says_of_the_sigmoid_run_is_in_the_file() -> None:
+    result = SigmoidResult.read(_latest("sinks_sigmoid"))
+    status = {v.claim: v.status for v in result.verdicts()}
+    assert status == {"softmax_text_sink": "reversed", "sigmoid_text_sink": "within the noise"}
+    soft, sig = result.measures["softmax"], result.measures["sigmoid"]
+    assert all(0.4 < s / result.uniform < 0.6 for s in soft["first_token"])  # "about half an even head's"
+    assert max(soft["sink_rate"] + sig["sink_rate"]) == 0  # "no head is above Gu et al.'s threshold"
+    assert all(g > s for g, s in zip(sig["loss"], soft["loss"], strict=True))  # "a higher held-out loss"
+    ratios = [g / s for g, s in zip(sig["peak_ratio"], soft["peak_ratio"], strict=True)]
+    assert min(ratios) > 4 and max(ratios) < 6.5  # "about five times further above its median"
+    assert result.settings["steps"] == 300  # "after 300 steps"
 
 
 def test_the_pages_example_prints_what_it_says() -> None:

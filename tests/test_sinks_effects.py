@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnlab.bench.sinks_backcopy import BackcopySettings, run_backcopy
+from attnlab.bench.sinks_variants import VariantSettings, run_variants
 
 pytestmark = pytest.mark.slow
 
@@ -66,3 +67,32 @@ def test_massive_activations_set_to_their_mean_change_nothing_and_zeroed_they_mo
     assert result["mean"] == result["base"]
     assert result["zero"] != result["base"]
     assert intervene(model, held_out, where["layer"], where["channels"], None) == result["base"]
+
+
+# A size the suite trains where the gate's effect shows past the spread (what else was tried: docs/sinks.md)
+GATE = VariantSettings(width=64, length=32, batch=16, steps=400)
+GATED = {"mha": {}, "gated": {"attn_output_gate": True}}
+
+
+def _gate_fixed_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every output gate opened all the way, whatever x: the gated model trains as mha with a gate it never uses."""
+    from attnlab.nn.attention import Attention
+
+    def opened(self: Attention, x: torch.Tensor) -> torch.Tensor | None:
+        return None if self.gate is None else x.new_ones(*x.shape[:-1], self.num_heads * self.value_dim)
+
+    monkeypatch.setattr(Attention, "gate_for", opened)
+
+
+def test_the_gate_keeps_the_first_tokens_value_and_fixed_open_it_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qiu et al.'s gate against mha at a size the suite trains: mha drains the first token's value (its norm well
+    below the others') and the gated model less so, past the spread over seeds (gated_drain held); trained with the
+    gate fixed open, the same comparison is not a finding."""
+    from dataclasses import replace
+
+    real = run_variants(seeds=2, settings=GATE, variants=GATED)
+    assert {v.claim: v.status for v in real.verdicts()}["gated_drain"] == "held"
+    _gate_fixed_open(monkeypatch)
+    opened = run_variants(seeds=2, settings=GATE, variants={"gated": GATED["gated"]})
+    against = replace(real, measures={"mha": real.measures["mha"], "gated": opened.measures["gated"]})
+    assert {v.claim: v.status for v in against.verdicts()}["gated_drain"] != "held"

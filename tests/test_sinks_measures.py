@@ -137,3 +137,13 @@ def test_a_learned_sink_is_read_apart_from_the_first_token() -> None:
     reading = read_gpt(model, torch.randint(0, 32, (1, 10), generator=torch.Generator().manual_seed(2)))
     assert reading.learned_sink is not None and min(reading.learned_sink[0]) > 0.5
     assert max(reading.first_token[0]) < 0.5  # the token-0 mass is what is left, not the sink's
+
+
+def test_gus_score_on_proxy_weights_divides_each_row_by_its_sum() -> None:
+    """Gu et al.'s proxy weights for sigmoid heads: rows scaled any way give the score of the normalised rows
+    ((1 + 1/2 + 1/4) / 3 here), and a row that gives nothing counts 0."""
+    rows = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.25, 0.5, 0.25]])
+    scaled = rows * torch.tensor([[0.3], [1.7], [2.0]])
+    assert gu_score(scaled, of_row=True).item() == pytest.approx(1.75 / 3)
+    assert gu_score(scaled).item() == pytest.approx((0.3 + 0.85 + 0.5) / 3)
+    assert gu_score(rows * torch.tensor([[1.0], [0.0], [1.0]]), of_row=True).item() == pytest.approx(1.25 / 3)

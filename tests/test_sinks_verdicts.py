@@ -149,13 +149,18 @@ def test_the_variants_verdicts_and_report_read_the_file(tmp_path: Path) -> None:
     row = {"loss": [1.4, 1.4], "learned_sink": [0.0, 0.0], "value_ratio": [0.5, 0.6]}
     measures = {
         "mha": {**row, "first_token": [0.30, 0.34], "peak_ratio": [9.0, 9.5]},
-        "gated": {**row, "first_token": [0.31, 0.20], "peak_ratio": [6.0, 6.5]},
+        "gated": {**row, "first_token": [0.31, 0.20], "peak_ratio": [6.0, 6.5], "value_ratio": [0.8, 0.85]},
         "sinks": {**row, "first_token": [0.10, 0.12], "peak_ratio": [9.0, 9.0], "learned_sink": [0.4, 0.6]},
     }
     settings = {"layers": 2, "heads": 2, "width": 8, "length": 8, "batch": 2, "steps": 10, "lr": 3e-3}
     result = VariantsResult("2026-12-07", "x", settings, [0, 1], {"mha": {}}, measures, 1.0)
     status = {v.claim: v.status for v in result.verdicts()}
-    assert status == {"gated_sink": "within the noise", "gated_peak": "held", "learned_sink": "held"}
+    assert status == {
+        "gated_sink": "within the noise",
+        "gated_peak": "held",
+        "gated_drain": "held",  # the gate's value ratio 0.3 and 0.25 above mha's
+        "learned_sink": "held",
+    }
     report = variants_report(result, "en")
     assert "| sinks | 1.400 ± 0.000 | 0.110 ± 0.010 | 0.500 ± 0.100 |" in report
     assert VariantsResult.read(result.write(tmp_path / "v.json")) == result
@@ -176,3 +181,48 @@ def test_the_massive_verdicts_and_report_read_the_file(tmp_path: Path) -> None:
     assert "Seed 1: layer 1, channels [3, 5], values 4.00, -3.50; the layer's largest activation is 9.2 times" in report
     assert MassiveResult.read(result.write(tmp_path / "m.json")) == result
     assert "| 置零 | 1.630 ± 0.030 |" in massive_report(result, "zh")
+
+
+def test_the_sigmoid_verdicts_and_report_read_the_file(tmp_path: Path) -> None:
+    from attnlab.bench.sinks_report import sigmoid_report
+    from attnlab.bench.sinks_sigmoid import SigmoidResult
+
+    row = {"loss": [1.4, 1.5], "largest_first": [0.5, 0.6], "sink_rate": [0.25, 0.5], "peak_ratio": [8.0, 9.0]}
+    measures = {"softmax": {**row, "first_token": [0.30, 0.34]}, "sigmoid": {**row, "first_token": [0.05, 0.03]}}
+    settings = {"steps": 10, "batch": 2, "lr": 3e-3, "seq_len": 8, "probe": 2}
+    result = SigmoidResult("2026-12-07", "x", settings, [0, 1], measures, 0.2, 1.0)
+    verdicts = {v.claim: v for v in result.verdicts()}
+    assert verdicts["softmax_text_sink"].status == "held"  # 0.10 and 0.14 above an even head's 0.2
+    assert verdicts["sigmoid_text_sink"].gaps == pytest.approx([0.25, 0.31])
+    assert verdicts["sigmoid_text_sink"].status == "held"
+    report = sigmoid_report(result, "en")
+    assert "| sigmoid | 1.450 ± 0.050 | 0.040 ± 0.010 | 0.550 ± 0.050 | 0.375 ± 0.125 | 8.500 ± 0.500 |" in report
+    assert "first-token share of 0.200" in report
+    assert SigmoidResult.read(result.write(tmp_path / "g.json")) == result
+    assert "在此成立" in sigmoid_report(result, "zh")
+    flat = {"softmax": {**row, "first_token": [0.19, 0.18]}, "sigmoid": {**row, "first_token": [0.19, 0.17]}}
+    status = {v.claim: v.status for v in SigmoidResult("d", "x", settings, [0, 1], flat, 0.2, 1.0).verdicts()}
+    assert status == {"softmax_text_sink": "reversed", "sigmoid_text_sink": "within the noise"}
+
+
+def test_the_sigmoid_command_reads_a_saved_run_and_refuses_another(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from attnlab.bench.sinks_sigmoid import SigmoidResult, SigmoidSettings
+
+    row = {"loss": [1.4], "first_token": [0.02], "largest_first": [0.05], "sink_rate": [0.0], "peak_ratio": [6.0]}
+    saved = SigmoidResult(
+        "d",
+        "x",
+        {"steps": 10, "batch": 2, "lr": 3e-3, "seq_len": 8, "probe": 2},
+        [0],
+        {"softmax": row, "sigmoid": row},
+        0.2,
+        1.0,
+    ).write(tmp_path / "g.json")
+    assert main(["sinks", "sigmoid", "--from", str(saved), "--lang", "zh"]) == 0
+    assert "未判定：只有一个种子" in capsys.readouterr().out
+    assert main(["sinks", "variants", "--from", str(saved)]) == 2
+    assert "schema" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="lr must be a float in"):
+        SigmoidSettings(lr=3)

@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from attnlab.bench.sinks_result import BackcopyResult, MassiveResult, StreamingResult, VariantsResult, Verdict
+from attnlab.bench.sinks_sigmoid import SigmoidResult
 from attnlab.bench.sinks_text import CLAIMS, STATUS, WORDS
 
 
@@ -145,6 +146,29 @@ def massive_report(result: MassiveResult, lang: str = "en") -> str:
                 position=f["peak_position"],
             )
             for seed, f in zip(result.seeds, result.found, strict=True)
+        ],
+        "",
+        *verdict_lines(result.verdicts(), lang),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def sigmoid_report(result: SigmoidResult, lang: str = "en") -> str:
+    """The sigmoid run as Markdown: its setting, each arm's measures, the verdicts."""
+    _check_lang(lang)
+    words = WORDS[lang]
+    shown = {"loss": "loss", "first_token": "first_mean", "largest_first": "largest_first"}
+    shown |= {"sink_rate": "sink_rate", "peak_ratio": "peak_ratio"}
+    lines = [
+        f"### {words['sigmoid_title']}",
+        "",
+        words["sigmoid_setup"].format(**result.settings, seeds=len(result.seeds), uniform=result.uniform),
+        "",
+        "| " + " | ".join([words["attention"], *(words[w] for w in shown.values())]) + " |",
+        "|" + "---|" * (len(shown) + 1),
+        *[
+            "| " + " | ".join([arm, *(_mean_spread(values[m]) for m in shown)]) + " |"
+            for arm, values in result.measures.items()
         ],
         "",
         *verdict_lines(result.verdicts(), lang),

@@ -204,7 +204,8 @@ class VariantsResult:
         return cls(**_read(path, VARIANTS_SCHEMA))
 
     def verdicts(self) -> list[Verdict]:
-        """Qiu et al.'s claims for the gate, and a learned sink in the first token's place, against mha."""
+        """Qiu et al.'s claims for the gate (the sink, its value drain, the largest activation), and a learned sink
+        in the first token's place, against mha."""
         out: list[Verdict] = []
         if "mha" not in self.measures:
             return out
@@ -216,6 +217,7 @@ class VariantsResult:
         if "gated" in self.measures:
             out.append(judge("gated_sink", drop("gated", "first_token")))
             out.append(judge("gated_peak", drop("gated", "peak_ratio")))
+            out.append(judge("gated_drain", [-g for g in drop("gated", "value_ratio")]))  # the gate's less drained
         if "sinks" in self.measures:
             out.append(judge("learned_sink", drop("sinks", "first_token")))
         return out

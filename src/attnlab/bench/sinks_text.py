@@ -66,6 +66,22 @@ CLAIMS: dict[str, dict[str, str]] = {
         "zh": "Gu 等 2024：用不做归一化的 sigmoid 注意力，注意力汇聚点不会出现（摘要；原文在文本上、最大 1B 参数，"
         "这里在 Bigram-Backcopy 上试）。注意力汇聚点，softmax 减 sigmoid，各取放在 BOS 上的权重本身。",
     },
+    "softmax_text_sink": {
+        "en": "Gu et al. 2024: attention sink emerges after effective optimization on sufficient training data (the "
+        "abstract). Here, softmax on the zoo's text: the first-token share (the mean over layers and heads) minus an "
+        "even head's.",
+        "zh": "Gu 等 2024：注意力汇聚点在充足的训练数据上经过有效优化之后出现（摘要）。这里，softmax 在 zoo 的文本上："
+        "首 Token 份额（各层各头的均值）减去均匀分布的头的份额。",
+    },
+    "sigmoid_text_sink": {
+        "en": "Gu et al. 2024: with sigmoid attention without normalization, attention sinks do not emerge in LMs up "
+        "to 1B parameters (the abstract; the form, the sigmoid of the scaled scores with no bias, read from the "
+        "authors' code). Here, on the zoo's text: the first-token share (the mean over layers and heads; a sigmoid "
+        "row's weight on token 0 over the row's sum), softmax minus sigmoid.",
+        "zh": "Gu 等 2024：用不做归一化的 sigmoid 注意力，在最大 1B 参数的语言模型中注意力汇聚点不会出现（摘要；其形式，"
+        "缩放后分数的 sigmoid、不加偏置，取自作者的代码）。这里，在 zoo 的文本上：首 Token 份额（各层各头的均值；"
+        "sigmoid 的一行放在第 1 个 Token 上的权重除以该行之和），softmax 减 sigmoid。",
+    },
     "zero_breaks": {
         "en": 'Sun et al. 2024: very few activations are far larger than the rest ("e.g., 100,000 times larger"), stay '
         "largely constant whatever the input and act as indispensable bias terms (the abstract); set to their mean "
@@ -90,6 +106,11 @@ CLAIMS: dict[str, dict[str, str]] = {
         "en": "Qiu et al. 2025 (the abstract's later version): the gate mitigates massive activations too. Here: the "
         "largest activation of any layer over its median, mha minus gated.",
         "zh": "Qiu 等 2025（摘要的较新版本）：门控也缓解巨量激活。这里：各层输出中最大激活与中位数之比，mha 减 gated。",
+    },
+    "gated_drain": {
+        "en": "The same claim of Qiu et al. 2025, for the value-state drain that comes with a sink (Guo et al. 2024, "
+        "the abstract): the smallest value norm ratio, gated minus mha.",
+        "zh": "Qiu 等 2025 的同一论断，对随注意力汇聚点而来的值向量消减（Guo 等 2024，摘要）：最小的值范数比，gated 减 mha。",
     },
     "learned_sink": {
         "en": "Gu et al. 2024: the attention sink acts more like a key bias, storing extra attention (the abstract); "
@@ -155,6 +176,15 @@ WORDS = {
         "value_min": "smallest value norm ratio",
         "first_token": "The model's own first-token share (the mean over layers and heads) was {share:.3f}, its "
         "largest head's {largest:.3f}; a head spread evenly over every row of one context would give {uniform:.3f}.",
+        "sigmoid_title": "Softmax against sigmoid attention on the zoo's text",
+        "sigmoid_setup": "The zoo's mha (4 layers of 4 heads, width 64, rotary positions, bytes in) trained {steps} "
+        "steps of AdamW at {lr:g}, batch {batch} of {seq_len}-byte windows of the zoo's text, with softmax and with "
+        "sigmoid attention without normalisation, {seeds} seeds on the same batches; measured on {probe} held-out "
+        "windows, the mean over seeds ± half the spread. A head spread evenly over each row would have a "
+        "first-token share of {uniform:.3f}.",
+        "attention": "attention",
+        "first_mean": "first-token share (mean)",
+        "sink_rate": "sink rate (Gu et al., > 0.3)",
     },
     "zh": {
         "streaming_title": "在{model}的上下文之外运行 StreamingLLM",
@@ -162,7 +192,7 @@ WORDS = {
         "的一个 Token 是一个字节），每种缓存都保留 {context} 个 Token；第一个上下文之后的 Token 的困惑度，取各序列的"
         "均值 ± 一半极差。",
         "model_text": "自带文本模型",
-        "model_backcopy": "在 Bigram-Backcopy 上训练的 GPT（zoo 的 mha）",
+        "model_backcopy": "一个在 Bigram-Backcopy 上训练的 GPT（zoo 的 mha）",
         "backcopy_title": "Bigram-Backcopy：注意力汇聚点、值向量消减与残差峰值",
         "backcopy_setup": "{layers} 层、每层一个头，宽度 {width}，{length} 个 Token，批量 {batch}，{steps} 步，Adam 学习率 "
         "{lr_adam:g}，SGD 学习率 {lr_sgd:g}、动量 0.9，{seeds} 个种子；各指标取最后一步（取最极端的一层），种子均值 ± 一半极差。",
@@ -193,5 +223,13 @@ WORDS = {
         "value_min": "最小的值范数比",
         "first_token": "该模型自身的首 Token 份额（各层各头的均值）为 {share:.3f}，最大的头为 {largest:.3f}；在一个上下文"
         "的每一行上均匀分布的头为 {uniform:.3f}。",
+        "sigmoid_title": "在 zoo 的文本上对比 softmax 与 sigmoid 注意力",
+        "sigmoid_setup": "zoo 的 mha（4 层、每层 4 个头，宽度 64，旋转位置编码，以字节为输入）在 zoo 的文本上训练 {steps} "
+        "步，AdamW 学习率 {lr:g}，批量 {batch}，每个窗口 {seq_len} 个字节，分别用 softmax 和不做归一化的 sigmoid 注意力，"
+        "{seeds} 个种子、相同的批次；在 {probe} 个留出窗口上测量，种子均值 ± 一半极差。在每一行上均匀分布的头，"
+        "首 Token 份额为 {uniform:.3f}。",
+        "attention": "注意力",
+        "first_mean": "首 Token 份额（均值）",
+        "sink_rate": "汇聚率（Gu 等，> 0.3）",
     },
 }

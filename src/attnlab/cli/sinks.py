@@ -11,7 +11,7 @@ from rich.console import Console
 
 from attnlab.cli._common import check_folder, error
 
-EXPERIMENTS = ("streaming", "backcopy", "variants", "massive")
+EXPERIMENTS = ("streaming", "backcopy", "variants", "massive", "sigmoid")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,7 +25,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "ReLU and sigmoid attention, Adam and SGD, measuring the weight on BOS, its value norm and its residual norm over "
         "training; 'variants' trains the zoo's mha, gated and sinks on Bigram-Backcopy and compares the first-token "
         "share and the largest activation; 'massive' sets the first token's largest activations to their mean and to "
-        "zero. Each verdict uses the spread over seeds and the zoo's noise rule.",
+        "zero; 'sigmoid' trains the zoo's mha on the zoo's text with softmax and with sigmoid attention without "
+        "normalisation and compares their first-token shares. Each verdict uses the spread over seeds and the zoo's "
+        "noise rule.",
     )
     sinks.add_argument("experiment", choices=EXPERIMENTS, help="which experiment")
     sinks.add_argument("--seeds", type=int, default=3, help="texts (streaming) or training seeds (default 3)")
@@ -38,7 +40,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "a first-token sink)",
     )
     sinks.add_argument(
-        "--steps", type=int, default=None, help="backcopy, variants, massive: training steps (default 1000)"
+        "--steps",
+        type=int,
+        default=None,
+        help="backcopy, variants, massive: training steps (default 1000); sigmoid (default 300)",
     )
     sinks.add_argument("--out", default="runs/sinks", help="folder for the JSON file and the plot (default runs/sinks)")
     sinks.add_argument("--from", dest="source", default=None, metavar="FILE", help="print the report of a saved run")
@@ -50,11 +55,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
         backcopy_plot,
         backcopy_report,
         massive_report,
+        sigmoid_report,
         streaming_plot,
         streaming_report,
         variants_report,
     )
     from attnlab.bench.sinks_result import BackcopyResult, MassiveResult, StreamingResult, VariantsResult
+    from attnlab.bench.sinks_sigmoid import SigmoidResult
 
     say = lambda line: console.print(line, markup=False)
     try:
@@ -84,6 +91,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 say(variants_report(VariantsResult.read(source), args.lang))
             elif args.experiment == "massive":
                 say(massive_report(MassiveResult.read(source), args.lang))
+            elif args.experiment == "sigmoid":
+                say(sigmoid_report(SigmoidResult.read(source), args.lang))
             else:
                 say(backcopy_report(BackcopyResult.read(source), args.lang))
         except (ValueError, KeyError, TypeError) as err:
@@ -122,6 +131,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
         massive.write(out / "massive.json")
         say(massive_report(massive, args.lang))
         say(f"wrote {out / 'massive.json'}")
+        return 0
+    if args.experiment == "sigmoid":
+        from attnlab.bench.sinks_sigmoid import SigmoidSettings, run_sigmoid
+
+        schedule = SigmoidSettings() if args.steps is None else SigmoidSettings(steps=args.steps)
+        compared_arms = run_sigmoid(seeds=args.seeds, settings=schedule, report=say)
+        compared_arms.write(out / "sigmoid.json")
+        say(sigmoid_report(compared_arms, args.lang))
+        say(f"wrote {out / 'sigmoid.json'}")
         return 0
     if args.experiment == "variants":
         from attnlab.bench.sinks_variants import VariantSettings, run_variants

@@ -79,6 +79,10 @@ class ContextParallelAttention(Attention):
                 "ContextParallelAttention does not take learned sinks (gpt-oss) yet: its ring would drop them "
                 "silently; run the layer in one process"
             )
+        if self.normalize != "softmax":  # the ring merges softmax blocks by lse; sigmoid rows have none
+            raise ValueError(
+                "ContextParallelAttention runs softmax attention only: run sigmoid attention in one process"
+            )
         if given.mask is not None or given.cache is not None or given.visibility is not None:
             raise ValueError(
                 "ContextParallelAttention takes no mask, cache or visibility (the ring builds its own per block): "

@@ -130,6 +130,8 @@ class GPTConfig:
     # times sigmoid(gate(x))); layer_types may also name "linear" (linear attention) and "delta" (Gated DeltaNet)
     # layers, whose memory is a state of fixed size (attnlab.nn.recurrent)
     attn_output_gate: bool = False
+    # Gu et al.'s sigmoid attention without normalisation on every softmax layer (attnlab.functional.sigmoid)
+    attn_normalize: Literal["softmax", "sigmoid"] = "softmax"
     # Qwen3.5's Gated DeltaNet layers: their own query/key heads and size, more value heads than query/key heads
     # (each value head with its own state), and a short causal convolution of conv_kernel taps over q, k and v
     # (None: the layers' heads are n_heads of d_head, without a convolution, as the zoo's are)
@@ -367,6 +369,13 @@ class GPTConfig:
         self._check_shapes()
         if "kda" in (self.layer_types or ()) and self.family not in (None, "kimi_linear"):
             raise ValueError(f"'kda' layers are Kimi Linear's; family={self.family!r} has none: leave family None")
+        if self.attn_normalize not in ("softmax", "sigmoid"):
+            raise ValueError(f"attn_normalize must be 'softmax' or 'sigmoid', got {self.attn_normalize!r}")
+        if self.attn_normalize == "sigmoid" and (self.family, self.kv_lora_rank, self.sinks) != (None, None, False):
+            raise ValueError(
+                "attn_normalize='sigmoid' is attnlab's own (saved in its format), on its own attention layers without "
+                f"sinks: family={self.family!r}, kv_lora_rank={self.kv_lora_rank}, sinks={self.sinks}; leave them out"
+            )
         zoo = (
             self.attn_output_gate
             or self.attn_head_gate
@@ -509,6 +518,7 @@ class GPTConfig:
             and not self.shapes_layers
             and self.kv_lora_rank is None
             and not (self.attn_output_gate or self.attn_head_gate)
+            and self.attn_normalize == "softmax"
             and self.layer_types in (None, ("full",) * self.n_layers)
         )
 

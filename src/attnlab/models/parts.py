@@ -177,6 +177,7 @@ def make_softmax(config: GPTConfig, layer: int) -> Attention:
         v_norm=config.v_norm,
         rope_proportion=shape.rope_proportion,
         kv_source=shape.kv_source,
+        normalize=config.attn_normalize,
     )
 
 

@@ -26,6 +26,7 @@ from attnlab.functional.mods import (
 )
 from attnlab.functional.registry import Backend, check_backend
 from attnlab.functional.rotary import RopeScaling, RotaryEmbedding, apply_rotary
+from attnlab.functional.sigmoid import Normalization, check_normalize, sigmoid_attention
 from attnlab.functional.visibility import Visibility
 from attnlab.nn.attention_checks import CallChecks
 
@@ -92,6 +93,8 @@ class Attention(CallChecks):
             ``kv_source`` of its model, which the model hands it in ``shared`` (its cache holds nothing).
         head_gate: the output gate with one opening a head (LFM3's ``gate_proj``: d_in -> H): each head's context
             vector times sigmoid(gate(x))_h. Not with ``output_gate``.
+        normalize: "softmax", or "sigmoid": each weight sigmoid(score), rows not normalised (Gu et al.'s sigmoid
+            attention without normalisation, ``attnlab.functional.sigmoid``; eager math, not with sinks).
 
     Input (B, T, d_in); output (B, T, d_out), always a tensor. The weights
     come out through :class:`attnlab.observe.Recorder`, keyed by this
@@ -129,6 +132,7 @@ class Attention(CallChecks):
         rope_proportion: float | None = None,
         kv_source: int | None = None,
         head_gate: bool = False,
+        normalize: Normalization = "softmax",
     ) -> None:
         # what it was built with, so a copy (ContextParallelAttention.from_attention) follows the module
         settings = {name: value for name, value in locals().items() if name not in ("self", "__class__")}
@@ -163,6 +167,12 @@ class Attention(CallChecks):
         for flag, value in (("qk_norm", qk_norm), ("output_gate", output_gate)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be a bool, got {value!r}")
+        check_normalize(normalize)
+        if normalize == "sigmoid" and (sinks or backend not in ("auto", "eager")):
+            raise ValueError(
+                f"sigmoid attention has no row sum for a sink to share, and runs its own eager math: got sinks={sinks} "
+                f"and backend={backend!r}; leave sinks off and the backend 'auto'"
+            )
         if (rope_scaling is not None or rotary_dim is not None) and not rope:
             raise ValueError("rope_scaling and rotary_dim shape RoPE: pass rope=True with them, or leave them out")
 
@@ -172,6 +182,7 @@ class Attention(CallChecks):
         self.is_causal, self.window = is_causal, window
         self.scale = None if scale is None else float(scale)
         self.backend: Backend = backend
+        self.normalize: Normalization = normalize
 
         self.value_dim, self.value_scale, self.keys_as_values = value_dim, value_scale, keys_as_values
         self.kv_source = kv_source
@@ -384,6 +395,12 @@ class Attention(CallChecks):
     ) -> torch.Tensor:
         """Attention and out_proj on projected (and rotated) q (B, H, Tq, D), k, v (B, Hkv, Tk, D); ``gate``:
         the output gate's openings (:meth:`gate_for`) when the module has one."""
+        if self.normalize == "sigmoid":
+            dropout = self.dropout if self.training else 0.0
+            context = sigmoid_attention(
+                queries, keys, values, visibility=visibility, scale=self.scale, dropout_p=dropout
+            )
+            return self.merge_heads(context, gate=gate)
         context_vec = attention(
             queries,
             keys,

@@ -96,10 +96,15 @@ def first_token_share_loop(weights: torch.Tensor, *, of_row: bool = False) -> to
     return torch.stack(shares).mean(dim=0)
 
 
-def gu_score(weights: torch.Tensor) -> torch.Tensor:
+def gu_score(weights: torch.Tensor, *, of_row: bool = False) -> torch.Tensor:
     """(...): Gu et al.'s score of token 0, the mean over all T rows of A[i, 0] (row 0 included), as their code
-    computes it. For softmax rows it is (1 + (T - 1) * first_token_share) / T."""
-    return _check_weights(weights)[..., :, 0].mean(dim=-1)
+    computes it. For softmax rows it is (1 + (T - 1) * first_token_share) / T. With ``of_row`` each row is first
+    divided by what it gives in all (their "proxy" weights for sigmoid attention; a row that gives nothing, 0)."""
+    w = _check_weights(weights)
+    if of_row:
+        total = w.sum(dim=-1, keepdim=True)  # (..., T, 1)
+        w = torch.where(total > 0, w / total.clamp_min(torch.finfo(w.dtype).tiny), torch.zeros_like(w))
+    return w[..., :, 0].mean(dim=-1)
 
 
 def sink_rate(scores: torch.Tensor, threshold: str = "gu") -> float:
