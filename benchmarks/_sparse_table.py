@@ -45,6 +45,32 @@ def _ratio_args(at: dict[str, Any], sparse: str, dense: str) -> tuple[float, flo
     return r, 1.0, wide
 
 
+def line(result: dict[str, Any], name: str) -> tuple[float, float]:
+    """(seconds at no context, seconds more a token of context): the least-squares line through a variant's
+    median time a decoded token at each length timed."""
+    xs = [float(at["tokens"]) for at in result["decode"]]
+    ys = [statistics.median(at["seconds_a_token"][name]) for at in result["decode"]]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def _fitted(result: dict[str, Any], sparse: str, dense: str) -> str:
+    """Where the two fitted lines cross: an extrapolation, said as one."""
+    (a_s, b_s), (a_d, b_d) = line(result, sparse), line(result, dense)
+    per_k = f"{b_d * 1024 * 1e3:.3f} ms more a token for each 1,024 tokens of context against {b_s * 1024 * 1e3:.3f}"
+    if b_d <= b_s:
+        return f"Fitted lines: {dense} takes {per_k} for {sparse}, so the lines never cross."
+    cross = (a_s - a_d) / (b_d - b_s)
+    longest = result["decode"][-1]["tokens"]
+    where = (
+        "past the longest length timed: an extrapolation, not a measurement"
+        if cross > longest
+        else "inside the lengths timed, where the ratios above are the measurement"
+    )
+    return f"Fitted lines: {dense} takes {per_k} for {sparse}; they cross near {cross:,.0f} tokens ({where})."
+
+
 def _reads_table(result: dict[str, Any]) -> list[str]:
     reads = _reads(result)
     lines = [
@@ -116,7 +142,12 @@ def render(result: dict[str, Any]) -> str:
     """The section: keys and bytes, decode, where sparse pays, how long selection needs; all from the run."""
     lines = ["Keys read and state bytes a token (float32), measured on caches filled to each length:", ""]
     lines += _reads_table(result)
-    lines += ["", f"Decode, the zoo's whole models (4 layers), {result['steps']} tokens a round:", ""]
+    lines += [
+        "",
+        f"Decode, {result['decode_layers']} layers of the zoo's shapes, {result['steps']} tokens a round "
+        "(context: the tokens the cache held before them):",
+        "",
+    ]
     lines += _decode_table(result)
     lines.append("")
     for sparse, dense in result["sparse"].items():
@@ -127,7 +158,7 @@ def render(result: dict[str, Any]) -> str:
             else f"did not pay at any length timed (up to {result['decode'][-1]['tokens']:,})"
         )
         caveat = "" if trusted else " Some ratios spread past the noise rule: those lengths judge nothing."
-        lines.append(f"- {sparse} against {dense}: {where}.{caveat}")
+        lines.append(f"- {sparse} against {dense}: {where}.{caveat} {_fitted(result, sparse, dense)}")
     lines += ["", "How long a context must be for selection to act:", ""]
     lines += _selection(result)
     smoke = " (smoke: short lengths, not a measurement)" if result["smoke"] else ""
@@ -136,10 +167,14 @@ def render(result: dict[str, Any]) -> str:
         f"{result['cpu']}){smoke}: the zoo's variants with random weights. Keys read: one decoded token after a "
         "cache filled to the length's other tokens, from each gathering layer's own meter (the slots its kernel "
         "gathered) and each dense layer's unmasked scores (`attnlab.bench.sparse_meter`); measured on one period "
-        "of each variant's layers at the zoo's layer shapes (mha, mla, dsa: 1 layer; compressed: 2), the 4-layer "
-        "figures that period times its repeats. State bytes: the cache's tensors, built for the length and "
-        f"holding it. Decode: each variant's time a token is the median of {result['rounds']} interleaved rounds "
+        "of each variant's layers at the zoo's layer shapes (mha, mla, dsa: 1 layer; compressed: 2), the longest "
+        f"length on the decode models' {result['decode_layers']} layers, whose caches were built for it and "
+        "filled to it; the 4-layer figures are the layers measured times their repeats. State bytes: the cache's "
+        "tensors, built for the length and holding it. Caches are filled by a twin of each model on the flash "
+        f"kernel, {result['chunk']} tokens a call; metering and timing run the model's own default kernels. "
+        f"Decode: each variant's time a token is the median of {result['rounds']} interleaved rounds "
         "(spread: (max - min) / median); each ratio is the median of the per-round ratios, dense time over "
-        f"sparse, judged against 1 with the project's rule (a spread past {NOISY:.0%} judges nothing)."
+        f"sparse, judged against 1 with the project's rule (a spread past {NOISY:.0%} judges nothing). The run "
+        f"took {result['seconds'] / 60:.1f} minutes."
     )
     return "\n".join(lines)

@@ -11,15 +11,19 @@ mla, and each sparse variant beside the dense one it is judged against (``SPARSE
   N - 1 (a prompt fed in chunks) and one token decoded under the meter (``attnlab.bench.sparse_meter``): the keys
   each layer read, from a gathering layer's own ``keys_read`` (its kernel's indices) or a dense layer's unmasked
   scores, and the bytes the cache's tensors hold. A model of one period of the variant's layers is measured (one
-  layer for mha, mla and dsa, whose layers are all alike; compressed-sparse and heavily compressed for compressed),
-  at the zoo's layer shapes: 32k tokens of four layers would take this CPU longer than the run may. The zoo's
-  four layers are that period repeated, so its figures a token are the measured ones times the repeats (the zoo
-  itself records the four layers at 1024 tokens, measured: tests/test_sparse_bench.py holds the two together).
-- **Decode speed** of the zoo's whole models (four layers) at each of ``DECODE_AT`` tokens: every variant's cache
-  filled to the length, then ``STEPS`` tokens decoded and the cache cropped back, in interleaved rounds (each
-  variant first in turn); a variant's time is the median per token, and each sparse/dense ratio the median of the
-  per-round ratios with their spread. Sparse *pays* from the shortest length at which it is faster than its dense
-  variant there and at every longer length, each ratio past its spread (``_verdicts.judged``).
+  layer for mha, mla and dsa, whose layers are all alike; compressed-sparse and heavily compressed for
+  compressed), at the zoo's layer shapes; at ``LONGEST`` (32k) the decode models' caches, built for it, give the
+  row once the decode is done. The zoo's four layers are the period repeated, so its figures a token are the
+  measured ones times the repeats (the zoo records its four layers at 1024 tokens, measured:
+  tests/test_sparse_bench.py holds the two together).
+- **Decode speed** of ``DECODE_LAYERS`` layers of each variant at the zoo's shapes (32k tokens through four
+  layers of every variant would take this CPU longer than the run may): one cache each, built for ``LONGEST``,
+  filled up to each of ``DECODE_AT`` in turn; there ``STEPS`` tokens decoded and the cache cropped back, in
+  interleaved rounds (each variant first in turn). A variant's time is the median a token, each sparse/dense
+  ratio the median of the per-round ratios with their spread. Sparse *pays* from the shortest length at which it
+  is faster than its dense variant there and at every longer length, each ratio past its spread
+  (``_verdicts.judged``); a straight line through each variant's medians says where they would cross, said as
+  an extrapolation.
 
 ``--smoke``: short lengths, two rounds; the run written to a temporary folder and read back (``make smoke``).
 """
@@ -44,11 +48,18 @@ SPARSE = {  # each sparse variant and the dense variant its decode is judged aga
     "dsa": "mla",  # the same latent attention, every key read
     "compressed": "mha",  # V4's layers against the chapter's
 }
-LENGTHS = (16, 128, 1024, 8192, 32768)  # below DSA's top-k, the zoo's training sequence, then the issue's three
-DECODE_AT = (256, 1024, 2048, 4096, 8192)
+LENGTHS = (16, 128, 1024, 8192)  # below DSA's top-k, the zoo's training sequence, 1k, 8k: caches of their own
+LONGEST = 32768  # the decode caches' length; the last row of keys and bytes is theirs, filled to it
 STEPS = 8  # tokens decoded a round
+DECODE_AT = (1024, 4096, 8192, 16384, LONGEST - STEPS)  # tokens held before each round's STEPS
+DECODE_LAYERS = 2  # the decode models' layers: each variant's period fits (compressed's is 2), half the zoo's 4
 CHUNK = 512  # a prompt's tokens a call, filling a cache
-SMOKE_LENGTHS, SMOKE_DECODE_AT, SMOKE_STEPS = (16, 160), (64, 160), 2
+SMOKE_LENGTHS, SMOKE_LONGEST, SMOKE_STEPS = (16, 128), 200, 2
+SMOKE_DECODE_AT = (64, SMOKE_LONGEST - SMOKE_STEPS)
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def variants() -> list[str]:
@@ -66,30 +77,33 @@ def period(config: Any) -> int:
     )
 
 
-def one_period(config: Any) -> Any:
-    """The config cut to one period of its layers (the same layer shapes, fewer of them)."""
+def first_layers(config: Any, layers: int) -> Any:
+    """The config cut to its first ``layers`` layers (the same layer shapes, fewer of them)."""
     from dataclasses import replace
 
-    p = period(config)
-    cut: dict[str, Any] = {"n_layers": p}
+    cut: dict[str, Any] = {"n_layers": layers}
     if config.layer_types is not None:
-        cut["layer_types"] = config.layer_types[:p]
+        cut["layer_types"] = config.layer_types[:layers]
     if config.deepseek_v4 is not None:
-        cut["deepseek_v4"] = replace(config.deepseek_v4, layer_kinds=config.deepseek_v4.layer_kinds[:p])
+        cut["deepseek_v4"] = replace(config.deepseek_v4, layer_kinds=config.deepseek_v4.layer_kinds[:layers])
     return config.with_(**cut)
 
 
+def one_period(config: Any) -> Any:
+    return first_layers(config, period(config))
+
+
 def build(config: Any) -> tuple[Any, Any]:
-    """The model (its default kernels: what is metered and timed) and what fills its caches: for latent layers
-    (mla, dsa) a twin with the same weights on the flash kernel (their default eager kernel would take minutes
-    over 32k tokens), for the others the model itself."""
+    """The model (its default kernels: what is metered and timed) and what fills its caches: a twin with the
+    same weights on the flash kernel (the default kernels' prompt over a cache would take minutes at 32k tokens;
+    V4's layers take no backend: the model itself)."""
     import torch
 
     from attnlab.models.gpt import GPT
 
     torch.manual_seed(0)
     model = GPT(config).eval()
-    if config.kv_lora_rank is None:
+    if config.deepseek_v4 is not None:  # V4's layers take no backend
         return model, model
     twin = GPT(config.with_(backend="flash")).eval()
     twin.load_state_dict(model.state_dict())
@@ -104,73 +118,109 @@ def fill(twin: Any, caches: Any, ids: Any) -> None:
             twin(ids[:, start : start + CHUNK], caches=caches, last_only=True)
 
 
-def measure_reads(name: str, tokens: int) -> dict[str, Any]:
-    """One variant at ``tokens``: the keys each measured layer read decoding the last token, the cache's bytes."""
-    import torch
-
+def read_row(name: str, model: Any, caches: Any, token: Any, tokens: int) -> dict[str, Any]:
+    """Decode ``token`` under the meter (the cache, built for ``tokens``, then holds them all): the keys each
+    layer read and the bytes the cache holds."""
     from attnlab.bench.sparse_meter import keys_read, state_bytes
     from attnlab.models.zoo import zoo_config
 
-    zoo = zoo_config(name).with_(context_length=max(4096, tokens))
-    model, twin = build(one_period(zoo))
-    ids = torch.randint(0, zoo.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(tokens))
-    caches = model.make_caches(batch_size=1, max_len=tokens)
-    fill(twin, caches, ids[:, :-1])
-    read = keys_read(model, caches, ids[:, -1:])
+    read = keys_read(model, caches, token)
     return {
         "variant": name,
         "tokens": tokens,
         "layers_measured": model.config.n_layers,
-        "zoo_layers": zoo.n_layers,
+        "zoo_layers": zoo_config(name).n_layers,
         "keys_by_layer": read,
         "state_bytes": state_bytes(caches),
     }
 
 
-def measure_decode(tokens: int, *, rounds: int, steps: int) -> dict[str, Any]:
-    """Every variant's whole zoo model with its cache at ``tokens``: seconds a decoded token, round by round."""
+def measure_reads(name: str, tokens: int) -> dict[str, Any]:
+    """One variant at ``tokens``, on one period of its layers: a cache built for them, N - 1 fed, one decoded."""
+    import torch
+
+    from attnlab.models.zoo import zoo_config
+
+    model, twin = build(one_period(zoo_config(name)).with_(context_length=max(4096, tokens)))
+    ids = torch.randint(0, 256, (1, tokens), generator=torch.Generator().manual_seed(tokens))
+    caches = model.make_caches(batch_size=1, max_len=tokens)
+    fill(twin, caches, ids[:, :-1])
+    return read_row(name, model, caches, ids[:, -1:], tokens)
+
+
+def measure_decode(
+    decode_at: tuple[int, ...], longest: int, *, rounds: int, steps: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every variant's DECODE_LAYERS-layer model, its cache (built for ``longest``) filled up to each length in
+    turn and timed there, seconds a decoded token round by round; then filled to ``longest`` - 1 and one token
+    decoded under the meter (the keys and bytes row at ``longest``)."""
+    import time
+
     import torch
 
     from attnlab.bench.timing import timed_rounds
     from attnlab.models.zoo import zoo_config
 
-    ids = torch.randint(0, 256, (1, tokens + steps), generator=torch.Generator().manual_seed(7))
-    prepared = {}
+    ids = torch.randint(0, 256, (1, longest), generator=torch.Generator().manual_seed(7))
+    built = {}
     for name in variants():
-        model, twin = build(zoo_config(name).with_(context_length=max(4096, tokens + steps)))
-        caches = model.make_caches(batch_size=1, max_len=tokens + steps, spare=steps)
-        fill(twin, caches, ids[:, :tokens])
+        zoo = zoo_config(name)
+        assert DECODE_LAYERS % period(zoo) == 0  # whole periods: a variant's layers in their proportions
+        model, twin = build(first_layers(zoo, DECODE_LAYERS).with_(context_length=max(4096, longest)))
+        built[name] = (model, twin, model.make_caches(batch_size=1, max_len=longest, spare=steps))
+    held, out = 0, []
+    for tokens in decode_at:
+        began = time.perf_counter()
+        for _, twin, caches in built.values():
+            caches.crop(held)
+            fill(twin, caches, ids[:, held:tokens])
+        held = tokens
+        say(f"filled to {tokens:,} in {time.perf_counter() - began:.0f} s")
+        prepared = {}
+        for name, (model, _, caches) in built.items():
 
-        def decode(model: Any = model, caches: Any = caches) -> None:
-            with torch.no_grad():
-                for i in range(steps):
-                    model(ids[:, tokens + i : tokens + i + 1], caches=caches, last_only=True)
+            def decode(model: Any = model, caches: Any = caches) -> None:
+                with torch.no_grad():
+                    for i in range(steps):
+                        model(ids[:, tokens + i : tokens + i + 1], caches=caches, last_only=True)
 
-        def prepare(caches: Any = caches, decode: Any = decode) -> Any:
-            caches.crop(tokens)  # untimed: every round decodes the same tokens after the same cache
-            return decode
+            def prepare(caches: Any = caches, decode: Any = decode) -> Any:
+                caches.crop(tokens)  # untimed: every round decodes the same tokens after the same cache
+                return decode
 
-        prepared[name] = prepare
-    times: dict[str, list[float]] = {name: [] for name in prepared}
-    for took in timed_rounds(prepared, rounds, warmup=1):
-        for name, seconds in took.items():
-            times[name].append(seconds / steps)
-    return {"tokens": tokens, "seconds_a_token": times}
+            prepared[name] = prepare
+        times: dict[str, list[float]] = {name: [] for name in prepared}
+        for took in timed_rounds(prepared, rounds, warmup=1):
+            for name, seconds in took.items():
+                times[name].append(seconds / steps)
+        out.append({"tokens": tokens, "seconds_a_token": times})
+    rows = []
+    for name, (model, twin, caches) in built.items():
+        caches.crop(held)
+        fill(twin, caches, ids[:, held : longest - 1])
+        rows.append(read_row(name, model, caches, ids[:, longest - 1 :], longest))
+    return out, rows
 
 
 def run(*, smoke: bool, rounds: int, threads: int) -> dict[str, Any]:
     import platform
+    import time
 
     import torch
 
     from attnlab.models.zoo import DSA_TOPK, V4_TOPK, V4_WINDOW, zoo_config
 
     torch.set_num_threads(threads)
+    began = time.perf_counter()
     lengths = SMOKE_LENGTHS if smoke else LENGTHS
+    longest = SMOKE_LONGEST if smoke else LONGEST
     decode_at = SMOKE_DECODE_AT if smoke else DECODE_AT
     steps = SMOKE_STEPS if smoke else STEPS
     v4 = zoo_config("compressed").deepseek_v4
     assert v4 is not None
+    reads = [measure_reads(name, n) for n in lengths for name in variants()]
+    say(f"keys and bytes up to {lengths[-1]:,} tokens in {time.perf_counter() - began:.0f} s")
+    decode, last = measure_decode(decode_at, longest, rounds=rounds, steps=steps)
     return {
         "schema": SCHEMA,
         "command": " ".join(["benchmarks/sparse.py", *sys.argv[1:]]),
@@ -182,6 +232,7 @@ def run(*, smoke: bool, rounds: int, threads: int) -> dict[str, Any]:
         "rounds": rounds,
         "steps": steps,
         "chunk": CHUNK,
+        "decode_layers": DECODE_LAYERS,
         "sparse": dict(SPARSE),
         "shapes": {  # what selection is judged against in the docs: the zoo's own numbers
             "dsa_topk": DSA_TOPK,
@@ -191,8 +242,9 @@ def run(*, smoke: bool, rounds: int, threads: int) -> dict[str, Any]:
             "heavy_block": v4.heavy_block,
             "seq_len": 128,
         },
-        "reads": [measure_reads(name, n) for n in lengths for name in variants()],
-        "decode": [measure_decode(n, rounds=rounds, steps=steps) for n in decode_at],
+        "reads": reads + last,
+        "decode": decode,
+        "seconds": time.perf_counter() - began,
     }
 
 
