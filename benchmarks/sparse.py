@@ -51,7 +51,7 @@ SPARSE = {  # each sparse variant and the dense variant its decode is judged aga
 LENGTHS = (16, 128, 1024, 8192)  # below DSA's top-k, the zoo's training sequence, 1k, 8k: caches of their own
 LONGEST = 32768  # the decode caches' length; the last row of keys and bytes is theirs, filled to it
 STEPS = 8  # tokens decoded a round
-DECODE_AT = (1024, 4096, 8192, 16384, LONGEST - STEPS)  # tokens held before each round's STEPS
+DECODE_AT = (1024, 4096, 8192, 16384)  # tokens held before each round's STEPS, and LONGEST - STEPS
 DECODE_LAYERS = 2  # the decode models' layers: each variant's period fits (compressed's is 2), half the zoo's 4
 CHUNK = 512  # a prompt's tokens a call, filling a cache
 SMOKE_LENGTHS, SMOKE_LONGEST, SMOKE_STEPS = (16, 128), 200, 2
@@ -202,7 +202,7 @@ def measure_decode(
     return out, rows
 
 
-def run(*, smoke: bool, rounds: int, threads: int) -> dict[str, Any]:
+def run(*, smoke: bool, rounds: int, threads: int, longest: int = LONGEST) -> dict[str, Any]:
     import platform
     import time
 
@@ -213,9 +213,9 @@ def run(*, smoke: bool, rounds: int, threads: int) -> dict[str, Any]:
     torch.set_num_threads(threads)
     began = time.perf_counter()
     lengths = SMOKE_LENGTHS if smoke else LENGTHS
-    longest = SMOKE_LONGEST if smoke else LONGEST
-    decode_at = SMOKE_DECODE_AT if smoke else DECODE_AT
     steps = SMOKE_STEPS if smoke else STEPS
+    longest = SMOKE_LONGEST if smoke else longest
+    decode_at = SMOKE_DECODE_AT if smoke else (*(n for n in DECODE_AT if n < longest - steps), longest - steps)
     v4 = zoo_config("compressed").deepseek_v4
     assert v4 is not None
     reads = [measure_reads(name, n) for n in lengths for name in variants()]
@@ -266,12 +266,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="short lengths, 2 rounds, written to a temporary folder")
     add_run_arguments(parser, rounds=7)
+    parser.add_argument("--longest", type=int, default=LONGEST, help=f"the longest context (default {LONGEST})")
     args = parser.parse_args()
     if args.render:
         render_saved(parser, args.render, SCHEMA, render)
         return 0
     check_run(parser, args)
-    result = run(smoke=args.smoke, rounds=2 if args.smoke else args.rounds, threads=args.threads)
+    if not LENGTHS[-1] < args.longest <= 2**17:
+        parser.error(f"--longest must be in ({LENGTHS[-1]}, {2**17}], got {args.longest}")
+    rounds = 2 if args.smoke else args.rounds
+    result = run(smoke=args.smoke, rounds=rounds, threads=args.threads, longest=args.longest)
     if not args.smoke:
         return finish(args.json, result, render, problems(result), "sparse")
     with tempfile.TemporaryDirectory() as folder:  # the run written and read back, as --render reads it
