@@ -138,13 +138,17 @@ def _selection(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def _layers(n: int) -> str:
+    return "the zoo's whole models (4 layers)" if n == 4 else f"the first {n} layers of the zoo's models"
+
+
 def render(result: dict[str, Any]) -> str:
     """The section: keys and bytes, decode, where sparse pays, how long selection needs; all from the run."""
     lines = ["Keys read and state bytes a token (float32), measured on caches filled to each length:", ""]
     lines += _reads_table(result)
     lines += [
         "",
-        f"Decode, {result['decode_layers']} layers of the zoo's shapes, {result['steps']} tokens a round "
+        f"Decode, {_layers(result['decode_layers'])}, {result['steps']} tokens a round "
         "(context: the tokens the cache held before them):",
         "",
     ]

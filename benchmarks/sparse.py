@@ -16,8 +16,9 @@ mla, and each sparse variant beside the dense one it is judged against (``SPARSE
   row once the decode is done. The zoo's four layers are the period repeated, so its figures a token are the
   measured ones times the repeats (the zoo records its four layers at 1024 tokens, measured:
   tests/test_sparse_bench.py holds the two together).
-- **Decode speed** of ``DECODE_LAYERS`` layers of each variant at the zoo's shapes (32k tokens through four
-  layers of every variant would take this CPU longer than the run may): one cache each, built for ``LONGEST``,
+- **Decode speed** of each variant's zoo model, all its ``DECODE_LAYERS`` layers (``--layers 2``: the first two,
+  one period of each, where a loaded machine would take too long over 32k tokens): one cache each, built for
+  ``LONGEST``,
   filled up to each of ``DECODE_AT`` in turn; there ``STEPS`` tokens decoded and the cache cropped back, in
   interleaved rounds (each variant first in turn). A variant's time is the median a token, each sparse/dense
   ratio the median of the per-round ratios with their spread. Sparse *pays* from the shortest length at which it
@@ -52,7 +53,7 @@ LENGTHS = (16, 128, 1024, 8192)  # below DSA's top-k, the zoo's training sequenc
 LONGEST = 32768  # the decode caches' length; the last row of keys and bytes is theirs, filled to it
 STEPS = 8  # tokens decoded a round
 DECODE_AT = (1024, 4096, 8192, 16384)  # tokens held before each round's STEPS, and LONGEST - STEPS
-DECODE_LAYERS = 2  # the decode models' layers: each variant's period fits (compressed's is 2), half the zoo's 4
+DECODE_LAYERS = 4  # the decode models' layers: the zoo's (every variant's period divides it)
 CHUNK = 512  # a prompt's tokens a call, filling a cache
 SMOKE_LENGTHS, SMOKE_LONGEST, SMOKE_STEPS = (16, 128), 200, 2
 SMOKE_DECODE_AT = (64, SMOKE_LONGEST - SMOKE_STEPS)
@@ -149,9 +150,9 @@ def measure_reads(name: str, tokens: int) -> dict[str, Any]:
 
 
 def measure_decode(
-    decode_at: tuple[int, ...], longest: int, *, rounds: int, steps: int
+    decode_at: tuple[int, ...], longest: int, *, rounds: int, steps: int, layers: int
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every variant's DECODE_LAYERS-layer model, its cache (built for ``longest``) filled up to each length in
+    """Every variant's model of its first ``layers`` layers, its cache (built for ``longest``) filled up to each length in
     turn and timed there, seconds a decoded token round by round; then filled to ``longest`` - 1 and one token
     decoded under the meter (the keys and bytes row at ``longest``)."""
     import time
@@ -165,8 +166,8 @@ def measure_decode(
     built = {}
     for name in variants():
         zoo = zoo_config(name)
-        assert DECODE_LAYERS % period(zoo) == 0  # whole periods: a variant's layers in their proportions
-        model, twin = build(first_layers(zoo, DECODE_LAYERS).with_(context_length=max(4096, longest)))
+        assert layers % period(zoo) == 0  # whole periods: a variant's layers in their proportions
+        model, twin = build(first_layers(zoo, layers).with_(context_length=max(4096, longest)))
         built[name] = (model, twin, model.make_caches(batch_size=1, max_len=longest, spare=steps))
     held, out = 0, []
     for tokens in decode_at:
@@ -202,7 +203,9 @@ def measure_decode(
     return out, rows
 
 
-def run(*, smoke: bool, rounds: int, threads: int, longest: int = LONGEST) -> dict[str, Any]:
+def run(
+    *, smoke: bool, rounds: int, threads: int, longest: int = LONGEST, layers: int = DECODE_LAYERS
+) -> dict[str, Any]:
     import platform
     import time
 
@@ -220,7 +223,7 @@ def run(*, smoke: bool, rounds: int, threads: int, longest: int = LONGEST) -> di
     assert v4 is not None
     reads = [measure_reads(name, n) for n in lengths for name in variants()]
     say(f"keys and bytes up to {lengths[-1]:,} tokens in {time.perf_counter() - began:.0f} s")
-    decode, last = measure_decode(decode_at, longest, rounds=rounds, steps=steps)
+    decode, last = measure_decode(decode_at, longest, rounds=rounds, steps=steps, layers=layers)
     return {
         "schema": SCHEMA,
         "command": " ".join(["benchmarks/sparse.py", *sys.argv[1:]]),
@@ -232,7 +235,7 @@ def run(*, smoke: bool, rounds: int, threads: int, longest: int = LONGEST) -> di
         "rounds": rounds,
         "steps": steps,
         "chunk": CHUNK,
-        "decode_layers": DECODE_LAYERS,
+        "decode_layers": layers,
         "sparse": dict(SPARSE),
         "shapes": {  # what selection is judged against in the docs: the zoo's own numbers
             "dsa_topk": DSA_TOPK,
@@ -267,6 +270,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="short lengths, 2 rounds, written to a temporary folder")
     add_run_arguments(parser, rounds=7)
     parser.add_argument("--longest", type=int, default=LONGEST, help=f"the longest context (default {LONGEST})")
+    parser.add_argument("--layers", type=int, choices=(2, 4), default=DECODE_LAYERS, help="the decode models' layers")
     args = parser.parse_args()
     if args.render:
         render_saved(parser, args.render, SCHEMA, render)
@@ -275,7 +279,7 @@ def main() -> int:
     if not LENGTHS[-1] < args.longest <= 2**17:
         parser.error(f"--longest must be in ({LENGTHS[-1]}, {2**17}], got {args.longest}")
     rounds = 2 if args.smoke else args.rounds
-    result = run(smoke=args.smoke, rounds=rounds, threads=args.threads, longest=args.longest)
+    result = run(smoke=args.smoke, rounds=rounds, threads=args.threads, longest=args.longest, layers=args.layers)
     if not args.smoke:
         return finish(args.json, result, render, problems(result), "sparse")
     with tempfile.TemporaryDirectory() as folder:  # the run written and read back, as --render reads it
