@@ -44,7 +44,8 @@ def gradients(model: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Ten
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+# compressed: V4's layers pool a block's tokens into one entry and refuse a padded row by name (test_deepseek_v4_family)
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "compressed"])
 def test_a_left_padded_batch_trains_as_its_rows_alone(variant: str) -> None:
     torch.manual_seed(0)
     model = GPT(zoo_config(variant)).double()  # the zoo's own config: its layers, its backend ("auto")

@@ -24,6 +24,9 @@ from attnlab.models.gpt import GPT
 from attnlab.models.zoo import VARIANTS, zoo_config
 from test_going_back import every_kind
 
+# compressed: no paged compressed cache yet, refused by name (cache/plan.py; test_compressed_state)
+PAGED = [v for v in VARIANTS if v != "compressed"]
+
 G = torch.Generator().manual_seed(5)
 SHARED = torch.randint(0, 64, (48,), generator=G).tolist()  # three blocks of 16
 FIRST = [*SHARED, *torch.randint(0, 64, (9,), generator=G).tolist()]
@@ -153,7 +156,7 @@ def test_bfloat16_warm_gives_cold_tokens_with_float32_states() -> None:
 
 @pytest.mark.slow  # every variant of the zoo
 @torch.no_grad()
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", PAGED)
 def test_every_zoo_variant_reuses_a_prefix_exactly(variant: str) -> None:
     torch.manual_seed(1)
     m = GPT(zoo_config(variant).with_(drop_rate=0.0)).eval()
@@ -243,7 +246,7 @@ def test_a_row_goes_back_alone_and_a_refused_guess_keeps_nothing_at_a_block_end(
 
 @pytest.mark.slow  # every variant of the zoo on paged rows, lookup
 @torch.no_grad()
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", PAGED)
 def test_every_zoo_variant_speculates_on_paged_rows_exactly(variant: str) -> None:
     torch.manual_seed(1)
     m = GPT(zoo_config(variant).with_(drop_rate=0.0)).eval()

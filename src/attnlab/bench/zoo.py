@@ -13,10 +13,15 @@ Measured for each variant:
   float32 (``attnlab.bench.kv_bytes``, from the config);
 - decode at a long context, timed: a 1024-token prompt, then ``DECODE`` tokens one at a time, and the bytes
   the model's cache objects hold after it (what was allocated, read off the caches);
+- keys read and state bytes a token, measured (``attnlab.bench.sparse_meter``): the keys each layer read to
+  decode one token after a PROMPT-token prompt (a sparse layer's own meter, from its kernel's indices; a dense
+  layer's unmasked scores), and the bytes the cache's tensors hold then over the tokens it holds;
 - the heads it grew, on the seeded probe of ``attnlab.explain.heads`` (random tokens, repeated): the best
   previous-token and induction scores, the in-context gain (loss on the repeat below loss on the first copy),
   the mean weight on the first token, and for learned sinks the mean share of a row they take (recorded as
-  "sink_weight"). Recurrent layers are read by their implicit weights (``attnlab.nn.recurrent``).
+  "sink_weight"). Recurrent layers are read by their implicit weights (``attnlab.nn.recurrent``). A variant
+  whose layers gather each query's keys (dsa, compressed) records its weights over those keys alone, no map of
+  every query against every key: its heads are left unmeasured (empty), not guessed.
 
 Everything lands in a :class:`ZooResult`, written as JSON; the table and the plot are drawn from that file.
 
@@ -120,6 +125,20 @@ def measure_decode(model: Any, *, rounds: int = 3) -> tuple[float, float, int]:
             held = sum(b.numel() * b.element_size() for layer in caches for b in layer.buffers())
     median = statistics.median(rates)
     return median, (max(rates) - min(rates)) / median, held
+
+
+def measure_reads(model: Any) -> tuple[list[int], float]:
+    """Keys each layer read to decode one token after a PROMPT-token prompt (``attnlab.bench.sparse_meter``:
+    a gathering layer's own meter, a dense layer's unmasked scores), and the state bytes a token the model's cache
+    holds then (its tensors' bytes over the PROMPT + 1 tokens it was built for and holds)."""
+    from attnlab.bench.sparse_meter import keys_read, state_bytes
+
+    ids = torch.randint(0, model.config.vocab_size, (1, PROMPT + 1), generator=torch.Generator().manual_seed(1))
+    caches = model.make_caches(batch_size=1, max_len=PROMPT + 1)
+    with torch.no_grad():
+        model(ids[:, :PROMPT], caches=caches, last_only=True)
+    read = keys_read(model, caches, ids[:, PROMPT:])
+    return read, state_bytes(caches) / (PROMPT + 1)
 
 
 def measure_heads(model: Any) -> dict[str, float]:
@@ -231,7 +250,11 @@ def run_zoo(
                 rate, spread, held = measure_decode(model, rounds=1 if smoke else 3)
                 results[name].decode_tokens_per_s, results[name].decode_spread = rate, spread
                 results[name].cache_bytes_held = held
-                results[name].heads = measure_heads(model)
+                by_layer, per_token = measure_reads(model)
+                results[name].keys_read_by_layer, results[name].state_bytes_per_token = by_layer, per_token
+                # a layer that gathers each query's keys records weights over those alone, not a (T, T) map
+                gathers = any(hasattr(block.att, "keys_read") for block in model.blocks)
+                results[name].heads = {} if gathers else measure_heads(model)
             if log.interrupted:
                 interrupted = True
                 break

@@ -17,6 +17,7 @@ SHIPPED_RUN = Path(__file__).resolve().parents[1] / "data" / "zoo" / "zoo.json" 
 TOKENS = (1024, 32768, 131072)
 PROMPT = 1024  # the long context decode is measured at
 DECODE = 32  # tokens decoded after it
+READ = f"keys read a token at {PROMPT}"  # the table's heading: every layer's keys, one token decoded after PROMPT
 
 
 @dataclass
@@ -47,6 +48,14 @@ class VariantResult:
     decode_spread: float = 0.0  # (max - min) / median over the timed rounds
     cache_bytes_held: int = 0  # what the model's cache objects hold after PROMPT + DECODE tokens, measured
     heads: dict[str, float] = field(default_factory=dict)
+    # measured after a PROMPT-token prompt (attnlab.bench.sparse_meter); empty / 0 in a run made before they were
+    keys_read_by_layer: list[int] = field(default_factory=list)  # keys each layer read decoding one token
+    state_bytes_per_token: float = 0.0  # the cache's tensors' bytes over the PROMPT + 1 tokens it holds
+
+    @property
+    def keys_read_per_token(self) -> int:
+        """Keys one decoded token read after PROMPT tokens, every layer's summed."""
+        return sum(self.keys_read_by_layer)
 
     @property
     def final_losses(self) -> list[float]:
@@ -123,9 +132,15 @@ def verdict(gaps: list[float]) -> tuple[float, float, bool]:
     return mean, spread, len(gaps) > 1 and abs(mean) > spread
 
 
+def _head(heads: dict[str, float], key: str, fmt: str) -> str:
+    """A head score, or "" for a variant whose heads were not measured (a gathering layer's weights are no map)."""
+    return format(heads[key], fmt) if key in heads else ""
+
+
 def rows(result: ZooResult) -> list[dict[str, str]]:
     """The table, one row a variant, every cell from the run's file."""
     base = result.base()
+    metered = any(v.keys_read_by_layer for v in result.variants)
     table = []
     for v in result.variants:
         spread = f" ± {v.spread / 2:.3f}" if len(v.final_losses) > 1 else ""
@@ -146,12 +161,17 @@ def rows(result: ZooResult) -> list[dict[str, str]]:
                 "cache at 128k": readable_bytes(v.cache_at[str(TOKENS[2])]),
                 f"decode tok/s at {PROMPT}": f"{v.decode_tokens_per_s:.0f} ({v.decode_spread:.0%})",
                 "cache held (measured)": readable_bytes(v.cache_bytes_held),
-                "prev-token": f"{v.heads.get('previous_token', math.nan):.2f}",
-                "induction": f"{v.heads.get('induction', math.nan):.2f}",
-                "in-context gain": f"{v.heads.get('in_context_gain', math.nan):+.2f}",
+                "prev-token": _head(v.heads, "previous_token", ".2f"),
+                "induction": _head(v.heads, "induction", ".2f"),
+                "in-context gain": _head(v.heads, "in_context_gain", "+.2f"),
                 "sink": f"{v.heads['sink']:.2f}" if "sink" in v.heads else "",
             }
         )
+        if metered:  # a run made before the meters has no such columns
+            table[-1] |= {
+                READ: f"{v.keys_read_per_token:,}" if v.keys_read_by_layer else "",
+                "state bytes a token (measured)": f"{v.state_bytes_per_token:,.0f}" if v.state_bytes_per_token else "",
+            }
     return table
 
 

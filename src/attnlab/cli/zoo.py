@@ -23,6 +23,8 @@ HEADINGS_ZH = {
     "cache at 128k": "128k 词元时缓存",
     "decode tok/s at 1024": "1024 上下文解码 词元/秒",
     "cache held (measured)": "实测缓存占用",
+    "keys read a token at 1024": "1024 上下文每词元读的键",
+    "state bytes a token (measured)": "实测每词元状态字节",
     "prev-token": "前一词元头",
     "induction": "归纳头",
     "in-context gain": "上下文增益",

@@ -556,6 +556,14 @@ class GPTConfig:
         for key in ("layer_types", "dense_layers", "index_shared"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(values[key])
+        v4 = values.get("deepseek_v4")
+        if isinstance(v4, dict):  # saved in attnlab's own format (the zoo's compressed variant)
+            scaling = v4.get("compress_scaling")
+            scaling = RopeScaling.from_dict(scaling) if isinstance(scaling, dict) else scaling
+            kinds, hashed = tuple(v4["layer_kinds"]), tuple(v4["hash_layers"])
+            values["deepseek_v4"] = DeepseekV4Spec(
+                **{**v4, "layer_kinds": kinds, "hash_layers": hashed, "compress_scaling": scaling}
+            )
         return cls(**values)
 
     def with_(self, **changes: Any) -> GPTConfig:
