@@ -375,3 +375,21 @@ def test_a_qwen35_delta_layers_state_counts_its_value_heads_and_its_convolution(
     assert (halves[0].bytes_per_token, halves[1].state_bytes) == (full.bytes_per_token // 2, delta.state_bytes)
     caches = GPT(config).make_caches(batch_size=1, max_len=8)
     assert [c.nbytes() for c in caches if isinstance(c, StateCache)] == [delta.state_bytes]
+
+
+@pytest.mark.parametrize("variant", ["moba", "nsa", "dsa"])
+def test_block_sparse_and_indexed_layers_are_counted_as_the_caches_they_build_hold(variant: str) -> None:
+    """The zoo's moba (every key, one row a head), nsa (a key and value row for each of its three branches) and
+    dsa (the latent and the indexer's key): the meter's bytes a token equal what ten more tokens add to the
+    caches the model builds. GLM-5's shared indexer layers keep the latent alone: counted without the indexer key."""
+    from attnlab.cache import stored_bytes
+    from attnlab.models.zoo import zoo_config
+
+    configs = [zoo_config(variant)]
+    if variant == "dsa":
+        configs.append(configs[0].with_(index_shared=(1, 3)))
+    for config in configs:
+        report = kv_report(config, name=variant, tokens=(10,), dtype="float32")
+        model = GPT(config)
+        one, eleven = (stored_bytes(model.make_caches(batch_size=1, max_len=n)) for n in (1, 11))
+        assert report.per_token > 0 and (eleven - one) // 10 == report.per_token, config.index_shared

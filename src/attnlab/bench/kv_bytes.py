@@ -142,16 +142,21 @@ def layer_kinds(config: GPTConfig, *, dtype: str = "bfloat16") -> tuple[LayerKin
     softmax = [(i, config.layer_window(i)) for i, t in enumerate(types) if t in ("full", "sliding")]
     own = [(i, w) for i, w in softmax if config.kv_source(i) is None]
     shared = len(softmax) - len(own)  # KV sharing: they read an earlier layer's keys, counted with that layer
-    groups: dict[int | None, list[int]] = {}  # window (None: full) -> bytes a token of each such layer
+    groups: dict[tuple[str, int | None], list[int]] = {}  # (kind, window (None: full)) -> each layer's bytes
     for i, w in own:
-        groups.setdefault(w, []).append(softmax_bytes(config, i, size))
-    kinds = []
-    for w in sorted(groups, key=lambda w: -1 if w is None else w):
-        each = groups[w]
-        assert len(set(each)) == 1, f"layers of one kind with different shapes: {each}"  # shapes are per type
         full = "latent" if config.kv_lora_rank is not None else "full"
-        full = "indexed" if config.index_topk is not None else full  # DSA: the latent and the indexer's key
-        kinds.append(LayerKind(full if w is None else "sliding", window=w, layers=len(each), bytes_per_token=each[0]))
+        if config.index_topk is not None and i not in config.index_shared:  # DSA: the latent and the indexer's key
+            full = "indexed"  # (GLM-5's shared layers read an earlier layer's choice and keep the latent alone)
+        groups.setdefault((full if w is None else "sliding", w), []).append(softmax_bytes(config, i, size))
+    kinds = []
+    for kind, w in sorted(groups, key=lambda key: (-1 if key[1] is None else key[1], key[0])):
+        each = groups[kind, w]
+        assert len(set(each)) == 1, f"layers of one kind with different shapes: {each}"  # shapes are per type
+        kinds.append(LayerKind(kind, window=w, layers=len(each), bytes_per_token=each[0]))
+    for kind, rows in (("moba", 1), ("nsa", 3)):  # block-sparse (kind "blocks"): every token's keys and values,
+        if kind in types:  # NSA's a row for each of its three branches (attnlab.nn.nsa)
+            layer = types.index(kind)
+            kinds.append(LayerKind(kind, None, types.count(kind), rows * softmax_bytes(config, layer, size)))
     if shared:
         kinds.append(LayerKind("shared", None, shared, 0))
     state = config.n_heads * config.d_head * config.d_head  # a (D, D) matrix per head
@@ -195,7 +200,7 @@ def softmax_bytes(config: GPTConfig, layer: int, size: int) -> int:
     """What one token adds to softmax layer ``layer``'s cache: its type's own key/value heads and head size
     (``GPTConfig.layer_shape``), keys and values; a latent layer's latent and RoPE key, once for every head."""
     if config.kv_lora_rank is not None:  # MLA, and DSA's indexer key beside each latent (cache/indexed.py)
-        index = config.index_head_dim if config.index_topk is not None else 0
+        index = config.index_head_dim if config.index_topk is not None and layer not in config.index_shared else 0
         return (config.kv_lora_rank + config.qk_rope_head_dim + index) * size
     shape = config.layer_shape(layer)
     values = config.v_head_dim or shape.head_dim  # a value head's own size (MiMo-V2-Flash)
