@@ -32,8 +32,8 @@ from attnlab.functional.attention import run_kernel
 from attnlab.functional.eager import head_weights
 from attnlab.functional.mods import MaskMod, chain_scores, mod_name
 from attnlab.functional.registry import KERNELS, Backend, check_backend, resolve
-from attnlab.functional.selection import Selection, chosen_mask
 from attnlab.functional.visibility import Visibility
+from attnlab.hf.sparse_masks import sparse_mask
 from attnlab.observe import chosen_heads, is_recording, record, wants_every_head
 
 NAME = "attnlab"  # the attn_implementation transformers knows this bridge by
@@ -91,11 +91,7 @@ def hf_attention(
     mask transformers built for this layer; returns the context (B, Tq, H, Dv) and no weights (a Recorder takes
     them)."""
     settings, cap = settings_of(module), softcap
-    if getattr(module, "compressor", None) is not None and not _is_additive(attention_mask):
-        raise ValueError(f"layer {getattr(module, 'layer_idx', '?')}: {NOT_ADDITIVE}")
-    chosen = kwargs.get("indices")  # DeepSeek Sparse Attention: the keys its indexer chose, (B, Tq, K) columns
-    if isinstance(chosen, torch.Tensor):  # handed over instead of folded into the mask, as eager and sdpa get it
-        attention_mask = _with_selection(attention_mask, chosen, key.shape[2])
+    attention_mask = sparse_mask(module, attention_mask, kwargs.get("indices"), key.shape[2])  # DSA's, V4's
     layer = getattr(module, "layer_idx", None)
     index = layer if isinstance(layer, int) else -1
     tq = query.shape[2]
@@ -136,29 +132,6 @@ def hf_attention(
         positions=positions,
     )
     return out.transpose(1, 2).contiguous(), None  # (B, Tq, H, Dv)
-
-
-# DeepSeek-V4's compressed layers append their entries' bias (closing and the indexer's choice) to the mask, cast to
-# its dtype: a boolean mask inverts it, a mask left out drops it (attnlab.hf.register gives such a model eager's)
-NOT_ADDITIVE = (
-    "a DeepSeek-V4 compressed layer hands its entries' closing and the indexer's choice as a float bias appended to "
-    "the mask, which a boolean mask (or none) would invert or drop: run it with attn_implementation='attnlab' as "
-    "attnlab.hf.use sets it (a float mask), without a 4-D mask of your own"
-)
-
-
-def _is_additive(mask: object) -> bool:
-    return isinstance(mask, torch.Tensor) and mask.is_floating_point()
-
-
-def _with_selection(mask: torch.Tensor | None, indices: torch.Tensor, keys: int) -> torch.Tensor:
-    """transformers' mask with every key its indexer did not choose hidden (what its eager and sdpa paths do)."""
-    picked = chosen_mask(Selection(indices.long(), indices.shape[-1]), keys)  # (B, 1, Tq, Tk)
-    if mask is None:
-        return picked
-    if mask.dtype == torch.bool:
-        return mask & picked
-    return mask.masked_fill(~picked, torch.finfo(mask.dtype).min)
 
 
 def _positions_for_mods(
