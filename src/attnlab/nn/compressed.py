@@ -37,11 +37,7 @@ from attnlab._checks import check_positive_int
 from attnlab.cache.compressed import CompressedCache
 from attnlab.cache.makers import LayerState
 from attnlab.functional.attention import attention
-from attnlab.functional.compression import (
-    check_block,
-    closing_positions,
-    turn_pairs,
-)
+from attnlab.functional.compression import check_block, closing_positions, turn_pairs
 from attnlab.functional.selection import (
     Selection,
     chosen_mask,

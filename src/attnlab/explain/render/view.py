@@ -2,11 +2,9 @@
 
 Three panels read the same embedded weights:
 
-* **the head view**: the tokens in two columns, queries on the left and keys
-  on the right, and from the focused query a line to each key it attends,
-  as thick and as opaque as its weight, one colour per head. Hover or tap a
-  token to focus it (the arrow keys move it); choose the layer (or the
-  rollout) and the heads;
+* **the head view**: the tokens in two columns, queries on the left and keys on the right, and from the
+  focused query a line to each key it attends, as thick and as opaque as its weight, one colour per head.
+  Hover or tap a token to focus it (the arrow keys move it); choose the layer (or the rollout) and the heads;
 * **the model view**: every layer x head as a small pattern, labelled with
   the head's name and best score; a click (or Enter) opens it in the head view;
 * **the rollout** (Abnar & Zuidema, 2020): how much each token's last-layer
@@ -144,7 +142,7 @@ class AttentionView:
     windows: list[int | None] | None = None
     sinks: bool = False
     note: str = ""
-    selection: str = ""  # a sparse model's selection panel (explain.selection_report), after the model view
+    selection: str = ""  # a sparse model's selection panel (explain.selection_report)
     _built: ViewBuilder | None = field(default=None, repr=False)  # set by ViewBuilder.view()
     shape: tuple[int, int, int, int] = field(default=(0, 0, 0, 0), init=False)  # (L, H, T, T)
     rollout: torch.Tensor | None = field(default=None, init=False)
