@@ -24,8 +24,7 @@ from attnlab.models.gpt import GPT
 from attnlab.models.zoo import VARIANTS, zoo_config
 from test_going_back import every_kind
 
-# compressed: no paged compressed cache yet, refused by name (cache/plan.py; test_compressed_state)
-PAGED = [v for v in VARIANTS if v != "compressed"]
+PAGED = list(VARIANTS)  # compressed too: its entries page with the blocks (cache/compressed_paged.py)
 
 G = torch.Generator().manual_seed(5)
 SHARED = torch.randint(0, 64, (48,), generator=G).tolist()  # three blocks of 16
