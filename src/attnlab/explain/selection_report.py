@@ -65,11 +65,11 @@ def selection_section(
     rows = layer_lines(choices, lang)
     for choice in choices:
         rows += query_lines(choice, query, lang)
-    topk = sorted({str(getattr(model.blocks[c.layer].att, "index_topk", "")) for c in choices})
+    topk = sorted({str(getattr(model.blocks[c.layer].att, "index_topk", "")) for c in choices} - {""})
     return Section(
         key="selection",
         title=txt["title"],
-        text=txt["text"].format(k="/".join(topk)),
+        text=txt["text"].format(k="/".join(topk) or "k"),
         code="attnlab.explain.selection.layer_choices(model, ids, tokens)",
         value="\n".join(rows),
         view=selection_panel(choices, lang=lang, query=query) if figures else None,

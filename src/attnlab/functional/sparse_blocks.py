@@ -32,6 +32,7 @@ import torch
 from attnlab._checks import check_positive_int
 from attnlab.functional.attention import attention
 from attnlab.functional.visibility import Visibility
+from attnlab.observe import is_recording, record
 
 
 def check_blocks(block: int, top_k: int, context: int, *, names: tuple[str, str] = ("block", "top_k")) -> int:
@@ -179,6 +180,8 @@ def gathered_attention(
     k_rows = gather_rows(keys.repeat_interleave(spread, dim=1), slots)  # (B * R * Tq, 1, M, D)
     v_rows = gather_rows(values.repeat_interleave(spread, dim=1), slots)
     out = attention(per_row(q, r), k_rows, v_rows, visibility=rows, scale=scale, dropout_p=dropout_p)
+    if is_recording():  # the slots this gather read (B, R, Tq, M), -1 for none: the views' (nn.selection_record)
+        record("block_slots", torch.where(picked >= 0, slots, -1), source="gathered_attention")
     return per_head(out, b, r), keys_read(rows)
 
 

@@ -32,6 +32,7 @@ from attnlab.functional.rotary import apply_rotary
 from attnlab.functional.sparse_blocks import check_blocks, chosen_visibility, gathered_attention, moba_select
 from attnlab.functional.visibility import Visibility
 from attnlab.nn.attention import Attention, ForwardArgs
+from attnlab.nn.selection_record import record_blocks
 from attnlab.observe import is_recording, record
 
 ROW_CACHES = (KVCache, PagedKVCache, PagedRows)  # each row's keys at consecutive slots, none dropped or rounded
@@ -139,6 +140,8 @@ class MoBAAttention(Attention):
                 vis = chosen_visibility(chosen, q_pos, k_pos, self.block_size, self.num_heads)
                 _, weights = attention(queries, keys, values, visibility=vis, scale=self.scale, return_weights=True)
                 record("attn_weights", weights, source=type(self).__name__)
+                record_blocks(chosen=chosen, queries=queries, keys=keys, q_pos=q_pos, k_pos=k_pos, scale=self.scale,
+                              source=type(self).__name__)  # fmt: skip
         return self.merge_heads(context, gate=gate)
 
     def readable(self, x: torch.Tensor) -> torch.Tensor:

@@ -44,6 +44,7 @@ from attnlab.functional.sparse_blocks import chosen_visibility, gathered_attenti
 from attnlab.functional.visibility import Visibility
 from attnlab.nn.attention import ForwardArgs, SharedKV
 from attnlab.nn.moba import MoBAAttention, row_positions
+from attnlab.nn.selection_record import record_blocks
 from attnlab.observe import is_recording, record
 
 BRANCHES = ("compressed", "selected", "sliding")
@@ -183,6 +184,10 @@ class NSAAttention(MoBAAttention):
         with torch.no_grad():
             self.keys_read.add_(read)
             self.queries_read.add_((q_pos >= 0).sum() * self.num_kv_heads)
+            if is_recording():  # the selected branch's choice; the window and the entries it reads besides
+                near = window._structure(q_pos[:, :, None], k_pos[:, None, :])  # (B, T, S): Visibility's one predicate
+                record_blocks(chosen=chosen, queries=q, keys=k_slc, q_pos=q_pos, k_pos=k_pos, scale=scale,
+                              source="NSAAttention", also={"window_slots": near, "entry_ends": ends})  # fmt: skip
         return [o_cmp, o_slc, o_win]
 
     def weights_map(

@@ -14,6 +14,14 @@ attention call:
   the selection taken away (a softmax over all of them; with learned sinks the sink counted as the layer counts
   it): computed here, in the readable eager form, for the views alone; told to no other step.
 
+A block-sparse layer (``MoBAAttention``, ``NSAAttention``'s selected branch) chooses per head (MoBA) or per key
+group (NSA), R rows of choices: its gather (``functional.sparse_blocks.gathered_attention``) records
+"block_slots" (B, R, T, M), the key slots it read (-1: none), and the layer (:func:`record_blocks`)
+"selected_blocks" (B, R, T, K), its block ids, and "dense_weights" (B, H, T, S) over every key it may see; its
+"attn_weights" are already on its key slots (B, H, T, S). NSA also records "window_slots" (B, T, S) bool, the
+slots its sliding branch read, and "entry_ends" (B, C), the last position of each compressed entry it read (every
+one closed by then): its query reads those besides its chosen blocks.
+
 Shapes: B = batch, T = queries, H = heads, S = key slots, C = columns of the dense axis, R = keys read a query,
 K = keys chosen a query, D = a key's width.
 """
@@ -63,6 +71,33 @@ def record_selection(
     else:
         weights = head_weights(queries, keys, dense, scale=scale, heads=range(queries.shape[1]), sinks=sinks)
     record("dense_weights", weights, source=source)
+
+
+def record_blocks(
+    *,
+    chosen: torch.Tensor,
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    scale: float | None,
+    source: str,
+    also: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Record a block-sparse layer's choice (see the module docstring); returns at once outside a Recorder.
+
+    Args:
+        chosen: (B, R, T, K) the kernel's block ids; queries (B, H, T, D), keys (B, Hk, S, D): the selecting
+            branch's; q_pos (B, T), k_pos (B, S): the rows' own positions (-1: none); also: further records by name.
+    """
+    if not is_recording():
+        return
+    record("selected_blocks", chosen, source=source)
+    scale = queries.shape[-1] ** -0.5 if scale is None else scale
+    dense = Visibility(q_pos=q_pos, k_pos=k_pos, causal=True)
+    record("dense_weights", attention_weights(queries, keys, dense, scale=scale), source=source)  # told to no Recorder
+    for name, tensor in (also or {}).items():
+        record(name, tensor, source=source)
 
 
 def spread(weights: torch.Tensor, read: torch.Tensor, columns: int) -> torch.Tensor:
