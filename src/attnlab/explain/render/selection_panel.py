@@ -26,7 +26,8 @@ PANEL_TEXT = {
         "title": "Selection",
         "hint": "A sparse layer's query reads only the keys marked ✓ (its selection; a V4 layer's window marked w). "
         "Beside each, its dense weight (every key the query may see, the selection taken away) and the weight "
-        "used, each the mean over the heads (one selection serves every head of a query).",
+        "used, each the mean over the heads (DSA and V4 choose once for every head of a query; MoBA and NSA choose per "
+        "head or key group, and a key is marked where any head read it).",
         "layer": "layer",
         "query": "query",
         "key": "key",
@@ -38,7 +39,8 @@ PANEL_TEXT = {
     "zh": {
         "title": "选择",
         "hint": "稀疏层的查询只读标了 ✓ 的键 (它的选择；V4 层的窗口标为「窗」)。每个键旁边是它的稠密权重 (查询看得到的全部键，"
-        "去掉选择) 和实际用到的权重，都是对各个头的平均 (一个查询的选择供它所有的头使用)。",
+        "去掉选择) 和实际用到的权重，都是对各个头的平均 (DSA 与 V4 为一个查询的所有头选一次；MoBA 与 NSA 按头或键组各自选择，"
+        "任何一个头读过的键都会标出)。",
         "layer": "层",
         "query": "查询",
         "key": "键",
