@@ -57,8 +57,8 @@ lint: $(STAMP)
 test: setup browser lint
 	$(PY) -m compileall -q src tests benchmarks
 	$(PY) -m pytest -q -m "not slow and not docs"
-	@echo "second stage: the checks slow by nature (pytest -m slow)"
-	$(PY) -m pytest -q -m slow
+	@echo "second stage: the checks slow by nature (pytest -m slow; budget 600 s: its slowest tests are listed)"
+	$(PY) -m pytest -q -m slow --durations=15
 	$(MAKE) --no-print-directory smoke
 
 # Every shell command and Python example of README.md and docs/, as written, in page order, each page in a fresh
