@@ -155,9 +155,9 @@ def test_the_readers_code_runs_in_a_process_of_its_own(tmp_path: Path) -> None:
 def test_an_answer_that_never_returns_is_stopped_at_the_time_limit(tmp_path: Path) -> None:
     answer = tmp_path / "loop.py"
     answer.write_text("def attention_weights(inputs):\n    while True:\n        pass\n", encoding="utf-8")
-    result = check("3.A", answer, timeout=15)
+    result = check("3.A", answer, timeout=5)  # an endless loop outlasts any limit: a short one tests the same
     assert [f.key for f in result.findings] == ["timeout"]
-    assert result.lines("en") == ["the answer ran past 15 s and was stopped (an endless loop?)"]
+    assert result.lines("en") == ["the answer ran past 5 s and was stopped (an endless loop?)"]
 
 
 def test_the_command_lists_shows_writes_and_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
