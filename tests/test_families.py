@@ -679,6 +679,26 @@ def test_latent_attention_decodes_in_the_absorbed_form_what_the_expanded_form_co
     assert float((torch.cat(steps, dim=1) - att(x)).abs().max()) < 1e-5
 
 
+@torch.no_grad()
+def test_a_latent_decode_step_runs_pytorchs_fused_kernel_not_its_math_path() -> None:
+    """The absorbed form hands the whole latents [c, k_pe] over as its values, so keys and values have one width:
+    PyTorch's fused CPU kernel takes the step. Values of kv_lora_rank alone (c) send it to SDPA's math path, which
+    copies the one latent head out to every query head at each step (a 16k-token zoo decode: 4.7x slower)."""
+    from attnlab.nn.latent import LatentAttention
+
+    torch.manual_seed(0)
+    att = LatentAttention(d_in=32, num_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+    x = torch.randn(1, 9, 32)
+    cache = ModelCache.build([att.layer_state()], rows=1, capacity=16)[0]  # room left: slots past the length hidden
+    att(x[:, :8], cache=cache)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step = att(x[:, 8:], cache=cache)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    assert calls.get("aten::_scaled_dot_product_flash_attention_for_cpu", 0) == 1
+    assert calls.get("aten::_scaled_dot_product_attention_math", 0) == 0
+    assert float((step - att(x)[:, 8:]).abs().max()) < 1e-5  # and the step is the expanded form's
+
+
 def test_deepseek_v3s_latent_cache_holds_576_values_per_token_and_layer() -> None:
     """The paper's count: kv_lora_rank 512 + qk_rope_head_dim 64, against 128 heads x (128 + 128) = 32,768."""
     from attnlab.cache import stored_bytes

@@ -184,8 +184,12 @@ class LatentAttention(Attention):
         w_uk, w_uv = self._w()
         q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # (B, H, T, R)
         queries = torch.cat((q_latent, q_pe), dim=-1)  # (B, H, T, R + P)
-        values = latents[..., : self.kv_lora_rank]  # (B, 1, S, R)
-        context = attention(queries, latents, values, visibility=visibility, scale=self.scale, backend=self.backend)
+        # The values are c, the latents' first R values. They are handed over as the whole latents [c, k_pe], and
+        # the context's last P values dropped: keys and values of one width take PyTorch's fused CPU kernel, where
+        # values of R would fall to its math path, which copies the keys out to every head at each step
+        # (tests/test_families.py: the fused kernel runs, and the form equals the expanded one).
+        context = attention(queries, latents, latents, visibility=visibility, scale=self.scale, backend=self.backend)
+        context = context[..., : self.kv_lora_rank]  # (B, H, T, R + P) -> (B, H, T, R)
         return self.merge_heads(torch.einsum("bhtr,hvr->bhtv", context, w_uv))  # (B, H, T, V) -> (B, T, E)
 
     def merge_heads(self, context_vec: torch.Tensor, *, gate: torch.Tensor | None = None) -> torch.Tensor:
