@@ -135,7 +135,49 @@ def _selection(result: dict[str, Any]) -> list[str]:
                 else "it read no fewer keys than dense at any length measured."
             )
         )
+    if "moba" in result["sparse"]:
+        block, top = shapes["moba_block"], shapes["moba_topk"]
+        said = [f"{reads[('moba', n)]['keys_by_layer'][0]:,} of {n:,}" for n in lengths]
+        out.append(
+            f"- moba: the first layer read {', '.join(said)} keys at {', '.join(f'{n:,}' for n in lengths)} tokens, "
+            f"a key once however many of its {shapes['heads']} heads read it. Each head reads its own block of "
+            f"{block} and the {top - 1} best before it, {top * block} keys: a context of {top * block} tokens or "
+            f"fewer is read whole, as dense attention reads it. The zoo trains on {shapes['seq_len']} tokens, so "
+            f"its queries past position {top * block} select. The heads choose apart, so between them a layer "
+            f"reads up to {shapes['heads'] * top * block} keys, and fewer where their choices meet."
+        )
+    if "nsa" in result["sparse"]:
+        said = [f"{reads[('nsa', n)]['keys_by_layer'][0]:,} of {n:,}" for n in lengths]
+        dense = all(per_token(reads[("nsa", n)])[0] >= per_token(reads[("mha", n)])[0] for n in lengths)
+        share = per_token(reads[("nsa", lengths[-1])])[0] / per_token(reads[("mha", lengths[-1])])[0]
+        verdict = (
+            "so in this form NSA read as many keys as dense attention at every length measured"
+            if dense
+            else f"so in this form NSA read {share:.0%} of dense attention's keys at {lengths[-1]:,} tokens"
+        )
+        out.append(
+            f"- nsa: the first layer read {', '.join(said)} keys at {', '.join(f'{n:,}' for n in lengths)} "
+            f"tokens, counting every key its three branches drew on. Its selected branch reads "
+            f"{shapes['nsa_select_n']} blocks of {shapes['nsa_select_block']} a group and its window "
+            f"{shapes['nsa_slide']}, but its compressed entries (a block of {shapes['nsa_compress_block']} every "
+            f"{shapes['nsa_stride']} tokens) are made again from every closed block's keys at each call: a query "
+            f"draws on every key before its latest entry, {verdict}. A cache of the entries, as DeepSeek-V4's "
+            "layers keep, is what would cut it."
+        )
     return out
+
+
+def _periods(result: dict[str, Any]) -> str:
+    """The layers measured for each variant, from the run's own rows: "mha, mla: 1 layer; compressed: 2"."""
+    shortest = min(row["tokens"] for row in result["reads"])
+    by_count: dict[int, list[str]] = {}
+    for row in result["reads"]:
+        if row["tokens"] == shortest:
+            by_count.setdefault(row["layers_measured"], []).append(row["variant"])
+    return "; ".join(
+        f"{', '.join(names)}: {n} layer{'s' if n > 1 else ''}" if i == 0 else f"{', '.join(names)}: {n}"
+        for i, (n, names) in enumerate(sorted(by_count.items()))
+    )
 
 
 def _layers(n: int) -> str:
@@ -171,7 +213,7 @@ def render(result: dict[str, Any]) -> str:
         f"{result['cpu']}){smoke}: the zoo's variants with random weights. Keys read: one decoded token after a "
         "cache filled to the length's other tokens, from each gathering layer's own meter (the slots its kernel "
         "gathered) and each dense layer's unmasked scores (`attnlab.bench.sparse_meter`); measured on one period "
-        "of each variant's layers at the zoo's layer shapes (mha, mla, dsa: 1 layer; compressed: 2), the longest "
+        f"of each variant's layers at the zoo's layer shapes ({_periods(result)}), the longest "
         f"length on the decode models' {result['decode_layers']} layers, whose caches were built for it and "
         "filled to it; the 4-layer figures are the layers measured times their repeats. State bytes: the cache's "
         "tensors, built for the length and holding it. Caches are filled by a twin of each model on the flash "

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from _runs import add_run_arguments, check_run, exit_with, finish, render_saved
+from _sparse_models import CHUNK, build, fill, first_layers, one_period, period
 from _sparse_table import render
 
 SCHEMA = "attnlab.sparse/1"
@@ -48,13 +49,14 @@ DENSE = ("mha", "mla")
 SPARSE = {  # each sparse variant and the dense variant its decode is judged against; a new kind joins by one line
     "dsa": "mla",  # the same latent attention, every key read
     "compressed": "mha",  # V4's layers against the chapter's
+    "moba": "mha",  # the chapter's heads, each query reading its own block and the top blocks by mean key
+    "nsa": "mha",  # compressed, selected and sliding branches, mixed by gates
 }
 LENGTHS = (16, 128, 1024, 8192)  # below DSA's top-k, the zoo's training sequence, 1k, 8k: caches of their own
 LONGEST = 32768  # the decode caches' length; the last row of keys and bytes is theirs, filled to it
 STEPS = 8  # tokens decoded a round
 DECODE_AT = (1024, 4096, 8192, 16384)  # tokens held before each round's STEPS, and LONGEST - STEPS
 DECODE_LAYERS = 4  # the decode models' layers: the zoo's (every variant's period divides it)
-CHUNK = 512  # a prompt's tokens a call, filling a cache
 SMOKE_LENGTHS, SMOKE_LONGEST, SMOKE_STEPS = (16, 128), 200, 2
 SMOKE_DECODE_AT = (64, SMOKE_LONGEST - SMOKE_STEPS)
 
@@ -65,58 +67,6 @@ def say(line: str) -> None:
 
 def variants() -> list[str]:
     return [*DENSE, *SPARSE]
-
-
-def period(config: Any) -> int:
-    """The fewest leading layers whose pattern repeats to make every layer (1: all alike)."""
-    v4 = config.deepseek_v4
-    kinds = [(config.layer_type(i), v4.layer_kinds[i] if v4 else None) for i in range(config.n_layers)]
-    return next(
-        p
-        for p in range(1, config.n_layers + 1)
-        if config.n_layers % p == 0 and kinds == kinds[:p] * (config.n_layers // p)
-    )
-
-
-def first_layers(config: Any, layers: int) -> Any:
-    """The config cut to its first ``layers`` layers (the same layer shapes, fewer of them)."""
-    from dataclasses import replace
-
-    cut: dict[str, Any] = {"n_layers": layers}
-    if config.layer_types is not None:
-        cut["layer_types"] = config.layer_types[:layers]
-    if config.deepseek_v4 is not None:
-        cut["deepseek_v4"] = replace(config.deepseek_v4, layer_kinds=config.deepseek_v4.layer_kinds[:layers])
-    return config.with_(**cut)
-
-
-def one_period(config: Any) -> Any:
-    return first_layers(config, period(config))
-
-
-def build(config: Any) -> tuple[Any, Any]:
-    """The model (its default kernels: what is metered and timed) and what fills its caches: a twin with the
-    same weights on the flash kernel (the default kernels' prompt over a cache would take minutes at 32k tokens;
-    V4's layers take no backend: the model itself)."""
-    import torch
-
-    from attnlab.models.gpt import GPT
-
-    torch.manual_seed(0)
-    model = GPT(config).eval()
-    if config.deepseek_v4 is not None:  # V4's layers take no backend
-        return model, model
-    twin = GPT(config.with_(backend="flash")).eval()
-    twin.load_state_dict(model.state_dict())
-    return model, twin
-
-
-def fill(twin: Any, caches: Any, ids: Any) -> None:
-    import torch
-
-    with torch.no_grad():
-        for start in range(0, ids.shape[1], CHUNK):
-            twin(ids[:, start : start + CHUNK], caches=caches, last_only=True)
 
 
 def read_row(name: str, model: Any, caches: Any, token: Any, tokens: int) -> dict[str, Any]:
@@ -221,6 +171,7 @@ def run(
     decode_at = SMOKE_DECODE_AT if smoke else (*(n for n in DECODE_AT if n < longest - steps), longest - steps)
     v4 = zoo_config("compressed").deepseek_v4
     assert v4 is not None
+    blocks = {name: zoo_config(name).sparse_blocks for name in ("moba", "nsa")}
     reads = [measure_reads(name, n) for n in lengths for name in variants()]
     say(f"keys and bytes up to {lengths[-1]:,} tokens in {time.perf_counter() - began:.0f} s")
     decode, last = measure_decode(decode_at, longest, rounds=rounds, steps=steps, layers=layers)
@@ -244,6 +195,14 @@ def run(
             "sparse_block": v4.sparse_block,
             "heavy_block": v4.heavy_block,
             "seq_len": 128,
+            "heads": zoo_config("moba").n_heads,
+            "moba_block": blocks["moba"].block,
+            "moba_topk": blocks["moba"].top_k,
+            "nsa_select_n": blocks["nsa"].select_n,
+            "nsa_select_block": blocks["nsa"].select_block,
+            "nsa_slide": blocks["nsa"].slide,
+            "nsa_compress_block": blocks["nsa"].compress_block,
+            "nsa_stride": blocks["nsa"].stride,
         },
         "reads": reads + last,
         "decode": decode,
@@ -252,12 +211,14 @@ def run(
 
 
 def problems(result: dict[str, Any]) -> list[str]:
-    """A dense layer that did not read every token it holds, or a sparse variant reading more than its dense
-    one where its selection should act (past its top-k)."""
+    """A dense layer that did not read every token it holds, or a layer reading more keys than the tokens it holds
+    (a key counted once a query: every kind but compressed, whose entries come on top of its window)."""
     out = []
     for row in result["reads"]:
         if row["variant"] in DENSE and any(k != row["tokens"] for k in row["keys_by_layer"]):
             out.append(f"{row['variant']} at {row['tokens']:,} tokens read {row['keys_by_layer']} keys, not every one")
+        elif row["variant"] != "compressed" and any(k > row["tokens"] for k in row["keys_by_layer"]):
+            out.append(f"{row['variant']} at {row['tokens']:,} tokens read {row['keys_by_layer']} keys, more than held")
     for at in result["decode"]:
         for name, seconds in at["seconds_a_token"].items():
             if not seconds or statistics.median(seconds) <= 0:

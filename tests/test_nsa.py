@@ -127,14 +127,25 @@ def test_a_key_planted_far_back_is_selected_through_the_compressed_branch_and_mi
 
 
 @torch.no_grad()
-def test_keys_read_fall_as_select_n_falls() -> None:
+def test_the_selected_branch_gathers_fewer_keys_as_select_n_falls_and_the_meter_says_what_every_branch_read() -> None:
+    """The gather's own slots (recorded as "block_slots") fall with select_n. The layer's meter counts the keys a
+    query's three branches drew on, once each: here checked against the keys given any weight by any head in the
+    layer's map (entries spread over their blocks' keys, the chosen blocks, the window). The compression reads
+    every closed block's keys again at each call, so that count stays where it is whatever select_n is."""
+    from attnlab.observe import Recorder
+
     x = x_in(2)
-    read = []
+    gathered, metered = [], []
     for n in (6, 5, 4, 3):
         made = layer(n)
-        made(x)
-        read.append(int(made.keys_read))
-    assert read == sorted(read, reverse=True) and len(set(read)) == 4, read
+        with Recorder(names=["block_slots", "attn_weights"]) as rec:
+            made(x)
+        gathered.append(int((rec.get("block_slots") >= 0).sum()))
+        weights = rec.get("attn_weights")  # (B, H, T, T)
+        assert int(made.keys_read) == int((weights > 0).any(dim=1).sum())
+        metered.append(int(made.keys_read))
+    assert gathered == sorted(gathered, reverse=True) and len(set(gathered)) == 4, gathered
+    assert len(set(metered)) == 1 and metered[0] > sum(min(t + 1, SIZES["slide"]) for t in range(T)) * 2
 
 
 @pytest.mark.parametrize(

@@ -119,7 +119,11 @@ def test_the_smoke_run_measures_renders_and_reads_back(tmp_path: Path) -> None:
     path.write_text(json.dumps(result))
     text = table.render(json.loads(path.read_text()))
     assert text == table.render(result) and "dsa against mla" in text and "(smoke" in text
-    assert {r["variant"] for r in result["reads"]} == {"mha", "mla", "dsa", "compressed"}
+    assert {r["variant"] for r in result["reads"]} == {"mha", "mla", "dsa", "compressed", "moba", "nsa"}
+    moba = next(r for r in result["reads"] if r["variant"] == "moba" and r["tokens"] == 128)
+    assert moba["keys_by_layer"][0] < 128  # its four heads' blocks, a key once: fewer than dense reads
+    counted_per_head = {**result, "reads": [{**moba, "keys_by_layer": [192]}], "decode": []}
+    assert sparse.problems(counted_per_head) == ["moba at 128 tokens read [192] keys, more than held"]
 
 
 def test_the_docs_quote_the_committed_run() -> None:

@@ -2,8 +2,10 @@
 ``benchmarks/sparse.py`` record for every variant, sparse or dense.
 
 - **Keys read** by one decoded token, layer by layer. A layer that meters its own reads (``keys_read``: DSA's
-  ``IndexedAttention``, V4's ``CompressedAttention`` with its ``window_read`` beside it) is read off that meter,
-  zeroed first: the slots its gathers read, counted from the kernel's own indices, never from the config's top-k.
+  ``IndexedAttention``, V4's ``CompressedAttention`` with its ``window_read`` beside it, MoBA's and NSA's layers)
+  is read off that meter, zeroed first: the slots its gathers read, counted from the kernel's own indices, never
+  from the config's top-k, a key once for a query however many heads gathered it (NSA's also counts the keys its
+  compression and window read: ``attnlab.functional.nsa.nsa_keys_read``).
   Any other attention layer's keys are those its kernel scored and left unmasked: the finite entries of the
   ``masked_scores`` the eager kernel hands the :class:`~attnlab.observe.Recorder`, a key counted once however
   many heads read it (as the gathers count a latent or a shared key once). A recurrent or convolution layer

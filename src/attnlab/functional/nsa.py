@@ -31,7 +31,7 @@ import torch
 
 from attnlab._checks import check_positive_int
 from attnlab.functional.attention import attention
-from attnlab.functional.sparse_blocks import slot_offsets, top_blocks
+from attnlab.functional.sparse_blocks import distinct_keys, slot_offsets, top_blocks
 from attnlab.functional.visibility import Visibility
 
 
@@ -132,3 +132,21 @@ def nsa_select(
     own = (q_pos // select_block)[:, None, :, None]  # (B, 1, Tq, 1)
     forced = ((j == 0) | (j == own) | (j == own - 1)) & (j <= own) & (own >= 0)
     return top_blocks(scores, forced, j < own, select_n)
+
+
+def nsa_keys_read(picked: torch.Tensor, ends: torch.Tensor, q_pos: torch.Tensor, *, window: int) -> torch.Tensor:
+    """The keys each query's three branches drew on between them, (B, Tq), a key counted once however many heads
+    or branches read it: the keys under the entries it sees (the compression reads every key of a closed block:
+    with the stride dividing the block, those are positions 0 to its latest entry's end e), its window's keys
+    after e, and its selected keys (``picked`` (B, R, Tq, M), from the gather) after e and before the window.
+
+    Args:
+        picked: the selected branch's gathered positions, -1 for none; ends: each entry's last position (B, C),
+            -1 where not whole; q_pos: (B, Tq), -1 for a query that reads nothing; window: the sliding branch's.
+    """
+    seen = (ends[:, None, :] >= 0) & (ends[:, None, :] <= q_pos[:, :, None])  # (B, Tq, C)
+    e = torch.where(seen, ends[:, None, :], -1).amax(dim=-1) if ends.shape[1] else torch.full_like(q_pos, -1)
+    near = q_pos - torch.maximum(q_pos - window, e)  # (B, Tq): the window's keys after e, (max(q - w, e), q]
+    beyond = (picked > e[:, None, :, None]) & (picked <= (q_pos - window)[:, None, :, None])  # (B, R, Tq, M)
+    counted = (e + 1) + near + distinct_keys(torch.where(beyond, picked, -1))
+    return torch.where(q_pos >= 0, counted, 0)

@@ -12,8 +12,9 @@ A choice of blocks is a restriction of who may attend, so it is expressed as a :
 * readable (:func:`chosen_visibility`): every key there, the keys outside the chosen blocks hidden by a mask;
 * fast (:func:`block_slots`, :func:`gather_rows`, :func:`rows_visibility`): each query (one head, or one group
   of heads, at a time) becomes a row of its own holding only its chosen blocks' keys, gathered by the slots the
-  choice names; the kernel never scores another. :func:`keys_read` counts, from the gathered positions, what the
-  gather read.
+  choice names; the kernel never scores another. From the gathered positions it returns, :func:`keys_read`
+  counts what the gather read (a key a row and query) and :func:`distinct_keys` the keys each query's rows read
+  between them (a key counted once however many heads read it, as a dense layer's meter counts).
 
 Positions here are a row's own token positions (0 at its first real token): keys (B, S) with -1 where a slot
 holds nothing (left padding, an empty cache slot), and each row's held keys at consecutive slots from its first
@@ -167,7 +168,8 @@ def gathered_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fast form: each query over its chosen blocks' keys alone; (context (B, H, Tq, Dv), keys read).
+    """The fast form: each query over its chosen blocks' keys alone; (context (B, H, Tq, Dv), the positions each
+    row and query gathered (B, R, Tq, M), -1 for none: what :func:`keys_read` and :func:`distinct_keys` count).
 
     Args:
         q: (B, H, Tq, D); keys, values: (B, Hk, S, D); chosen: block ids (B, R, Tq, K), R = H (a choice a head,
@@ -182,10 +184,19 @@ def gathered_attention(
     out = attention(per_row(q, r), k_rows, v_rows, visibility=rows, scale=scale, dropout_p=dropout_p)
     if is_recording():  # the slots this gather read (B, R, Tq, M), -1 for none: the views' (nn.selection_record)
         record("block_slots", torch.where(picked >= 0, slots, -1), source="gathered_attention")
-    return per_head(out, b, r), keys_read(rows)
+    return per_head(out, b, r), picked
 
 
-def keys_read(rows: Visibility) -> torch.Tensor:
-    """How many keys a gather read: the filled slots of the gathered rows' positions (a 0-dim tensor)."""
-    assert rows.k_pos is not None
-    return (rows.k_pos >= 0).sum()
+def keys_read(picked: torch.Tensor) -> torch.Tensor:
+    """How many keys a gather read, a key a row (head or group) and query: its filled positions (a 0-dim tensor)."""
+    return (picked >= 0).sum()
+
+
+def distinct_keys(picked: torch.Tensor) -> torch.Tensor:
+    """The keys each query's rows read between them, (B, Tq): the distinct positions of ``picked`` (B, R, Tq, M), a
+    key counted once however many heads gathered it."""
+    b, r, tq, m = picked.shape
+    ordered = picked.permute(0, 2, 1, 3).reshape(b, tq, r * m).sort(dim=-1).values  # (B, Tq, R * M)
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[..., 1:] = ordered[..., 1:] != ordered[..., :-1]  # a position's first place in its sorted row
+    return (first & (ordered >= 0)).sum(dim=-1)

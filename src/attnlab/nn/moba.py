@@ -8,8 +8,8 @@ blocks in all (``attnlab.functional.sparse_blocks.moba_select``). The choice is 
     fast:      each head's query over its chosen blocks' keys alone, gathered by their slots (``forward``)
 
 tested equal (inside a ``Recorder`` the layer records the readable form's weights, (B, H, T, S), as its
-``attn_weights``); ``keys_read`` counts what the gathers read (a key a head and query), ``queries_read`` the head
-queries that read them. It needs no weights of its own: ``Attention``'s projections, RoPE and output.
+``attn_weights``); ``keys_read`` counts the keys the gathers read for each query, a key counted once however many
+heads read it (as a dense layer's meter counts: ``attnlab.bench.sparse_meter``), ``queries_read`` the queries. It needs no weights of its own: ``Attention``'s projections, RoPE and output.
 
 Its state (``layer_state``: kind "blocks") is every position's keys and values, as a full layer's, in the caches
 that keep each row's keys at consecutive slots ('plain', 'paged', 'prefix'; ``attnlab.cache.plan``); a left
@@ -29,7 +29,13 @@ from attnlab.cache.kv import KVCache
 from attnlab.cache.paged import PagedKVCache, PagedRows
 from attnlab.functional.attention import attention
 from attnlab.functional.rotary import apply_rotary
-from attnlab.functional.sparse_blocks import check_blocks, chosen_visibility, gathered_attention, moba_select
+from attnlab.functional.sparse_blocks import (
+    check_blocks,
+    chosen_visibility,
+    distinct_keys,
+    gathered_attention,
+    moba_select,
+)
 from attnlab.functional.visibility import Visibility
 from attnlab.nn.attention import Attention, ForwardArgs
 from attnlab.nn.selection_record import record_blocks
@@ -130,12 +136,12 @@ class MoBAAttention(Attention):
         q_pos, k_pos = row_positions(visibility, queries.shape[0])
         chosen = moba_select(queries, keys, q_pos, k_pos, block=self.block_size, top_k=self.top_k)
         dropout = self.dropout if self.training else 0.0
-        context, read = gathered_attention(
+        context, picked = gathered_attention(
             queries, keys, values, chosen, q_pos, k_pos, block=self.block_size, scale=self.scale, dropout_p=dropout
         )
         with torch.no_grad():
-            self.keys_read.add_(read)
-            self.queries_read.add_((q_pos >= 0).sum() * self.num_heads)
+            self.keys_read.add_(distinct_keys(picked).sum())
+            self.queries_read.add_((q_pos >= 0).sum())
             if is_recording():  # what each head gave each key (B, H, Tq, S): the readable form's weights, equal
                 vis = chosen_visibility(chosen, q_pos, k_pos, self.block_size, self.num_heads)
                 _, weights = attention(queries, keys, values, visibility=vis, scale=self.scale, return_weights=True)

@@ -18,8 +18,11 @@ come from a small MLP and a sigmoid). The selected branch has two forms, tested 
     fast:      each group's query over its chosen blocks' keys alone, gathered (``forward``)
 
 Inside a ``Recorder`` the layer records what it gave each key as its ``attn_weights`` (:meth:`weights_map`).
-``keys_read`` counts the selected branch's gathered keys (a key a group and query), ``queries_read`` the group
-queries that read them.
+``keys_read`` counts the keys each query's three branches drew on, a key counted once however many heads or
+branches read it (``functional.nsa.nsa_keys_read``; a dense layer's meter counts so too), ``queries_read`` the
+queries. The compressed entries are made again from every closed block's keys at each call (below), so a query
+past the first closed block draws on every key before its latest entry: in this form NSA reads about as many
+keys as dense attention, and its saving is in the scores (entries, blocks and a window, not every key).
 
 Its state (kind "blocks") is every position's three key and value rows, in the caches that keep each row's keys at
 consecutive slots (``attnlab.cache.plan``); the compressed entries are computed again from those keys at each
@@ -38,7 +41,7 @@ import torch.nn as nn
 from attnlab.cache import Cache, LayerState
 from attnlab.functional.attention import attention
 from attnlab.functional.mods import MaskMod, ScoreMod
-from attnlab.functional.nsa import check_nsa, compress, compressed_attention, nsa_select
+from attnlab.functional.nsa import check_nsa, compress, compressed_attention, nsa_keys_read, nsa_select
 from attnlab.functional.rotary import apply_rotary
 from attnlab.functional.sparse_blocks import chosen_visibility, gathered_attention
 from attnlab.functional.visibility import Visibility
@@ -177,13 +180,13 @@ class NSAAttention(MoBAAttention):
             o_slc = attention(q, k_slc, v_slc, visibility=vis_slc, scale=scale, backend="eager")
             o_win = attention(q, k_win, v_win, visibility=window, scale=scale, backend="eager")
             return [o_cmp, o_slc, o_win]
-        o_slc, read = gathered_attention(
+        o_slc, picked = gathered_attention(
             q, k_slc, v_slc, chosen, q_pos, k_pos, block=self.block_size, scale=scale, dropout_p=dropout
         )
         o_win = attention(q, k_win, v_win, visibility=window, scale=scale, dropout_p=dropout, backend=self.backend)
         with torch.no_grad():
-            self.keys_read.add_(read)
-            self.queries_read.add_((q_pos >= 0).sum() * self.num_kv_heads)
+            self.keys_read.add_(nsa_keys_read(picked, ends, q_pos, window=self.slide).sum())
+            self.queries_read.add_((q_pos >= 0).sum())
             if is_recording():  # the selected branch's choice; the window and the entries it reads besides
                 near = window._structure(q_pos[:, :, None], k_pos[:, None, :])  # (B, T, S): Visibility's one predicate
                 record_blocks(chosen=chosen, queries=q, keys=k_slc, q_pos=q_pos, k_pos=k_pos, scale=scale,
