@@ -18,7 +18,6 @@ from attnlab.cache.kv import KVCache
 from attnlab.functional.attention import attention
 from attnlab.functional.sparse_blocks import (
     chosen_visibility,
-    distinct_keys,
     gathered_attention,
     keys_read,
     moba_select,
