@@ -160,3 +160,11 @@ def test_a_recorder_sees_each_heads_weights_on_the_keys_its_gathers_read() -> No
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, 4, 40))
     # the map's keys are the gathers' keys, a key counted once however many heads gave it weight
     assert int((weights > 0).any(dim=1).sum()) == int(att.keys_read)
+
+
+def test_distinct_keys_counts_a_key_once_however_many_heads_gathered_it() -> None:
+    from attnlab.functional.sparse_blocks import distinct_keys
+
+    picked = torch.tensor([[[[0, 1, 2, 3], [5, 6, -1, -1]], [[2, 3, -1, -1], [6, 7, 8, -1]]]])  # (B=1, R=2, Tq=2, M=4)
+    assert distinct_keys(picked).tolist() == [[4, 4]]  # query 0: 0..3 and 2, 3 again; query 1: 5, 6 and 6, 7, 8
+    assert int(keys_read(picked)) == 11  # a key a head and query
