@@ -36,6 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from attnlab.models.zoo import SEQ_LEN, VARIANTS, zoo_config
 BATCH = 16
 LR = 3e-3
 MIN_STEPS = 50  # fewer and the curves say nothing: a budget that allows fewer is refused
-SMOKE_STEPS = 3
+SMOKE_STEPS = 3  # evaluated after each, on one batch: the run's every part, in seconds
 
 Report = Callable[[str], None]  # a line of progress for whoever runs the zoo (the CLI prints it)
 
@@ -69,41 +70,64 @@ def _model(name: str, seed: int) -> Any:
     return GPT(zoo_config(name))
 
 
-def seconds_per_step(name: str, task: Any, *, steps: int = 5) -> float:
-    """The median time of a training step of variant ``name`` (after two untimed), forward and backward."""
-    model = _model(name, 0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    generator = torch.Generator().manual_seed(0)
-    times = []
-    for i in range(steps + 2):
-        inputs, targets = task.batch(BATCH, generator)
-        start = time.perf_counter()
-        logits = model(inputs)  # (B, T, V)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+EVAL_BATCHES = 4  # held-out batches an evaluation reads (TrainConfig.eval_batches)
+EVALUATIONS = 12  # at most, a run of MIN_STEPS or more: every steps // 10 steps, and at its last step (59: 12)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCost:
+    """A variant's training on this machine, timed in the zoo's loop. An evaluation (EVAL_BATCHES forwards) costs
+    1 to 2 steps: a layer that chooses keys (nsa, compressed) pays in the forward, which it repeats, not the backward."""
+
+    step: float  # seconds a training step, forward, backward and update (median of the timed ones)
+    evaluation: float  # seconds one evaluation
+
+
+def probe(name: str, task: Any, *, steps: int = 5) -> StepCost:
+    """Time variant ``name`` in ``train()`` itself (the zoo's optimizer, clipping and schedule): two untimed steps,
+    then ``steps`` timed ones (their median) and one evaluation of EVAL_BATCHES batches."""
+    from attnlab.models.train import TrainConfig, train
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a whole number >= 1 to time, got {steps!r}")
+    total = steps + 2
+    recipe = TrainConfig(steps=total, batch_size=BATCH, lr=LR, warmup=1, eval_every=total, eval_batches=EVAL_BATCHES)
+    log = train(_model(name, 0), task, recipe)
+    timed = [BATCH * task.seq_len / speed for speed in log.tokens_per_s[2:]]  # seconds a step
+    return StepCost(step=statistics.median(timed), evaluation=log.seconds - log.eval_seconds[-1])
 
 
 MARGIN = 0.85  # the share of the budget planned: the timed steps are a forecast, and the run must end in time
 
 
-def plan_steps(per_step: dict[str, float], *, minutes: float, seeds: int, reserve: float) -> int:
-    """One number of steps for every variant that fits ``minutes``: MARGIN of the time left after ``reserve``
-    seconds (measuring) shared by every variant and seed, an evaluation costing about 1.5 steps, 10 of them a run."""
+def evaluations(steps: int) -> int:
+    """How many evaluations a run of ``steps`` makes (``eval_every=max(steps // 10, 1)``, and the last step)."""
+    every = max(steps // 10, 1)
+    return steps // every + (1 if steps % every else 0)
+
+
+def forecast(costs: dict[str, StepCost], *, steps: int, seeds: int, reserve: float) -> float:
+    """Seconds a run of ``steps`` a variant takes: ``reserve`` plus every variant's steps and evaluations, each seed."""
+    run = sum(steps * c.step + evaluations(steps) * c.evaluation for c in costs.values())
+    return reserve + seeds * run
+
+
+def plan_steps(costs: dict[str, StepCost], *, minutes: float, seeds: int, reserve: float) -> int:
+    """The most steps for every variant whose forecast fits ``minutes``: MARGIN of the time left after ``reserve``
+    seconds (measuring), shared by every variant and seed, each run paying its own evaluations."""
     budget = MARGIN * (minutes * 60 - reserve)
-    per_run_step = sum(per_step.values()) * seeds
-    steps = int(budget / per_run_step) - 15 if per_run_step > 0 else 0
+    per_step = sum(c.step for c in costs.values()) * seeds
+    per_eval = sum(c.evaluation for c in costs.values()) * seeds
+    steps = max(int((budget - EVALUATIONS * per_eval) / per_step), 0) if per_step > 0 else 0  # a floor: see below
+    while per_step > 0 and forecast(costs, steps=steps + 1, seeds=seeds, reserve=0) <= budget:
+        steps += 1  # a run evaluates 10 to 12 times: the floor assumed the most
     if steps < MIN_STEPS:
-        least = (reserve + (MIN_STEPS + 15) * per_run_step / MARGIN) / 60
+        least = (reserve + forecast(costs, steps=MIN_STEPS, seeds=seeds, reserve=0) / MARGIN) / 60
         raise ValueError(
-            f"--minutes {minutes:g} leaves {max(steps, 0)} training steps a variant for {len(per_step)} variant(s) "
-            f"and {seeds} seed(s) on this machine (about {sum(per_step.values()):.2f} s a step for all of them); "
-            f"the curves need {MIN_STEPS}: give --minutes {math.ceil(least)} or more, fewer variants or seeds, or "
-            "--smoke"
+            f"--minutes {minutes:g} leaves {steps} training steps a variant for {len(costs)} variant(s) "
+            f"and {seeds} seed(s) on this machine (about {per_step / seeds:.2f} s a step for all of them, "
+            f"{per_eval / seeds:.2f} s an evaluation); the curves need {MIN_STEPS}: give --minutes "
+            f"{math.ceil(least)} or more, fewer variants or seeds, or --smoke"
         )
     return steps
 
@@ -191,15 +215,13 @@ def run_zoo(
     say = report or (lambda line: None)
     began = time.perf_counter()
     task = TextTask(stdlib_text(), seq_len=SEQ_LEN)
-    per_step = {name: seconds_per_step(name, task, steps=1 if smoke else 5) for name in chosen}
+    costs = {} if smoke else {name: probe(name, task) for name in chosen}  # a smoke run's steps are fixed: untimed
     reserve = len(chosen) * (2 if smoke else 8) + (time.perf_counter() - began)  # decode and heads, measured once
-    steps = SMOKE_STEPS if smoke else plan_steps(per_step, minutes=minutes, seeds=seeds, reserve=reserve)
-    evaluations = min(steps, 10) + 1
-    forecast = reserve + seeds * sum(per_step.values()) * (steps + 1.5 * evaluations)
-    say(
-        f"{len(chosen)} variants x {seeds} seed(s) x {steps} steps of {BATCH} x {SEQ_LEN} bytes; forecast "
-        f"{forecast / 60:.1f} minutes (--minutes {minutes:g})"
-    )
+    steps = SMOKE_STEPS if smoke else plan_steps(costs, minutes=minutes, seeds=seeds, reserve=reserve)
+    expected = {name: forecast({name: cost}, steps=steps, seeds=1, reserve=0) for name, cost in costs.items()}
+    whole = forecast(costs, steps=steps, seeds=seeds, reserve=reserve) / 60
+    told = f"forecast {whole:.1f} of --minutes {minutes:g}" if costs else "a smoke run"
+    say(f"{len(chosen)} variants x {seeds} seed(s) x {steps} steps of {BATCH} x {SEQ_LEN} bytes; {told}")
     results = {}
     for name in chosen:
         config = zoo_config(name)
@@ -230,7 +252,7 @@ def run_zoo(
                 lr=LR,
                 warmup=min(100, max(steps // 10, 1)),
                 eval_every=max(steps // 10, 1),
-                eval_batches=4,
+                eval_batches=1 if smoke else EVAL_BATCHES,  # a smoke run's evaluations would be most of its time
                 seed=seed,
                 minutes=max(left, 0.05),  # the budget holds: a variant out of time stops and says so
             )
@@ -244,7 +266,8 @@ def run_zoo(
             stopped = "" if done == steps else f"{'interrupted' if log.interrupted else 'out of time'} at step {done}"
             results[name].curves.append(Curve(seed, list(log.eval_step), list(log.eval_loss), log.seconds, stopped))
             loss = f"{log.eval_loss[-1]:.3f}" if log.eval_loss else "n/a"
-            say(f"seed {seed} {i + 1}/{len(chosen)} {name}: held-out loss {loss} after {log.seconds:.0f} s {stopped}")
+            took = f"{log.seconds:.0f} s" + (f" of {expected[name]:.0f} forecast" if name in expected else "")
+            say(f"seed {seed} {i + 1}/{len(chosen)} {name}: held-out loss {loss} after {took} {stopped}")
             if seed == 0:
                 model.eval()
                 rate, spread, held = measure_decode(model, rounds=1 if smoke else 3)
