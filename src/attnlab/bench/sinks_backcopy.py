@@ -134,33 +134,47 @@ def run_backcopy(
     arms: dict[str, tuple[str, str]] | None = None,
     report: Report | None = None,
 ) -> BackcopyResult:
-    """Every arm (``ARMS`` unless given: name -> (attention, optimizer)) over ``seeds`` seeds."""
+    """Every arm (``ARMS`` unless given: name -> (attention, optimizer)) over ``seeds`` seeds, seed by seed.
+
+    Ctrl-C (or SIGTERM, which the CLI turns into one) stops the run: the seeds every arm finished are kept and the
+    result says ``interrupted`` (no seed finished: no arm holds one)."""
     check_positive_int("seeds", seeds, limit=10)
     chosen = ARMS if arms is None else arms
     plan = settings or BackcopySettings()
     say = report or (lambda line: None)
     began = time.perf_counter()
     task = BigramBackcopy.make(seed=plan.task_seed)
+    finished: list[dict[str, tuple[list[int], dict[str, list[float]]]]] = []  # per seed: arm -> its training
+    interrupted = False
+    try:
+        for seed in range(seeds):
+            trained = {}
+            for name, (attention, optimizer) in chosen.items():
+                start = time.perf_counter()
+                trained[name] = steps, measures = train_arm(attention, optimizer, plan, seed=seed, task=task)
+                say(
+                    f"{name} seed {seed}: loss {measures['loss'][-1]:.3f}, sink {measures['sink'][-1]:.2f}, "
+                    f"value ratio {measures['value_ratio'][-1]:.2f}, residual ratio "
+                    f"{measures['residual_ratio'][-1]:.2f} ({time.perf_counter() - start:.0f} s)"
+                )
+            finished.append(trained)  # a seed counts once every arm has it
+            say(f"seed {seed} finished: {len(finished)} of {seeds} kept")
+    except KeyboardInterrupt:
+        interrupted = True
     results = []
     for name, (attention, optimizer) in chosen.items():
         arm = Arm(name, attention, optimizer, steps=[], measures={m: [] for m in MEASURES})
-        for seed in range(seeds):
-            start = time.perf_counter()
-            steps, measures = train_arm(attention, optimizer, plan, seed=seed, task=task)
-            arm.steps = steps
+        for trained in finished:
+            arm.steps, measures = trained[name]
             for m in MEASURES:
                 arm.measures[m].append(measures[m])
-            say(
-                f"{name} seed {seed}: loss {measures['loss'][-1]:.3f}, sink {measures['sink'][-1]:.2f}, "
-                f"value ratio {measures['value_ratio'][-1]:.2f}, residual ratio {measures['residual_ratio'][-1]:.2f} "
-                f"({time.perf_counter() - start:.0f} s)"
-            )
         results.append(arm)
     return BackcopyResult(
         date=datetime.date.today().isoformat(),
         torch=torch.__version__,
         settings={**asdict(plan), "vocab": BOS, "triggers": list(task.triggers)},
-        seeds=list(range(seeds)),
+        seeds=list(range(len(finished))),
         arms=results,
         seconds=time.perf_counter() - began,
+        interrupted=interrupted,
     )

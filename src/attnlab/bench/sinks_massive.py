@@ -103,7 +103,10 @@ Report = Callable[[str], None]
 def run_massive(
     *, seeds: int = 3, settings: VariantSettings | None = None, report: Report | None = None
 ) -> MassiveResult:
-    """The zoo's mha trained on Bigram-Backcopy from each seed, its massive activations set to mean and zero."""
+    """The zoo's mha trained on Bigram-Backcopy from each seed, its massive activations set to mean and zero.
+
+    Ctrl-C (or SIGTERM, which the CLI turns into one) stops the run: the seeds finished are kept and the result
+    says ``interrupted``."""
     check_positive_int("seeds", seeds, limit=10)
     plan = settings or VariantSettings()
     say = report or (lambda line: None)
@@ -111,26 +114,28 @@ def run_massive(
     task = BigramBackcopy.make(seed=plan.task_seed)
     held_out = task.batch(128, plan.length, torch.Generator().manual_seed(10_000))
     others = task.batch(128, plan.length, torch.Generator().manual_seed(20_000))
-    per_way: dict[str, list[float]] = {w: [] for w in WAYS}
-    found = []
-    for seed in range(seeds):
-        model = train_gpt(CHANGES["mha"], plan, seed=seed, task=task)
-        values, where = losses(model, held_out, others)
-        for w in WAYS:
-            per_way[w].append(values[w])
-        found.append(where)
-        say(
-            f"seed {seed}: layer {where['layer']}, channels {where['channels']} (peak {where['peak_ratio']:.1f}x the "
-            f"median at position {where['peak_position']}): loss {values['base']:.3f}, mean {values['mean']:.3f}, "
-            f"zero {values['zero']:.3f}, control {values['control']:.3f}"
-        )
+    finished: list[tuple[dict[str, float], dict[str, Any]]] = []  # per seed: (loss each way, where they were)
+    interrupted = False
+    try:
+        for seed in range(seeds):
+            model = train_gpt(CHANGES["mha"], plan, seed=seed, task=task)
+            values, where = losses(model, held_out, others)
+            finished.append((values, where))
+            say(
+                f"seed {seed}: layer {where['layer']}, channels {where['channels']} (peak {where['peak_ratio']:.1f}x "
+                f"the median at position {where['peak_position']}): loss {values['base']:.3f}, mean "
+                f"{values['mean']:.3f}, zero {values['zero']:.3f}, control {values['control']:.3f}"
+            )
+    except KeyboardInterrupt:
+        interrupted = True
     return MassiveResult(
         date=datetime.date.today().isoformat(),
         torch=torch.__version__,
         settings={**vars(plan), "top": TOP},
-        seeds=list(range(seeds)),
-        loss=per_way,
-        found=found,
+        seeds=list(range(len(finished))),
+        loss={w: [values[w] for values, _ in finished] for w in WAYS},
+        found=[where for _, where in finished],
         seconds=time.perf_counter() - began,
         schema=MASSIVE_SCHEMA,
+        interrupted=interrupted,
     )

@@ -4,7 +4,9 @@ from the run's file (``StreamingResult``, ``BackcopyResult``), nothing typed in.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from attnlab.bench.sinks_result import BackcopyResult, MassiveResult, StreamingResult, VariantsResult, Verdict
 from attnlab.bench.sinks_sigmoid import SigmoidResult
@@ -37,11 +39,20 @@ def verdict_lines(verdicts: list[Verdict], lang: str) -> list[str]:
     return lines
 
 
+def partial_lines(result: BackcopyResult | VariantsResult | MassiveResult | SigmoidResult, lang: str) -> list[str]:
+    """An interrupted run's line (the seeds it finished, the verdicts judged on them alone), else nothing."""
+    return [WORDS[lang]["partial_seeds"].format(seeds=len(result.seeds)), ""] if result.interrupted else []
+
+
+STREAMING_CLAIMS = ("window_fails", "sinks_recover", "dense_fails", "four_over_one")  # with every arm run
+
+
 def streaming_report(result: StreamingResult, lang: str = "en") -> str:
     """The streaming run as Markdown: its setting, the table of perplexities, one verdict a claim."""
     _check_lang(lang)
     words = WORDS[lang]
     n = result.contexts * result.context
+    verdicts = result.verdicts()
     lines = [
         f"### {words['streaming_title'].format(model=words['model_' + result.model])}",
         "",
@@ -53,8 +64,12 @@ def streaming_report(result: StreamingResult, lang: str = "en") -> str:
         "",
         words["first_token"].format(share=result.first_token, largest=result.largest_first, uniform=result.uniform),
         "",
-        *verdict_lines(result.verdicts(), lang),
+        *([words["partial_arms"].format(arms=", ".join(result.arms)), ""] if result.interrupted else []),
+        *verdict_lines(verdicts, lang),
     ]
+    if result.interrupted:  # the claims whose arms the run did not reach
+        judged = {v.claim for v in verdicts}
+        lines += [f"- {words['missing'].format(claim=CLAIMS[c][lang])}" for c in STREAMING_CLAIMS if c not in judged]
     return "\n".join(lines) + "\n"
 
 
@@ -85,6 +100,7 @@ def backcopy_report(result: BackcopyResult, lang: str = "en") -> str:
             for arm in result.arms
         ],
         "",
+        *partial_lines(result, lang),
         *verdict_lines(result.verdicts(), lang),
     ]
     return "\n".join(lines) + "\n"
@@ -111,6 +127,7 @@ def variants_report(result: VariantsResult, lang: str = "en") -> str:
             for name, values in result.measures.items()
         ],
         "",
+        *partial_lines(result, lang),
         *verdict_lines(result.verdicts(), lang),
     ]
     return "\n".join(lines) + "\n"
@@ -148,6 +165,7 @@ def massive_report(result: MassiveResult, lang: str = "en") -> str:
             for seed, f in zip(result.seeds, result.found, strict=True)
         ],
         "",
+        *partial_lines(result, lang),
         *verdict_lines(result.verdicts(), lang),
     ]
     return "\n".join(lines) + "\n"
@@ -171,6 +189,7 @@ def sigmoid_report(result: SigmoidResult, lang: str = "en") -> str:
             for arm, values in result.measures.items()
         ],
         "",
+        *partial_lines(result, lang),
         *verdict_lines(result.verdicts(), lang),
     ]
     return "\n".join(lines) + "\n"
@@ -225,3 +244,12 @@ def backcopy_plot(result: BackcopyResult, path: str | Path) -> Path:
     target = Path(path)
     write_atomic(target, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     return target
+
+
+REPORTS: dict[str, Callable[[Any, str], str]] = {  # experiment -> its report (``attnlab sinks``)
+    "streaming": streaming_report,
+    "backcopy": backcopy_report,
+    "variants": variants_report,
+    "massive": massive_report,
+    "sigmoid": sigmoid_report,
+}

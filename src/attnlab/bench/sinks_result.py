@@ -78,6 +78,7 @@ class StreamingResult:
     uniform: float  # what a head spread evenly over every row of that context would give
     seconds: float
     schema: str = STREAMING
+    interrupted: bool = False  # Ctrl-C or SIGTERM: the arms finished (every text each), saved
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,8 +96,10 @@ class StreamingResult:
 
     def verdicts(self) -> list[Verdict]:
         """StreamingLLM's claims, judged from this file (an arm the run left out: its claim is not judged)."""
-        out = []
+        out: list[Verdict] = []
         failed = None
+        if "recompute" not in self.ppl:  # an interrupted run that finished no arm: nothing to judge
+            return out
         if "window" in self.ppl:
             failed = judge("window_fails", self._log_gap("window", "recompute"))
             out.append(failed)
@@ -134,6 +137,7 @@ class BackcopyResult:
     arms: list[Arm]
     seconds: float
     schema: str = BACKCOPY
+    interrupted: bool = False  # Ctrl-C or SIGTERM: the seeds every arm finished, saved
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,6 +196,7 @@ class VariantsResult:
     measures: dict[str, dict[str, list[float]]]  # variant -> measure -> per seed
     seconds: float
     schema: str = VARIANTS_SCHEMA
+    interrupted: bool = False  # Ctrl-C or SIGTERM: the seeds every variant finished, saved
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -235,6 +240,7 @@ class MassiveResult:
     found: list[dict[str, Any]]  # per seed: the layer, the channels, their values, the peak ratio and position
     seconds: float
     schema: str = MASSIVE_SCHEMA
+    interrupted: bool = False  # Ctrl-C or SIGTERM: the seeds finished, saved
 
     def write(self, path: str | Path) -> Path:
         return _write(asdict(self), path)

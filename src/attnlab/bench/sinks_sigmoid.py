@@ -119,6 +119,7 @@ class SigmoidResult:
     uniform: float  # an even head's first-token share on windows of settings["seq_len"]
     seconds: float
     schema: str = SIGMOID_SCHEMA
+    interrupted: bool = False  # Ctrl-C or SIGTERM: the seeds both arms finished, saved
 
     def write(self, path: str | Path) -> Path:
         return _write(asdict(self), path)
@@ -147,7 +148,10 @@ def run_sigmoid(
     arms: dict[str, str] | None = None,
     report: Report | None = None,
 ) -> SigmoidResult:
-    """Both arms (``ARMS`` unless given: the same names, each its attention) over ``seeds`` seeds."""
+    """Both arms (``ARMS`` unless given: the same names, each its attention) over ``seeds`` seeds, seed by seed.
+
+    Ctrl-C (or SIGTERM, which the CLI turns into one) stops the run: the seeds both arms finished are kept and the
+    result says ``interrupted``."""
     from attnlab.models.tasks import TextTask, stdlib_text
 
     check_positive_int("seeds", seeds, limit=10)
@@ -159,24 +163,31 @@ def run_sigmoid(
     began = time.perf_counter()
     task = TextTask(stdlib_text(), seq_len=plan.seq_len)
     inputs, targets = task.batch(plan.probe, torch.Generator().manual_seed(10_000), split="eval")
-    measures: dict[str, dict[str, list[float]]] = {arm: {m: [] for m in MEASURES} for arm in ARMS}
-    for seed in range(seeds):
-        for arm, normalize in chosen.items():
-            start = time.perf_counter()
-            values = measure(train_arm(normalize, plan, seed=seed, task=task), inputs, targets)
-            for m in MEASURES:
-                measures[arm][m].append(values[m])
-            say(
-                f"{arm} seed {seed}: loss {values['loss']:.3f}, first-token share {values['first_token']:.3f} "
-                f"(largest {values['largest_first']:.3f}), sink rate {values['sink_rate']:.2f} "
-                f"({time.perf_counter() - start:.0f} s)"
-            )
+    finished: list[dict[str, dict[str, float]]] = []  # per seed: arm -> its measures
+    interrupted = False
+    try:
+        for seed in range(seeds):
+            trained = {}
+            for arm, normalize in chosen.items():
+                start = time.perf_counter()
+                trained[arm] = values = measure(train_arm(normalize, plan, seed=seed, task=task), inputs, targets)
+                say(
+                    f"{arm} seed {seed}: loss {values['loss']:.3f}, first-token share {values['first_token']:.3f} "
+                    f"(largest {values['largest_first']:.3f}), sink rate {values['sink_rate']:.2f} "
+                    f"({time.perf_counter() - start:.0f} s)"
+                )
+            finished.append(trained)  # a seed counts once both arms have it
+            say(f"seed {seed} finished: {len(finished)} of {seeds} kept")
+    except KeyboardInterrupt:
+        interrupted = True
+    measures = {arm: {m: [trained[arm][m] for trained in finished] for m in MEASURES} for arm in ARMS}
     return SigmoidResult(
         date=datetime.date.today().isoformat(),
         torch=torch.__version__,
         settings=asdict(plan),
-        seeds=list(range(seeds)),
+        seeds=list(range(len(finished))),
         measures=measures,
         uniform=uniform_share(plan.seq_len),
         seconds=time.perf_counter() - began,
+        interrupted=interrupted,
     )

@@ -163,18 +163,22 @@ def run_streaming(
         raise ValueError(
             f"text must be ({texts}, {contexts * window}): texts x contexts x the context; got {tuple(text.shape)}"
         )
-    nll: dict[str, torch.Tensor] = {}
-    for arm in arms:
-        start = time.perf_counter()
-        if arm == "recompute":
-            nll[arm] = nll_recomputed(model, text, window)
-        else:
-            nll[arm] = nll_cached(model, text, (caches or {}).get(arm, cache_for(arm, window)))
-        say(f"{arm}: {time.perf_counter() - start:.1f} s")
     shares = torch.tensor(read_gpt(model, text[:, :window]).first_token)  # (L, H): on the first context
     uniform = float((1.0 / torch.arange(2, window + 1, dtype=torch.float64)).mean())  # row i gives 1 / (i + 1)
+    nll: dict[str, torch.Tensor] = {}
+    interrupted = False
+    try:  # Ctrl-C (or SIGTERM, which the CLI turns into one): the arms finished, every text each, are kept
+        for arm in arms:
+            start = time.perf_counter()
+            if arm == "recompute":
+                nll[arm] = nll_recomputed(model, text, window)
+            else:
+                nll[arm] = nll_cached(model, text, (caches or {}).get(arm, cache_for(arm, window)))
+            say(f"{arm}: {time.perf_counter() - start:.1f} s")
+    except KeyboardInterrupt:
+        interrupted = True
     past = {arm: values[:, window - 1 :] for arm, values in nll.items()}  # bytes W..N-1: predicted past W
-    n = nll["recompute"].shape[1]
+    n = text.shape[1] - 1  # bytes predicted in a text
     return StreamingResult(
         date=datetime.date.today().isoformat(),
         torch=torch.__version__,
@@ -184,11 +188,12 @@ def run_streaming(
         texts=texts,
         seed=seed,
         bin=BIN,
-        arms=list(arms),
+        arms=list(nll),
         ppl={arm: [math.exp(float(row.mean())) for row in values] for arm, values in past.items()},
         curve={arm: [float(values[:, a : a + BIN].mean()) for a in range(0, n, BIN)] for arm, values in nll.items()},
         first_token=float(shares.mean()),
         largest_first=float(shares.max()),
         uniform=uniform,
         seconds=time.perf_counter() - began,
+        interrupted=interrupted,
     )

@@ -185,6 +185,11 @@ WORDS = {
         "attention": "attention",
         "first_mean": "first-token share (mean)",
         "sink_rate": "sink rate (Gu et al., > 0.3)",
+        "partial_seeds": "Interrupted: a partial run, the {seeds} seed(s) it finished; the verdicts are judged on "
+        "those alone (one seed establishes nothing).",
+        "partial_arms": "Interrupted: a partial run, the arms it finished ({arms}), every sequence each; a claim "
+        "whose arms are missing is not established.",
+        "missing": "{claim} Not established: the run was interrupted before its arms.",
     },
     "zh": {
         "streaming_title": "在{model}的上下文之外运行 StreamingLLM",
@@ -231,5 +236,8 @@ WORDS = {
         "attention": "注意力",
         "first_mean": "首 Token 份额（均值）",
         "sink_rate": "汇聚率（Gu 等，> 0.3）",
+        "partial_seeds": "已中断：部分运行，只有完成的 {seeds} 个种子；判定只依据这些种子（一个种子确立不了任何结论）。",
+        "partial_arms": "已中断：部分运行，只有完成的分组（{arms}），每组含全部序列；缺少分组的论断未能确立。",
+        "missing": "{claim} 未能确立：运行在其分组之前被中断。",
     },
 }

@@ -108,7 +108,10 @@ def run_variants(
     variants: dict[str, dict[str, Any]] | None = None,
     report: Report | None = None,
 ) -> VariantsResult:
-    """Every variant (``CHANGES`` unless given: name -> GPTConfig changes) over ``seeds`` seeds."""
+    """Every variant (``CHANGES`` unless given: name -> GPTConfig changes) over ``seeds`` seeds, seed by seed.
+
+    Ctrl-C (or SIGTERM, which the CLI turns into one) stops the run: the seeds every variant finished are kept and
+    the result says ``interrupted``."""
     check_positive_int("seeds", seeds, limit=10)
     plan = settings or VariantSettings()
     chosen = CHANGES if variants is None else variants
@@ -116,28 +119,34 @@ def run_variants(
     began = time.perf_counter()
     task = BigramBackcopy.make(seed=plan.task_seed)
     held_out = task.batch(128, plan.length, torch.Generator().manual_seed(10_000))
-    measures: dict[str, dict[str, list[float]]] = {}
-    for name, changes in chosen.items():
-        measures[name] = {m: [] for m in MEASURES}
+    finished: list[dict[str, dict[str, float]]] = []  # per seed: variant -> its measures
+    interrupted = False
+    try:
         for seed in range(seeds):
-            start = time.perf_counter()
-            values = measure(train_gpt(changes, plan, seed=seed, task=task), held_out)
-            for m in MEASURES:
-                measures[name][m].append(values[m])
-            say(
-                f"{name} seed {seed}: loss {values['loss']:.3f}, first-token share {values['first_token']:.2f}, "
-                f"learned sink {values['learned_sink']:.2f}, peak ratio {values['peak_ratio']:.1f} "
-                f"({time.perf_counter() - start:.0f} s)"
-            )
+            trained = {}
+            for name, changes in chosen.items():
+                start = time.perf_counter()
+                trained[name] = values = measure(train_gpt(changes, plan, seed=seed, task=task), held_out)
+                say(
+                    f"{name} seed {seed}: loss {values['loss']:.3f}, first-token share {values['first_token']:.2f}, "
+                    f"learned sink {values['learned_sink']:.2f}, peak ratio {values['peak_ratio']:.1f} "
+                    f"({time.perf_counter() - start:.0f} s)"
+                )
+            finished.append(trained)  # a seed counts once every variant has it
+            say(f"seed {seed} finished: {len(finished)} of {seeds} kept")
+    except KeyboardInterrupt:
+        interrupted = True
+    measures = {name: {m: [trained[name][m] for trained in finished] for m in MEASURES} for name in chosen}
     return VariantsResult(
         date=datetime.date.today().isoformat(),
         torch=torch.__version__,
         settings={**asdict(plan), "triggers": list(task.triggers)},
-        seeds=list(range(seeds)),
+        seeds=list(range(len(finished))),
         variants={name: dict(changes) for name, changes in chosen.items()},
         measures=measures,
         seconds=time.perf_counter() - began,
         schema=VARIANTS_SCHEMA,
+        interrupted=interrupted,
     )
 
 

@@ -5,7 +5,9 @@ file and a plot to --out and prints its report, a verdict a claim; --from FILE p
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -51,18 +53,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from attnlab.bench.sinks_report import (
-        backcopy_plot,
-        backcopy_report,
-        massive_report,
-        sigmoid_report,
-        streaming_plot,
-        streaming_report,
-        variants_report,
-    )
+    from attnlab.bench.sinks_report import REPORTS, backcopy_plot, streaming_plot
     from attnlab.bench.sinks_result import BackcopyResult, MassiveResult, StreamingResult, VariantsResult
     from attnlab.bench.sinks_sigmoid import SigmoidResult
 
+    readers = {
+        "streaming": StreamingResult.read,
+        "backcopy": BackcopyResult.read,
+        "variants": VariantsResult.read,
+        "massive": MassiveResult.read,
+        "sigmoid": SigmoidResult.read,
+    }
     say = lambda line: console.print(line, markup=False)
     try:
         if not 1 <= args.seeds <= 10:
@@ -85,77 +86,82 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return error(console, err)
     if args.source is not None:
         try:
-            if args.experiment == "streaming":
-                say(streaming_report(StreamingResult.read(source), args.lang))
-            elif args.experiment == "variants":
-                say(variants_report(VariantsResult.read(source), args.lang))
-            elif args.experiment == "massive":
-                say(massive_report(MassiveResult.read(source), args.lang))
-            elif args.experiment == "sigmoid":
-                say(sigmoid_report(SigmoidResult.read(source), args.lang))
-            else:
-                say(backcopy_report(BackcopyResult.read(source), args.lang))
+            say(REPORTS[args.experiment](readers[args.experiment](source), args.lang))
         except (ValueError, KeyError, TypeError) as err:
             return error(console, f"--from {args.source!r}: {err}")
         return 0
+    try:  # the loops keep what they finished; an interrupt before them (a model loading, training) keeps nothing
+        result, name = _run(args, say)
+    except KeyboardInterrupt:
+        error(console, f"interrupted before the first {_unit(args)} finished; nothing written")
+        return 130
+    finished = len(result.arms) if isinstance(result, StreamingResult) else len(result.seeds)
+    if finished == 0:
+        error(console, f"interrupted before the first {_unit(args)} finished; nothing written")
+        return 130
     out.mkdir(parents=True, exist_ok=True)
+    written = [result.write(out / f"{name}.json")]
+    if isinstance(result, StreamingResult):
+        written.append(streaming_plot(result, out / f"{name}.png"))
+    elif isinstance(result, BackcopyResult):
+        written.append(backcopy_plot(result, out / f"{name}.png"))
+    where = " and ".join(str(path) for path in written)
+    if result.interrupted:  # one line: what was kept, where, and how to read it
+        kept = (
+            f"the arms finished ({', '.join(result.arms)})"
+            if isinstance(result, StreamingResult)
+            else f"the {finished} {_unit(args)}(s) finished"
+        )
+        error(
+            console,
+            f"interrupted; saved {kept} to {where}, marked interrupted; "
+            f"attnlab sinks {args.experiment} --from {written[0]} prints its report",
+        )
+        return 130
+    say(REPORTS[args.experiment](result, args.lang))
+    say(f"wrote {where}")
+    return 0
+
+
+def _unit(args: argparse.Namespace) -> str:
+    return "arm" if args.experiment == "streaming" else "seed"
+
+
+def _run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[Any, str]:
+    """Run the experiment ``args`` name: (its result, the name of its files)."""
     if args.experiment == "streaming":
         from attnlab.bench.sinks_streaming import run_streaming
         from attnlab.models.gpt import GPT
 
         name = "streaming" if args.model == "text" else f"streaming-{args.model}"
         if args.model == "text":
-            streamed = run_streaming(GPT.from_pretrained("text"), contexts=args.contexts, texts=args.seeds, report=say)
-        else:
-            from attnlab.bench.sinks_variants import backcopy_stream
+            model = GPT.from_pretrained("text")
+            return run_streaming(model, contexts=args.contexts, texts=args.seeds, report=say), name
+        from attnlab.bench.sinks_variants import backcopy_stream
 
-            model, text = backcopy_stream(contexts=args.contexts, texts=args.seeds)
-            say("trained the zoo's mha on Bigram-Backcopy")
-            streamed = run_streaming(
-                model, contexts=args.contexts, texts=args.seeds, text=text, name="backcopy", report=say
-            )
-        streamed.write(out / f"{name}.json")
-        streaming_plot(streamed, out / f"{name}.png")
-        say(streaming_report(streamed, args.lang))
-        say(f"wrote {out / f'{name}.json'} and {out / f'{name}.png'}")
-        return 0
+        model, text = backcopy_stream(contexts=args.contexts, texts=args.seeds)
+        say("trained the zoo's mha on Bigram-Backcopy")
+        streamed = run_streaming(
+            model, contexts=args.contexts, texts=args.seeds, text=text, name="backcopy", report=say
+        )
+        return streamed, name
     if args.experiment == "massive":
         from attnlab.bench.sinks_massive import run_massive
         from attnlab.bench.sinks_variants import VariantSettings
 
-        massive = run_massive(
-            seeds=args.seeds,
-            settings=VariantSettings() if args.steps is None else VariantSettings(steps=args.steps),
-            report=say,
-        )
-        massive.write(out / "massive.json")
-        say(massive_report(massive, args.lang))
-        say(f"wrote {out / 'massive.json'}")
-        return 0
+        settings = VariantSettings() if args.steps is None else VariantSettings(steps=args.steps)
+        return run_massive(seeds=args.seeds, settings=settings, report=say), "massive"
     if args.experiment == "sigmoid":
         from attnlab.bench.sinks_sigmoid import SigmoidSettings, run_sigmoid
 
         schedule = SigmoidSettings() if args.steps is None else SigmoidSettings(steps=args.steps)
-        compared_arms = run_sigmoid(seeds=args.seeds, settings=schedule, report=say)
-        compared_arms.write(out / "sigmoid.json")
-        say(sigmoid_report(compared_arms, args.lang))
-        say(f"wrote {out / 'sigmoid.json'}")
-        return 0
+        return run_sigmoid(seeds=args.seeds, settings=schedule, report=say), "sigmoid"
     if args.experiment == "variants":
         from attnlab.bench.sinks_variants import VariantSettings, run_variants
 
         plan = VariantSettings() if args.steps is None else VariantSettings(steps=args.steps)
-        compared = run_variants(seeds=args.seeds, settings=plan, report=say)
-        compared.write(out / "variants.json")
-        say(variants_report(compared, args.lang))
-        say(f"wrote {out / 'variants.json'}")
-        return 0
+        return run_variants(seeds=args.seeds, settings=plan, report=say), "variants"
     from attnlab.bench.sinks_backcopy import BackcopySettings, run_backcopy
 
-    settings = BackcopySettings() if args.steps is None else BackcopySettings(steps=args.steps)
-    trained = run_backcopy(seeds=args.seeds, settings=settings, report=say)
-    trained.write(out / "backcopy.json")
-    backcopy_plot(trained, out / "backcopy.png")
-    say(backcopy_report(trained, args.lang))
-    say(f"wrote {out / 'backcopy.json'} and {out / 'backcopy.png'}")
-    return 0
+    trained = BackcopySettings() if args.steps is None else BackcopySettings(steps=args.steps)
+    return run_backcopy(seeds=args.seeds, settings=trained, report=say), "backcopy"
