@@ -110,3 +110,20 @@ def test_the_ring_refuses_sigmoid_attention_rather_than_run_softmax() -> None:
     ring = ContextParallelAttention.from_attention(Attention(d_in=16, num_heads=2, normalize="sigmoid"))
     with pytest.raises(ValueError, match=r"runs softmax attention only: run sigmoid attention in one process"):
         ring(torch.randn(1, 4, 16))
+
+
+@torch.no_grad()
+def test_an_evicting_cache_on_a_sigmoid_model_weighs_its_keys_by_the_sigmoid_weights_the_layer_gave() -> None:
+    """H2O keeps the keys that earned the most attention: on a sigmoid layer that is the sigmoid weights the layer
+    gave (a Recorder's "attn_weights"), not the softmax of the same scores, whose rows sum to 1."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=64, context_length=32, emb_dim=32, n_heads=4, n_layers=1, drop_rate=0.0)
+    model = GPT(config.with_(attn_normalize="sigmoid")).eval()
+    caches = model.make_caches(batch_size=1, max_len=32, cache="h2o")
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(1))
+    with Recorder(names=["attn_weights"]) as rec:
+        model(ids, caches=caches)
+    weights = rec.get("attn_weights")  # (B, H, T, T): what the sigmoid layer gave each key
+    scores = caches[0].scores[:, :12]  # (B, S): the attention each key earned, as the cache summed it
+    torch.testing.assert_close(scores, weights.float().sum(dim=(1, 2)), rtol=1e-5, atol=1e-5)
+    assert float(scores.sum()) != pytest.approx(12 * 4)  # softmax rows would give each query's heads 1 apiece

@@ -82,6 +82,7 @@ class Cache(Protocol):
         *,
         visibility: Visibility,
         scale: float | None,
+        normalize: str = "softmax",
     ) -> None: ...
 
 
@@ -192,5 +193,6 @@ class LayerCache(nn.Module):
         *,
         visibility: Visibility,
         scale: float | None,
+        normalize: str = "softmax",
     ) -> None:
         """After attention; a cache whose capabilities say ``observes`` weighs its keys here."""

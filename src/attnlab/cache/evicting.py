@@ -142,15 +142,18 @@ class EvictingCache(LayerCache):
         *,
         visibility: Visibility,
         scale: float | None = None,
+        normalize: str = "softmax",
     ) -> None:
         """After attention: weigh the keys by the attention of ``queries`` (B, H, T, D), then evict.
 
-        ``visibility`` and ``scale``: what attention used. The weights are the eager backend's, told to no
-        Recorder (a user recording the model sees its own steps once).
+        ``visibility``, ``scale`` and ``normalize`` ("softmax", or "sigmoid": each weight its own sigmoid): what
+        attention used. The weights are the eager backend's, told to no Recorder (a user recording the model
+        sees its own steps once).
         """
         b, h, _, d = queries.shape
         bound = visibility.bound_to(b, h, queries.device)
-        weights = attention_weights(queries, keys, bound, scale=d**-0.5 if scale is None else scale)  # (B,H,T,S)
+        scale = d**-0.5 if scale is None else scale
+        weights = attention_weights(queries, keys, bound, scale=scale, normalize=normalize)  # (B, H, T, S)
         if self.policy == "h2o":
             self.scores += weights.float().sum(dim=(1, 2))
             if self.keys.shape[2] > self.budget:

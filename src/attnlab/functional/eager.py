@@ -141,11 +141,16 @@ def _softmax_rows(attn_scores: torch.Tensor, vis: Visibility) -> tuple[torch.Ten
     return attn_weights, lse
 
 
-def attention_weights(q: torch.Tensor, k: torch.Tensor, vis: Visibility, *, scale: float) -> torch.Tensor:
+def attention_weights(
+    q: torch.Tensor, k: torch.Tensor, vis: Visibility, *, scale: float, normalize: str = "softmax"
+) -> torch.Tensor:
     """The weights (B, H, Tq, Tk) the eager backend forms, told to no Recorder: for a cache that weighs its keys
-    by the attention they get (``attnlab.cache.EvictingCache``) while a user records the model's own steps."""
+    by the attention they get (``attnlab.cache.EvictingCache``) while a user records the model's own steps.
+    ``normalize="sigmoid"``: each weight the sigmoid of its score, as a sigmoid layer gives them
+    (``attnlab.functional.sigmoid``), 0 where hidden."""
     with torch.no_grad():
-        return _softmax_rows(_masked_scores(q, k, vis, scale=scale, note=lambda *a, **kw: None), vis)[0]
+        scores = _masked_scores(q, k, vis, scale=scale, note=lambda *a, **kw: None)  # (B, H, Tq, Tk)
+        return torch.sigmoid(scores) if normalize == "sigmoid" else _softmax_rows(scores, vis)[0]
 
 
 def head_weights(

@@ -342,7 +342,7 @@ class Attention(CallChecks):
             shared[self.visibility_key] = SharedKV(keys, values, visibility)
         out = self.attend(queries, keys, values, visibility=visibility, gate=self.gate_for(x))
         if cache is not None and cache.capabilities.observes:  # a cache that evicts by the attention its keys get
-            cache.observe(queries, keys, values, visibility=visibility, scale=self.scale)
+            cache.observe(queries, keys, values, visibility=visibility, scale=self.scale, normalize=self.normalize)
         return out
 
     def _prepare(self, x: torch.Tensor, given: ForwardArgs) -> tuple[Visibility, torch.Tensor]:
