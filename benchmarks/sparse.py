@@ -172,6 +172,7 @@ def run(
     v4 = zoo_config("compressed").deepseek_v4
     assert v4 is not None
     blocks = {name: zoo_config(name).sparse_blocks for name in ("moba", "nsa")}
+    assert blocks["moba"] is not None and blocks["nsa"] is not None
     reads = [measure_reads(name, n) for n in lengths for name in variants()]
     say(f"keys and bytes up to {lengths[-1]:,} tokens in {time.perf_counter() - began:.0f} s")
     decode, last = measure_decode(decode_at, longest, rounds=rounds, steps=steps, layers=layers)

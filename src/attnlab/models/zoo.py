@@ -226,11 +226,6 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-# variants added after the zoo's shipped run was made (attnlab/data/zoo/zoo.json; `attnlab zoo moba nsa dsa
-# compressed` trains them): the run holds every other, in the zoo's order
-NOT_IN_SHIPPED = ("moba", "nsa", "dsa", "compressed")
-
-
 def zoo_config(name: str, *, base: GPTConfig = BASE) -> GPTConfig:
     """Variant ``name`` of ``base``, its MLP width set so that it has mha's parameters within ``BUDGET``.
 
