@@ -62,7 +62,12 @@ def _fitted(result: dict[str, Any], sparse: str, dense: str) -> str:
     if b_d <= b_s:
         return f"Fitted lines: {dense} takes {per_k} for {sparse}, so the lines never cross."
     cross = (a_s - a_d) / (b_d - b_s)
-    longest = result["decode"][-1]["tokens"]
+    longest, shortest = result["decode"][-1]["tokens"], result["decode"][0]["tokens"]
+    if cross < shortest:  # the sparse line lies below the dense one over every length timed, and rises slower
+        return (
+            f"Fitted lines: {dense} takes {per_k} for {sparse}, and {sparse}'s line lies below {dense}'s from the "
+            "shortest length timed on (read each length's ratio above for what the noise rule allows)."
+        )
     where = (
         "past the longest length timed: an extrapolation, not a measurement"
         if cross > longest

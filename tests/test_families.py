@@ -683,19 +683,22 @@ def test_latent_attention_decodes_in_the_absorbed_form_what_the_expanded_form_co
 def test_a_latent_decode_step_runs_pytorchs_fused_kernel_not_its_math_path() -> None:
     """The absorbed form hands the whole latents [c, k_pe] over as its values, so keys and values have one width:
     PyTorch's fused CPU kernel takes the step. Values of kv_lora_rank alone (c) send it to SDPA's math path, which
-    copies the one latent head out to every query head at each step (a 16k-token zoo decode: 4.7x slower)."""
+    copies the one latent head out to every query head at each step (a 16k-token zoo decode: 4.7x slower). And
+    the cache hands over the latents it holds, not its whole capacity, which a step would otherwise read."""
     from attnlab.nn.latent import LatentAttention
 
     torch.manual_seed(0)
     att = LatentAttention(d_in=32, num_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
     x = torch.randn(1, 9, 32)
-    cache = ModelCache.build([att.layer_state()], rows=1, capacity=16)[0]  # room left: slots past the length hidden
+    cache = ModelCache.build([att.layer_state()], rows=1, capacity=4096)[0]  # far more room than it holds
     att(x[:, :8], cache=cache)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
         step = att(x[:, 8:], cache=cache)
     calls = {e.key: e.count for e in prof.key_averages()}
     assert calls.get("aten::_scaled_dot_product_flash_attention_for_cpu", 0) == 1
     assert calls.get("aten::_scaled_dot_product_attention_math", 0) == 0
+    fused = next(e for e in prof.events() if e.name == "aten::_scaled_dot_product_flash_attention_for_cpu")
+    assert fused.input_shapes[1] == [1, 1, 9, 16 + 4]  # the 9 latents held, not the cache's 4,096 slots
     assert float((step - att(x)[:, 8:]).abs().max()) < 1e-5  # and the step is the expanded form's
 
 

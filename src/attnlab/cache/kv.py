@@ -41,7 +41,7 @@ from attnlab.functional.finite import vouch, vouched
 _POSITIONS: dict[torch.device, torch.Tensor] = {}  # 0, 1, 2, ... per device, grown as asked; read-only
 
 
-def _first_positions(n: int, device: torch.device) -> torch.Tensor:
+def first_positions(n: int, device: torch.device) -> torch.Tensor:
     """Positions 0..n-1, (n,): a view of one tensor per device, shared by every cache and never written. It is
     an inference tensor, so a write to it outside inference mode is refused instead of changing every cache's
     answer; and it is no cache's buffer, so no cache's bytes count it."""
@@ -181,7 +181,7 @@ class KVCache(_CacheBase):
         if checked and math.isfinite(float(k.sum(dtype=torch.float32) + v.sum(dtype=torch.float32))):
             vouch(keys)  # finite before and in what was written: attention need not sum them again
             vouch(values)
-        return keys.narrow(2, 0, end), values.narrow(2, 0, end), _first_positions(end, keys.device)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end), first_positions(end, keys.device)
 
     def crop(self, n: int) -> None:
         """Keep only the first ``n`` positions (e.g. to reject speculative tokens)."""

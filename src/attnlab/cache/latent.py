@@ -23,6 +23,7 @@ import torch
 
 from attnlab._checks import check_positive_int
 from attnlab.cache.base import Capabilities, LayerCache
+from attnlab.cache.kv import first_positions
 from attnlab.cache.quantized import BITS, dequantize, pack, quantize, unpack
 from attnlab.cache.undo import ByLength
 
@@ -73,19 +74,29 @@ class LatentCache(ByLength, LayerCache):
             )
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Append the latents k (B, 1, T, R + P); return those held, their first R values and their positions.
+
+        Eager: the filled slots (B, 1, L, R + P), a view, at positions 0..L-1, so a decode step reads what the
+        cache holds and not its whole capacity. Compiled: the whole buffer and positions (max_len,), -1 unfilled,
+        so every step has one shape (as :class:`attnlab.cache.KVCache`)."""
         self.check(k, v)
         t = k.shape[2]
-        if not torch.compiler.is_compiling():
-            start = self.length
-            if start + t > self.max_len:
-                raise ValueError(
-                    f"the cache is full: it holds {start} of max_len={self.max_len} positions and cannot take {t} "
-                    f"more; build it with max_len >= {start + t}"
-                )
-        self.latent.index_copy_(2, self.next_positions(t), k)
-        self._length.add_(t)
-        slots = torch.arange(self.max_len, device=self.latent.device)
-        return self.latent, self.latent[..., : self.kv_lora_rank], torch.where(slots < self._length, slots, -1)
+        if torch.compiler.is_compiling():
+            self.latent.index_copy_(2, self.next_positions(t), k)
+            self._length.add_(t)
+            slots = torch.arange(self.max_len, device=self.latent.device)
+            return self.latent, self.latent[..., : self.kv_lora_rank], torch.where(slots < self._length, slots, -1)
+        start = self.length
+        if start + t > self.max_len:
+            raise ValueError(
+                f"the cache is full: it holds {start} of max_len={self.max_len} positions and cannot take {t} "
+                f"more; build it with max_len >= {start + t}"
+            )
+        latent = self.latent  # read once: a module's attribute lookup is slow on the CPU
+        latent.narrow(2, start, t).copy_(k)  # in place: O(T) a step, no copy of the past
+        self._length.fill_(start + t)
+        held = latent.narrow(2, 0, start + t)  # (B, 1, L, R + P)
+        return held, held[..., : self.kv_lora_rank], first_positions(start + t, latent.device)
 
     def crop(self, n: int) -> None:
         length = self.length
