@@ -14,6 +14,8 @@ import torch
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.zoo import DSA_TOPK, SEQ_LEN, V4_TOPK, V4_WINDOW, zoo_config
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def test_the_compressed_variant_is_saved_and_read_back_in_attnlabs_format() -> None:
     config = zoo_config("compressed")
@@ -65,3 +67,21 @@ def test_a_zoo_run_trains_them_and_records_keys_read_and_bytes(tmp_path: Path) -
     assert [r[READ] for r in table] == [f"{4 * (PROMPT + 1):,}", f"{4 * DSA_TOPK:,}", f"{2 * (24 + 16 + 64):,}"]
     for name in ("dsa", "compressed"):
         assert GPT.from_pretrained(tmp_path / "models" / name).config == zoo_config(name)
+
+
+def test_the_language_model_loss_sends_the_indexers_no_gradient_as_docs_zoo_says() -> None:
+    """A top-k is a choice, not a function the loss can differentiate: a training step leaves every indexer weight
+    of dsa and compressed without a gradient (None or 0), while the attention around it gets one. docs/zoo.md says
+    the shipped run's dsa and compressed chose with their first indexers for this reason; a training objective for
+    the indexer (DeepSeek-V3.2's KL to the main attention) turns this red, and that sentence must go with it."""
+    for name in ("dsa", "compressed"):
+        torch.manual_seed(0)
+        model = GPT(zoo_config(name)).train()
+        ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(1))
+        torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        indexer = [g for n, g in grads.items() if ".indexer." in n]
+        assert indexer and all(g is None or not g.any() for g in indexer), name
+        assert any(g is not None and g.any() for n, g in grads.items() if ".att." in n and ".indexer." not in n)
+    docs = " ".join((ROOT / "docs" / "zoo.md").read_text(encoding="utf-8").split())
+    assert "the language-model loss sends their indexers no gradient" in docs
