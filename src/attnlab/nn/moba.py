@@ -9,7 +9,8 @@ blocks in all (``attnlab.functional.sparse_blocks.moba_select``). The choice is 
 
 tested equal (inside a ``Recorder`` the layer records the readable form's weights, (B, H, T, S), as its
 ``attn_weights``); ``keys_read`` counts the keys the gathers read for each query, a key counted once however many
-heads read it (as a dense layer's meter counts: ``attnlab.bench.sparse_meter``), ``queries_read`` the queries. It needs no weights of its own: ``Attention``'s projections, RoPE and output.
+heads read it (as a dense layer's meter counts: ``attnlab.bench.sparse_meter``), ``queries_read`` the queries.
+It needs no weights of its own: ``Attention``'s projections, RoPE and output.
 
 Its state (``layer_state``: kind "blocks") is every position's keys and values, as a full layer's, in the caches
 that keep each row's keys at consecutive slots ('plain', 'paged', 'prefix'; ``attnlab.cache.plan``); a left
