@@ -27,6 +27,7 @@ import torch.nn as nn
 from attnlab._checks import check_positive_int
 
 if TYPE_CHECKING:
+    from attnlab.functional.sigmoid import Normalization
     from attnlab.functional.visibility import Visibility
 
 
@@ -82,7 +83,7 @@ class Cache(Protocol):
         *,
         visibility: Visibility,
         scale: float | None,
-        normalize: str = "softmax",
+        normalize: Normalization = "softmax",
     ) -> None: ...
 
 
@@ -193,6 +194,6 @@ class LayerCache(nn.Module):
         *,
         visibility: Visibility,
         scale: float | None,
-        normalize: str = "softmax",
+        normalize: Normalization = "softmax",
     ) -> None:
         """After attention; a cache whose capabilities say ``observes`` weighs its keys here."""

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from attnlab._checks import check_positive_int
 from attnlab.cache.base import Capabilities, LayerCache
 from attnlab.functional.eager import attention_weights
+from attnlab.functional.sigmoid import Normalization
 from attnlab.functional.visibility import Visibility
 
 POLICIES = ("h2o", "snapkv")
@@ -142,7 +143,7 @@ class EvictingCache(LayerCache):
         *,
         visibility: Visibility,
         scale: float | None = None,
-        normalize: str = "softmax",
+        normalize: Normalization = "softmax",
     ) -> None:
         """After attention: weigh the keys by the attention of ``queries`` (B, H, T, D), then evict.
 
