@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from attnlab.models import GPT, GPTConfig
+from attnlab.models.tasks import make_task
+from attnlab.models.train import TrainConfig, train
 from attnlab.models.zoo import DSA_TOPK, SEQ_LEN, V4_TOPK, V4_WINDOW, zoo_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,19 +71,27 @@ def test_a_zoo_run_trains_them_and_records_keys_read_and_bytes(tmp_path: Path) -
         assert GPT.from_pretrained(tmp_path / "models" / name).config == zoo_config(name)
 
 
-def test_the_language_model_loss_sends_the_indexers_no_gradient_as_docs_zoo_says() -> None:
-    """A top-k is a choice, not a function the loss can differentiate: a training step leaves every indexer weight
-    of dsa and compressed without a gradient (None or 0), while the attention around it gets one. docs/zoo.md says
-    the shipped run's dsa and compressed chose with their first indexers for this reason; a training objective for
-    the indexer (DeepSeek-V3.2's KL to the main attention) turns this red, and that sentence must go with it."""
+def test_train_trains_the_indexers_by_their_own_loss_as_docs_zoo_says(tmp_path: Path) -> None:
+    """A top-k is a choice, not a function the loss can differentiate: the language-model loss alone leaves every
+    indexer weight of dsa and compressed without a gradient (None or 0), while the attention around it gets one.
+    So ``train()`` adds the indexers' own loss (attnlab.nn.index_loss): after a few steps every indexer weight has
+    moved and the log holds its loss a step. docs/zoo.md says how the shipped run's indexers trained."""
+    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(1))
     for name in ("dsa", "compressed"):
         torch.manual_seed(0)
         model = GPT(zoo_config(name)).train()
-        ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(1))
         torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
         grads = {n: p.grad for n, p in model.named_parameters()}
         indexer = [g for n, g in grads.items() if ".indexer." in n]
         assert indexer and all(g is None or not g.any() for g in indexer), name
         assert any(g is not None and g.any() for n, g in grads.items() if ".att." in n and ".indexer." not in n)
+        model.zero_grad(set_to_none=True)
+        before = {n: p.detach().clone() for n, p in model.named_parameters() if ".indexer." in n}
+        task = make_task("text", seq_len=64)
+        log = train(model, task, TrainConfig(steps=3, batch_size=2, warmup=1, eval_every=3, eval_batches=1))
+        moved = [n for n, p in model.named_parameters() if ".indexer." in n and not torch.equal(p, before[n])]
+        assert sorted(moved) == sorted(before), (name, set(before) - set(moved))
+        assert len(log.index_loss) == 3 and all(v > 0 for v in log.index_loss), name
     docs = " ".join((ROOT / "docs" / "zoo.md").read_text(encoding="utf-8").split())
     assert "the language-model loss sends their indexers no gradient" in docs
+    assert "KL divergence" in docs and "attnlab.nn.index_loss" in docs

@@ -15,7 +15,10 @@ a restriction of who may attend, so it is expressed as a :class:`Visibility`, wh
   visible); the kernel never scores a key it was not given. :func:`keys_read` counts what such a gather read,
   from the positions it produced.
 
-The selection itself is not differentiable (it is an index), as in the paper, where the indexer trains apart.
+The selection itself is not differentiable (it is an index), so the language-model loss sends the indexer no
+gradient. As in the paper, the indexer trains apart (:func:`indexer_loss`): on each query's chosen keys, by the KL
+divergence from the main attention's weights there (summed over its heads, L1-normalised, detached) to the softmax
+of the indexer's scores.
 
 Shapes: B = batch, H = query heads, Hk = key heads, Hi / Di = indexer heads / head size, Tq = queries,
 S = key slots, K = keys chosen a query (at most ``k``), D = a key's width.
@@ -26,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from attnlab._checks import check_positive_int
 from attnlab.functional.visibility import Visibility
@@ -151,3 +155,31 @@ def keys_read(rows: Visibility) -> torch.Tensor:
     """How many keys a gather read: the filled slots of the gathered Visibility's positions (a 0-dim tensor)."""
     assert rows.k_pos is not None
     return (rows.k_pos >= 0).sum()
+
+
+def indexer_loss(scores: torch.Tensor, attended: torch.Tensor, selection: Selection) -> torch.Tensor:
+    """DeepSeek-V3.2's objective for its indexer (the paper's sparse stage), over each query's chosen keys S_t:
+
+        KL( p_t || softmax(I_t) )   on S_t,  p_t = the main attention's weights on S_t summed over its heads, / their sum
+
+    averaged over the queries that chose any key (the paper sums over tokens; a mean keeps one scale at any batch
+    and length). A 0-dim float32 tensor, with a gradient to ``scores`` alone.
+
+    Args:
+        scores: the indexer's (B, Tq, S), with its gradient; attended: the main attention's weight on each chosen
+            key (B, Tq, K), summed over heads (detached here); selection: the chosen slots (B, Tq, K), -1 for none.
+    """
+    idx = selection.indices
+    if attended.shape != idx.shape:
+        raise ValueError(f"attended weights of shape {tuple(attended.shape)} for a selection of {tuple(idx.shape)}")
+    chosen = idx >= 0  # (B, Tq, K)
+    live = chosen.any(dim=-1, keepdim=True)  # (B, Tq, 1): a query that chose nothing adds nothing
+    if not bool(live.any()):
+        return scores.sum() * 0.0  # no query chose a key: a loss of 0, still in the indexer's graph
+    picked = scores.gather(-1, idx.clamp(min=0))  # (B, Tq, K)
+    logits = picked.masked_fill(~chosen, float("-inf")).masked_fill(~live, 0.0)  # a dead row's softmax stays finite
+    log_q = F.log_softmax(logits, dim=-1).masked_fill(~chosen, 0.0)  # log softmax(I) on S_t; 0 off it
+    p = attended.detach().float().masked_fill(~chosen, 0.0)
+    p = p / p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)  # L1-normalised on S_t
+    kl = (torch.xlogy(p, p) - p * log_q).sum(dim=-1)  # (B, Tq); 0 log 0 = 0 off S_t
+    return kl[live[..., 0]].mean()

@@ -35,6 +35,7 @@ from attnlab.models.config import GPTConfig
 from attnlab.models.gpt import GPT
 from attnlab.models.tasks import Task
 from attnlab.models.tokenizer import CharTokenizer
+from attnlab.nn.index_loss import indexer_parameters, take_index_losses
 
 STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.json"
@@ -110,6 +111,7 @@ class TrainLog:
 
     step: list[int] = field(default_factory=list)
     train_loss: list[float] = field(default_factory=list)
+    index_loss: list[float] = field(default_factory=list)  # the indexers' loss a step, where the model has indexers
     lr: list[float] = field(default_factory=list)
     tokens_per_s: list[float] = field(default_factory=list)
     eval_step: list[int] = field(default_factory=list)
@@ -371,6 +373,8 @@ def _loop(
     optimizer, generator, log = state.optimizer, state.generator, state.log
     rank, size = world()
     rows = config.batch_size // size
+    indexers = indexer_parameters(model)  # trained by their own loss alone, and clipped apart
+    others = [p for p in model.parameters() if all(p is not q for q in indexers)]
     began, before = time.perf_counter(), log.seconds
     with _StopRequest() as stop:
         while state.step < config.steps:
@@ -381,14 +385,20 @@ def _loop(
             inputs, targets = inputs[rank * rows : (rank + 1) * rows], targets[rank * rows : (rank + 1) * rows]
             logits = wrapped(inputs)  # (B / size, T, V)
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            index_loss = take_index_losses(model)  # DeepSeek-V3.2's indexer objective (attnlab.nn.index_loss)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # DDP averages the gradients over the processes
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            (loss if index_loss is None else loss + index_loss).backward()  # DDP averages the gradients
+            torch.nn.utils.clip_grad_norm_(others, config.grad_clip)
+            if indexers:
+                torch.nn.utils.clip_grad_norm_(indexers, config.grad_clip)
             optimizer.step()
-            seen = loss.detach()
+            seen = torch.stack((loss.detach(), torch.zeros(()) if index_loss is None else index_loss.detach()))
             if size > 1:
                 dist.all_reduce(seen)
                 seen /= size
+            if index_loss is not None:
+                log.index_loss.append(float(seen[1]))
+            seen = seen[0]
             state.step += 1
             step = state.step
             speed = config.batch_size * task.seq_len / max(time.perf_counter() - tick, 1e-9)

@@ -33,29 +33,31 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from attnlab._checks import check_positive_int
 from attnlab.cache.compressed import CompressedCache
 from attnlab.cache.makers import LayerState
 from attnlab.functional.attention import attention
-from attnlab.functional.compression import check_block, closing_positions, turn_pairs
+from attnlab.functional.compression import closing_positions, turn_pairs
+from attnlab.functional.eager import head_weights
 from attnlab.functional.selection import (
     Selection,
     chosen_mask,
     gather_keys,
     gathered,
     index_scores,
+    indexer_loss,
     keys_read,
     per_batch,
     per_query,
     top_k,
 )
 from attnlab.functional.visibility import Visibility
-from attnlab.nn.compressor import Compressor, Indexer
+from attnlab.nn.compressor import Compressor, Indexer, check_shape
+from attnlab.nn.index_loss import TrainsIndexer
 from attnlab.nn.selection_record import record_compressed
 from attnlab.observe import is_recording
 
 
-class CompressedAttention(nn.Module):
+class CompressedAttention(TrainsIndexer, nn.Module):
     """A V4 compressed layer (see the module's docstring). Keyword-only:
 
     Args:
@@ -86,25 +88,9 @@ class CompressedAttention(nn.Module):
         rope_theta: float = 10000.0,
         eps: float = 1e-6,
     ) -> None:
-        for name, value in (("d_model", d_model), ("num_heads", num_heads), ("head_dim", head_dim)):
-            check_positive_int(name, value, limit=2**16)
-        for name, value in (("rope_dim", rope_dim), ("q_lora_rank", q_lora_rank), ("window", window)):
-            check_positive_int(name, value, limit=2**27)
-        check_positive_int("o_groups", o_groups, limit=2**12)
-        check_block(compress_block)
-        if rope_dim % 2 or rope_dim > head_dim:
-            raise ValueError(
-                f"rope_dim={rope_dim} turns pairs of a head's last channels: even, at most head_dim={head_dim}"
-            )
-        if num_heads % o_groups:
-            raise ValueError(
-                f"o_groups={o_groups} splits the heads into equal groups: it must divide num_heads={num_heads}"
-            )
-        if index_topk is not None:
-            check_positive_int("index_topk", index_topk, limit=2**31)
-            check_positive_int("index_head_dim", index_head_dim, limit=2**16)
-            if index_head_dim < rope_dim:
-                raise ValueError(f"index_head_dim={index_head_dim} turns its last rope_dim={rope_dim}: at least that")
+        check_shape(d_model=d_model, num_heads=num_heads, head_dim=head_dim, rope_dim=rope_dim, q_lora_rank=q_lora_rank,
+                    window=window, compress_block=compress_block, index_topk=index_topk,
+                    index_head_dim=index_head_dim, o_groups=o_groups)  # fmt: skip
         super().__init__()
         self.num_heads, self.head_dim, self.rope_dim, self.window = num_heads, head_dim, rope_dim, window
         self.compress_block, self.index_topk, self.o_groups = compress_block, index_topk, o_groups
@@ -168,7 +154,8 @@ class CompressedAttention(nn.Module):
         keys = turn_pairs(self.kv_norm(self.kv_proj(x)), positions, self.inv_freq)[:, None]  # (B, 1, T, D)
         parts = [self.compressor.kv_proj(x), self.compressor.gate_proj(x)]
         if self.indexer is not None:
-            parts += [self.indexer.compressor.kv_proj(x), self.indexer.compressor.gate_proj(x)]
+            xi = x.detach()  # the indexer trains apart, by its own loss (attnlab.nn.index_loss)
+            parts += [self.indexer.compressor.kv_proj(xi), self.indexer.compressor.gate_proj(xi)]
         return turn_pairs(q, positions, self.inv_freq), keys, q_latent, torch.cat(parts, dim=-1)
 
     def _entries(self, rows: torch.Tensor, first: int, readable: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -185,15 +172,24 @@ class CompressedAttention(nn.Module):
         """The indexer's score of every (query, entry): (B, T, n), float32 (closed or not)."""
         assert self.indexer is not None  # a compressed-sparse layer
         b, t, _ = x.shape
-        heads = self.indexer.q_b_proj(q_latent).view(b, t, self.indexer.heads, -1).transpose(1, 2)  # (B, Hi, T, Di)
+        heads = (
+            self.indexer.q_b_proj(q_latent.detach()).view(b, t, self.indexer.heads, -1).transpose(1, 2)
+        )  # (B, Hi, T, Di)
         queries = turn_pairs(heads, positions, self.inv_freq).transpose(1, 2)  # (B, T, Hi, Di)
-        weights = self.indexer.weights_proj(x).float() * self.indexer.heads**-0.5  # (B, T, Hi)
+        weights = self.indexer.weights_proj(x.detach()).float() * self.indexer.heads**-0.5  # (B, T, Hi)
         return index_scores(queries, index, weights, scale=self.indexer.head_dim**-0.5)
 
     def _select(self, x: torch.Tensor, q_latent: torch.Tensor, index: torch.Tensor, vis: Visibility) -> Selection:
         """The indexer's top ``index_topk`` closed entries of each query (``vis``: over the entries' positions)."""
+        return self._scored(x, q_latent, index, vis)[1]
+
+    def _scored(
+        self, x: torch.Tensor, q_latent: torch.Tensor, index: torch.Tensor, vis: Visibility
+    ) -> tuple[torch.Tensor, Selection]:
+        """The indexer's scores (B, T, n) and its top ``index_topk`` closed entries of each query."""
         assert self.index_topk is not None  # a compressed-sparse layer
-        return top_k(self.scores(x, q_latent, index, vis.q_pos), vis, self.index_topk)
+        scores = self.scores(x, q_latent, index, vis.q_pos)
+        return scores, top_k(scores, vis, self.index_topk)
 
     def _output(self, context: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The context (B, H, T, D) turned back at the queries' positions, through the grouped projection."""
@@ -263,11 +259,12 @@ class CompressedAttention(nn.Module):
         k_pos = [rows_w.k_pos]
         n = entries.shape[1]
         chosen: Selection | None = None
+        scores: torch.Tensor | None = None  # the indexer's, for its loss
         if n:
             closing = closing_positions(0, n, m, x.device)
             vis_entries = Visibility(q_pos=positions, k_pos=closing, causal=True)
             if index is not None:
-                chosen = self._select(x, q_latent, index, vis_entries)
+                scores, chosen = self._scored(x, q_latent, index, vis_entries)
             else:  # every closed entry
                 closed = closing <= positions.reshape(-1, t, 1)  # (B|1, T, n)
                 chosen = Selection(torch.where(closed, torch.arange(n, device=x.device), -1).expand(b, t, n), n)
@@ -288,6 +285,17 @@ class CompressedAttention(nn.Module):
         context = attention(
             per_query(q), every, every, visibility=rows_vis, scale=self.head_dim**-0.5, sinks=self.sinks
         )
+        if scores is not None and chosen is not None and self.keeps_index_loss():  # on the entries it read
+            weights = head_weights(
+                per_query(q).detach(),
+                every.detach(),
+                rows_vis,
+                scale=self.head_dim**-0.5,
+                heads=range(self.num_heads),
+                sinks=self.sinks.detach(),
+            )  # (B * T, H, 1, W + K)
+            attended = weights[..., rows_w.tk :].sum(dim=1).view(b, t, -1)  # (B, T, K)
+            self.index_loss = indexer_loss(scores, attended, chosen)
         return self._output(per_batch(context, b), positions)
 
     def reset_meter(self) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from attnlab.functional.compression import compress, compress_readable, entry_positions, turn_pairs
+from attnlab._checks import check_positive_int
+from attnlab.functional.compression import check_block, compress, compress_readable, entry_positions, turn_pairs
 
 
 class Compressor(nn.Module):
@@ -47,3 +48,38 @@ class Indexer(nn.Module):
         self.compressor = Compressor(d_in=d_in, width=head_dim, block=block, overlap=True, eps=eps)
         self.q_b_proj = nn.Linear(q_lora_rank, heads * head_dim, bias=False)
         self.weights_proj = nn.Linear(d_in, heads, bias=False)
+
+
+def check_shape(
+    *,
+    d_model: int,
+    num_heads: int,
+    head_dim: int,
+    rope_dim: int,
+    q_lora_rank: int,
+    window: int,
+    compress_block: int,
+    index_topk: int | None,
+    index_head_dim: int,
+    o_groups: int,
+) -> None:
+    """Refuse a compressed layer's shape that cannot be built (``CompressedAttention``'s arguments), by name."""
+    for name, value in (("d_model", d_model), ("num_heads", num_heads), ("head_dim", head_dim)):
+        check_positive_int(name, value, limit=2**16)
+    for name, value in (("rope_dim", rope_dim), ("q_lora_rank", q_lora_rank), ("window", window)):
+        check_positive_int(name, value, limit=2**27)
+    check_positive_int("o_groups", o_groups, limit=2**12)
+    check_block(compress_block)
+    if rope_dim % 2 or rope_dim > head_dim:
+        raise ValueError(
+            f"rope_dim={rope_dim} turns pairs of a head's last channels: even, at most head_dim={head_dim}"
+        )
+    if num_heads % o_groups:
+        raise ValueError(
+            f"o_groups={o_groups} splits the heads into equal groups: it must divide num_heads={num_heads}"
+        )
+    if index_topk is not None:
+        check_positive_int("index_topk", index_topk, limit=2**31)
+        check_positive_int("index_head_dim", index_head_dim, limit=2**16)
+        if index_head_dim < rope_dim:
+            raise ValueError(f"index_head_dim={index_head_dim} turns its last rope_dim={rope_dim}: at least that")

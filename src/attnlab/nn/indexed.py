@@ -33,6 +33,7 @@ from attnlab._checks import check_positive_int
 from attnlab.cache import Cache, LayerState
 from attnlab.cache.indexed import index_width
 from attnlab.functional.attention import attention
+from attnlab.functional.eager import head_weights
 from attnlab.functional.mods import MaskMod, ScoreMod
 from attnlab.functional.rotary import apply_rotary
 from attnlab.functional.selection import (
@@ -41,6 +42,7 @@ from attnlab.functional.selection import (
     gather_keys,
     gathered,
     index_scores,
+    indexer_loss,
     keys_read,
     per_batch,
     per_query,
@@ -49,6 +51,7 @@ from attnlab.functional.selection import (
 )
 from attnlab.functional.visibility import Visibility
 from attnlab.nn.attention import ForwardArgs, SharedKV
+from attnlab.nn.index_loss import TrainsIndexer
 from attnlab.nn.latent import LatentAttention
 from attnlab.nn.selection_record import record_selection
 from attnlab.observe import is_recording
@@ -66,7 +69,7 @@ class LightningIndexer(nn.Module):
         self.weights_proj = nn.Linear(d_in, num_heads, bias=False)
 
 
-class IndexedAttention(LatentAttention):
+class IndexedAttention(TrainsIndexer, LatentAttention):
     """Latent attention with DSA's top-k selection; ``LatentAttention``'s arguments and:
 
     Args:
@@ -151,6 +154,13 @@ class IndexedAttention(LatentAttention):
         proj = self.indexer.weights_proj
         return proj(x.to(proj.weight.dtype)).float() * self.indexer.num_heads**-0.5
 
+    def scores(
+        self, x: torch.Tensor, q_latent: torch.Tensor, index_keys: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """The indexer's score of every (query, key slot): (B, T, S), float32."""
+        queries = self.index_queries(q_latent, positions)
+        return index_scores(queries, index_keys, self.index_weights(x), scale=self.indexer.head_dim**-0.5)
+
     def select(
         self,
         x: torch.Tensor,
@@ -160,9 +170,7 @@ class IndexedAttention(LatentAttention):
         vis: Visibility,
     ) -> Selection:
         """The top ``index_topk`` slots of every query, among those ``vis`` (bound to the slots) lets it see."""
-        queries = self.index_queries(q_latent, positions)
-        scores = index_scores(queries, index_keys, self.index_weights(x), scale=self.indexer.head_dim**-0.5)
-        return top_k(scores, vis, self.index_topk)
+        return top_k(self.scores(x, q_latent, index_keys, positions), vis, self.index_topk)
 
     # ---- the two forms ----
 
@@ -171,6 +179,20 @@ class IndexedAttention(LatentAttention):
     ) -> torch.Tensor:
         """Every key, all but the chosen hidden: the expanded form under the restricted Visibility."""
         return self.expanded(q_nope, q_pe, latents, visibility=restricted(vis, selection))
+
+    def attended(
+        self, q_nope: torch.Tensor, q_pe: torch.Tensor, latents: torch.Tensor, selection: Selection, vis: Visibility
+    ) -> torch.Tensor:
+        """The main attention's weight on each chosen key, summed over its heads: (B, T, K), no gradient (what the
+        indexer's loss aims at, ``attnlab.nn.index_loss``)."""
+        b, heads = q_nope.shape[0], q_nope.shape[1]
+        assert self.scale is not None  # a latent layer always has its scale
+        w_uk, _ = self._w()
+        q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope.detach(), w_uk.detach())  # (B, H, T, R)
+        queries = per_query(torch.cat((q_latent, q_pe.detach()), dim=-1))  # (B * T, H, 1, R + P)
+        keys = gather_keys(latents.detach(), selection)  # (B * T, 1, K, R + P)
+        weights = head_weights(queries, keys, gathered(vis, selection), scale=self.scale, heads=range(heads))
+        return weights.sum(dim=1).view(b, -1, weights.shape[-1])  # (B * T, H, 1, K) -> (B, T, K)
 
     def gathered(
         self, q_nope: torch.Tensor, q_pe: torch.Tensor, latents: torch.Tensor, selection: Selection, vis: Visibility
@@ -222,7 +244,7 @@ class IndexedAttention(LatentAttention):
             )
         q_latent = self.query_latent(x)
         q_nope, q_pe, latents = self.project(x, positions, q_latent=q_latent)
-        index_keys = self.index_keys(x, positions)  # (B, T, Di)
+        index_keys = self.index_keys(x.detach(), positions)  # (B, T, Di); the indexer trains apart (index_loss)
         vis = visibility
         if cache is not None:
             rows = torch.cat((latents, index_keys[:, None].to(latents.dtype)), dim=-1)  # (B, 1, T, R + P + Di)
@@ -230,8 +252,12 @@ class IndexedAttention(LatentAttention):
             width = self.kv_lora_rank + self.qk_rope_head_dim
             latents, index_keys = stored[..., :width], stored[:, 0, :, width:]  # (B, 1, S, R + P), (B, S, Di)
             vis = visibility.for_keys(key_pos)
-        selection = self.chosen = self.select(x, q_latent, index_keys, positions, vis)
-        return self.gathered(q_nope, q_pe, latents, selection, vis)
+        scores = self.scores(x.detach(), q_latent.detach(), index_keys, positions)  # (B, T, S)
+        selection = self.chosen = top_k(scores, vis, self.index_topk)
+        out = self.gathered(q_nope, q_pe, latents, selection, vis)
+        if self.keeps_index_loss():
+            self.index_loss = indexer_loss(scores, self.attended(q_nope, q_pe, latents, selection, vis), selection)
+        return out
 
     def reset_meter(self) -> None:
         """Zero ``keys_read`` and ``queries_read``."""
