@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -12,6 +14,7 @@ IN_CI = os.environ.get("CI") == "true"  # .ci/run exports it
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here reaches a model hub: a hub name is read from a cache a test lays out
 os.environ["ATTNLAB_MEASURE"] = "0"  # no test pays a machine's measurement unless it asks (tests/test_tuned*.py)
 os.environ["ATTNLAB_CACHE"] = tempfile.mkdtemp(prefix="attnlab-cache-")  # nor reads or writes the user's measurements
+atexit.register(shutil.rmtree, os.environ["ATTNLAB_CACHE"], ignore_errors=True)  # and leaves no folder behind
 
 
 @pytest.hookimpl(hookwrapper=True)
