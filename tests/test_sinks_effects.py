@@ -54,7 +54,9 @@ def test_the_sink_cache_keeps_what_the_window_lets_go_and_dense_fails_past_the_c
 
 def test_massive_activations_set_to_their_mean_change_nothing_and_zeroed_they_move_the_loss() -> None:
     """The first token is BOS in every sequence and sees only itself: its activations are the same everywhere, so
-    their mean is their value (the loss to the last digit); zeroed, the loss moves; no values, no change."""
+    their mean is their value (the loss to float32's rounding: a batched product may round a row apart from the
+    others, so not always to the last digit); zeroed, the loss moves, by far more than that rounding and than
+    zeroing as many other channels (the control) moves it; no values, no change."""
     from attnlab.bench.sinks_massive import intervene, losses
     from attnlab.bench.sinks_toy import BigramBackcopy
     from attnlab.bench.sinks_variants import CHANGES, VariantSettings, train_gpt
@@ -64,8 +66,9 @@ def test_massive_activations_set_to_their_mean_change_nothing_and_zeroed_they_mo
     model = train_gpt(CHANGES["mha"], settings, seed=0, task=task)
     held_out = task.batch(32, 32, torch.Generator().manual_seed(1))
     result, where = losses(model, held_out, task.batch(32, 32, torch.Generator().manual_seed(2)))
-    assert result["mean"] == result["base"]
-    assert result["zero"] != result["base"]
+    moved = {arm: abs(result[arm] - result["base"]) for arm in ("mean", "zero", "control")}
+    assert moved["mean"] <= 1e-6 * result["base"], result  # the same to float32's rounding of a mean
+    assert moved["zero"] > 100 * max(moved["mean"], 1e-7) and moved["zero"] > 10 * moved["control"], result
     assert intervene(model, held_out, where["layer"], where["channels"], None) == result["base"]
 
 

@@ -157,29 +157,51 @@ def keys_read(rows: Visibility) -> torch.Tensor:
     return (rows.k_pos >= 0).sum()
 
 
+def chosen_scores(
+    q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, selection: Selection, *, scale: float
+) -> torch.Tensor:
+    """:func:`index_scores` on each query's chosen slots alone: (B, Tq, K) in float32, 0 where nothing was chosen.
+    The indexer's loss reads these with their gradient, so that training keeps K scores a query, not S.
+
+    Args:
+        q: the indexer's queries (B, Tq, Hi, Di); k: its keys (B, S, Di); weights: (B, Tq, Hi); selection: (B, Tq, K).
+    """
+    idx = selection.indices
+    b, tq, kk = idx.shape
+    picked = k.gather(1, idx.clamp(min=0).reshape(b, tq * kk, 1).expand(-1, -1, k.shape[-1]))  # (B, Tq * K, Di)
+    picked = picked.view(b, tq, kk, -1)  # (B, Tq, K, Di)
+    dots = torch.einsum("bthd,btkd->bthk", q.float(), picked.float()) * scale  # (B, Tq, Hi, K)
+    scores = torch.einsum("bth,bthk->btk", weights.float(), torch.relu(dots))  # (B, Tq, K)
+    return scores.masked_fill(idx < 0, 0.0)
+
+
 def indexer_loss(scores: torch.Tensor, attended: torch.Tensor, selection: Selection) -> torch.Tensor:
     """DeepSeek-V3.2's objective for its indexer (the paper's sparse stage), over each query's chosen keys S_t:
 
         KL( p_t || softmax(I_t) )   on S_t,  p_t = the main attention's weights on S_t summed over its heads, / their sum
 
-    averaged over the queries that chose any key (the paper sums over tokens; a mean keeps one scale at any batch
-    and length). A 0-dim float32 tensor, with a gradient to ``scores`` alone.
+    averaged over the queries that chose a key and gave it weight (the paper sums over tokens; a mean keeps one
+    scale at any batch and length). A 0-dim float32 tensor, with a gradient to ``scores`` alone.
 
     Args:
-        scores: the indexer's (B, Tq, S), with its gradient; attended: the main attention's weight on each chosen
-            key (B, Tq, K), summed over heads (detached here); selection: the chosen slots (B, Tq, K), -1 for none.
+        scores: the indexer's scores of the chosen slots (B, Tq, K) (:func:`chosen_scores`), with their gradient;
+            attended: the main attention's weight on each (B, Tq, K), summed over heads (detached here);
+            selection: the chosen slots (B, Tq, K), -1 for none.
     """
     idx = selection.indices
-    if attended.shape != idx.shape:
-        raise ValueError(f"attended weights of shape {tuple(attended.shape)} for a selection of {tuple(idx.shape)}")
+    if attended.shape != idx.shape or scores.shape != idx.shape:
+        raise ValueError(
+            f"scores {tuple(scores.shape)} and attended weights {tuple(attended.shape)} must both be the "
+            f"selection's {tuple(idx.shape)}"
+        )
     chosen = idx >= 0  # (B, Tq, K)
-    live = chosen.any(dim=-1, keepdim=True)  # (B, Tq, 1): a query that chose nothing adds nothing
-    if not bool(live.any()):
-        return scores.sum() * 0.0  # no query chose a key: a loss of 0, still in the indexer's graph
-    picked = scores.gather(-1, idx.clamp(min=0))  # (B, Tq, K)
-    logits = picked.masked_fill(~chosen, float("-inf")).masked_fill(~live, 0.0)  # a dead row's softmax stays finite
-    log_q = F.log_softmax(logits, dim=-1).masked_fill(~chosen, 0.0)  # log softmax(I) on S_t; 0 off it
     p = attended.detach().float().masked_fill(~chosen, 0.0)
-    p = p / p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)  # L1-normalised on S_t
+    mass = p.sum(dim=-1, keepdim=True)  # (B, Tq, 1)
+    live = chosen.any(dim=-1, keepdim=True) & (mass > 0)  # a query that chose nothing, or gave it no weight: no term
+    if not bool(live.any()):
+        return scores.sum() * 0.0  # no query to learn from: a loss of 0, still in the indexer's graph
+    logits = scores.masked_fill(~chosen, float("-inf")).masked_fill(~live, 0.0)  # a dead row's softmax stays finite
+    log_q = F.log_softmax(logits, dim=-1).masked_fill(~chosen, 0.0)  # log softmax(I) on S_t; 0 off it
+    p = p / mass.clamp_min(torch.finfo(p.dtype).tiny)  # L1-normalised on S_t
     kl = (torch.xlogy(p, p) - p * log_q).sum(dim=-1)  # (B, Tq); 0 log 0 = 0 off S_t
     return kl[live[..., 0]].mean()

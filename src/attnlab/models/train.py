@@ -386,6 +386,8 @@ def _loop(
             logits = wrapped(inputs)  # (B / size, T, V)
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
             index_loss = take_index_losses(model)  # DeepSeek-V3.2's indexer objective (attnlab.nn.index_loss)
+            if indexers and index_loss is None:  # no query chose yet (V4, fewer tokens than a block): a 0 that
+                index_loss = torch.stack([p.sum() for p in indexers]).sum() * 0.0  # reaches them (DDP waits on all)
             optimizer.zero_grad(set_to_none=True)
             (loss if index_loss is None else loss + index_loss).backward()  # DDP averages the gradients
             torch.nn.utils.clip_grad_norm_(others, config.grad_clip)

@@ -43,8 +43,6 @@ from attnlab.functional.selection import (
     chosen_mask,
     gather_keys,
     gathered,
-    index_scores,
-    indexer_loss,
     keys_read,
     per_batch,
     per_query,
@@ -171,25 +169,14 @@ class CompressedAttention(TrainsIndexer, nn.Module):
     ) -> torch.Tensor:
         """The indexer's score of every (query, entry): (B, T, n), float32 (closed or not)."""
         assert self.indexer is not None  # a compressed-sparse layer
-        b, t, _ = x.shape
-        heads = (
-            self.indexer.q_b_proj(q_latent.detach()).view(b, t, self.indexer.heads, -1).transpose(1, 2)
-        )  # (B, Hi, T, Di)
-        queries = turn_pairs(heads, positions, self.inv_freq).transpose(1, 2)  # (B, T, Hi, Di)
-        weights = self.indexer.weights_proj(x.detach()).float() * self.indexer.heads**-0.5  # (B, T, Hi)
-        return index_scores(queries, index, weights, scale=self.indexer.head_dim**-0.5)
+        return self.indexer.scores(x, q_latent, index, positions, self.inv_freq)
 
     def _select(self, x: torch.Tensor, q_latent: torch.Tensor, index: torch.Tensor, vis: Visibility) -> Selection:
-        """The indexer's top ``index_topk`` closed entries of each query (``vis``: over the entries' positions)."""
-        return self._scored(x, q_latent, index, vis)[1]
-
-    def _scored(
-        self, x: torch.Tensor, q_latent: torch.Tensor, index: torch.Tensor, vis: Visibility
-    ) -> tuple[torch.Tensor, Selection]:
-        """The indexer's scores (B, T, n) and its top ``index_topk`` closed entries of each query."""
+        """The indexer's top ``index_topk`` closed entries of each query (``vis``: over the entries' positions), every
+        entry scored without a graph (the loss scores the chosen ones again)."""
         assert self.index_topk is not None  # a compressed-sparse layer
-        scores = self.scores(x, q_latent, index, vis.q_pos)
-        return scores, top_k(scores, vis, self.index_topk)
+        with torch.no_grad():
+            return top_k(self.scores(x, q_latent, index, vis.q_pos), vis, self.index_topk)
 
     def _output(self, context: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The context (B, H, T, D) turned back at the queries' positions, through the grouped projection."""
@@ -259,12 +246,11 @@ class CompressedAttention(TrainsIndexer, nn.Module):
         k_pos = [rows_w.k_pos]
         n = entries.shape[1]
         chosen: Selection | None = None
-        scores: torch.Tensor | None = None  # the indexer's, for its loss
         if n:
             closing = closing_positions(0, n, m, x.device)
             vis_entries = Visibility(q_pos=positions, k_pos=closing, causal=True)
             if index is not None:
-                scores, chosen = self._scored(x, q_latent, index, vis_entries)
+                chosen = self._select(x, q_latent, index, vis_entries)
             else:  # every closed entry
                 closed = closing <= positions.reshape(-1, t, 1)  # (B|1, T, n)
                 chosen = Selection(torch.where(closed, torch.arange(n, device=x.device), -1).expand(b, t, n), n)
@@ -285,7 +271,8 @@ class CompressedAttention(TrainsIndexer, nn.Module):
         context = attention(
             per_query(q), every, every, visibility=rows_vis, scale=self.head_dim**-0.5, sinks=self.sinks
         )
-        if scores is not None and chosen is not None and self.keeps_index_loss():  # on the entries it read
+        self.index_loss = None  # a call's loss, or none (no entry closed yet): never an earlier call's
+        if index is not None and chosen is not None and self.keeps_index_loss():  # on the entries it read
             weights = head_weights(
                 per_query(q).detach(),
                 every.detach(),
@@ -295,7 +282,8 @@ class CompressedAttention(TrainsIndexer, nn.Module):
                 sinks=self.sinks.detach(),
             )  # (B * T, H, 1, W + K)
             attended = weights[..., rows_w.tk :].sum(dim=1).view(b, t, -1)  # (B, T, K)
-            self.index_loss = indexer_loss(scores, attended, chosen)
+            assert self.indexer is not None  # index is its indexer's entries
+            self.index_loss = self.indexer.loss(x, q_latent, index, positions, self.inv_freq, chosen, attended)
         return self._output(per_batch(context, b), positions)
 
     def reset_meter(self) -> None:

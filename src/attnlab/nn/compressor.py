@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from attnlab._checks import check_positive_int
 from attnlab.functional.compression import check_block, compress, compress_readable, entry_positions, turn_pairs
+from attnlab.functional.selection import Selection, chosen_scores, index_scores, indexer_loss
 
 
 class Compressor(nn.Module):
@@ -48,6 +49,33 @@ class Indexer(nn.Module):
         self.compressor = Compressor(d_in=d_in, width=head_dim, block=block, overlap=True, eps=eps)
         self.q_b_proj = nn.Linear(q_lora_rank, heads * head_dim, bias=False)
         self.weights_proj = nn.Linear(d_in, heads, bias=False)
+
+    def inputs(
+        self, x: torch.Tensor, q_latent: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Its queries (B, T, Hi, Di), turned at ``positions``, and its weights (B, T, Hi), from detached inputs: the
+        indexer trains by its own loss alone (``attnlab.nn.index_loss``)."""
+        b, t, _ = x.shape
+        heads = self.q_b_proj(q_latent.detach()).view(b, t, self.heads, -1)  # (B, T, Hi, Di)
+        queries = turn_pairs(heads.transpose(1, 2), positions, inv_freq).transpose(1, 2)  # (B, T, Hi, Di)
+        return queries, self.weights_proj(x.detach()).float() * self.heads**-0.5
+
+    def scores(
+        self, x: torch.Tensor, q_latent: torch.Tensor, index: torch.Tensor, positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """Its score of every (query, entry) of ``index`` (B, n, Di): (B, T, n), float32."""
+        queries, weights = self.inputs(x, q_latent, positions, inv_freq)
+        return index_scores(queries, index, weights, scale=self.head_dim**-0.5)
+
+    def loss(
+        self, x: torch.Tensor, q_latent: torch.Tensor, index: torch.Tensor, positions: torch.Tensor,
+        inv_freq: torch.Tensor, chosen: Selection, attended: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """Its loss on the ``chosen`` entries, against the main attention's weights there (B, T, K)."""
+        queries, weights = self.inputs(x, q_latent, positions, inv_freq)
+        picked = chosen_scores(queries, index, weights, chosen, scale=self.head_dim**-0.5)  # (B, T, K)
+        return indexer_loss(picked, attended, chosen)
 
 
 def check_shape(

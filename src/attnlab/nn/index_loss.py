@@ -16,7 +16,8 @@ import torch.nn as nn
 
 
 class TrainsIndexer:
-    """Mixed into a layer with an indexer: ``index_loss`` is its last training call's loss (None outside one)."""
+    """Mixed into a layer with an indexer: ``index_loss`` is the last call's loss, where that call kept one (in
+    training, with gradients on), and None after any other call or once taken."""
 
     index_loss: torch.Tensor | None = None
     training: bool  # nn.Module's

@@ -39,6 +39,7 @@ from attnlab.functional.rotary import apply_rotary
 from attnlab.functional.selection import (
     Selection,
     check_selectable,
+    chosen_scores,
     gather_keys,
     gathered,
     index_scores,
@@ -252,11 +253,16 @@ class IndexedAttention(TrainsIndexer, LatentAttention):
             width = self.kv_lora_rank + self.qk_rope_head_dim
             latents, index_keys = stored[..., :width], stored[:, 0, :, width:]  # (B, 1, S, R + P), (B, S, Di)
             vis = visibility.for_keys(key_pos)
-        scores = self.scores(x.detach(), q_latent.detach(), index_keys, positions)  # (B, T, S)
+        queries, weights = self.index_queries(q_latent.detach(), positions), self.index_weights(x.detach())
+        scale = self.indexer.head_dim**-0.5
+        with torch.no_grad():  # every slot scored, no graph kept: the loss scores the chosen ones again
+            scores = index_scores(queries, index_keys, weights, scale=scale)  # (B, T, S)
         selection = self.chosen = top_k(scores, vis, self.index_topk)
         out = self.gathered(q_nope, q_pe, latents, selection, vis)
+        self.index_loss = None  # a call's loss, or none: never an earlier call's
         if self.keeps_index_loss():
-            self.index_loss = indexer_loss(scores, self.attended(q_nope, q_pe, latents, selection, vis), selection)
+            picked = chosen_scores(queries, index_keys, weights, selection, scale=scale)  # (B, T, K)
+            self.index_loss = indexer_loss(picked, self.attended(q_nope, q_pe, latents, selection, vis), selection)
         return out
 
     def reset_meter(self) -> None:
