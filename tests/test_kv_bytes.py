@@ -305,14 +305,23 @@ def test_the_meter_sets_each_design_against_what_it_saves(
 def test_mla_against_its_expanded_heads_and_gqa(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from attnlab.bench import kv_bytes
     from attnlab.models.families.shapes import shape
 
     monkeypatch.setenv("COLUMNS", "300")  # each sentence on one line
-    v3 = kv_report(shape("deepseek-v3"), name="d", tokens=(131072,))
-    assert v3.per_token == 61 * (512 + 64) * 2
-    assert v3.instead == ("the expanded heads, as Hugging Face caches them", 61 * 128 * (128 + 64 + 128) * 2)
+    made: list[Any] = []  # the configs and reports the command makes: DeepSeek-V3 built on the meta device once
+
+    def kept(config: GPTConfig, **kwargs: Any) -> Any:
+        made.append((config, kv_report(config, **kwargs)))
+        return made[-1][1]
+
+    monkeypatch.setattr(kv_bytes, "kv_report", kept)
     assert cli.main(["memory", "--model", "deepseek-v3", "llama-3.1-8b"]) == 0
     out = capsys.readouterr().out
+    config, v3 = made[0]
+    assert config == shape("deepseek-v3")
+    assert v3.per_token == 61 * (512 + 64) * 2
+    assert v3.instead == ("the expanded heads, as Hugging Face caches them", 61 * 128 * (128 + 64 + 128) * 2)
     assert "a latent of 576 values a token for all 128 heads" in out and "4,997,120 B a token, 71.1x" in out
     llama = kv_report(GPTConfig.preset("llama-3.1-8b"), name="l", tokens=(131072,))
     assert llama.per_token / (v3.per_token / 61 * 32) > 3.5  # per layer, GQA's 8 heads hold 3.6x MLA's latent

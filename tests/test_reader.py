@@ -173,13 +173,15 @@ def test_every_slip_gets_one_line_and_status_2_from_the_console_script(
 
 @pytest.mark.slow  # slow by nature: a console-script process per subcommand
 def test_the_command_alone_helps_and_every_subcommand_says_what_it_does() -> None:
-    alone = subprocess.run([str(ATTNLAB)], capture_output=True, text=True, timeout=120)
+    def attempt(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(ATTNLAB), *argv], capture_output=True, text=True, timeout=120)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:  # the three processes at once: each waits on its start-up alone
+        alone, version, bench = list(pool.map(attempt, [[], ["--version"], ["bench", "--help"]]))
     assert alone.returncode == 0 and "usage: attnlab" in alone.stdout
     for name in ("tour", "explain", "bench"):
         assert f"    {name} " in alone.stdout  # listed with its one-line description
-    version = subprocess.run([str(ATTNLAB), "--version"], capture_output=True, text=True, timeout=120)
     assert version.returncode == 0 and version.stdout.startswith("attnlab 0.")
-    bench = subprocess.run([str(ATTNLAB), "bench", "--help"], capture_output=True, text=True, timeout=120)
     assert "Time and measure every attention implementation" in bench.stdout
     assert "attnlab-flash" in bench.stdout and "book-wrapper" in bench.stdout  # --impls lists the names
 

@@ -4,10 +4,13 @@ no sinks), so a verdict that could not fail would fail here."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from attnlab.bench.sinks_backcopy import BackcopySettings, run_backcopy
+from attnlab.bench.sinks_result import BackcopyResult
 from attnlab.bench.sinks_variants import VariantSettings, run_variants
 
 pytestmark = pytest.mark.slow
@@ -15,10 +18,16 @@ pytestmark = pytest.mark.slow
 SMALL = BackcopySettings(layers=1, width=32, length=32, batch=32, steps=250, evaluations=2, lr_adam=3e-3)
 
 
-def test_softmax_grows_a_dormant_sink_and_a_drain_that_relu_does_not() -> None:
-    result = run_backcopy(
+@pytest.fixture(scope="module")
+def real_arms() -> BackcopyResult:
+    """The softmax and ReLU arms, trained once for the tests that read them (none changes the result)."""
+    return run_backcopy(
         seeds=2, settings=SMALL, arms={"softmax-adam": ("softmax", "adam"), "relu-adam": ("relu", "adam")}
     )
+
+
+def test_softmax_grows_a_dormant_sink_and_a_drain_that_relu_does_not(real_arms: BackcopyResult) -> None:
+    result = real_arms
     status = {v.claim: v.status for v in result.verdicts()}
     assert status["dormant_sink"] == "held"  # ordinary tokens sink on BOS, triggers do not
     assert status["relu_sink"] == "held"
@@ -26,10 +35,13 @@ def test_softmax_grows_a_dormant_sink_and_a_drain_that_relu_does_not() -> None:
     assert min(result.final("softmax-adam", "sink")) > 0.3  # a sink, not a shade above the rest
 
 
-def test_softmax_in_the_relu_arm_turns_the_verdict() -> None:
-    inverted = run_backcopy(
-        seeds=2, settings=SMALL, arms={"softmax-adam": ("softmax", "adam"), "relu-adam": ("softmax", "adam")}
-    )
+def test_softmax_in_the_relu_arm_turns_the_verdict(real_arms: BackcopyResult) -> None:
+    # only the relu arm is trained again, with softmax; the softmax arm is the real one (the same seeds, settings
+    # and task: run_backcopy trains an arm from those alone, whatever else it trains)
+    inverted = run_backcopy(seeds=2, settings=SMALL, arms={"relu-adam": ("softmax", "adam")})
+    softmax = real_arms.arm("softmax-adam")
+    assert softmax is not None
+    inverted = replace(inverted, arms=[softmax, *inverted.arms])
     status = {v.claim: v.status for v in inverted.verdicts()}
     assert status["dormant_sink"] == "held"  # the softmax arm still sinks
     assert status["relu_sink"] != "held" and status["relu_drain"] != "held"
