@@ -141,7 +141,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"| **everything else: attnlab's part** | **{statistics.median(ours):.1f}**{flag} |")
     rest = [w - a for w, a in zip(walls, alone, strict=True)]
     print(f"| the weights' products alone, in their layouts (timed apart) | {statistics.median(alone):.1f} |")
-    print(f"| the step less those products | {statistics.median(rest):.1f} |")
+    middle = statistics.median(rest)  # at or below 0: the products alone took the step's time, no split to trust
+    rest_spread = (max(rest) - min(rest)) / middle if middle > 0 else float("inf")
+    rest_flag = "" if rest_spread <= 0.25 else f" (rounds spread {rest_spread:.0%}: too noisy to trust)"
+    print(f"| the step less those products | {statistics.median(rest):.1f}{rest_flag} |")
     print()
     print("| op outside the kernels (self time) | ms per step |")
     print("|---|---|")
