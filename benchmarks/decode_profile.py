@@ -26,7 +26,7 @@ import contextlib
 import json
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from _runs import exit_with
 from attnlab.linear.products import LAYOUTS
 from attnlab.models import GPT, GPTConfig
 from attnlab.models.config import PRESETS
@@ -90,7 +91,7 @@ def products_alone(model: GPT, steps: int) -> float:
     return (time.perf_counter() - began) / steps * 1e3
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
@@ -114,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         config, args.steps, args.rounds = config.with_(**small), 2, 1
     model = GPT(config).eval().to(getattr(torch, args.dtype))
     chosen = {} if args.layout == "none" else model.set_layout(args.layout)
-    counts = {name: list(chosen.values()).count(name) for name in sorted(set(chosen.values()))}
+    counts = dict(sorted(Counter(chosen.values()).items()))  # weights a layout, by name
     prompt = torch.randint(0, config.vocab_size, (1, 128), generator=torch.Generator().manual_seed(1))
     rounds = [one_round(model, prompt, args.steps) for _ in range(args.rounds)]
     walls, kernels, alone = [r[0] for r in rounds], [r[1] for r in rounds], [r[4] for r in rounds]
@@ -169,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 indent=2,
             )
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)  # Ctrl-C: one line and 130; a closed pipe: quiet
