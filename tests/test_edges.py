@@ -325,3 +325,59 @@ def test_a_view_of_a_vouched_buffer_is_vouched_only_in_its_own_dtype() -> None:
     assert bad is not None and bad.bad_kv[0, 0].tolist() == [False, True, False, False]
     buffer.add_(0)  # a write in place: the vouch is gone for the buffer and its slices
     assert not vouched(buffer) and not vouched(buffer.narrow(2, 0, 3))
+
+
+def test_a_vouch_is_for_one_tensor_object_and_goes_with_it() -> None:
+    """The registry holds tensors by identity: a clone, a deep copy and an unpickled copy (same numbers, other
+    objects) are not vouched for; a tensor that dies takes its entry with it, so a new tensor that gets its id (as
+    CPython reuses them) is not vouched for; vouching again after a write keeps one entry."""
+    import copy
+    import gc
+    import pickle
+
+    from attnlab.functional import finite
+
+    before = len(finite._VOUCHED)
+    buffer = torch.zeros(2, 3)
+    finite.vouch(buffer)
+    assert finite.vouched(buffer) and len(finite._VOUCHED) == before + 1
+    for other in (buffer.clone(), copy.deepcopy(buffer), pickle.loads(pickle.dumps(buffer))):
+        assert torch.equal(other, buffer) and not finite.vouched(other)
+    buffer.add_(1)
+    assert not finite.vouched(buffer)
+    finite.vouch(buffer)  # again, after the write: the same entry, its version moved
+    assert finite.vouched(buffer) and len(finite._VOUCHED) == before + 1
+    key = id(buffer)
+    del buffer
+    gc.collect()
+    assert key not in finite._VOUCHED and len(finite._VOUCHED) == before
+    for _ in range(1000):  # a new tensor at a dead one's id: vouched for only if vouched itself
+        fresh = torch.ones(2, 3)
+        if id(fresh) == key:
+            assert not finite.vouched(fresh)
+            break
+        del fresh
+
+
+def test_asking_whether_a_buffer_is_vouched_for_costs_two_python_calls() -> None:
+    """The effect of the registry's form: a decode step asks it four times a layer, and each question enters two
+    Python functions (torch's WeakIdKeyDictionary made and compared a reference at each: five or more)."""
+    import sys
+
+    from attnlab.functional.finite import vouch, vouched
+
+    buffer = torch.zeros(1, 2, 8, 4)
+    vouch(buffer)
+    view = buffer.narrow(2, 0, 3)  # a cache's filled slots: found through its base
+    entered = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal entered
+        entered += event == "call"
+
+    sys.setprofile(count)
+    try:
+        found = vouched(buffer) and vouched(view)
+    finally:
+        sys.setprofile(None)
+    assert found and entered <= 4, entered

@@ -245,8 +245,43 @@ def test_a_compiler_that_fails_is_reported_in_one_line(monkeypatch: pytest.Monke
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nsecond line")
 
     monkeypatch.setattr(gemv_module, "_kernel", fails)
+    monkeypatch.setattr(gemv_module, "_KERNELS", {})  # as in a new process: nothing compiled yet
     reason = why_no_gemv.__wrapped__()
     assert (
         reason
         == "torch.compile cannot build the loop here (RuntimeError: InvalidCxxCompiler: No working C++ compiler found)"
     )
+
+
+def _python_calls(fn: object) -> int:
+    """How many Python functions one call of ``fn`` enters (sys.setprofile: a count, not a time)."""
+    import sys
+
+    entered = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal entered
+        entered += event == "call"
+
+    sys.setprofile(count)
+    try:
+        fn()  # type: ignore[operator]
+    finally:
+        sys.setprofile(None)
+    return entered
+
+
+def test_a_decode_products_loop_is_called_past_the_compilers_wrappers() -> None:
+    """The effect: once a loop is built and has agreed with Inductor's wrapped callable bitwise, a product calls
+    the compiled graph's own runner, past AOTAutograd's and Dynamo's runtime wrappers (which this graph, with no
+    gradient, mutation or view, does not need). Counted in Python functions entered: the layout's whole product
+    (its checks, the kernel's spec, the runner) enters 23, and 49 through the wrappers (torch 2.13)."""
+    weight, bias = torch.randn(24, 16), torch.randn(24)
+    x = torch.randn(1, 1, 16)
+    with torch.no_grad():
+        first = layout_products.gemv_linear(x, weight, bias)  # builds the loop, compares its runner once
+        again = layout_products.gemv_linear(x, weight, bias)
+        assert torch.equal(first, again)
+        torch.testing.assert_close(again, F.linear(x, weight, bias))
+        entered = _python_calls(lambda: layout_products.gemv_linear(x, weight, bias))
+    assert entered <= 28, entered

@@ -261,6 +261,43 @@ def test_tiles_classified_by_position_bounds_are_exact_for_increasing_positions(
     assert ranged.tile_kinds(4, 8) == _brute_kinds(ranged, 4, 8)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_whether_anything_is_hidden_read_off_the_extremes_is_what_the_grid_says(seed: int) -> None:
+    """hides_nothing() reads the whole grid's kind off four extremes (a decode step asks it once); against every
+    (query, key) pair, with one decoding query or several, a window or none, empty slots or none."""
+    g = torch.Generator().manual_seed(seed)
+    tk = int(torch.randint(1, 30, (), generator=g))
+    k_pos = torch.randint(0, 3, (tk,), generator=g).cumsum(0)
+    if seed % 2:
+        k_pos[torch.rand(tk, generator=g) < 0.3] = -1  # empty slots: the extremes cannot say, the blocks do
+    tq = 1 if seed < 4 else int(torch.randint(2, 6, (), generator=g))
+    last = int(k_pos.max()) + int(torch.randint(-2, 3, (), generator=g))  # the last query: before, at or past
+    q_pos = (torch.arange(tq) + last - tq + 1).clamp(min=0)
+    for window in (None, 2, 40):
+        vis = Visibility(q_pos=q_pos, k_pos=k_pos, causal=True, window=window)
+        assert vis.hides_nothing() == all(kind == FULL for kind in _brute_kinds(vis, tq, tk).values())
+        if not seed % 2:  # no empty slot: the extremes answer, and give the kind the blocks give
+            assert vis._whole_kind() == vis._structure_kinds(tq, tk)[0][0] == _brute_kinds(vis, tq, tk)[0, 0]
+
+
+def test_a_decode_step_asks_whether_anything_is_hidden_in_a_few_ops() -> None:
+    """The effect: one decoding query over a cache's filled keys (positions from a tensor, so no arithmetic
+    shortcut) is answered from the extremes in 3 aten ops and one read, where the blocks' bounds took 30."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    vis = Visibility(q_pos=torch.tensor([40]), k_pos=torch.arange(41), causal=True)
+    with Count():
+        assert vis.hides_nothing()
+    assert Count.ops <= 5, Count.ops
+
+
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "flash", "flex"])
 def test_every_backend_reads_a_cache_shaped_visibility_the_same(backend: str) -> None:
     """Keys in a ring buffer's order, with empty slots: equal to the same keys sorted and the holes dropped."""

@@ -25,11 +25,12 @@ Shapes: B = batch, H = query heads, Hkv = kv heads, Tq / Tk = lengths, D = head_
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from attnlab.functional.visibility import Visibility
 
@@ -44,9 +45,16 @@ class NonFinite:
     bad_kv: torch.Tensor
 
 
-# Tensors vouched for, by identity (a copy or an unpickled tensor is another object, never vouched for), each with
-# the version counter it had then.
-_VOUCHED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# Tensors vouched for, by identity (a copy or an unpickled tensor is another object, never vouched for): id(t) ->
+# (a weak reference to t, the version counter it had then). An entry goes when its tensor does; an id that a new
+# tensor reuses finds a reference to another (dead) object, never its own. A plain dict: a decode step asks it
+# four times a layer, and torch's WeakIdKeyDictionary made a reference at every question.
+_VOUCHED: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+
+
+def _forget(key: int, ref: weakref.ref[torch.Tensor]) -> None:
+    if _VOUCHED.get(key, (None, 0))[0] is ref:
+        del _VOUCHED[key]
 
 
 def vouch(t: torch.Tensor) -> None:
@@ -54,8 +62,19 @@ def vouch(t: torch.Tensor) -> None:
     :func:`clean` skips its sum until ``t`` or a view of it is written in place again (its version counter
     moves). Inference tensors keep no version, so they are never vouched for; a write that moves no version
     (through ``.data``, or another library's view of the memory) is not seen."""
-    if not torch.compiler.is_compiling() and not t.is_inference():
-        _VOUCHED[t] = t._version
+    if torch.compiler.is_compiling() or t.is_inference():
+        return
+    key = id(t)
+    held = _VOUCHED.get(key)
+    if held is not None and held[0]() is t:
+        _VOUCHED[key] = (held[0], t._version)
+    else:
+        _VOUCHED[key] = (weakref.ref(t, functools.partial(_forget, key)), t._version)
+
+
+def _vouched_as_is(t: torch.Tensor) -> bool:
+    held = _VOUCHED.get(id(t))
+    return held is not None and held[1] == t._version and held[0]() is t
 
 
 def vouched(t: torch.Tensor) -> bool:
@@ -65,9 +84,9 @@ def vouched(t: torch.Tensor) -> bool:
     if t.is_inference():
         return False
     base = t._base  # read as another dtype (view(torch.float16)), finite bits may be inf: never taken from a base
-    if base is not None and base.dtype == t.dtype and _VOUCHED.get(base, -1) == base._version:
+    if base is not None and base.dtype == t.dtype and _vouched_as_is(base):
         return True
-    return _VOUCHED.get(t, -1) == t._version
+    return _vouched_as_is(t)
 
 
 def clean(

@@ -72,7 +72,7 @@ _KERNELS: dict[object, Callable[..., Any]] = {}  # one compiled kernel per (key,
 def _canonical(t: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor with its strides written as a fresh tensor's (a row cut from a batch, (1, in) with
     the batch's row stride, is the same memory): one compiled loop serves every such view."""
-    if not t.is_contiguous():
+    if not t.is_contiguous() or 1 not in t.shape:  # contiguous without a size-1 dimension: its strides are fresh
         return t
     strides, step = [], 1
     for size in reversed(t.shape):
@@ -85,8 +85,11 @@ def _canonical(t: torch.Tensor) -> torch.Tensor:
 def kernel_spec(tensors: tuple[torch.Tensor | None, ...]) -> Spec:
     """What a compiled kernel is specialized to: each tensor's shape, strides, dtype and device (None where absent),
     and the threads it was built for. A kernel is only ever called with tensors of its own spec: no guard."""
-    laid = tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device) for t in tensors)
-    return (*laid, torch.get_num_threads())
+    laid: list[object] = []
+    for t in tensors:  # a loop, not a generator: asked at every product of a decode step
+        laid.append(None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device))
+    laid.append(torch.get_num_threads())
+    return tuple(laid)
 
 
 def compiled(
@@ -108,8 +111,65 @@ def compiled(
             # there the kernel is compiled as it comes, and the callers' bitwise probes set it aside
             flags = {"cpp.enable_floating_point_contract_flag": "fast", "cpp.enable_unsafe_math_opt_flag": False}
         with inductor_config.patch(flags):
-            _KERNELS[made] = inductor_compile(graph, list(inputs))
+            built = inductor_compile(graph, list(inputs))
+        _KERNELS[made] = _direct(built)
     return _KERNELS[made]
+
+
+def _direct(built: Callable[..., Any]) -> Callable[..., Any]:
+    """``built`` (Inductor's compiled callable), called through the compiled graph's own runner where one is
+    found and, on the first call, gives ``built``'s numbers bitwise; ``built`` itself elsewhere (another torch).
+    Inductor wraps its runner in AOTAutograd's and Dynamo's runtime wrappers, for graphs that need gradients,
+    mutate their inputs or return views; these graphs do none of that, and the wrappers cost about 5 µs a call
+    (timed on the machine of docs/benchmarks.md), some 0.25 ms a decode step of gpt2-small's 49 products. Under
+    the profiler the wrapped call runs, so that a trace names each compiled product ("## Call CompiledFxGraph")."""
+    runner = _runner(built)
+    if runner is None:
+        return built
+    trusted: list[bool] = []  # (agrees, returns one tensor): empty until a first call outside the profiler
+
+    def call(*args: torch.Tensor) -> Any:
+        if not trusted or not trusted[0] or torch.autograd.profiler._is_profiler_enabled:
+            want = built(*args)
+            if not trusted and not torch.autograd.profiler._is_profiler_enabled:
+                trusted.extend((_same(want, runner(list(args))), isinstance(want, torch.Tensor)))
+            return want
+        out = runner(list(args))  # the runner empties the list it is handed
+        return out[0] if trusted[1] else tuple(out)
+
+    return call
+
+
+def _same(want: Any, got: Any) -> bool:
+    """Whether the runner's outputs (a list) are ``built``'s (a tensor, or a tuple of them), bitwise."""
+    wanted = [want] if isinstance(want, torch.Tensor) else list(want)
+    return len(wanted) == len(got) and all(
+        isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+        for a, b in zip(wanted, got, strict=True)
+    )
+
+
+def _runner(built: Callable[..., Any]) -> Callable[[list[torch.Tensor]], Any] | None:
+    """The runner of the compiled graph inside ``built`` (its ``current_callable``, which takes a list of inputs),
+    found through the wrappers' closures; None where this torch nests it otherwise."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    todo: list[object] = [built]
+    seen: set[int] = set()
+    while todo:
+        fn = todo.pop()
+        if id(fn) in seen or len(seen) > 64:
+            continue
+        seen.add(id(fn))
+        if isinstance(fn, CompiledFxGraph):
+            runner = fn.current_callable
+            return runner if callable(runner) else None
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                todo.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+    return None
 
 
 def _kernel(spec: Spec, tensors: tuple[torch.Tensor | None, ...]) -> Callable[..., torch.Tensor]:
@@ -144,7 +204,7 @@ def gemv(
         # or activation before the product into the loop's body and recomputed it for every weight row, and the
         # compiled step's products ran slower than the loop's own (tests/test_gemv.py counts the op).
         return torch.ops.attnlab.gemv(x, weight, scale, bias)
-    return _compiled(x, weight, scale, bias)
+    return compiled_gemv(x, weight, scale, bias)
 
 
 def _exporting() -> bool:
@@ -154,12 +214,15 @@ def _exporting() -> bool:
     return bool(is_exporting()) if is_exporting is not None else True
 
 
-def _compiled(
+def compiled_gemv(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """The product by the loop compiled for these tensors' spec (checked by the caller)."""
+    """:func:`gemv`'s product by the loop compiled for these tensors' spec, for a caller that has checked the call
+    itself (inference on the CPU, shapes :func:`gemv` takes, :func:`gemv_applies`): a decode step's layouts."""
     tensors = (_canonical(x), _canonical(weight), scale, bias)
-    out: torch.Tensor = _kernel(kernel_spec(tensors), tensors)(*(t for t in tensors if t is not None))
+    spec = kernel_spec(tensors)
+    kernel = _KERNELS.get((spec, False)) or _kernel(spec, tensors)  # made once; later calls look it up
+    out: torch.Tensor = kernel(*(t for t in tensors if t is not None))
     return out
 
 
@@ -194,7 +257,7 @@ def _gemv_op(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None
 ) -> torch.Tensor:
     refuse_gradient("gemv", x, weight, scale, bias)
-    return _compiled(x, weight, scale, bias)
+    return compiled_gemv(x, weight, scale, bias)
 
 
 def _gemv_op_shape(

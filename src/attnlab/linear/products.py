@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attnlab.linear import packed, prefetch
-from attnlab.linear.gemv import FLOAT_ROWS, _exporting, gemv, gemv_applies, traced, why_no_gemv
+from attnlab.linear.gemv import FLOAT_ROWS, _exporting, compiled_gemv, gemv, traced, why_no_gemv
 from attnlab.linear.prefetch import prefetch_applies, why_no_prefetch
 
 Layout = Literal["rows", "columns", "onednn", "gemv", "packed", "prefetch"]
@@ -83,9 +83,11 @@ def _transformed(*tensors: torch.Tensor | None) -> bool:
     """Whether a tensor is under torch.func (vmap, grad, jvp) or carries a forward-mode tangent."""
     import torch.autograd.forward_ad as fwAD
 
-    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
-    if any(t is not None and wrapped(t) for t in tensors):
-        return True
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    if wrapped is not None:
+        for t in tensors:  # a loop, not a generator: asked at every product of a decode step
+            if t is not None and wrapped(t):
+                return True
     if getattr(fwAD, "_current_level", 0) < 0:  # no dual_level open, so no tangents: unpack_dual's
         return False  # microseconds, for three tensors at every product of a step, are saved
     return any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
@@ -115,15 +117,37 @@ def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     a row-major weight; under torch.compile, the op ``attnlab::gemv`` in the graph), other calls by
     :func:`onednn_linear`."""
     flat = x.reshape(-1, x.shape[-1])  # (B, T, in) -> (N, in)
-    same = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype) and weight.is_contiguous()
     if torch.compiler.is_compiling():
-        fits = same and x.dtype in ONEDNN_DTYPES and flat.shape[0] <= FLOAT_ROWS and not torch.is_grad_enabled()
-    else:
-        fits = same and onednn_applies(x, weight, bias) and gemv_applies(flat, weight)
-    if fits:
-        out = gemv(flat, weight, None, bias)  # (N, out)
+        same = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype) and weight.is_contiguous()
+        if same and x.dtype in ONEDNN_DTYPES and flat.shape[0] <= FLOAT_ROWS and not torch.is_grad_enabled():
+            out = gemv(flat, weight, None, bias)  # (N, out): the op attnlab::gemv in the graph
+            return out.reshape(*x.shape[:-1], weight.shape[0])  # (N, out) -> (B, T, out)
+    elif _loop_serves(x, flat, weight, bias):
+        out = compiled_gemv(flat, weight, None, bias)  # (N, out)
         return out.reshape(*x.shape[:-1], weight.shape[0])  # (N, out) -> (B, T, out)
     return onednn_linear(x, weight, bias)
+
+
+def _loop_serves(x: torch.Tensor, flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether gemv's compiled loop may serve ``F.linear(x, weight, bias)`` outside torch.compile:
+    :func:`plain_inference` and :func:`attnlab.linear.gemv.gemv_applies` (``flat``: x's rows) with one dtype
+    throughout, a row-major weight and a bias of one number a row, each asked once. A decode step asks it 49
+    times (gpt2-small), so it reads what is cheapest first; tests/test_layout.py holds it to the two it joins."""
+    if type(x) is not torch.Tensor or x.device.type != "cpu" or weight.device.type != "cpu":
+        return False
+    dtype = x.dtype
+    if dtype not in ONEDNN_DTYPES or weight.dtype != dtype or weight.dim() != 2 or not weight.is_contiguous():
+        return False
+    rows, inner = flat.shape
+    if inner != weight.shape[1] or inner == 0 or not 0 < rows <= FLOAT_ROWS:
+        return False
+    if bias is not None and (bias.dtype != dtype or bias.shape != weight.shape[:1]):
+        return False
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
+        return False
+    return not (_autocast() or traced() or _transformed(x, weight, bias) or why_no_gemv())
 
 
 class GemvLinear(nn.Linear):
