@@ -20,8 +20,8 @@ meets them, the layouts taking turns, :mod:`attnlab.linear.probe`):
   layouts that hold one copy of each weight (:data:`ONE_COPY`: all but
   "packed"; a training step multiplies the same values through ``F.linear``),
   and one other than "rows" only where it beats "rows" by :data:`MARGIN` in
-  the median and in every repeat: a choice inside the noise stays "rows", so
-  two runs do not flip it. Kept on disk per machine and version
+  the median and in every repeat but one: a choice inside the noise stays
+  "rows", so two runs do not flip it. Kept on disk per machine and version
   (:mod:`attnlab.measured`): a second process pays nothing.
 
 :func:`set_layout` re-stores a module's ``nn.Linear`` weights in place.
@@ -47,7 +47,7 @@ from attnlab.linear.products import CLASSES, LAYOUTS, ONEDNN_DTYPES, OWN_PRODUCT
 Choice = Literal["auto", "measured"]
 _CHOSEN: dict[tuple[int, int, torch.dtype], Layout] = {}
 ONE_COPY: tuple[Layout, ...] = ("rows", "columns", "onednn", "gemv", "prefetch")  # "packed" keeps a second copy
-MARGIN = 0.05  # "measured" leaves "rows" only for a layout 5% faster in the median and faster in every repeat
+MARGIN = 0.05  # "measured" leaves "rows" only for a layout 5% faster in the median and in all repeats but one
 REPEATS = 5
 
 
@@ -103,8 +103,8 @@ def fastest_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32)
 
 def measured_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32) -> Layout:
     """The layout ``generate`` gives a (d_out, d_in) weight by default: among :data:`ONE_COPY` offered for
-    ``dtype``, the fastest, where it beats "rows" by :data:`MARGIN` in the median and in every repeat; "rows"
-    otherwise. Kept on disk per machine and version (:mod:`attnlab.measured`); measured where nothing is kept,
+    ``dtype``, the fastest that beats "rows" by :data:`MARGIN` in the median and in every repeat but one
+    (:func:`margin_winner`); "rows" otherwise. Kept on disk per machine and version (:mod:`attnlab.measured`); measured where nothing is kept,
     or what is kept is not offered here any more; "rows" where measuring is off (``ATTNLAB_MEASURE=0``)."""
     key = _key(d_in, d_out, dtype)
     kept = measured.recall("layout", key)
@@ -124,12 +124,22 @@ def _key(d_in: int, d_out: int, dtype: torch.dtype) -> str:
 
 
 def margin_winner(rates: dict[Layout, list[float]]) -> Layout:
-    """The layout whose median rate is highest, where it beats "rows" by :data:`MARGIN` in the median and in
-    every repeat (the passes were interleaved, so repeat i of each ran side by side); "rows" otherwise."""
-    best = max(rates, key=lambda layout: statistics.median(rates[layout]))
+    """The fastest layout in the median among those that beat "rows" by :data:`MARGIN` in the median and in every
+    repeat but one (the passes were interleaved, so repeat i of each ran side by side); "rows" where none does.
+
+    One repeat may lose: a moment another process takes (the machine of docs/benchmarks.md saw one) slows the
+    layouts that ran in it, and asking for every repeat sent a loop 33% faster in the median back to "rows",
+    bfloat16's slowest, kept on disk for every later process. Two lost repeats, or a median inside the margin,
+    still keep "rows". A fastest layout that fails this leaves the next fastest that passes."""
     rows = rates["rows"]
-    wins = statistics.median(rates[best]) > (1 + MARGIN) * statistics.median(rows)
-    return best if wins and all(a > b for a, b in zip(rates[best], rows, strict=True)) else "rows"
+    floor = (1 + MARGIN) * statistics.median(rows)
+    for layout in sorted(rates, key=lambda name: statistics.median(rates[name]), reverse=True):
+        if layout == "rows" or statistics.median(rates[layout]) <= floor:
+            continue
+        lost = sum(a <= b for a, b in zip(rates[layout], rows, strict=True))
+        if lost <= 1:
+            return layout
+    return "rows"
 
 
 def set_layout(module: nn.Module, layout: Layout | Choice) -> dict[str, Layout]:
