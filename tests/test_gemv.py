@@ -285,3 +285,79 @@ def test_a_decode_products_loop_is_called_past_the_compilers_wrappers() -> None:
         torch.testing.assert_close(again, F.linear(x, weight, bias))
         entered = _python_calls(lambda: layout_products.gemv_linear(x, weight, bias))
     assert entered <= 28, entered
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("bias_shape", [(), (1,)])
+def test_a_bias_that_broadcasts_gets_f_linears_numbers_from_every_layout(
+    rows: int, bias_shape: tuple[int, ...]
+) -> None:
+    """F.linear broadcasts a bias of shape () or (1,); the layouts' own products read a bias as one number a row,
+    so such a bias goes to F.linear: the same numbers, never another product's (oneDNN's read it as (out,))."""
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(1, rows, 16), torch.randn(24, 16), torch.randn(bias_shape)
+    want = F.linear(x, weight, bias)
+    products = [layout_products.onednn_linear, layout_products.gemv_linear, layout_products.prefetch_linear]
+    products += [layout_products.packed_linear]
+    with torch.no_grad():
+        for product in products:
+            torch.testing.assert_close(product(x, weight, bias), want, msg=product.__name__)
+
+
+def test_the_loops_one_check_is_the_two_it_joins() -> None:
+    """products._loop_serves asks once what plain_inference and gemv_applies ask (and one dtype throughout, a
+    row-major weight, a bias of one number a row), over calls that each fail one condition, and one that passes."""
+    weight, bias = torch.randn(24, 16), torch.randn(24)
+    x = torch.randn(1, 1, 16)
+    cases = {
+        "passes": (x, weight, bias),
+        "no bias": (x, weight, None),
+        "three rows": (torch.randn(1, 3, 16), weight, bias),
+        "a bias of ()": (x, weight, torch.randn(())),
+        "bfloat16 x": (x.bfloat16(), weight, bias),
+        "float64": (x.double(), weight.double(), bias.double()),
+        "columns weight": (x, weight.t().contiguous().t(), bias),
+        "x needs grad": (x.clone().requires_grad_(), weight, bias),
+        "inner 0": (torch.randn(1, 1, 0), torch.randn(24, 0), bias),
+        "int bias": (x, weight, torch.zeros(24, dtype=torch.int64)),
+    }
+    for name, (xs, w, b) in cases.items():
+        flat = xs.reshape(xs.shape[0] * xs.shape[1], xs.shape[-1])  # (B, T, in) -> (N, in)
+        same = w.dtype == xs.dtype and (b is None or b.dtype == xs.dtype) and w.is_contiguous()
+        joined = same and layout_products.plain_inference(xs, w, b) and gemv_module.gemv_applies(flat, w)
+        assert layout_products._loop_serves(xs, flat, w, b) == joined, name
+    assert layout_products._loop_serves(x, x.reshape(-1, 16), weight, bias)  # the one that passes, passes
+
+
+def test_a_runner_that_disagrees_or_cannot_be_found_leaves_the_wrapped_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the first call's comparison fails, or no runner is found (another torch), every call goes through
+    Inductor's wrapped callable, with its numbers; the comparison is made once."""
+    weight, bias, x = torch.randn(20, 16), torch.randn(20), torch.randn(1, 1, 16)
+    want = F.linear(x, weight, bias)
+    compared: list[int] = []
+
+    def disagrees(a: object, b: object) -> bool:
+        compared.append(1)
+        return False
+
+    for patch in ("_same", "_runner"):
+        monkeypatch.setattr(gemv_module, "_KERNELS", {})
+        if patch == "_same":
+            monkeypatch.setattr(gemv_module, "_same", disagrees)
+        else:
+            monkeypatch.setattr(gemv_module, "_runner", lambda built: None)
+        with torch.no_grad():
+            for _ in range(3):
+                torch.testing.assert_close(layout_products.gemv_linear(x, weight, bias), want)
+            assert _python_calls(lambda: layout_products.gemv_linear(x, weight, bias)) > 28  # the wrappers, run
+    assert compared == [1]
+
+
+def test_an_empty_inner_dimension_gets_f_linears_answer_from_every_layout() -> None:
+    """x (B, T, 0) times a (out, 0) weight is the bias alone, as F.linear gives it; the layouts once asked
+    reshape for (-1, 0), which it refuses as ambiguous."""
+    x, weight, bias = torch.randn(1, 2, 0), torch.randn(24, 0), torch.randn(24)
+    products = [layout_products.onednn_linear, layout_products.gemv_linear, layout_products.prefetch_linear]
+    with torch.no_grad():
+        for product in [*products, layout_products.packed_linear]:
+            torch.testing.assert_close(product(x, weight, bias), F.linear(x, weight, bias), msg=product.__name__)

@@ -447,6 +447,8 @@ class Visibility:
         (a decode step over a cache filled up to its length: asked once a step); None where one is, for
         :meth:`_structure_kinds` to say. What :meth:`_bounds` finds for one block, in 3 ops instead of some 20."""
         assert self.k_pos is not None
+        if self.k_pos.device != self.q_pos.device:
+            return None  # read apart, by the blocks' bounds
         q_lo, q_hi = torch.aminmax(self.q_pos)
         k_lo, k_hi = torch.aminmax(self.k_pos)
         ql, qh, kl, kh = (int(v) for v in torch.stack((q_lo, q_hi, k_lo, k_hi)).tolist())

@@ -96,7 +96,8 @@ def compiled(
     key: object, fn: Callable[..., Any], inputs: list[torch.Tensor], *, contract: bool = False
 ) -> Callable[..., Any]:
     """``fn`` traced with make_fx on fake tensors like ``inputs`` and compiled by Inductor (no Dynamo, so a call
-    costs microseconds, not a guard check), made once per ``key``, which names everything it is specialized to
+    costs microseconds, not a guard check; ``fn`` must not write its inputs: its first call may run twice, see
+    :func:`_direct`), made once per ``key``, which names everything it is specialized to
     (a :func:`kernel_spec`): the caller hands it tensors of that spec only. ``contract``: the C++ compiler may
     fuse a product and a sum into one fma (-ffp-contract=fast), as eager's addcmul and fbgemm round them."""
     made = (key, contract)  # a kernel compiled with contraction is never handed out for one without, or back
@@ -132,7 +133,11 @@ def _direct(built: Callable[..., Any]) -> Callable[..., Any]:
         if not trusted or not trusted[0] or torch.autograd.profiler._is_profiler_enabled:
             want = built(*args)
             if not trusted and not torch.autograd.profiler._is_profiler_enabled:
-                trusted.extend((_same(want, runner(list(args))), isinstance(want, torch.Tensor)))
+                try:
+                    agrees = _same(want, runner(list(args)))
+                except Exception:  # a runner this torch calls otherwise: the wrapped call, from now on
+                    agrees = False
+                trusted[:] = [agrees, isinstance(want, torch.Tensor)]
             return want
         out = runner(list(args))  # the runner empties the list it is handed
         return out[0] if trusted[1] else tuple(out)
@@ -141,7 +146,8 @@ def _direct(built: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _same(want: Any, got: Any) -> bool:
-    """Whether the runner's outputs (a list) are ``built``'s (a tensor, or a tuple of them), bitwise."""
+    """Whether the runner's outputs (a list) are ``built``'s (a tensor, or a tuple of them), equal in every number
+    (torch.equal: a NaN is never equal, so a first call that meets one leaves the wrapped call: slower, not wrong)."""
     wanted = [want] if isinstance(want, torch.Tensor) else list(want)
     return len(wanted) == len(got) and all(
         isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
@@ -152,7 +158,10 @@ def _same(want: Any, got: Any) -> bool:
 def _runner(built: Callable[..., Any]) -> Callable[[list[torch.Tensor]], Any] | None:
     """The runner of the compiled graph inside ``built`` (its ``current_callable``, which takes a list of inputs),
     found through the wrappers' closures; None where this torch nests it otherwise."""
-    from torch._inductor.output_code import CompiledFxGraph
+    try:
+        from torch._inductor.output_code import CompiledFxGraph
+    except ImportError:  # a torch before 2.6 keeps it elsewhere: its callable as it comes
+        return None
 
     todo: list[object] = [built]
     seen: set[int] = set()
@@ -218,7 +227,8 @@ def compiled_gemv(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """:func:`gemv`'s product by the loop compiled for these tensors' spec, for a caller that has checked the call
-    itself (inference on the CPU, shapes :func:`gemv` takes, :func:`gemv_applies`): a decode step's layouts."""
+    itself (inference on the CPU, shapes :func:`gemv` takes, :func:`gemv_applies`), outside torch.compile (inside,
+    :func:`gemv` puts the op attnlab::gemv in the graph): a decode step's layouts."""
     tensors = (_canonical(x), _canonical(weight), scale, bias)
     spec = kernel_spec(tensors)
     kernel = _KERNELS.get((spec, False)) or _kernel(spec, tensors)  # made once; later calls look it up

@@ -104,8 +104,9 @@ def fastest_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32)
 def measured_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32) -> Layout:
     """The layout ``generate`` gives a (d_out, d_in) weight by default: among :data:`ONE_COPY` offered for
     ``dtype``, the fastest that beats "rows" by :data:`MARGIN` in the median and in every repeat but one
-    (:func:`margin_winner`); "rows" otherwise. Kept on disk per machine and version (:mod:`attnlab.measured`); measured where nothing is kept,
-    or what is kept is not offered here any more; "rows" where measuring is off (``ATTNLAB_MEASURE=0``)."""
+    (:func:`margin_winner`); "rows" otherwise. Kept on disk per machine and version (:mod:`attnlab.measured`);
+    measured where nothing is kept, or what is kept is not offered here any more; "rows" where measuring is off
+    (``ATTNLAB_MEASURE=0``)."""
     key = _key(d_in, d_out, dtype)
     kept = measured.recall("layout", key)
     if kept is not None and kept.get("choice") in ONE_COPY and offered(kept["choice"], dtype):

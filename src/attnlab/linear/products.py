@@ -12,6 +12,7 @@ class to, in place.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -62,11 +63,14 @@ def plain_inference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     values goes through ``F.linear``: a gradient to any of the three, forward-mode AD and torch.func transforms
     (their tensors are wrapped or carry tangents), autocast (which would cast the inputs first), torch.compile
     (whose CPU backend lowers oneDNN's op only for frozen weights; the layouts put their own ops in its graphs),
-    tensor subclasses, and an empty inner dimension."""
+    tensor subclasses, an empty inner dimension, and a bias that is not one number a row (F.linear broadcasts a
+    bias of shape () or (1,); oneDNN's product read it as (out,) and gave other numbers)."""
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor or x.device.type != "cpu":
         return False
     if weight.dim() != 2 or x.shape[-1] != weight.shape[-1]:
         return False  # F.linear's own error names mismatched shapes; oneDNN's does not
+    if bias is not None and bias.shape != weight.shape[:1]:
+        return False
     if x.dtype not in ONEDNN_DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return False
     if x.shape[-1] == 0 or _autocast() or _transformed(x, weight, bias):
@@ -116,7 +120,7 @@ def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     compiled loop of :func:`attnlab.linear.gemv.gemv` where it applies (inference on the CPU, one dtype throughout,
     a row-major weight; under torch.compile, the op ``attnlab::gemv`` in the graph), other calls by
     :func:`onednn_linear`."""
-    flat = x.reshape(-1, x.shape[-1])  # (B, T, in) -> (N, in)
+    flat = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (B, T, in) -> (N, in); N given: in may be 0
     if torch.compiler.is_compiling():
         same = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype) and weight.is_contiguous()
         if same and x.dtype in ONEDNN_DTYPES and flat.shape[0] <= FLOAT_ROWS and not torch.is_grad_enabled():
@@ -131,8 +135,8 @@ def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def _loop_serves(x: torch.Tensor, flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether gemv's compiled loop may serve ``F.linear(x, weight, bias)`` outside torch.compile:
     :func:`plain_inference` and :func:`attnlab.linear.gemv.gemv_applies` (``flat``: x's rows) with one dtype
-    throughout, a row-major weight and a bias of one number a row, each asked once. A decode step asks it 49
-    times (gpt2-small), so it reads what is cheapest first; tests/test_layout.py holds it to the two it joins."""
+    throughout and a row-major weight, each asked once (the loop needs no oneDNN). A decode step asks it 49
+    times (gpt2-small), so it reads what is cheapest first; tests/test_gemv.py holds it to the two it joins."""
     if type(x) is not torch.Tensor or x.device.type != "cpu" or weight.device.type != "cpu":
         return False
     dtype = x.dtype
@@ -162,7 +166,7 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     (:mod:`attnlab.linear.packed`) where oneDNN serves it (:func:`onednn_applies`; under torch.compile on the CPU
     without a gradient, the op ``attnlab::packed_linear`` in the graph), by ``F.linear`` elsewhere. Under a
     tracer, the weight itself, so that what is recorded reads the parameter and never a copy of it."""
-    flat = x.reshape(-1, x.shape[-1])  # (B, T, in) -> (N, in)
+    flat = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (B, T, in) -> (N, in); N given: in may be 0
     same = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype) and x.dtype in ONEDNN_DTYPES
     if torch.compiler.is_compiling():
         fits = same and weight.dim() == 2 and x.shape[-1] == weight.shape[-1] > 0 and packed.packing_available(x.dtype)
@@ -197,7 +201,7 @@ def prefetch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     :func:`attnlab.linear.prefetch.gemv` where it applies (inference on the CPU, one dtype throughout, a row-major
     weight; under torch.compile, the op ``attnlab::prefetch_gemv`` in the graph), other calls by
     :func:`onednn_linear`."""
-    flat = x.reshape(-1, x.shape[-1])  # (B, T, in) -> (N, in)
+    flat = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (B, T, in) -> (N, in); N given: in may be 0
     same = weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype) and x.dtype in ONEDNN_DTYPES
     if torch.compiler.is_compiling():
         fits = same and weight.dim() == 2 and x.shape[-1] == weight.shape[-1] > 0 and weight.is_contiguous()
