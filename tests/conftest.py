@@ -79,3 +79,22 @@ def compiled_op_calls(model: object, op: str, idx: object) -> tuple[int, object,
         compiled = model.generate(idx, 6, compile=True)  # type: ignore[attr-defined]
     count = {e.key: e.count for e in prof.key_averages()}
     return count.get(op, 0), compiled, eager
+
+
+def python_calls(fn: object) -> int:
+    """How many Python functions one call of ``fn`` enters (sys.setprofile: a count, not a time): what a fast
+    path's effect tests budget, where a time would be a timed unit test."""
+    import sys
+
+    entered = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal entered
+        entered += event == "call"
+
+    sys.setprofile(count)
+    try:
+        fn()  # type: ignore[operator]
+    finally:
+        sys.setprofile(None)
+    return entered

@@ -18,6 +18,7 @@ from attnlab.linear.gemv import FLOAT_ROWS, INT8_ROWS, gemv, readable_gemv, why_
 from attnlab.linear.products import GemvLinear
 from attnlab.linear.quantized import Int8Linear
 from attnlab.models import GPT, GPTConfig
+from conftest import python_calls
 
 if why_no_gemv() and os.environ.get("CI") != "true":  # under CI=true the tests run, and fail
     pytest.skip(f"no gemv loop here: {why_no_gemv()}", allow_module_level=True)
@@ -253,24 +254,6 @@ def test_a_compiler_that_fails_is_reported_in_one_line(monkeypatch: pytest.Monke
     )
 
 
-def _python_calls(fn: object) -> int:
-    """How many Python functions one call of ``fn`` enters (sys.setprofile: a count, not a time)."""
-    import sys
-
-    entered = 0
-
-    def count(frame: object, event: str, arg: object) -> None:
-        nonlocal entered
-        entered += event == "call"
-
-    sys.setprofile(count)
-    try:
-        fn()  # type: ignore[operator]
-    finally:
-        sys.setprofile(None)
-    return entered
-
-
 def test_a_decode_products_loop_is_called_past_the_compilers_wrappers() -> None:
     """The effect: once a loop is built and has agreed with Inductor's wrapped callable bitwise, a product calls
     the compiled graph's own runner, past AOTAutograd's and Dynamo's runtime wrappers (which this graph, with no
@@ -283,7 +266,7 @@ def test_a_decode_products_loop_is_called_past_the_compilers_wrappers() -> None:
         again = layout_products.gemv_linear(x, weight, bias)
         assert torch.equal(first, again)
         torch.testing.assert_close(again, F.linear(x, weight, bias))
-        entered = _python_calls(lambda: layout_products.gemv_linear(x, weight, bias))
+        entered = python_calls(lambda: layout_products.gemv_linear(x, weight, bias))
     assert entered <= 28, entered
 
 
@@ -349,7 +332,7 @@ def test_a_runner_that_disagrees_or_cannot_be_found_leaves_the_wrapped_call(monk
         with torch.no_grad():
             for _ in range(3):
                 torch.testing.assert_close(layout_products.gemv_linear(x, weight, bias), want)
-            assert _python_calls(lambda: layout_products.gemv_linear(x, weight, bias)) > 28  # the wrappers, run
+            assert python_calls(lambda: layout_products.gemv_linear(x, weight, bias)) > 28  # the wrappers, run
     assert compared == [1]
 
 
