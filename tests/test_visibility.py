@@ -282,7 +282,7 @@ def test_whether_anything_is_hidden_read_off_the_extremes_is_what_the_grid_says(
 
 def test_a_decode_step_asks_whether_anything_is_hidden_in_a_few_ops() -> None:
     """The effect: one decoding query over a cache's filled keys (positions from a tensor, so no arithmetic
-    shortcut) is answered from the extremes in 3 aten ops and one read, where the blocks' bounds took 30."""
+    shortcut) is answered from the extremes in 3 aten ops and one read, where the blocks' bounds took 40."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):

@@ -445,13 +445,13 @@ class Visibility:
     def _whole_kind(self) -> int | None:
         """The whole grid's kind from its positions' extremes, four numbers read at once, where no slot is empty
         (a decode step over a cache filled up to its length: asked once a step); None where one is, for
-        :meth:`_structure_kinds` to say. What :meth:`_bounds` finds for one block, in 3 ops instead of some 20."""
+        :meth:`_structure_kinds` to say. What the blocks' bounds find for one block, in 3 aten ops instead of 40."""
         assert self.k_pos is not None
         if self.k_pos.device != self.q_pos.device:
             return None  # read apart, by the blocks' bounds
         q_lo, q_hi = torch.aminmax(self.q_pos)
         k_lo, k_hi = torch.aminmax(self.k_pos)
-        ql, qh, kl, kh = (int(v) for v in torch.stack((q_lo, q_hi, k_lo, k_hi)).tolist())
+        ql, qh, kl, kh = torch.stack((q_lo, q_hi, k_lo, k_hi)).tolist()  # ints: positions are integer tensors
         return None if ql < 0 or kl < 0 else self._kind(ql, qh, kl, kh, False, False)
 
     # ---- what the backends read ----
