@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.linear import gemv as gemv_module
-from attnlab.linear import layout, quantized
+from attnlab.linear import inductor, layout, quantized
 from attnlab.linear import products as layout_products
 from attnlab.linear.gemv import FLOAT_ROWS, INT8_ROWS, gemv, readable_gemv, why_no_gemv
 from attnlab.linear.products import GemvLinear
@@ -246,7 +246,7 @@ def test_a_compiler_that_fails_is_reported_in_one_line(monkeypatch: pytest.Monke
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nsecond line")
 
     monkeypatch.setattr(gemv_module, "_kernel", fails)
-    monkeypatch.setattr(gemv_module, "_KERNELS", {})  # as in a new process: nothing compiled yet
+    monkeypatch.setattr(inductor, "KERNELS", {})  # as in a new process: nothing compiled yet
     reason = why_no_gemv.__wrapped__()
     assert (
         reason
@@ -324,11 +324,11 @@ def test_a_runner_that_disagrees_or_cannot_be_found_leaves_the_wrapped_call(monk
         return False
 
     for patch in ("_same", "_runner"):
-        monkeypatch.setattr(gemv_module, "_KERNELS", {})
+        monkeypatch.setattr(inductor, "KERNELS", {})
         if patch == "_same":
-            monkeypatch.setattr(gemv_module, "_same", disagrees)
+            monkeypatch.setattr(inductor, "_same", disagrees)
         else:
-            monkeypatch.setattr(gemv_module, "_runner", lambda built: None)
+            monkeypatch.setattr(inductor, "_runner", lambda built: None)
         with torch.no_grad():
             for _ in range(3):
                 torch.testing.assert_close(layout_products.gemv_linear(x, weight, bias), want)

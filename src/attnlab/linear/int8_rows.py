@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.linear.gemv import compiled, kernel_spec, traced, why_no_gemv
+from attnlab.linear.gemv import kernel_spec, traced, why_no_gemv
+from attnlab.linear.inductor import compiled
 
 # PyTorch's ChooseQuantizationParams (quant_utils.h) snaps scales below this to it; such rows run alone.
 _SMALL_SCALE = float(torch.tensor(6.1e-5, dtype=torch.float32))

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from attnlab.linear.gemv import define_cpu_op, refuse_gradient
+from attnlab.linear.inductor import define_cpu_op, refuse_gradient
 
 # weight -> (what it was packed from: version, address, shape, strides, dtype; the packed copy; the storage it
 # was packed from, held so that no new storage can take its address while the copy is kept)

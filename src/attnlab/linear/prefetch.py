@@ -43,7 +43,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnlab.linear.gemv import define_cpu_op, readable_gemv, refuse_gradient, traced
+from attnlab.linear.gemv import readable_gemv, traced
+from attnlab.linear.inductor import define_cpu_op, refuse_gradient
 
 ROWS = 2  # the most rows one call serves (the file's kernels are built for 1 and 2): a decode step's
 AHEAD = 1  # blocks of 4 rows ahead that a block asks for: on the machine of docs/benchmarks.md, 1 streamed every
