@@ -55,12 +55,26 @@ def render(result: dict[str, Any]) -> str:
     lines.append(
         f"\n`{result['command']}` ({result['date']}{cpu}, torch {result['torch']}, {result['threads']} threads, "
         f"{result['rounds']} interleaved rounds{took}): {what}; a {result['prompt_tokens']}-token prompt, "
-        f"{result['new_tokens']} greedy tokens. Decode tok/s is the median over the rounds; the floor is one step's "
-        "bytes at the fastest streaming rate measured in the run."
+        f"{result['new_tokens']} greedy tokens. Decode tok/s is the median over the rounds; {floor_note(result)}"
     )
     lines += ["", "The issues' targets, judged from this run (a ratio whose rows spread past 25% is no finding):"]
     lines += [f"- {line}" for line in verdicts(result)]
     return "\n".join(lines)
+
+
+def floor_note(result: dict[str, Any]) -> str:
+    """What the floor divides by: the rate measured once a round (runs since 2026-12-08), else once a run."""
+    stream = result.get("stream")
+    if not stream:
+        return "the floor is one step's bytes at the fastest streaming rate measured in the run."
+    wide = ", too wide to trust: no verdict against the floor" if stream["stream_spread"] > NOISY else ""
+    rates = ", ".join(f"{rate:.1f}" for rate in stream["stream_rounds"])
+    return (
+        "the floor is one step's bytes at the fastest rate this machine streamed a weight matrix at, measured once "
+        f"a round like a row ({rates} GB/s): their median, {stream['stream_gb_s']:.1f} GB/s, spread "
+        f"{stream['stream_spread']:.0%}{wide}; a verdict against the floor takes the wider of the row's spread and "
+        "the rate's."
+    )
 
 
 def row_line(row: dict[str, Any], first: list[str], ratio: str | None) -> str:
@@ -115,7 +129,10 @@ class _Judge:
         if name not in self.rows or "floor_fraction" not in self.rows[name]:
             return f"{name} at {target:.0%} of its floor: not established (the row did not run)"
         row = self.rows[name]
-        verdict = judged(row["floor_fraction"], target, row["spread"], whose="the row")
+        if "stream_spread" in row and row["stream_spread"] > row["spread"]:  # the rate's, measured a round each
+            verdict = judged(row["floor_fraction"], target, row["stream_spread"], whose="the floor's rate")
+        else:
+            verdict = judged(row["floor_fraction"], target, row["spread"], whose="the row")
         return f"{name} at {target:.0%} of its floor: {row['floor_fraction']:.0%}: {verdict}"
 
 

@@ -1,12 +1,13 @@
 """What the benchmark scripts that save their run share: their ``--rounds``, ``--threads``, ``--json`` and
 ``--render`` arguments, printing a saved run, and the checks before any work starts (each refusal one line from
-argparse)."""
+argparse), and the CPU's name a saved run records."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -65,3 +66,16 @@ def exit_with(main: Callable[[], int]) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush goes nowhere
         code = 0
     sys.exit(code)
+
+
+def cpu_name() -> str:
+    """The CPU's model name and the vector extensions the kernels here choose by (Linux; else the platform's)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in info.splitlines() if ":" in line)}
+    model = " ".join(fields.get("model name", platform.machine()).split())
+    flags = set(fields.get("flags", "").split())
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+    return f"{model} ({', '.join(f for f in wanted if f in flags) or 'no AVX2'})"

@@ -19,5 +19,6 @@ def judged(ratio: float, target: float, spread: float, *, at_most: bool = False,
     margin = abs((target / ratio if at_most else ratio / target) - 1)
     verdict = "met" if met else "not met"
     if margin < spread:
-        verdict += f" (by {margin:.0%}, inside {whose}' {spread:.0%} spread: another run may say otherwise)"
+        owner = whose + ("'" if whose.endswith("s") else "'s")  # the rows', the row's
+        verdict += f" (by {margin:.0%}, inside {owner} {spread:.0%} spread: another run may say otherwise)"
     return verdict

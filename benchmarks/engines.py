@@ -30,8 +30,9 @@ greedy tokens exactly, and a quantized row reports the share of them it agrees w
 
 The floor: the bytes one decode step reads (``attnlab.bench.roofline.decode_bytes``: every weight once, at the
 row's bytes a weight, and the keys and values so far, a recurrent layer's state) over the fastest rate this
-machine streamed a weight matrix at, measured in the same run; the floor's time over a row's time a token says how
-near it runs (100%: at the floor; past it, the row streams memory faster than torch's batch-1 product).
+machine streams a weight matrix at, measured like a row: once a round, the median of the rounds (``_engines_floor``);
+the floor's time over a row's time a token says how near it runs (100%: at the floor; past it, the row streams
+memory faster than torch's batch-1 product), and the rate's spread is judged with the row's.
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from _engines_floor import floor_seconds, stream_rate, summarized_rates
 from _engines_quality import text_perplexities
 from _engines_rows import PREFILL_RUNS, batch_of, run_row
 from _engines_shapes import BATCHED, SHAPES, described, hf_config, one_line, vocab_size, write_model
 from _engines_table import BATCHES, NOISY, check_quality, render, verdicts
-from _runs import add_run_arguments, check_run, exit_with, finish, render_saved
+from _runs import add_run_arguments, check_run, cpu_name, exit_with, finish, render_saved
 
 __all__ = ["NOISY", "PREFILL_RUNS", "batch_of", "check_quality", "render", "verdicts"]
 
@@ -82,7 +84,6 @@ ROWS: list[tuple[str, str]] = [
     ("ctranslate2", "int8 batch 8"),  # generate_batch, 8 prompts
     ("ctranslate2", "int8 batch 32"),
 ]
-BYTES_A_WEIGHT = {"float32": 4, "bfloat16": 2, "int8": 1, "f32": 4, "f16": 2, "q8_0": 34 / 32}  # q8_0: a scale a 32
 SCHEMA = "attnlab.engines/1"
 ROW_SECONDS = 1800  # a row still running after this is stopped, and says so
 
@@ -90,19 +91,6 @@ ROW_SECONDS = 1800  # a row still running after this is stopped, and says so
 def rows_of(shape: str) -> list[tuple[str, str]]:
     """The rows a shape runs: every one on gpt2-small's; one prompt at a time on the others."""
     return [r for r in ROWS if shape in BATCHED or batch_of(r[1]) == 1]
-
-
-def cpu_name() -> str:
-    """The CPU's model name and the vector extensions the kernels here choose by (Linux; else the platform's)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text(encoding="utf-8")
-    except OSError:
-        return platform.processor() or platform.machine()
-    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in info.splitlines() if ":" in line)}
-    model = " ".join(fields.get("model name", platform.machine()).split())
-    flags = set(fields.get("flags", "").split())
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
-    return f"{model} ({', '.join(f for f in wanted if f in flags) or 'no AVX2'})"
 
 
 # --- one row, in its own process --------------------------------------------------------------------------------
@@ -141,23 +129,6 @@ def attempt(spec: dict[str, Any], r: int, rounds: int) -> dict[str, Any]:
 # --- the run ------------------------------------------------------------------------------------------------------
 
 
-def stream_rate(config: Any) -> float:
-    """GB/s: the fastest rate this machine streams a weight matrix of the model's width at, measured now (once a
-    run: every row's floor divides by it)."""
-    from attnlab.bench.roofline import probe_rates
-
-    return max(probe_rates(config.emb_dim, 4 * config.emb_dim).values())
-
-
-def floor_seconds(config: Any, precision: str, position: int, rate: float) -> float:
-    """The bytes one decode step of attnlab's ``config`` reads at ``precision`` over ``rate`` GB/s."""
-    from attnlab.bench.roofline import decode_bytes
-
-    step = decode_bytes(config, position, element=4)
-    bytes_read = step.weights / 4 * BYTES_A_WEIGHT[precision.split()[0]] + step.kv
-    return bytes_read / (rate * 1e9)
-
-
 def run(
     *,
     shape: str,
@@ -179,6 +150,7 @@ def run(
     others = torch.randint(0, vocab - 1, (max(BATCHES) - 1, prompt_len), generator=torch.Generator().manual_seed(1))
     chosen = only or rows_of(shape)
     results: dict[str, list[dict[str, Any]]] = {f"{e} {p}": [] for e, p in chosen}
+    rates: list[float] = []  # GB/s, a round each
     with tempfile.TemporaryDirectory(prefix="attnlab-engines-") as tmp:
         folder = Path(tmp)
         write_model(shape, smoke, folder, llama_cpp)
@@ -192,8 +164,10 @@ def run(
                 if results[name] and "error" in results[name][0]:
                     continue  # a row that failed once says so once
                 results[name].append(attempt({**base, "engine": engine, "precision": precision}, r, rounds))
+            rates.append(stream_rate(config, threads))  # the floor's rate, measured like a row: once a round
     reference = results["hf float32"][0].get("tokens") if results.get("hf float32") else None
-    at = (config, prompt_len + new_tokens // 2, stream_rate(config))  # the floor's model, position and rate
+    stream = summarized_rates(rates)
+    at = (config, prompt_len + new_tokens // 2, stream)  # the floor's model, position and rate
     rows = [summarized(e, p, results[f"{e} {p}"], reference, at) for e, p in chosen]
     hf = next((r for r in rows if r["engine"] == "hf" and r["precision"] == "float32" and "error" not in r), None)
     for row in rows:
@@ -214,6 +188,7 @@ def run(
         "prompt_tokens": prompt_len,
         "new_tokens": new_tokens,
         "rows": rows,
+        "stream": stream,
     }
     if shape == "gpt2-small" and only is None:  # attnlab's int8 on a trained model: once, with the first shape
         out["quality"] = text_perplexities(threads)
@@ -222,7 +197,7 @@ def run(
 
 
 def summarized(
-    engine: str, precision: str, tried: list[dict[str, Any]], reference: Any, at: tuple[Any, int, float]
+    engine: str, precision: str, tried: list[dict[str, Any]], reference: Any, at: tuple[Any, int, dict[str, Any]]
 ) -> dict[str, Any]:
     """One row of the result from its rounds: the median rate, its spread, the prefill, the tokens' agreement
     with Hugging Face float32's and the floor; a row that never ran, its first error."""
@@ -238,8 +213,8 @@ def summarized(
     prefills = [x["prefill_s"] for x in runs]
     tokens = runs[0]["tokens"]
     agree = sum(a == b for a, b in zip(tokens, reference or [], strict=False)) / max(len(tokens), 1)
-    config, position, rate = at
-    floor = floor_seconds(config, precision, position, rate)
+    config, position, stream = at
+    floor = floor_seconds(config, precision, position, stream["stream_gb_s"])
     return row | {
         "kernel": runs[0].get("kernel", ""),
         "decode_tokens_per_s": median,
@@ -250,7 +225,8 @@ def summarized(
         "agreement": agree,
         "tokens_identical": tokens == reference,
         "floor_fraction": floor * median / batch_of(precision),  # the floor's time a step over the row's
-        "stream_gb_s": rate,
+        "stream_gb_s": stream["stream_gb_s"],
+        "stream_spread": stream["stream_spread"],  # the floor's own, judged with the row's
     }
 
 

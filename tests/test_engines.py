@@ -274,3 +274,45 @@ def test_rows_a_shape_lacks_are_refused_in_one_line_naming_them(
     assert ended.value.code == 2
     err = capsys.readouterr().err
     assert "--rows: no row ['attnlab int8 batch 8'] on --shape qwen3-0.6b; the rows are: hf float32, " in err
+
+
+def test_the_floors_rate_is_the_median_of_the_rounds_and_its_spread_judges_a_verdict_against_the_floor() -> None:
+    """The floor divides by the median of the rates measured once a round; a fraction of the floor is judged with
+    the wider of the row's spread and the rate's: a rate that moved 30% between rounds is no finding, however
+    steady the row."""
+    floor = load("_engines_floor")
+    stream = floor.summarized_rates([30.0, 40.0, 35.0])
+    assert stream == {"stream_gb_s": 35.0, "stream_spread": 10.0 / 35.0, "stream_rounds": [30.0, 40.0, 35.0]}
+    engines = script()
+
+    def row(stream_spread: float | None) -> dict[str, object]:
+        timing = {"decode_tokens_per_s": 50.0, "spread": 0.05, "prefill_ms": 100.0, "prefill_spread": 0.05}
+        kept = {} if stream_spread is None else {"stream_spread": stream_spread}
+        return {"engine": "attnlab", "precision": "float32", "floor_fraction": 0.82, "batch": 1} | timing | kept
+
+    def said(stream_spread: float | None) -> str:
+        lines = engines.verdicts({"shape": "gpt2-small", "rows": [row(stream_spread)]})
+        return next(line for line in lines if line.startswith("attnlab float32 at 80% of its floor"))
+
+    assert said(0.30).endswith("82%: not established (a spread too wide to trust)")
+    assert said(0.10).endswith("82%: met (by 2%, inside the floor's rate's 10% spread: another run may say otherwise)")
+    assert said(0.01).endswith("82%: met (by 2%, inside the row's 5% spread: another run may say otherwise)")
+    assert said(None).endswith("82%: met (by 2%, inside the row's 5% spread: another run may say otherwise)")
+
+
+def test_a_rows_floor_is_its_bytes_at_the_rounds_median_rate() -> None:
+    """summarized: the row's fraction of its floor divides by the rounds' median rate, and carries the rate's
+    spread for the verdict; the bytes a step are roofline's (a model of 2 layers x 64, float32 and int8)."""
+    engines = script()
+    from attnlab.bench.roofline import decode_bytes
+    from attnlab.models import GPTConfig
+
+    config = GPTConfig(vocab_size=100, context_length=64, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0)
+    stream = load("_engines_floor").summarized_rates([1.0, 2.0, 4.0])  # GB/s: the median 2
+    tried = [{"decode_tokens_per_s": rate, "prefill_s": 0.1, "tokens": [1, 2]} for rate in (100.0, 110.0, 90.0)]
+    for precision, width in (("float32", 4), ("int8", 1)):
+        got = engines.summarized("attnlab", precision, tried, [1, 2], (config, 10, stream))
+        step = decode_bytes(config, 10, element=4)
+        want = (step.weights / 4 * width + step.kv) / 2e9 * 100.0  # the floor's seconds a step x the median rate
+        assert got["floor_fraction"] == pytest.approx(want, rel=1e-12)
+        assert got["stream_gb_s"] == 2.0 and got["stream_spread"] == 1.5
