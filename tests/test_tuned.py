@@ -104,33 +104,6 @@ def test_a_training_step_after_the_default_path_sees_the_plain_weights(store: di
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-6, msg=name)
 
 
-def test_a_choice_wins_only_by_the_margin_in_the_median_and_every_repeat_but_one() -> None:
-    rows = [10.0, 10.0, 10.0, 10.0, 10.0]
-    assert layout.margin_winner({"rows": rows, "onednn": [10.4] * 5}) == "rows"  # 4%: inside the margin
-    assert layout.margin_winner({"rows": rows, "onednn": [12.0, 12.0, 12.0, 9.0, 9.0]}) == "rows"  # lost two
-    assert layout.margin_winner({"rows": rows, "onednn": [12.0, 12.0, 12.0, 12.0, 9.0]}) == "onednn"  # lost one
-    assert layout.margin_winner({"rows": rows, "onednn": [12.0] * 5, "gemv": [11.0] * 5}) == "onednn"
-    assert layout.margin_winner({"rows": [12.0] * 5, "onednn": [11.0] * 5}) == "rows"
-    # the fastest in the median lost two repeats; the next fastest won them all: the next fastest
-    assert layout.margin_winner({"rows": rows, "gemv": [14.0, 14.0, 14.0, 9.0, 9.0], "prefetch": [12.0] * 5}) == (
-        "prefetch"
-    )
-
-
-def test_one_disturbed_repeat_does_not_send_a_clear_winner_back_to_rows() -> None:
-    """What a machine kept on disk (docs/benchmarks.md's, gpt2-small's MLP weight in bfloat16, GB/s): the second
-    repeat ran while something else did, and gemv, 33% faster than rows in the median, lost it. Asking every
-    repeat gave rows, bfloat16's slowest layout, to every later process."""
-    kept = {
-        "columns": [12.6, 16.6, 16.9, 17.2, 14.0],
-        "gemv": [33.3, 17.1, 33.6, 26.0, 30.7],
-        "onednn": [18.6, 13.4, 24.9, 19.5, 22.3],
-        "prefetch": [30.2, 19.5, 27.6, 26.3, 31.4],
-        "rows": [24.0, 23.7, 17.5, 23.0, 22.1],
-    }
-    assert layout.margin_winner(kept) == "gemv"
-
-
 def test_another_machine_or_version_measures_again(store: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
     small().generate(IDX, 2)
     first = measured.store_file()
@@ -147,14 +120,6 @@ def test_another_machine_or_version_measures_again(store: dict[str, int], monkey
     first.write_text(json.dumps(data))
     small().generate(IDX, 2)
     assert store["compile"] == 3
-
-
-def test_a_kept_layout_that_is_no_longer_offered_is_measured_again(
-    store: dict[str, int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    measured.remember("layout", "32x96 float32", {"choice": "prefetch"})  # kept where its toolchain existed
-    assert layout.measured_layout(32, 96) in ("rows", "onednn") and store["layout"] == 1
-    assert layout.measured_layout(32, 96) in ("rows", "onednn") and store["layout"] == 1  # kept now
 
 
 def test_measuring_off_uses_what_is_kept_and_times_nothing(

@@ -149,9 +149,11 @@ def remember(section: str, key: str, entry: dict[str, Any]) -> Path | None:
     return path
 
 
-def announce(what: str) -> None:
-    """One line before a measurement: what is timed, where it is kept, how to skip it."""
-    LOG.warning("attnlab: measuring %s once on this machine (kept in %s; %s=0 skips it)", what, folder(), ENV_MEASURE)
+def announce(what: str, *, again: bool = False) -> None:
+    """One line before a measurement: what is timed, where it is kept, how to skip it; ``again``: a measurement
+    kept before was not steady, and is taken anew."""
+    when = "again on this machine: the last measurement was not steady" if again else "once on this machine"
+    LOG.warning("attnlab: measuring %s %s (kept in %s; %s=0 skips it)", what, when, folder(), ENV_MEASURE)
     for handler in LOG.handlers or logging.getLogger().handlers:
         handler.flush()
     sys.stderr.flush()

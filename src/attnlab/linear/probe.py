@@ -36,6 +36,13 @@ def stream_copies(d_in: int, d_out: int, dtype: torch.dtype) -> tuple[int, int]:
     return size, needed if needed <= MAX_COPIES else SMALL_COPIES
 
 
+def in_cache(d_in: int, d_out: int, dtype: torch.dtype) -> bool:
+    """Whether a (d_out, d_in) ``dtype`` weight is small enough that its probe times it in the caches
+    (:func:`stream_copies`): a decode step reads it from there too, and its calls, not memory, bound it."""
+    size = d_in * d_out * torch.finfo(dtype).bits // 8
+    return -(-stream_bytes() // max(size, 1)) > MAX_COPIES
+
+
 @functools.cache
 def stream_bytes() -> int:
     """The bytes a stream probe cycles through: :data:`STREAM_BYTES`, or twice this machine's last-level cache
