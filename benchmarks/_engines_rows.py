@@ -49,8 +49,11 @@ def counted(chosen: dict[str, str]) -> str:
 
 
 def refused(folder: Path, form: str) -> None:
-    """Raise the converter's reason where it refused to write ``form`` (a ``<form>.error`` file beside it)."""
-    reason = folder / f"{form}.error"
+    """Raise the converter's reason where it refused to write ``form`` (a ``<form>.error`` file beside it), or
+    what to install where it could not run here (``<form>.missing``)."""
+    reason, missing = folder / f"{form}.error", folder / f"{form}.missing"
+    if missing.is_file():
+        raise RuntimeError(missing.read_text(encoding="utf-8").strip())
     if reason.is_file():
         raise RuntimeError(f"the converter refused this model: {reason.read_text(encoding='utf-8').strip()}")
 

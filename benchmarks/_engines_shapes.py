@@ -19,6 +19,7 @@ DIR``, llama.cpp's source tree) its f32, f16 and q8_0 GGUF files. A converter th
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,7 +195,8 @@ _CONVERT = (
 
 def write_gguf(name: str, hf: Path, folder: Path, llama_cpp: Path) -> None:
     """llama.cpp's f32, f16 and q8_0 files (``gguf-<type>.gguf``) by its ``convert_hf_to_gguf.py``, with the
-    ``gguf`` package of its own tree; a refusal leaves ``gguf-<type>.error`` with the converter's last line."""
+    ``gguf`` package of its own tree; a refusal leaves ``gguf-<type>.error`` with the converter's last line, a
+    module it needs and cannot import ``gguf-<type>.missing`` with what to install."""
     for outtype in GGUF_TYPES:
         out = folder / f"gguf-{outtype}.gguf"
         argv = [sys.executable, "-c", _CONVERT, str(llama_cpp), str(llama_cpp / "gguf-py")]
@@ -203,7 +205,21 @@ def write_gguf(name: str, hf: Path, folder: Path, llama_cpp: Path) -> None:
         if done.returncode != 0 or not out.is_file():
             lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
             reason = lines[-1][:300] if lines else f"exit {done.returncode}"
-            (folder / f"gguf-{outtype}.error").write_text(f"convert_hf_to_gguf.py: {reason}", encoding="utf-8")
+            kind, said = gguf_failure(reason)
+            (folder / f"gguf-{outtype}.{kind}").write_text(said, encoding="utf-8")
+
+
+def gguf_failure(reason: str) -> tuple[str, str]:
+    """("error", the converter's refusal) from its last line; ("missing", what to install) where that line says a
+    module the converter imports for this model is not installed here: not a refusal of the model."""
+    missing = re.fullmatch(r"ModuleNotFoundError: No module named '([\w.]+)'", reason)
+    if not missing:
+        return "error", f"convert_hf_to_gguf.py: {reason}"
+    module = missing.group(1).split(".")[0]
+    return "missing", (
+        f"llama.cpp's converter imports the Python module {module!r} for this model, and it is not installed: "
+        f"pip install {module} (pip install 'attnlab[engines]' brings sentencepiece)"
+    )
 
 
 def write_model(name: str, smoke: bool, folder: Path, llama_cpp: Path | None) -> None:

@@ -316,3 +316,24 @@ def test_a_rows_floor_is_its_bytes_at_the_rounds_median_rate() -> None:
         want = (step.weights / 4 * width + step.kv) / 2e9 * 100.0  # the floor's seconds a step x the median rate
         assert got["floor_fraction"] == pytest.approx(want, rel=1e-12)
         assert got["stream_gb_s"] == 2.0 and got["stream_spread"] == 1.5
+
+
+def test_a_module_the_gguf_converter_lacks_is_said_as_what_to_install_not_as_a_refusal(tmp_path: Path) -> None:
+    """The converter's last line when Qwen3's conversion imports sentencepiece and it is not installed (seen in a
+    run on this machine): the row says what to install; any other last line stays the converter's refusal."""
+    shapes, rows = load("_engines_shapes"), load("_engines_rows")
+    kind, said = shapes.gguf_failure("ModuleNotFoundError: No module named 'sentencepiece'")
+    assert kind == "missing" and said == (
+        "llama.cpp's converter imports the Python module 'sentencepiece' for this model, and it is not installed: "
+        "pip install sentencepiece (pip install 'attnlab[engines]' brings sentencepiece)"
+    )
+    (tmp_path / "gguf-f16.missing").write_text(said, encoding="utf-8")
+    with pytest.raises(RuntimeError) as raised:
+        rows.refused(tmp_path, "gguf-f16")
+    assert str(raised.value) == said
+    kind, said = shapes.gguf_failure("NotImplementedError: Architecture 'Foo' not supported!")
+    assert kind == "error" and said == "convert_hf_to_gguf.py: NotImplementedError: Architecture 'Foo' not supported!"
+    (tmp_path / "gguf-f32.error").write_text(said, encoding="utf-8")
+    with pytest.raises(RuntimeError) as raised:
+        rows.refused(tmp_path, "gguf-f32")
+    assert str(raised.value) == f"the converter refused this model: {said}"
