@@ -71,13 +71,18 @@ def spawn(side: str, folder: str, n: int, env: dict[str, str]) -> dict[str, Any]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The run, in a temporary folder (the model, the measurements) removed when it ends, however it ends."""
+    with tempfile.TemporaryDirectory(prefix="first-generate-") as work:
+        return _run_in(Path(work), args)
+
+
+def _run_in(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from attnlab.models import GPT, GPTConfig
 
     lengths = (8,) if args.smoke else (64, 512)
     rounds = 1 if args.smoke else args.rounds
-    work = Path(tempfile.mkdtemp(prefix="first-generate-"))
     torch.manual_seed(0)
     base = GPTConfig.preset("gpt2-small")
     config = base.with_(n_layers=2, emb_dim=64, n_heads=4) if args.smoke else base
