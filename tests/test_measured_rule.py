@@ -1,7 +1,7 @@
-"""The rule a measured layout must pass before every later process trusts it (attnlab.linear.layout): it beats
-"rows" by the margin in the median and in every repeat but one, and the passes that decided it were steady. A
-measurement taken while something else held the machine is used, kept as unsettled, and measured again by the next
-process, a few times at most. The probes' rates are given here where only the rule is under test (the real probes:
+"""The rule a measured choice must pass before every later process trusts it (attnlab.measured): a layout
+(attnlab.linear.layout) beats "rows" by the margin in the median and in every repeat but one; a layout's or an int8
+kernel's (attnlab.linear.int8_choice) deciding passes were steady. A measurement taken while something else held
+the machine is used, kept as unsettled, and measured again by the next process, a few times at most. The probes' rates are given here where only the rule is under test (the real probes:
 tests/test_tuned_real.py)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from attnlab import measured
-from attnlab.linear import layout
+from attnlab.linear import int8_choice, layout
+from attnlab.linear.quantized import Int8Linear, available_kernels
 
 QUIET = {"rows": [10.0, 10.2, 9.9, 10.1, 10.0], "onednn": [12.0, 12.1, 11.9, 12.2, 12.0]}
 # What a machine kept beside a valgrind run (gpt2-small's (768, 3072) float32 weight, GB/s): every layout slowed at
@@ -77,8 +78,8 @@ def test_a_disturbed_measurement_is_used_then_measured_again_by_the_next_process
 
 
 def test_a_machine_that_never_settles_is_measured_three_times_at_most(machine: list[dict[str, list[float]]]) -> None:
-    machine += [DISTURBED] * layout.TRIES
-    for tries in range(1, layout.TRIES + 1):
+    machine += [DISTURBED] * measured.TRIES
+    for tries in range(1, measured.TRIES + 1):
         assert layout.measured_layout(768, 3072) == "columns"
         assert kept()["tries"] == tries and kept()["settled"] is False
     assert layout.measured_layout(768, 3072) == "columns" and not machine  # the third is kept: nothing timed
@@ -143,3 +144,49 @@ def test_a_weight_the_caches_hold_is_trusted_however_its_passes_spread(machine: 
     assert layout.measured_layout(32, 96) == "columns"
     assert kept(32, 96)["settled"] is True
     assert layout.measured_layout(32, 96) == "columns" and not machine
+
+
+def test_an_int8_kernel_measured_unsteadily_is_measured_again_and_a_steady_one_is_trusted(
+    machine: list[dict[str, list[float]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """quantize("int8")'s choice follows the same rule: the winner's and the runner-up's passes decide it."""
+    kernels = available_kernels()
+    assert len(kernels) >= 2, kernels
+    first, second = kernels[0], kernels[1]
+    queued = [
+        {first: [20.0, 9.0, 21.0, 12.0, 20.0], second: [15.0] * 5},  # the winner's passes spread 58%
+        {first: [20.0, 20.5, 19.8, 20.1, 20.2], second: [15.0, 15.1, 14.9, 15.0, 3.0]},  # one stray repeat: steady
+    ]
+
+    def passes(d_in: int, d_out: int, *, repeats: int = 5) -> dict[str, list[float]]:
+        assert queued, "measured again where the kept kernel should have been trusted"
+        rates = queued.pop(0)
+        return {k: rates.get(k, [1.0] * repeats) for k in kernels}
+
+    monkeypatch.setattr(int8_choice, "int8_stream_passes", passes)
+    for tries, settled in ((1, False), (2, True)):
+        monkeypatch.setattr(int8_choice, "_CHOSEN", {})  # a new process
+        assert int8_choice.fastest_int8_kernel(768, 3072) == first
+        entry = measured.recall("int8", "768x3072")
+        assert entry is not None and entry["settled"] is settled and entry["tries"] == tries
+    monkeypatch.setattr(int8_choice, "_CHOSEN", {})
+    assert int8_choice.fastest_int8_kernel(768, 3072) == first and not queued  # settled: nothing measured
+
+
+def test_the_int8_kernels_take_turns_pass_by_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8_stream_passes runs every kernel's pass of a repeat before the next repeat (a warm-up pass first), so
+    that a machine that slows down midway favours none: the kernels' calls, in order, come in blocks of one pass."""
+    order: list[str] = []
+    forward = Int8Linear.forward
+
+    def seen(self: Int8Linear, x: torch.Tensor) -> torch.Tensor:
+        order.append(self.kernel)
+        return forward(self, x)
+
+    monkeypatch.setattr(Int8Linear, "forward", seen)
+    passes = int8_choice.int8_stream_passes(16, 4096, repeats=2)  # 64 KiB of int8: 32 copies a pass
+    kernels = available_kernels()
+    assert set(passes) == set(kernels) and all(len(rates) == 2 and min(rates) > 0 for rates in passes.values())
+    blocks = [order[i] for i in range(0, len(order), 32)]
+    assert order == [kernel for kernel in blocks for _ in range(32)]  # whole passes of 32 calls
+    assert blocks == list(kernels) * 3  # the warm-up, then two repeats, each kernel in turn

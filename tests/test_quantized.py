@@ -418,13 +418,13 @@ def test_auto_picks_the_kernel_its_probe_measured_fastest_for_each_shape(monkeyp
         pytest.skip("this PyTorch build has no _weight_int8pack_mm: one kernel to pick from besides the readable")
     probed: list[tuple[int, int]] = []
 
-    def rates(d_in: int, d_out: int) -> dict[str, float]:
+    def rates(d_in: int, d_out: int) -> dict[str, list[float]]:
         probed.append((d_in, d_out))
         best = "int8pack" if d_out > d_in else "dequantize"
         slow = [k for k in available_kernels() if k != best]
-        return {slow[0]: 2.0, best: 9.0, **{k: 1.0 for k in slow[1:]}}
+        return {slow[0]: [2.0] * 5, best: [9.0] * 5, **{k: [1.0] * 5 for k in slow[1:]}}
 
-    monkeypatch.setattr(int8_choice, "int8_stream_rates", rates)
+    monkeypatch.setattr(int8_choice, "int8_stream_passes", rates)
     monkeypatch.setattr(int8_choice, "_CHOSEN", {})
     assert int8_choice.fastest_int8_kernel(64, 256) == "int8pack"
     assert int8_choice.fastest_int8_kernel(256, 64) == "dequantize"
@@ -457,14 +457,16 @@ def test_auto_keeps_its_choice_on_disk_and_a_new_process_measures_nothing(monkey
     build cannot run is measured again. (The suite's ATTNLAB_CACHE is a temporary folder, conftest.py.)"""
     timed: list[tuple[int, int]] = []
 
-    def rates(d_in: int, d_out: int) -> dict[str, float]:
+    def rates(d_in: int, d_out: int) -> dict[str, list[float]]:
         timed.append((d_in, d_out))
-        return {"dequantize": 9.0, **{k: 1.0 for k in available_kernels() if k != "dequantize"}}
+        return {"dequantize": [9.0, 9.2, 8.8], **{k: [1.0, 1.0, 1.0] for k in available_kernels() if k != "dequantize"}}
 
-    monkeypatch.setattr(int8_choice, "int8_stream_rates", rates)
+    monkeypatch.setattr(int8_choice, "int8_stream_passes", rates)
     monkeypatch.setattr(int8_choice, "_CHOSEN", {})
     assert int8_choice.fastest_int8_kernel(48, 80) == "dequantize" and timed == [(48, 80)]
-    assert measured.recall("int8", "48x80") == {"kernel": "dequantize", "gb_s": rates(48, 80)}
+    medians = {"dequantize": 9.0, **{k: 1.0 for k in available_kernels() if k != "dequantize"}}
+    kept = {"kernel": "dequantize", "gb_s": medians, "passes": rates(48, 80), "settled": True, "tries": 1}
+    assert measured.recall("int8", "48x80") == kept
     timed.clear()
     monkeypatch.setattr(int8_choice, "_CHOSEN", {})  # a new process
     assert int8_choice.fastest_int8_kernel(48, 80) == "dequantize" and timed == []

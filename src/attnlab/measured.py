@@ -16,6 +16,11 @@ was made under, and one that differs is measured anew. An entry a caller can
 no longer use (a kernel whose toolchain went away) is measured again by that
 caller.
 
+A measurement whose deciding passes were not steady (:func:`steady`: they spread
+past :data:`SETTLED`, as they do while another program holds the machine) is
+used and kept as unsettled, and the next process that would use it measures it
+again, :data:`TRIES` times at most (:func:`unsettled`).
+
 ``ATTNLAB_MEASURE=0`` skips measuring: what is kept is still used, nothing new
 is timed (the plain defaults stand in for it). It governs what ``generate`` decides on its own; an
 explicit ``quantize("int8")``, which asks for the fastest kernel, times them where
@@ -34,11 +39,13 @@ import json
 import logging
 import os
 import platform
+import statistics
 import sys
 import tempfile
+from collections.abc import Collection, Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -147,6 +154,39 @@ def remember(section: str, key: str, entry: dict[str, Any]) -> Path | None:
         LOG.warning("attnlab: could not keep a measurement in %s (%s); the next process measures again", path, error)
         return None
     return path
+
+
+Name = TypeVar("Name", bound=str)  # what a choice names its candidates by: a layout, a kernel
+SETTLED = 0.25  # the project's noise rule: deciding passes that spread wider ((max - min) / median) are not steady
+TRIES = 3  # measurements of one choice at most, where none is steady: the last is kept
+
+
+def spread_but_one(passes: list[float]) -> float:
+    """(max - min) / median of ``passes`` less the one farthest from their median (one disturbed repeat may
+    stray, as a layout may lose one repeat by the margin rule); 0 for fewer than 3 passes or a median of 0."""
+    if len(passes) < 3:
+        return 0.0
+    middle = statistics.median(passes)
+    kept = sorted(passes, key=lambda rate: abs(rate - middle))[:-1]
+    centre = statistics.median(kept)
+    return (max(kept) - min(kept)) / centre if centre > 0 else 0.0
+
+
+def steady(passes: Mapping[Name, list[float]], deciding: Collection[Name]) -> bool:
+    """Whether the passes of every name in ``deciding`` spread at most :data:`SETTLED` (:func:`spread_but_one`)."""
+    return all(spread_but_one(passes[name]) <= SETTLED for name in deciding if name in passes)
+
+
+def unsettled(entry: dict[str, Any]) -> bool:
+    """Whether a kept entry is to be measured again (where measuring is on): it was not steady, and was measured
+    fewer than :data:`TRIES` times. An entry kept without these fields counts as settled."""
+    tries = entry.get("tries", TRIES)
+    return entry.get("settled", True) is False and isinstance(tries, int) and tries < TRIES
+
+
+def tries_after(entry: dict[str, Any] | None) -> int:
+    """The ``tries`` of a measurement that replaces ``entry``: one more where it was unsettled, else 1."""
+    return entry["tries"] + 1 if entry is not None and unsettled(entry) else 1
 
 
 def announce(what: str, *, again: bool = False) -> None:

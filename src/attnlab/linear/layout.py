@@ -24,11 +24,12 @@ meets them, the layouts taking turns, :mod:`attnlab.linear.probe`):
   "rows", so two runs do not flip it. Kept on disk per machine and version
   (:mod:`attnlab.measured`): a second process pays nothing. A measurement
   that was not steady (the passes that decided it spread past
-  :data:`SETTLED`, as they do while another process takes the machine) is
-  used, kept as unsettled, and measured again by the next process, up to
-  :data:`TRIES` times in all: one disturbed measurement is never trusted for
-  good. (A weight small enough to stay in the caches is exempt: its choice
-  moves microseconds a step, less than measuring it again costs.)
+  :data:`attnlab.measured.SETTLED`, as they do while another process takes the
+  machine) is used, kept as unsettled, and measured again by the next process,
+  up to :data:`attnlab.measured.TRIES` times in all: one disturbed
+  measurement is never trusted for good. (A weight small enough to stay in
+  the caches is exempt: its choice moves microseconds a step, less than
+  measuring it again costs.)
 
 :func:`set_layout` re-stores a module's ``nn.Linear`` weights in place.
 """
@@ -55,8 +56,6 @@ _CHOSEN: dict[tuple[int, int, torch.dtype], Layout] = {}
 ONE_COPY: tuple[Layout, ...] = ("rows", "columns", "onednn", "gemv", "prefetch")  # "packed" keeps a second copy
 MARGIN = 0.05  # "measured" leaves "rows" only for a layout 5% faster in the median and in all repeats but one
 REPEATS = 5
-SETTLED = 0.25  # the project's noise rule: passes that spread wider ((max - min) / median) are measured again
-TRIES = 3  # measurements of one shape at most, where none settles: the last is kept
 
 
 def stream_rates(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict[Layout, float]:
@@ -118,14 +117,14 @@ def measured_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32
     key = _key(d_in, d_out, dtype)
     kept = measured.recall("layout", key)
     usable = kept is not None and kept.get("choice") in ONE_COPY and offered(kept["choice"], dtype)
-    if kept is not None and usable and not (measured.measuring() and _unsettled(kept)):
+    if kept is not None and usable and not (measured.measuring() and measured.unsettled(kept)):
         return kept["choice"]  # (a loop's toolchain probed only where the loop was chosen)
     if not measured.measuring():
         return "rows"
     layouts = [layout for layout in ONE_COPY if offered(layout, dtype)]
     rates = stream_passes(d_in, d_out, dtype, layouts, REPEATS)
     choice = margin_winner(rates)
-    tries = kept.get("tries", 1) + 1 if kept is not None and usable and _unsettled(kept) else 1
+    tries = measured.tries_after(kept if usable else None)
     steady = in_cache(d_in, d_out, dtype) or settled(rates, choice)  # a weight the caches hold: its calls decide
     entry = {"choice": choice, "gb_s": rates, "margin": MARGIN, "settled": steady, "tries": tries}
     measured.remember("layout", key, entry)
@@ -133,27 +132,12 @@ def measured_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32
 
 
 def settled(rates: dict[Layout, list[float]], choice: Layout) -> bool:
-    """Whether the passes that decided ``choice`` were steady: those of ``choice`` and of "rows" (and, where
-    "rows" was kept, of the fastest other layout in the median) each spread at most :data:`SETTLED` over every
-    repeat but the one farthest from their median (as :func:`margin_winner` lets one repeat lose)."""
+    """Whether the passes that decided ``choice`` were steady (:func:`attnlab.measured.steady`): those of
+    ``choice`` and of "rows", and, where "rows" was kept, of the fastest other layout in the median."""
     deciding = {"rows", choice}
     if choice == "rows" and len(rates) > 1:
         deciding.add(max((name for name in rates if name != "rows"), key=lambda name: statistics.median(rates[name])))
-    return all(_spread_but_one(rates[name]) <= SETTLED for name in deciding)
-
-
-def _spread_but_one(passes: list[float]) -> float:
-    """(max - min) / median of ``passes`` less the one farthest from their median."""
-    middle = statistics.median(passes)
-    kept = sorted(passes, key=lambda rate: abs(rate - middle))[:-1] if len(passes) > 2 else passes
-    return (max(kept) - min(kept)) / statistics.median(kept)
-
-
-def _unsettled(kept: dict[str, object]) -> bool:
-    """Whether a kept entry is to be measured again: not steady, and measured fewer than :data:`TRIES` times
-    (an entry kept before this rule counts as settled)."""
-    tries = kept.get("tries", TRIES)
-    return kept.get("settled", True) is False and isinstance(tries, int) and tries < TRIES
+    return measured.steady(rates, deciding)
 
 
 def _key(d_in: int, d_out: int, dtype: torch.dtype) -> str:
@@ -207,7 +191,7 @@ def set_layout(module: nn.Module, layout: Layout | Choice) -> dict[str, Layout]:
     if layout == "measured" and measured.measuring():
         shapes = {(*s.weight.shape, s.weight.dtype) for _, s in linears if s.weight.dtype in ONEDNN_DTYPES}
         kept = [measured.recall("layout", _key(d_in, d_out, dtype)) for d_out, d_in, dtype in shapes]
-        todo = [entry for entry in kept if entry is None or _unsettled(entry)]
+        todo = [entry for entry in kept if entry is None or measured.unsettled(entry)]
         if todo:  # "again" where every one to measure was measured before, not steadily
             again = all(entry is not None for entry in todo)
             measured.announce(f"the layout of {len(todo)} weight shapes", again=again)
