@@ -215,10 +215,14 @@ def gguf_failure(reason: str) -> tuple[str, str]:
     missing = re.fullmatch(r"ModuleNotFoundError: No module named '([\w.]+)'", reason)
     if not missing:
         return "error", f"convert_hf_to_gguf.py: {reason}"
-    module = missing.group(1).split(".")[0]
+    module = missing.group(1)
+    fix = (
+        "pip install sentencepiece (pip install 'attnlab[engines]' brings it)"
+        if module == "sentencepiece"
+        else "install the package that provides it"  # a module's name is not always its package's (yaml: PyYAML)
+    )
     return "missing", (
-        f"llama.cpp's converter imports the Python module {module!r} for this model, and it is not installed: "
-        f"pip install {module} (pip install 'attnlab[engines]' brings sentencepiece)"
+        f"llama.cpp's converter imports the Python module {module!r} for this model, and it is not installed: {fix}"
     )
 
 

@@ -325,8 +325,13 @@ def test_a_module_the_gguf_converter_lacks_is_said_as_what_to_install_not_as_a_r
     kind, said = shapes.gguf_failure("ModuleNotFoundError: No module named 'sentencepiece'")
     assert kind == "missing" and said == (
         "llama.cpp's converter imports the Python module 'sentencepiece' for this model, and it is not installed: "
-        "pip install sentencepiece (pip install 'attnlab[engines]' brings sentencepiece)"
+        "pip install sentencepiece (pip install 'attnlab[engines]' brings it)"
     )
+    kind, said = shapes.gguf_failure("ModuleNotFoundError: No module named 'google.protobuf'")
+    assert kind == "missing" and said.endswith(
+        "module 'google.protobuf' for this model, and it is not installed: install the package that provides it"
+    )  # not "pip install google"
+    said = shapes.gguf_failure("ModuleNotFoundError: No module named 'sentencepiece'")[1]
     (tmp_path / "gguf-f16.missing").write_text(said, encoding="utf-8")
     with pytest.raises(RuntimeError) as raised:
         rows.refused(tmp_path, "gguf-f16")

@@ -178,15 +178,31 @@ def steady(passes: Mapping[Name, list[float]], deciding: Collection[Name]) -> bo
 
 
 def unsettled(entry: dict[str, Any]) -> bool:
-    """Whether a kept entry is to be measured again (where measuring is on): it was not steady, and was measured
-    fewer than :data:`TRIES` times. An entry kept without these fields counts as settled."""
+    """Whether a kept entry is to be measured again by a later process: it was not steady, and was measured fewer
+    than :data:`TRIES` times. An entry kept without these fields counts as settled."""
     tries = entry.get("tries", TRIES)
     return entry.get("settled", True) is False and isinstance(tries, int) and tries < TRIES
 
 
-def tries_after(entry: dict[str, Any] | None) -> int:
-    """The ``tries`` of a measurement that replaces ``entry``: one more where it was unsettled, else 1."""
-    return entry["tries"] + 1 if entry is not None and unsettled(entry) else 1
+def due(section: str, key: str, entry: dict[str, Any]) -> bool:
+    """Whether the kept ``entry`` is to be measured again now: measuring is on, it is :func:`unsettled`, and this
+    process did not measure it (a model with twelve weights of one shape measures that shape once a process)."""
+    return measuring() and unsettled(entry) and (store_file(), section, key) not in _MEASURED_HERE
+
+
+def keep(section: str, key: str, entry: dict[str, Any]) -> None:
+    """Keep a new measurement (with ``settled``) for ``key``, counted as one more try of an unsettled one kept
+    before. Read again just before the write, so that another process's entry made meanwhile counts: a settled
+    one is not replaced by an unsettled one, and the tries never go back."""
+    _MEASURED_HERE.add((store_file(), section, key))
+    latest = recall(section, key)
+    if latest is not None and latest.get("settled", True) is True and entry["settled"] is False:
+        return  # another process measured it steadily meanwhile
+    counted = latest["tries"] + 1 if latest is not None and unsettled(latest) else 1
+    remember(section, key, entry | {"tries": counted})
+
+
+_MEASURED_HERE: set[tuple[Path, str, str]] = set()  # (store, section, key) this process measured
 
 
 def announce(what: str, *, again: bool = False) -> None:

@@ -26,9 +26,10 @@ def compiled(
 ) -> Callable[..., Any]:
     """``fn`` traced with make_fx on fake tensors like ``inputs`` and compiled by Inductor (no Dynamo, so a call
     costs microseconds, not a guard check; ``fn`` must not write its inputs: its first call may run twice, see
-    :func:`_direct`), made once per ``key``, which names everything it is specialized to
-    (a :func:`kernel_spec`): the caller hands it tensors of that spec only. ``contract``: the C++ compiler may
-    fuse a product and a sum into one fma (-ffp-contract=fast), as eager's addcmul and fbgemm round them."""
+    :func:`_direct`), made once per ``key``, which names everything it is specialized to (a
+    :func:`attnlab.linear.gemv.kernel_spec`): the caller hands it tensors of that spec only. ``contract``: the C++
+    compiler may fuse a product and a sum into one fma (-ffp-contract=fast), as eager's addcmul and fbgemm round
+    them."""
     made = (key, contract)  # a kernel compiled with contraction is never handed out for one without, or back
     if made not in KERNELS:
         import torch._inductor.config as inductor_config

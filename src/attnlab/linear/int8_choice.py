@@ -68,13 +68,13 @@ def fastest_int8_kernel(d_in: int, d_out: int) -> Int8Kernel:
     is on) where the kept one's deciding passes were not steady (:func:`attnlab.measured.unsettled`)."""
     key = (d_in, d_out)
     if key not in _CHOSEN:
-        kept = measured.recall("int8", f"{d_in}x{d_out}")
+        name = f"{d_in}x{d_out}"
+        kept = measured.recall("int8", name)
         usable = kept is not None and _runs_here(kept.get("kernel"))
-        if kept is not None and usable and not (measured.measuring() and measured.unsettled(kept)):
+        if kept is not None and usable and not measured.due("int8", name, kept):
             _CHOSEN[key] = kept["kernel"]
         else:
-            again = kept is not None and usable
-            measured.announce(f"the int8 kernels on a ({d_out}, {d_in}) weight", again=again)
+            measured.announce(f"the int8 kernels on a ({d_out}, {d_in}) weight", again=kept is not None and usable)
             passes = int8_stream_passes(d_in, d_out)
             by_median = sorted(passes, key=lambda k: statistics.median(passes[k]), reverse=True)
             _CHOSEN[key] = by_median[0]
@@ -83,9 +83,8 @@ def fastest_int8_kernel(d_in: int, d_out: int) -> Int8Kernel:
                 "gb_s": {k: statistics.median(rates) for k, rates in passes.items()},
                 "passes": passes,
                 "settled": measured.steady(passes, by_median[:2]),  # the winner's and the runner-up's decided it
-                "tries": measured.tries_after(kept if usable else None),
             }
-            measured.remember("int8", f"{d_in}x{d_out}", entry)
+            measured.keep("int8", name, entry)
     return _CHOSEN[key]
 
 

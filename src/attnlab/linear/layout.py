@@ -116,24 +116,23 @@ def measured_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32
     (``ATTNLAB_MEASURE=0``)."""
     key = _key(d_in, d_out, dtype)
     kept = measured.recall("layout", key)
-    usable = kept is not None and kept.get("choice") in ONE_COPY and offered(kept["choice"], dtype)
-    if kept is not None and usable and not (measured.measuring() and measured.unsettled(kept)):
-        return kept["choice"]  # (a loop's toolchain probed only where the loop was chosen)
+    if kept is not None and kept.get("choice") in ONE_COPY and offered(kept["choice"], dtype):
+        if not measured.due("layout", key, kept):
+            return kept["choice"]  # (a loop's toolchain probed only where the loop was chosen)
     if not measured.measuring():
         return "rows"
     layouts = [layout for layout in ONE_COPY if offered(layout, dtype)]
     rates = stream_passes(d_in, d_out, dtype, layouts, REPEATS)
     choice = margin_winner(rates)
-    tries = measured.tries_after(kept if usable else None)
     steady = in_cache(d_in, d_out, dtype) or settled(rates, choice)  # a weight the caches hold: its calls decide
-    entry = {"choice": choice, "gb_s": rates, "margin": MARGIN, "settled": steady, "tries": tries}
-    measured.remember("layout", key, entry)
+    measured.keep("layout", key, {"choice": choice, "gb_s": rates, "margin": MARGIN, "settled": steady})
     return choice
 
 
 def settled(rates: dict[Layout, list[float]], choice: Layout) -> bool:
     """Whether the passes that decided ``choice`` were steady (:func:`attnlab.measured.steady`): those of
-    ``choice`` and of "rows", and, where "rows" was kept, of the fastest other layout in the median."""
+    ``choice`` and of "rows", and, where "rows" was kept, of the fastest other layout in the median. (A faster
+    layout in the median that lost more than one repeat to "rows" is not counted: its losses decided it out.)"""
     deciding = {"rows", choice}
     if choice == "rows" and len(rates) > 1:
         deciding.add(max((name for name in rates if name != "rows"), key=lambda name: statistics.median(rates[name])))
@@ -190,11 +189,12 @@ def set_layout(module: nn.Module, layout: Layout | Choice) -> dict[str, Layout]:
         raise RuntimeError(f"the prefetch layout cannot run here: {why_no_prefetch()}; use layout='onednn' or 'auto'")
     if layout == "measured" and measured.measuring():
         shapes = {(*s.weight.shape, s.weight.dtype) for _, s in linears if s.weight.dtype in ONEDNN_DTYPES}
-        kept = [measured.recall("layout", _key(d_in, d_out, dtype)) for d_out, d_in, dtype in shapes]
-        todo = [entry for entry in kept if entry is None or measured.unsettled(entry)]
+        keys = [_key(d_in, d_out, dtype) for d_out, d_in, dtype in shapes]
+        kept = [measured.recall("layout", key) for key in keys]
+        todo = [e for key, e in zip(keys, kept, strict=True) if e is None or measured.due("layout", key, e)]
         if todo:  # "again" where every one to measure was measured before, not steadily
-            again = all(entry is not None for entry in todo)
-            measured.announce(f"the layout of {len(todo)} weight shapes", again=again)
+            count = f"{len(todo)} weight shape" + ("s" if len(todo) > 1 else "")
+            measured.announce(f"the layout of {count}", again=all(entry is not None for entry in todo))
     chosen: dict[str, Layout] = {}
     with torch.no_grad():
         for name, sub in linears:
