@@ -184,25 +184,25 @@ def unsettled(entry: dict[str, Any]) -> bool:
     return entry.get("settled", True) is False and isinstance(tries, int) and tries < TRIES
 
 
-def due(section: str, key: str, entry: dict[str, Any]) -> bool:
-    """Whether the kept ``entry`` is to be measured again now: measuring is on, it is :func:`unsettled`, and this
-    process did not measure it (a model with twelve weights of one shape measures that shape once a process)."""
-    return measuring() and unsettled(entry) and (store_file(), section, key) not in _MEASURED_HERE
+def due(entry: dict[str, Any]) -> bool:
+    """Whether a kept ``entry`` is to be measured again now: measuring is on and it is :func:`unsettled`. (Its
+    callers keep what this process measured for the rest of it: a model with twelve weights of one shape measures
+    that shape once a process.)"""
+    return measuring() and unsettled(entry)
 
 
-def keep(section: str, key: str, entry: dict[str, Any]) -> None:
-    """Keep a new measurement (with ``settled``) for ``key``, counted as one more try of an unsettled one kept
-    before. Read again just before the write, so that another process's entry made meanwhile counts: a settled
-    one is not replaced by an unsettled one, and the tries never go back."""
-    _MEASURED_HERE.add((store_file(), section, key))
+def keep(section: str, key: str, entry: dict[str, Any], *, read: dict[str, Any] | None, usable: bool) -> None:
+    """Keep a new measurement (with ``settled``) for ``key``; ``read``: the entry the caller read before it measured,
+    ``usable``: whether the caller could use it. The store is read again just before the write: an entry another
+    process kept meanwhile, settled, is not replaced by an unsettled one; otherwise the new one is kept, counted as
+    one more try of the unsettled one it replaces (a usable one, or another process's made meanwhile), else as 1."""
     latest = recall(section, key)
-    if latest is not None and latest.get("settled", True) is True and entry["settled"] is False:
-        return  # another process measured it steadily meanwhile
-    counted = latest["tries"] + 1 if latest is not None and unsettled(latest) else 1
-    remember(section, key, entry | {"tries": counted})
-
-
-_MEASURED_HERE: set[tuple[Path, str, str]] = set()  # (store, section, key) this process measured
+    changed = latest != read  # another process wrote it while this one measured
+    if changed and latest is not None and latest.get("settled", True) is True and entry["settled"] is False:
+        return
+    base = latest if changed else read if usable else None
+    tries = base["tries"] + 1 if base is not None and unsettled(base) else 1
+    remember(section, key, entry | {"tries": tries})
 
 
 def announce(what: str, *, again: bool = False) -> None:

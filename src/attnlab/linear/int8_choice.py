@@ -24,7 +24,7 @@ import torch.nn as nn
 from attnlab import measured
 from attnlab.linear import packed
 from attnlab.linear.gemv import why_no_gemv
-from attnlab.linear.probe import interleaved_passes
+from attnlab.linear.probe import in_cache, interleaved_passes
 from attnlab.linear.quantized import (
     INT8_KERNELS,
     Int8Kernel,
@@ -71,7 +71,7 @@ def fastest_int8_kernel(d_in: int, d_out: int) -> Int8Kernel:
         name = f"{d_in}x{d_out}"
         kept = measured.recall("int8", name)
         usable = kept is not None and _runs_here(kept.get("kernel"))
-        if kept is not None and usable and not measured.due("int8", name, kept):
+        if kept is not None and usable and not measured.due(kept):
             _CHOSEN[key] = kept["kernel"]
         else:
             measured.announce(f"the int8 kernels on a ({d_out}, {d_in}) weight", again=kept is not None and usable)
@@ -82,9 +82,10 @@ def fastest_int8_kernel(d_in: int, d_out: int) -> Int8Kernel:
                 "kernel": by_median[0],
                 "gb_s": {k: statistics.median(rates) for k, rates in passes.items()},
                 "passes": passes,
-                "settled": measured.steady(passes, by_median[:2]),  # the winner's and the runner-up's decided it
+                # the winner's and the runner-up's passes decided it; a weight the caches hold, its calls
+                "settled": in_cache(d_in, d_out, torch.int8) or measured.steady(passes, by_median[:2]),
             }
-            measured.keep("int8", name, entry)
+            measured.keep("int8", name, entry, read=kept, usable=usable)
     return _CHOSEN[key]
 
 

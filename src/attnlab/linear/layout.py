@@ -39,6 +39,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -53,6 +54,7 @@ from attnlab.linear.products import CLASSES, LAYOUTS, ONEDNN_DTYPES, OWN_PRODUCT
 
 Choice = Literal["auto", "measured"]
 _CHOSEN: dict[tuple[int, int, torch.dtype], Layout] = {}
+_MEASURED: dict[tuple[Path, str], Layout] = {}  # (store, shape key): what "measured" timed in this process
 ONE_COPY: tuple[Layout, ...] = ("rows", "columns", "onednn", "gemv", "prefetch")  # "packed" keeps a second copy
 MARGIN = 0.05  # "measured" leaves "rows" only for a layout 5% faster in the median and in all repeats but one
 REPEATS = 5
@@ -115,17 +117,22 @@ def measured_layout(d_in: int, d_out: int, *, dtype: torch.dtype = torch.float32
     measured where nothing is kept, or what is kept is not offered here any more; "rows" where measuring is off
     (``ATTNLAB_MEASURE=0``)."""
     key = _key(d_in, d_out, dtype)
+    here = (measured.store_file(), key)
+    if here in _MEASURED:
+        return _MEASURED[here]  # measured by this process: once a process, however many weights have the shape
     kept = measured.recall("layout", key)
-    if kept is not None and kept.get("choice") in ONE_COPY and offered(kept["choice"], dtype):
-        if not measured.due("layout", key, kept):
-            return kept["choice"]  # (a loop's toolchain probed only where the loop was chosen)
+    usable = kept is not None and kept.get("choice") in ONE_COPY and offered(kept["choice"], dtype)
+    if kept is not None and usable and not measured.due(kept):
+        return kept["choice"]  # (a loop's toolchain probed only where the loop was chosen)
     if not measured.measuring():
         return "rows"
     layouts = [layout for layout in ONE_COPY if offered(layout, dtype)]
     rates = stream_passes(d_in, d_out, dtype, layouts, REPEATS)
     choice = margin_winner(rates)
     steady = in_cache(d_in, d_out, dtype) or settled(rates, choice)  # a weight the caches hold: its calls decide
-    measured.keep("layout", key, {"choice": choice, "gb_s": rates, "margin": MARGIN, "settled": steady})
+    entry = {"choice": choice, "gb_s": rates, "margin": MARGIN, "settled": steady}
+    measured.keep("layout", key, entry, read=kept, usable=usable)
+    _MEASURED[here] = choice
     return choice
 
 
@@ -191,7 +198,10 @@ def set_layout(module: nn.Module, layout: Layout | Choice) -> dict[str, Layout]:
         shapes = {(*s.weight.shape, s.weight.dtype) for _, s in linears if s.weight.dtype in ONEDNN_DTYPES}
         keys = [_key(d_in, d_out, dtype) for d_out, d_in, dtype in shapes]
         kept = [measured.recall("layout", key) for key in keys]
-        todo = [e for key, e in zip(keys, kept, strict=True) if e is None or measured.due("layout", key, e)]
+        here = measured.store_file()
+        todo = [
+            e for k, e in zip(keys, kept, strict=True) if (here, k) not in _MEASURED and (e is None or measured.due(e))
+        ]
         if todo:  # "again" where every one to measure was measured before, not steadily
             count = f"{len(todo)} weight shape" + ("s" if len(todo) > 1 else "")
             measured.announce(f"the layout of {count}", again=all(entry is not None for entry in todo))

@@ -39,7 +39,7 @@ def stream_copies(d_in: int, d_out: int, dtype: torch.dtype) -> tuple[int, int]:
 def in_cache(d_in: int, d_out: int, dtype: torch.dtype) -> bool:
     """Whether a (d_out, d_in) ``dtype`` weight is small enough that its probe times it in the caches
     (:func:`stream_copies`): a decode step reads it from there too, and its calls, not memory, bound it."""
-    size = d_in * d_out * torch.finfo(dtype).bits // 8
+    size = d_in * d_out * torch.empty((), dtype=dtype).element_size()  # int8 too, which finfo refuses
     return -(-stream_bytes() // max(size, 1)) > MAX_COPIES
 
 
