@@ -117,8 +117,13 @@ class _Judge:
             verdict = "not established (the run recorded no spread for it)"
         else:
             verdict = judged(ratio, target, max(a[spread], b[spread]))
+            steady_floor = a.get("stream_spread", 0.0) <= NOISY  # a floor whose rate spread too wide says nothing
             if (
-                max(a[spread], b[spread]) <= NOISY and 0 < ratio < target and not prefill and "floor_fraction" in a
+                max(a[spread], b[spread]) <= NOISY
+                and 0 < ratio < target
+                and not prefill
+                and "floor_fraction" in a
+                and steady_floor
             ):  # how far: the target in floor terms
                 needed = a["floor_fraction"] * target / ratio  # of the row's own floor (its own bytes a step)
                 verdict += f"; it asks {ours} for {needed:.0%} of its floor, where it runs at {a['floor_fraction']:.0%}"

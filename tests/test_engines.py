@@ -342,3 +342,24 @@ def test_a_module_the_gguf_converter_lacks_is_said_as_what_to_install_not_as_a_r
     with pytest.raises(RuntimeError) as raised:
         rows.refused(tmp_path, "gguf-f32")
     assert str(raised.value) == f"the converter refused this model: {said}"
+
+
+def test_a_floor_whose_rate_spread_too_wide_is_not_used_to_say_how_far_a_target_is() -> None:
+    """A missed target between two steady rows says how far it is in floor terms, unless the floor's own rate
+    spread past the noise rule (then the run's note says no verdict against the floor is a finding)."""
+    engines = script()
+
+    def rows(stream_spread: float) -> list[dict[str, object]]:
+        timing = {"spread": 0.05, "prefill_ms": 100.0, "prefill_spread": 0.05, "stream_spread": stream_spread}
+        ours = {"engine": "attnlab", "precision": "bfloat16 compiled", "decode_tokens_per_s": 20.0}
+        theirs = {"engine": "llama.cpp", "precision": "f16", "decode_tokens_per_s": 40.0}
+        return [r | timing | {"floor_fraction": 0.6, "batch": 1} for r in (ours, theirs)]
+
+    def said(stream_spread: float) -> str:
+        lines = engines.verdicts({"shape": "qwen3-0.6b", "rows": rows(stream_spread)})
+        return next(line for line in lines if line.startswith("bfloat16 against llama.cpp"))
+
+    assert said(0.10).endswith(
+        "0.50x, target 1x: not met; it asks attnlab bfloat16 compiled for 120% of its floor, where it runs at 60%"
+    )
+    assert said(0.30).endswith("0.50x, target 1x: not met")
