@@ -31,9 +31,8 @@ def stream_copies(d_in: int, d_out: int, dtype: torch.dtype) -> tuple[int, int]:
     """A (d_out, d_in) ``dtype`` weight's bytes, and how many copies of it a stream probe cycles through: enough
     to reach :func:`stream_bytes`, where :data:`MAX_COPIES` do; a weight smaller than that stays in cache
     however many copies there are (the calls, not memory, bound it), and is timed through :data:`SMALL_COPIES`."""
-    size = d_in * d_out * torch.finfo(dtype).bits // 8
-    needed = max(1, -(-stream_bytes() // size))
-    return size, needed if needed <= MAX_COPIES else SMALL_COPIES
+    size = d_in * d_out * torch.empty((), dtype=dtype).element_size()
+    return size, SMALL_COPIES if in_cache(d_in, d_out, dtype) else max(1, -(-stream_bytes() // size))
 
 
 def in_cache(d_in: int, d_out: int, dtype: torch.dtype) -> bool:
